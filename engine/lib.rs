@@ -1,0 +1,1 @@
+//! The `engine` package: the environment factory domain and the command line.

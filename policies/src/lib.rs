@@ -1,0 +1,1 @@
+//! `policies`: learning code on candle (filled in by its issue).

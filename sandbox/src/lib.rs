@@ -1,0 +1,1 @@
+//! `sandbox`: isolated, snapshot-able Linux environments. Knows no RL.
