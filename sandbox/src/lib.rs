@@ -1,1 +1,28 @@
 //! `sandbox`: isolated, snapshot-able Linux environments. Knows no RL.
+//!
+//! A [`Runtime`] creates [`Sandbox`]es: a resident init (PID 1 of fresh mount, pid, net, uts,
+//! ipc and cgroup namespaces) over an overlay of read-only layers with a size-limited writable
+//! layer, inside cgroups, serving typed requests (exec, files, reset, snapshot, rollback) over a
+//! socketpair. The setup order and the security model are in `docs/sandbox.md`.
+
+pub mod backend;
+pub mod caps;
+pub mod cgroup;
+pub mod init;
+pub mod landlock;
+pub mod layers;
+pub mod mounts;
+pub mod native;
+pub mod oci;
+pub mod pool;
+pub mod protocol;
+pub mod seccomp;
+pub mod state;
+pub mod sys;
+
+pub use backend::{Backend, SandboxOps};
+pub use cgroup::Limits;
+pub use layers::RootfsSpec;
+pub use native::{InitProgram, Runtime, Sandbox, SandboxConfig, SandboxError};
+pub use pool::{Lease, Pool};
+pub use protocol::{Command, ExecRequest, ExecResult, Termination};

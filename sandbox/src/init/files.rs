@@ -1,0 +1,228 @@
+//! File requests served without forking: read, write, stat, list.
+//!
+//! Every path is resolved with `openat2(RESOLVE_IN_ROOT)` against the sandbox root, so a
+//! symlink planted by an agent (`/x -> /etc/shadow`, `..` chains) can never lead init to a file
+//! outside the sandbox.
+
+use super::Init;
+use crate::protocol::{DirEntry, FailureKind, FileKind, FileStat, Response};
+use nix::errno::Errno;
+use nix::fcntl::OFlag;
+use nix::sys::stat::{FileStat as RawStat, SFlag};
+use std::ffi::CString;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+fn failed(path: &str, e: Errno) -> Response {
+    let kind = match e {
+        Errno::ENOENT | Errno::ENOTDIR => FailureKind::NotFound,
+        Errno::EACCES | Errno::EPERM | Errno::EROFS => FailureKind::Denied,
+        Errno::EINVAL | Errno::EISDIR | Errno::ELOOP | Errno::EXDEV => FailureKind::Invalid,
+        _ => FailureKind::Internal,
+    };
+    Response::Failed {
+        kind,
+        message: format!("{path}: {}", e.desc()),
+    }
+}
+
+/// `openat2(dirfd, path, flags, mode, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)`.
+fn open_in_root(root: &OwnedFd, path: &str, flags: OFlag, mode: u32) -> Result<OwnedFd, Errno> {
+    let c = CString::new(path.trim_start_matches('/')).map_err(|_| Errno::EINVAL)?;
+    let c = if c.as_bytes().is_empty() {
+        CString::from(c"." )
+    } else {
+        c
+    };
+    // SAFETY: open_how is plain old data; zeroed is valid, then the fields are set.
+    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
+    how.flags = (flags | OFlag::O_CLOEXEC).bits() as u64;
+    how.mode = if flags.contains(OFlag::O_CREAT) { u64::from(mode) } else { 0 };
+    how.resolve = libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS;
+    // SAFETY: valid descriptor, NUL-terminated path and an open_how of the size we pass.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            root.as_raw_fd(),
+            c.as_ptr(),
+            &how as *const libc::open_how,
+            std::mem::size_of::<libc::open_how>(),
+        )
+    };
+    if fd < 0 {
+        return Err(Errno::last());
+    }
+    // SAFETY: the kernel returned a fresh descriptor.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// Split an absolute sandbox path into its parent and last component.
+fn split(path: &str) -> Result<(&str, &str), Errno> {
+    if !path.starts_with('/') {
+        return Err(Errno::EINVAL);
+    }
+    let t = path.trim_end_matches('/');
+    match t.rsplit_once('/') {
+        Some((parent, name)) if !name.is_empty() && name != "." && name != ".." => {
+            Ok((if parent.is_empty() { "/" } else { parent }, name))
+        }
+        _ => Err(Errno::EISDIR),
+    }
+}
+
+pub(crate) fn to_stat(st: &RawStat, target: Option<String>) -> FileStat {
+    let fmt = SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT;
+    let kind = match fmt {
+        SFlag::S_IFDIR => FileKind::Dir,
+        SFlag::S_IFLNK => FileKind::Symlink,
+        SFlag::S_IFCHR => FileKind::CharDevice,
+        SFlag::S_IFBLK => FileKind::BlockDevice,
+        SFlag::S_IFIFO => FileKind::Fifo,
+        SFlag::S_IFSOCK => FileKind::Socket,
+        _ => FileKind::File,
+    };
+    FileStat {
+        kind,
+        mode: st.st_mode & 0o7777,
+        uid: st.st_uid,
+        gid: st.st_gid,
+        size: st.st_size as u64,
+        mtime_ns: i128::from(st.st_mtime) * 1_000_000_000 + i128::from(st.st_mtime_nsec),
+        symlink_target: target,
+    }
+}
+
+fn lstat_at(dir: &OwnedFd, name: &str) -> Result<FileStat, Errno> {
+    let st = nix::sys::stat::fstatat(
+        Some(dir.as_raw_fd()),
+        name,
+        nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+    )?;
+    let target = if SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT == SFlag::S_IFLNK {
+        nix::fcntl::readlinkat(Some(dir.as_raw_fd()), name)
+            .ok()
+            .map(|t| t.to_string_lossy().into_owned())
+    } else {
+        None
+    };
+    Ok(to_stat(&st, target))
+}
+
+impl Init {
+    fn root(&self) -> Result<&OwnedFd, Errno> {
+        self.root_fd.as_ref().ok_or(Errno::ESTALE)
+    }
+
+    pub(super) fn read_file(&mut self, path: &str, max: u64) -> Response {
+        let r = (|| {
+            if !path.starts_with('/') {
+                return Err(Errno::EINVAL);
+            }
+            let fd = open_in_root(self.root()?, path, OFlag::O_RDONLY | OFlag::O_NOCTTY, 0)?;
+            let st = nix::sys::stat::fstat(fd.as_raw_fd())?;
+            if SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT != SFlag::S_IFREG {
+                return Err(Errno::EINVAL);
+            }
+            let mut data = Vec::with_capacity((st.st_size as u64).min(max) as usize);
+            let mut buf = vec![0u8; 64 << 10];
+            let mut truncated = false;
+            loop {
+                let n = nix::unistd::read(fd.as_raw_fd(), &mut buf)?;
+                if n == 0 {
+                    break;
+                }
+                let room = (max as usize).saturating_sub(data.len());
+                if n > room {
+                    data.extend_from_slice(&buf[..room]);
+                    truncated = true;
+                    break;
+                }
+                data.extend_from_slice(&buf[..n]);
+            }
+            Ok(Response::File { data, truncated })
+        })();
+        r.unwrap_or_else(|e| failed(path, e))
+    }
+
+    pub(super) fn write_file(&mut self, path: &str, data: &[u8], mode: u32) -> Response {
+        let r = (|| {
+            split(path)?;
+            let fd = open_in_root(
+                self.root()?,
+                path,
+                OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_TRUNC | OFlag::O_NOFOLLOW,
+                mode & 0o7777,
+            )?;
+            let mut off = 0;
+            while off < data.len() {
+                off += nix::unistd::write(&fd, &data[off..])?;
+            }
+            nix::sys::stat::fchmod(
+                fd.as_raw_fd(),
+                nix::sys::stat::Mode::from_bits_truncate(mode & 0o7777),
+            )?;
+            Ok(Response::Ok)
+        })();
+        r.unwrap_or_else(|e| failed(path, e))
+    }
+
+    pub(super) fn stat(&mut self, path: &str) -> Response {
+        let r = (|| {
+            if path.trim_end_matches('/').is_empty() && path.starts_with('/') {
+                let st = nix::sys::stat::fstat(self.root()?.as_raw_fd())?;
+                return Ok(Response::Stat(to_stat(&st, None)));
+            }
+            let (parent, name) = split(path)?;
+            let dir = open_in_root(self.root()?, parent, OFlag::O_PATH | OFlag::O_DIRECTORY, 0)?;
+            Ok(Response::Stat(lstat_at(&dir, name)?))
+        })();
+        r.unwrap_or_else(|e| failed(path, e))
+    }
+
+    pub(super) fn list_dir(&mut self, path: &str) -> Response {
+        let r = (|| {
+            if !path.starts_with('/') {
+                return Err(Errno::EINVAL);
+            }
+            let fd = open_in_root(
+                self.root()?,
+                path,
+                OFlag::O_RDONLY | OFlag::O_DIRECTORY,
+                0,
+            )?;
+            let probe = nix::unistd::dup(fd.as_raw_fd())?;
+            // SAFETY: dup returned a fresh descriptor.
+            let probe = unsafe { OwnedFd::from_raw_fd(probe) };
+            let mut dir = nix::dir::Dir::from_fd(fd.as_raw_fd())?;
+            std::mem::forget(fd); // Dir owns it now
+            let mut out = Vec::new();
+            for e in dir.iter() {
+                let e = e?;
+                let name = e.file_name().to_string_lossy().into_owned();
+                if name == "." || name == ".." {
+                    continue;
+                }
+                if let Ok(stat) = lstat_at(&probe, &name) {
+                    out.push(DirEntry { name, stat });
+                }
+            }
+            out.sort_by(|a, b| a.name.cmp(&b.name));
+            Ok(Response::Dir(out))
+        })();
+        r.unwrap_or_else(|e| failed(path, e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_split_into_parent_and_name() {
+        assert_eq!(split("/etc/passwd"), Ok(("/etc", "passwd")));
+        assert_eq!(split("/x"), Ok(("/", "x")));
+        assert_eq!(split("/a/b/"), Ok(("/a", "b")));
+        assert_eq!(split("rel"), Err(Errno::EINVAL));
+        assert_eq!(split("/"), Err(Errno::EISDIR));
+        assert_eq!(split("/a/.."), Err(Errno::EISDIR));
+    }
+}

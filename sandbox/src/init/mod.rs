@@ -1,0 +1,374 @@
+//! The resident init: PID 1 of every sandbox.
+//!
+//! It is started by the host in fresh mount, pid, net, uts and ipc namespaces with the control
+//! socket on fd 3, receives a [`SetupPlan`], builds the root filesystem, then serves requests
+//! until the socket closes, at which point it kills every process of the sandbox and exits (so
+//! a crashed host leaves no process behind). It is single-threaded: forking children from it is
+//! safe, and its own memory stays small.
+//!
+//! Agent commands cannot tamper with it: as the init of its pid namespace it receives no signal
+//! from inside that it has no handler for (SIGKILL and SIGSTOP included), it is not dumpable
+//! (no `/proc/1/mem`, no ptrace without CAP_SYS_PTRACE, which commands lack), commands are
+//! landlocked with signal scoping, and seccomp denies ptrace and process_vm_* outright.
+
+mod exec;
+mod files;
+mod snapshot;
+
+use crate::mounts::{self, Layout};
+use crate::protocol::{
+    read_frame, write_frame, FailureKind, Health, ProtocolError, Request, Response, SetupPlan,
+};
+use crate::sys::RealSys;
+use nix::sys::signal::{SigSet, Signal};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+
+/// The fd on which init finds its control socket.
+pub const CONTROL_FD: i32 = 3;
+
+/// Errors that stop init.
+#[derive(Debug, thiserror::Error)]
+pub enum InitError {
+    #[error("protocol: {0}")]
+    Protocol(#[from] ProtocolError),
+    #[error("setup: {0}")]
+    Setup(String),
+    #[error("{what}: {source}")]
+    Os {
+        what: &'static str,
+        source: nix::errno::Errno,
+    },
+}
+
+fn os(what: &'static str) -> impl FnOnce(nix::errno::Errno) -> InitError {
+    move |source| InitError::Os { what, source }
+}
+
+/// Entry point of the `envfactory-init` binary (and of `engine __sandbox-init`).
+pub fn main() -> ! {
+    // SAFETY: the host passes the control socket on fd 3 and nothing else owns it.
+    let sock = unsafe { UnixStream::from_raw_fd(CONTROL_FD) };
+    let code = match run(sock) {
+        Ok(()) => 0,
+        Err(e) => {
+            // stderr is /dev/null once set up; this reaches the host's terminal only when the
+            // very first steps fail.
+            eprintln!("envfactory-init: {e}");
+            1
+        }
+    };
+    std::process::exit(code)
+}
+
+pub(crate) struct Init {
+    sock: UnixStream,
+    sigfd: SignalFd,
+    layout: Layout,
+    plan: SetupPlan,
+    /// Layers under the current root, topmost first (snapshots, then the base).
+    current: Vec<String>,
+    snapshots: Vec<snapshot::Snapshot>,
+    root_fd: Option<OwnedFd>,
+    landlock: Option<crate::landlock::PreparedLandlock>,
+    seccomp: Option<crate::seccomp::PreparedSeccomp>,
+    last_cap: u8,
+}
+
+fn run(mut sock: UnixStream) -> Result<(), InitError> {
+    // Not dumpable: no /proc/1/mem, no ptrace attach without CAP_SYS_PTRACE.
+    // SAFETY: prctl with integer arguments only.
+    unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
+    let mut mask = SigSet::empty();
+    mask.add(Signal::SIGCHLD);
+    mask.thread_block().map_err(os("blocking SIGCHLD"))?;
+    // SAFETY: ignoring SIGPIPE installs no handler code.
+    unsafe { nix::sys::signal::signal(Signal::SIGPIPE, nix::sys::signal::SigHandler::SigIgn) }
+        .map_err(os("ignoring SIGPIPE"))?;
+    let sigfd = SignalFd::with_flags(&mask, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC)
+        .map_err(os("signalfd"))?;
+    quiet_stdio();
+
+    let plan = match read_frame::<Request>(&mut sock, "request")? {
+        Request::Setup(plan) => *plan,
+        other => {
+            return Err(InitError::Setup(format!(
+                "first request must be Setup, got {other:?}"
+            )))
+        }
+    };
+    let mut init = Init {
+        sock,
+        sigfd,
+        layout: Layout::new(&plan.sandbox_dir),
+        current: plan.lowers.clone(),
+        plan,
+        snapshots: Vec::new(),
+        root_fd: None,
+        landlock: None,
+        seccomp: None,
+        last_cap: crate::caps::last_cap(),
+    };
+    let reply = match init.setup() {
+        Ok(()) => Response::Ok,
+        Err(e) => Response::Failed {
+            kind: FailureKind::Internal,
+            message: e.to_string(),
+        },
+    };
+    let failed = matches!(reply, Response::Failed { .. });
+    write_frame(&mut init.sock, "response", &reply)?;
+    if failed {
+        return Ok(());
+    }
+    init.serve()
+}
+
+fn quiet_stdio() {
+    if let Ok(null) = std::fs::OpenOptions::new().read(true).write(true).open("/dev/null") {
+        for fd in 0..3 {
+            // SAFETY: dup2 onto the standard descriptors, which init owns.
+            unsafe { libc::dup2(null.as_raw_fd(), fd) };
+        }
+    }
+}
+
+impl Init {
+    /// The setup steps, in the order of docs/sandbox.md.
+    fn setup(&mut self) -> Result<(), InitError> {
+        let plan = &self.plan;
+        // The host has moved us into the sandbox's cgroups: make that the cgroup root.
+        nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWCGROUP)
+            .map_err(os("unshare(CLONE_NEWCGROUP)"))?;
+        nix::unistd::sethostname(&plan.hostname).map_err(os("sethostname"))?;
+        loopback_up().map_err(os("bringing up lo"))?;
+        let mut sys = RealSys;
+        let scratch = plan.disk_bytes.saturating_mul(4).saturating_add(16 << 20);
+        mounts::setup_private_dir(&mut sys, &self.layout, scratch)
+            .map_err(|e| InitError::Setup(e.to_string()))?;
+        let probe = |p: &Path| std::fs::symlink_metadata(p).ok().map(|m| m.is_dir());
+        mounts::setup_side_trees(&mut sys, &self.layout, plan.disk_bytes, &probe)
+            .map_err(|e| InitError::Setup(e.to_string()))?;
+        if let Some(s) = &plan.seccomp {
+            self.seccomp = Some(s.prepare());
+        }
+        self.mount_root()
+    }
+
+    /// Mount the root over `self.current` and prepare what each command needs of it.
+    fn mount_root(&mut self) -> Result<(), InitError> {
+        mounts::mount_root(
+            &mut RealSys,
+            &self.layout,
+            &self.current,
+            self.plan.disk_bytes,
+        )
+        .map_err(|e| InitError::Setup(e.to_string()))?;
+        let root = nix::fcntl::open(
+            &self.layout.root(),
+            nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC,
+            nix::sys::stat::Mode::empty(),
+        )
+        .map_err(os("opening the root"))?;
+        // SAFETY: open returned a fresh descriptor that nothing else owns.
+        self.root_fd = Some(unsafe { OwnedFd::from_raw_fd(root) });
+        if let Some(policy) = &self.plan.landlock {
+            self.landlock = Some(
+                policy
+                    .prepare(&self.layout.root())
+                    .map_err(|e| InitError::Setup(format!("landlock: {e}")))?,
+            );
+        }
+        Ok(())
+    }
+
+    fn unmount_root(&mut self) -> Result<(), InitError> {
+        self.landlock = None;
+        self.root_fd = None;
+        mounts::unmount_root(&mut RealSys, &self.layout)
+            .map_err(|e| InitError::Setup(e.to_string()))
+    }
+
+    fn serve(&mut self) -> Result<(), InitError> {
+        loop {
+            let mut fds = [
+                nix::poll::PollFd::new(self.sock.as_fd(), nix::poll::PollFlags::POLLIN),
+                nix::poll::PollFd::new(self.sigfd.as_fd(), nix::poll::PollFlags::POLLIN),
+            ];
+            match nix::poll::poll(&mut fds, nix::poll::PollTimeout::NONE) {
+                Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+                Err(e) => return Err(os("poll")(e)),
+            }
+            let sig_ready = fds[1].any().unwrap_or(false);
+            let sock_ready = fds[0].any().unwrap_or(false);
+            if sig_ready {
+                self.reap(None);
+            }
+            if !sock_ready {
+                continue;
+            }
+            let req = match read_frame::<Request>(&mut self.sock, "request") {
+                Ok(r) => r,
+                Err(ProtocolError::Closed) => {
+                    self.kill_all();
+                    return Ok(());
+                }
+                Err(e @ ProtocolError::Decode { .. }) | Err(e @ ProtocolError::TooLarge { .. }) => {
+                    // A malformed frame: say so and keep serving. (A too-large frame leaves the
+                    // stream unsynchronised: the host drops the sandbox on this error.)
+                    let r = Response::Failed {
+                        kind: FailureKind::Invalid,
+                        message: e.to_string(),
+                    };
+                    write_frame(&mut self.sock, "response", &r)?;
+                    if matches!(e, ProtocolError::TooLarge { .. }) {
+                        self.kill_all();
+                        return Ok(());
+                    }
+                    continue;
+                }
+                Err(e) => {
+                    self.kill_all();
+                    return Err(e.into());
+                }
+            };
+            let shutdown = matches!(req, Request::Shutdown);
+            let resp = self.handle(req);
+            write_frame(&mut self.sock, "response", &resp)?;
+            if shutdown {
+                return Ok(());
+            }
+        }
+    }
+
+    fn handle(&mut self, req: Request) -> Response {
+        let internal = |e: InitError| Response::Failed {
+            kind: FailureKind::Internal,
+            message: e.to_string(),
+        };
+        match req {
+            Request::Setup(_) => Response::Failed {
+                kind: FailureKind::Invalid,
+                message: "the sandbox is already set up".into(),
+            },
+            Request::Exec(e) => self.exec(&e),
+            Request::ReadFile { path, max_bytes } => self.read_file(&path, max_bytes),
+            Request::WriteFile { path, data, mode } => self.write_file(&path, &data, mode),
+            Request::Stat { path } => self.stat(&path),
+            Request::ListDir { path } => self.list_dir(&path),
+            Request::KillAll => {
+                self.kill_all();
+                Response::Ok
+            }
+            Request::Reset => self.reset().map(|()| Response::Ok).unwrap_or_else(internal),
+            Request::Snapshot => self.snapshot(),
+            Request::Rollback { snapshot } => self.rollback(snapshot),
+            Request::Health => Response::Health(self.health()),
+            Request::Shutdown => {
+                self.kill_all();
+                Response::Ok
+            }
+        }
+    }
+
+    /// Kill every process of the sandbox but init, and reap them.
+    pub(crate) fn kill_all(&mut self) {
+        // kill(-1) from the init of a pid namespace reaches every other process in it; repeat
+        // until none is left, so a fork bomb racing the first sweep is caught by the next.
+        for _ in 0..1000 {
+            // SAFETY: kill with integer arguments.
+            let rc = unsafe { libc::kill(-1, libc::SIGKILL) };
+            if rc != 0 {
+                break;
+            }
+            self.reap(None);
+        }
+        // Wait for the killed ones (they may be in uninterruptible sleep for a moment).
+        loop {
+            match nix::sys::wait::waitpid(None, None) {
+                Ok(_) => continue,
+                Err(nix::errno::Errno::EINTR) => continue,
+                Err(_) => break,
+            }
+        }
+        // Drain the signalfd of the SIGCHLDs we just consumed.
+        while let Ok(Some(_)) = self.sigfd.read_signal() {}
+    }
+
+    /// Reap every exited child without blocking; returns the wait status of `watch` if it was
+    /// among them.
+    pub(crate) fn reap(&mut self, watch: Option<i32>) -> Option<nix::sys::wait::WaitStatus> {
+        while let Ok(Some(_)) = self.sigfd.read_signal() {}
+        let mut found = None;
+        loop {
+            match nix::sys::wait::waitpid(None, Some(nix::sys::wait::WaitPidFlag::WNOHANG)) {
+                Ok(nix::sys::wait::WaitStatus::StillAlive) | Err(_) => break,
+                Ok(st) => {
+                    if st.pid().map(|p| p.as_raw()) == watch {
+                        found = Some(st);
+                    }
+                }
+            }
+        }
+        found
+    }
+
+    fn reset(&mut self) -> Result<(), InitError> {
+        self.kill_all();
+        self.unmount_root()?;
+        self.snapshots.clear();
+        snapshot::remove_all(&self.layout);
+        self.current = self.plan.lowers.clone();
+        self.mount_root()
+    }
+
+    fn health(&self) -> Health {
+        let processes = std::fs::read_dir(self.layout.proc())
+            .map(|d| {
+                d.filter_map(Result::ok)
+                    .filter(|e| e.file_name().to_string_lossy().bytes().all(|b| b.is_ascii_digit()))
+                    .count()
+            })
+            .unwrap_or(1);
+        let upper_bytes = nix::sys::statvfs::statvfs(&self.layout.rw())
+            .map(|s| (s.blocks() - s.blocks_free()) * s.fragment_size())
+            .unwrap_or(0);
+        Health {
+            pid_in_sandbox: std::process::id(),
+            processes: processes.saturating_sub(1) as u32,
+            snapshots: self.snapshots.len() as u32,
+            upper_bytes,
+        }
+    }
+}
+
+/// Bring up `lo` in the sandbox's network namespace (the only interface it has).
+fn loopback_up() -> Result<(), nix::errno::Errno> {
+    use nix::sys::socket::{socket, AddressFamily, SockFlag, SockType};
+    let s = socket(
+        AddressFamily::Inet,
+        SockType::Datagram,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )?;
+    // SAFETY: ifreq is plain old data; zeroed is a valid value.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
+        *dst = *src as libc::c_char;
+    }
+    // SAFETY: SIOCGIFFLAGS reads into the ifreq we own.
+    if unsafe { libc::ioctl(s.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) } < 0 {
+        return Err(nix::errno::Errno::last());
+    }
+    // SAFETY: the flags member of the union was just filled by the kernel.
+    unsafe {
+        req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+    }
+    // SAFETY: SIOCSIFFLAGS reads the ifreq we own.
+    if unsafe { libc::ioctl(s.as_raw_fd(), libc::SIOCSIFFLAGS, &req) } < 0 {
+        return Err(nix::errno::Errno::last());
+    }
+    Ok(())
+}

@@ -1,0 +1,432 @@
+//! Mount planning: the private directory of a sandbox, the side trees (`/proc`, `/dev`,
+//! `/sys`) mounted once, and the root overlay mounted at start and after every reset.
+//!
+//! Every function here speaks to the kernel only through [`Sys`], so the exact sequence is
+//! unit-tested with the recording fake. The order is the one `docs/sandbox.md` lists.
+
+use crate::sys::{Sys, SysError};
+use nix::mount::MsFlags;
+use std::path::{Path, PathBuf};
+
+/// Errors of mount planning.
+#[derive(Debug, thiserror::Error)]
+pub enum MountError {
+    #[error(transparent)]
+    Sys(#[from] SysError),
+    #[error("overlay options are {len} bytes, over the kernel's page limit: too many or too long layer paths")]
+    OptionsTooLong { len: usize },
+    #[error("layer path {0:?} contains a character overlayfs cannot take (',', ':' or '\\')")]
+    BadLayerPath(String),
+}
+
+/// Paths inside a sandbox's private directory (itself a tmpfs in the sandbox's mount namespace).
+#[derive(Debug, Clone)]
+pub struct Layout {
+    pub dir: PathBuf,
+}
+
+impl Layout {
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        Self { dir: dir.into() }
+    }
+    /// The merged root the commands are chrooted into.
+    pub fn root(&self) -> PathBuf {
+        self.dir.join("root")
+    }
+    /// Mount point of the size-limited tmpfs holding the upper and work directories.
+    pub fn rw(&self) -> PathBuf {
+        self.dir.join("rw")
+    }
+    pub fn upper(&self) -> PathBuf {
+        self.dir.join("rw/upper")
+    }
+    pub fn work(&self) -> PathBuf {
+        self.dir.join("rw/work")
+    }
+    pub fn proc(&self) -> PathBuf {
+        self.dir.join("proc")
+    }
+    pub fn dev(&self) -> PathBuf {
+        self.dir.join("dev")
+    }
+    pub fn sys(&self) -> PathBuf {
+        self.dir.join("sys")
+    }
+    /// Topmost lower layer: the mount points every root needs (`/proc`, `/dev`, `/sys`, `/tmp`).
+    pub fn skel(&self) -> PathBuf {
+        self.dir.join("skel")
+    }
+    /// Snapshot layers, one directory per snapshot number.
+    pub fn snapshots(&self) -> PathBuf {
+        self.dir.join("snap")
+    }
+    pub fn snapshot(&self, n: u32) -> PathBuf {
+        self.snapshots().join(n.to_string())
+    }
+}
+
+/// Files of `/proc` hidden behind `/dev/null` (kernel memory, keys, timing side channels).
+pub const PROC_MASKED_FILES: &[&str] = &[
+    "kcore",
+    "keys",
+    "key-users",
+    "latency_stats",
+    "timer_list",
+    "timer_stats",
+    "sched_debug",
+    "kallsyms",
+    "kpagecount",
+    "kpageflags",
+    "kpagecgroup",
+    "sysrq-trigger",
+];
+/// Directories of `/proc` hidden behind an empty read-only tmpfs.
+pub const PROC_MASKED_DIRS: &[&str] = &["acpi", "scsi", "asound"];
+/// Directories of `/proc` made read-only (kernel tunables, irq affinity, buses).
+pub const PROC_READONLY: &[&str] = &["sys", "irq", "bus", "fs", "sysvipc", "driver"];
+
+/// Device nodes of the minimal `/dev`: name, major, minor.
+pub const DEVICES: &[(&str, u64, u64)] = &[
+    ("null", 1, 3),
+    ("zero", 1, 5),
+    ("full", 1, 7),
+    ("random", 1, 8),
+    ("urandom", 1, 9),
+    ("tty", 5, 0),
+];
+
+/// Step 1: make every mount of the new namespace private (nothing propagates to the host),
+/// put a tmpfs on the sandbox's private directory and lay out its sub-directories.
+pub fn setup_private_dir(
+    sys: &mut dyn Sys,
+    layout: &Layout,
+    scratch_bytes: u64,
+) -> Result<(), MountError> {
+    sys.mount(
+        "none",
+        Path::new("/"),
+        "",
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        "",
+    )?;
+    sys.mount(
+        "envfactory",
+        &layout.dir,
+        "tmpfs",
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        &format!("mode=0700,size={scratch_bytes}"),
+    )?;
+    for d in [
+        layout.root(),
+        layout.rw(),
+        layout.proc(),
+        layout.dev(),
+        layout.sys(),
+        layout.skel(),
+        layout.snapshots(),
+    ] {
+        sys.mkdir(&d, 0o700)?;
+    }
+    sys.mkdir(&layout.root(), 0o755)?;
+    sys.mkdir(&layout.skel(), 0o755)?;
+    for d in ["proc", "dev", "sys"] {
+        sys.mkdir(&layout.skel().join(d), 0o555)?;
+    }
+    Ok(())
+}
+
+/// Step 2: the side trees, mounted once and bound into every root: a `/proc` of the sandbox's
+/// pid namespace with masked and read-only paths, a minimal `/dev`, and a read-only `/sys`.
+///
+/// `probe` tells whether a path exists and is a directory (`Some(true)`), another file
+/// (`Some(false)`) or nothing (`None`), so masks are applied only to what the kernel has.
+pub fn setup_side_trees(
+    sys: &mut dyn Sys,
+    layout: &Layout,
+    shm_bytes: u64,
+    probe: &dyn Fn(&Path) -> Option<bool>,
+) -> Result<(), MountError> {
+    let hidden = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+    let proc = layout.proc();
+    sys.mount("proc", &proc, "proc", hidden, "")?;
+    for f in PROC_MASKED_FILES {
+        let p = proc.join(f);
+        if probe(&p) == Some(false) {
+            sys.mount("/dev/null", &p, "", MsFlags::MS_BIND, "")?;
+        }
+    }
+    for d in PROC_MASKED_DIRS {
+        let p = proc.join(d);
+        if probe(&p) == Some(true) {
+            sys.mount("masked", &p, "tmpfs", MsFlags::MS_RDONLY | hidden, "size=0")?;
+        }
+    }
+    for d in PROC_READONLY {
+        let p = proc.join(d);
+        if probe(&p).is_some() {
+            sys.mount(&p.to_string_lossy(), &p, "", MsFlags::MS_BIND | MsFlags::MS_REC, "")?;
+            sys.mount(
+                "",
+                &p,
+                "",
+                MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | hidden,
+                "",
+            )?;
+        }
+    }
+
+    let dev = layout.dev();
+    sys.mount(
+        "dev",
+        &dev,
+        "tmpfs",
+        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+        "mode=0755,size=65536",
+    )?;
+    for (name, major, minor) in DEVICES {
+        sys.mknod_char(&dev.join(name), 0o666, *major, *minor)?;
+    }
+    for (link, target) in [
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+        ("ptmx", "pts/ptmx"),
+    ] {
+        sys.symlink(target, &dev.join(link))?;
+    }
+    sys.mkdir(&dev.join("pts"), 0o755)?;
+    sys.mkdir(&dev.join("shm"), 0o1777)?;
+    sys.mount(
+        "devpts",
+        &dev.join("pts"),
+        "devpts",
+        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+        "newinstance,ptmxmode=0666,mode=0620",
+    )?;
+    sys.mount(
+        "shm",
+        &dev.join("shm"),
+        "tmpfs",
+        hidden,
+        &format!("mode=1777,size={shm_bytes}"),
+    )?;
+
+    sys.mount("sysfs", &layout.sys(), "sysfs", MsFlags::MS_RDONLY | hidden, "")?;
+    Ok(())
+}
+
+/// The overlay options for a stack of lower layers (topmost first).
+pub fn overlay_options(layout: &Layout, lowers: &[String]) -> Result<String, MountError> {
+    let skel = layout.skel().to_string_lossy().into_owned();
+    for l in std::iter::once(&skel).chain(lowers) {
+        if l.contains([',', ':', '\\']) {
+            return Err(MountError::BadLayerPath(l.clone()));
+        }
+    }
+    let mut lowerdir = skel;
+    for l in lowers {
+        lowerdir.push(':');
+        lowerdir.push_str(l);
+    }
+    let opts = format!(
+        "lowerdir={lowerdir},upperdir={},workdir={},redirect_dir=off,index=off,metacopy=off",
+        layout.upper().display(),
+        layout.work().display()
+    );
+    // The kernel copies mount data into one page.
+    if opts.len() >= 4000 {
+        return Err(MountError::OptionsTooLong { len: opts.len() });
+    }
+    Ok(opts)
+}
+
+/// Step 3 (and every reset): a fresh size-limited tmpfs for the writable layer, the overlay
+/// on `root`, and the side trees bound into it.
+pub fn mount_root(
+    sys: &mut dyn Sys,
+    layout: &Layout,
+    lowers: &[String],
+    disk_bytes: u64,
+) -> Result<(), MountError> {
+    let opts = overlay_options(layout, lowers)?;
+    sys.mount(
+        "upper",
+        &layout.rw(),
+        "tmpfs",
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        &format!("mode=0755,size={disk_bytes}"),
+    )?;
+    sys.mkdir(&layout.upper(), 0o755)?;
+    sys.mkdir(&layout.work(), 0o700)?;
+    let root = layout.root();
+    sys.mount(
+        "overlay",
+        &root,
+        "overlay",
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        &opts,
+    )?;
+    for (side, name) in [
+        (layout.proc(), "proc"),
+        (layout.dev(), "dev"),
+        (layout.sys(), "sys"),
+    ] {
+        sys.mount(
+            &side.to_string_lossy(),
+            &root.join(name),
+            "",
+            MsFlags::MS_BIND | MsFlags::MS_REC,
+            "",
+        )?;
+    }
+    Ok(())
+}
+
+/// Undo [`mount_root`]: detach the root tree (with its bound side trees) and drop the writable
+/// tmpfs, which frees exactly what the episode wrote.
+pub fn unmount_root(sys: &mut dyn Sys, layout: &Layout) -> Result<(), MountError> {
+    sys.umount(&layout.root(), true)?;
+    sys.umount(&layout.rw(), true)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sys::{Op, Recorder};
+
+    fn targets(ops: &[Op]) -> Vec<String> {
+        ops.iter()
+            .map(|op| match op {
+                Op::Mount { target, fstype, .. } => format!("mount {fstype} {}", target.display()),
+                Op::Umount { target, .. } => format!("umount {}", target.display()),
+                Op::Mkdir { path, .. } => format!("mkdir {}", path.display()),
+                Op::Mknod { path, .. } => format!("mknod {}", path.display()),
+                Op::Symlink { link, .. } => format!("symlink {}", link.display()),
+                Op::SetXattr { path, .. } => format!("xattr {}", path.display()),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn private_dir_is_made_private_before_anything_is_mounted() {
+        let mut r = Recorder::default();
+        let l = Layout::new("/s");
+        setup_private_dir(&mut r, &l, 1 << 20).unwrap();
+        match &r.ops[0] {
+            Op::Mount { target, flags, .. } => {
+                assert_eq!(target, Path::new("/"));
+                assert!(flags.contains(MsFlags::MS_PRIVATE | MsFlags::MS_REC));
+            }
+            other => panic!("first op must make / private, got {other:?}"),
+        }
+        match &r.ops[1] {
+            Op::Mount {
+                target,
+                fstype,
+                data,
+                ..
+            } => {
+                assert_eq!(target, Path::new("/s"));
+                assert_eq!(fstype, "tmpfs");
+                assert!(data.contains("size=1048576"), "{data}");
+            }
+            other => panic!("{other:?}"),
+        }
+        let t = targets(&r.ops);
+        for want in ["mkdir /s/skel/proc", "mkdir /s/skel/dev", "mkdir /s/skel/sys"] {
+            assert!(t.contains(&want.to_string()), "{t:?}");
+        }
+    }
+
+    #[test]
+    fn side_trees_mask_only_what_exists_and_make_proc_sys_read_only() {
+        let mut r = Recorder::default();
+        let l = Layout::new("/s");
+        let probe = |p: &Path| -> Option<bool> {
+            match p.file_name()?.to_str()? {
+                "kcore" | "keys" => Some(false),
+                "acpi" | "sys" | "irq" => Some(true),
+                _ => None,
+            }
+        };
+        setup_side_trees(&mut r, &l, 4096, &probe).unwrap();
+        let t = targets(&r.ops);
+        assert_eq!(t[0], "mount proc /s/proc");
+        assert!(t.contains(&"mount  /s/proc/kcore".to_string()), "{t:?}");
+        assert!(!t.iter().any(|x| x.contains("timer_list")), "absent paths are skipped");
+        assert!(t.contains(&"mount tmpfs /s/proc/acpi".to_string()));
+        let ro_sys = r.ops.iter().any(|op| {
+            matches!(op, Op::Mount { target, flags, .. }
+                if target == Path::new("/s/proc/sys")
+                    && flags.contains(MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY))
+        });
+        assert!(ro_sys, "proc/sys must be remounted read-only");
+        let devs: Vec<_> = r
+            .ops
+            .iter()
+            .filter_map(|op| match op {
+                Op::Mknod {
+                    path, major, minor, ..
+                } => Some((path.clone(), *major, *minor)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(devs.len(), DEVICES.len());
+        assert!(devs.contains(&(PathBuf::from("/s/dev/null"), 1, 3)));
+        let sysfs_ro = r.ops.iter().any(|op| {
+            matches!(op, Op::Mount { fstype, flags, .. }
+                if fstype == "sysfs" && flags.contains(MsFlags::MS_RDONLY))
+        });
+        assert!(sysfs_ro);
+    }
+
+    #[test]
+    fn root_is_an_overlay_of_skel_then_lowers_with_upper_on_sized_tmpfs() {
+        let mut r = Recorder::default();
+        let l = Layout::new("/s");
+        let lowers = vec!["/store/b".to_string(), "/store/a".to_string()];
+        mount_root(&mut r, &l, &lowers, 64 << 20).unwrap();
+        let t = targets(&r.ops);
+        assert_eq!(
+            t,
+            vec![
+                "mount tmpfs /s/rw",
+                "mkdir /s/rw/upper",
+                "mkdir /s/rw/work",
+                "mount overlay /s/root",
+                "mount  /s/root/proc",
+                "mount  /s/root/dev",
+                "mount  /s/root/sys",
+            ]
+        );
+        match &r.ops[0] {
+            Op::Mount { data, .. } => assert!(data.contains("size=67108864")),
+            _ => unreachable!(),
+        }
+        match &r.ops[3] {
+            Op::Mount { data, flags, .. } => {
+                assert!(
+                    data.starts_with("lowerdir=/s/skel:/store/b:/store/a,upperdir=/s/rw/upper"),
+                    "{data}"
+                );
+                assert!(flags.contains(MsFlags::MS_NOSUID));
+            }
+            _ => unreachable!(),
+        }
+        let mut r = Recorder::default();
+        unmount_root(&mut r, &l).unwrap();
+        assert_eq!(targets(&r.ops), vec!["umount /s/root", "umount /s/rw"]);
+    }
+
+    #[test]
+    fn hostile_or_oversized_layer_paths_are_refused() {
+        let l = Layout::new("/s");
+        let err = overlay_options(&l, &["/a,upperdir=/etc".into()]).unwrap_err();
+        assert!(matches!(err, MountError::BadLayerPath(_)), "{err}");
+        let many: Vec<String> = (0..200).map(|i| format!("/store/layer-{i:040}")).collect();
+        let err = overlay_options(&l, &many).unwrap_err();
+        assert!(matches!(err, MountError::OptionsTooLong { .. }), "{err}");
+    }
+}

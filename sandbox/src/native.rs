@@ -1,0 +1,695 @@
+//! The native backend: a [`Runtime`] per process (run id, layer caches, cgroup layout) and the
+//! [`Sandbox`] handle that speaks to one resident init.
+
+use crate::cgroup::{self, Cgroup, Limits};
+use crate::layers::{self, LayerError, Rootfs, RootfsSpec};
+use crate::protocol::{
+    read_frame, write_frame, DirEntry, ExecRequest, ExecResult, FailureKind, FileStat, Health,
+    ProtocolError, Request, Response, SetupPlan, Termination,
+};
+use crate::state;
+use crate::sys::RealSys;
+use std::collections::HashMap;
+use std::ffi::CString;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Errors of the native backend.
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    #[error(transparent)]
+    Layer(#[from] LayerError),
+    #[error(transparent)]
+    Cgroup(#[from] cgroup::CgroupError),
+    #[error(transparent)]
+    State(#[from] state::StateError),
+    #[error("sandbox init program {path}: {reason}")]
+    InitProgram { path: PathBuf, reason: String },
+    #[error("starting the sandbox: {what}: {source}")]
+    Spawn {
+        what: &'static str,
+        source: std::io::Error,
+    },
+    #[error("sandbox setup failed: {0}")]
+    Setup(String),
+    #[error("talking to the sandbox init: {0}")]
+    Protocol(#[from] ProtocolError),
+    #[error("the sandbox did not answer within {0:?}; it has been destroyed")]
+    Unresponsive(Duration),
+    #[error("the sandbox is dead (its init exited); create a new one")]
+    Dead,
+    #[error("{kind:?}: {message}")]
+    Request { kind: FailureKind, message: String },
+    #[error("unexpected response to {request}: {response}")]
+    Unexpected {
+        request: &'static str,
+        response: String,
+    },
+    #[error("policy: {0}")]
+    Policy(String),
+}
+
+impl SandboxError {
+    /// True when the failure is the infrastructure's, not the command's or the request's.
+    pub fn is_infrastructure(&self) -> bool {
+        !matches!(
+            self,
+            Self::Request {
+                kind: FailureKind::NotFound | FailureKind::Invalid | FailureKind::Denied | FailureKind::Spawn,
+                ..
+            }
+        )
+    }
+}
+
+/// The program that becomes PID 1 of each sandbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InitProgram {
+    pub path: PathBuf,
+    pub args: Vec<String>,
+}
+
+impl InitProgram {
+    /// `$ENVFACTORY_INIT`, else `envfactory-init` beside the running executable (or one
+    /// directory up, as for test binaries in `target/*/deps`).
+    pub fn locate() -> Result<Self, SandboxError> {
+        if let Some(p) = std::env::var_os("ENVFACTORY_INIT") {
+            return Self::at(PathBuf::from(p), vec![]);
+        }
+        let exe = std::env::current_exe().map_err(|e| SandboxError::InitProgram {
+            path: "/proc/self/exe".into(),
+            reason: e.to_string(),
+        })?;
+        let mut tried = Vec::new();
+        for dir in exe.ancestors().skip(1).take(2) {
+            let p = dir.join("envfactory-init");
+            if p.is_file() {
+                return Self::at(p, vec![]);
+            }
+            tried.push(p.display().to_string());
+        }
+        Err(SandboxError::InitProgram {
+            path: "envfactory-init".into(),
+            reason: format!(
+                "not found (looked at {}); build it with `cargo build -p sandbox` or set ENVFACTORY_INIT",
+                tried.join(", ")
+            ),
+        })
+    }
+
+    /// A specific program with arguments.
+    pub fn at(path: PathBuf, args: Vec<String>) -> Result<Self, SandboxError> {
+        if !path.is_file() {
+            return Err(SandboxError::InitProgram {
+                path,
+                reason: "no such file".into(),
+            });
+        }
+        Ok(Self { path, args })
+    }
+}
+
+/// Configuration of one sandbox.
+#[derive(Debug, Clone)]
+pub struct SandboxConfig {
+    pub rootfs: RootfsSpec,
+    pub limits: Limits,
+    /// Size of the writable layer; writing more gives ENOSPC.
+    pub disk_bytes: u64,
+    pub hostname: String,
+    pub env: Vec<String>,
+    pub keep_caps: Vec<u8>,
+    /// Install the seccomp policy (`sandbox/policy/seccomp.toml`).
+    pub seccomp: bool,
+    /// Apply the landlock policy (`sandbox/policy/landlock.toml`).
+    pub landlock: bool,
+    pub nofile: u64,
+}
+
+impl Default for SandboxConfig {
+    fn default() -> Self {
+        Self {
+            rootfs: RootfsSpec::Host,
+            limits: Limits {
+                memory_bytes: 256 << 20,
+                pids: 128,
+                cpus: 1.0,
+            },
+            disk_bytes: 64 << 20,
+            hostname: "sandbox".into(),
+            env: vec![
+                "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into(),
+                "HOME=/root".into(),
+                "USER=root".into(),
+                "LOGNAME=root".into(),
+                "SHELL=/bin/sh".into(),
+                "TERM=dumb".into(),
+                "LANG=C.UTF-8".into(),
+            ],
+            keep_caps: crate::caps::DEFAULT_KEEP.to_vec(),
+            seccomp: true,
+            landlock: true,
+            nofile: 1024,
+        }
+    }
+}
+
+struct Inner {
+    state: PathBuf,
+    run: String,
+    run_dir: PathBuf,
+    cgroups: cgroup::Layout,
+    init: InitProgram,
+    counter: AtomicU64,
+    rootfs: Mutex<HashMap<RootfsSpec, Rootfs>>,
+    host_mask: Mutex<Option<PathBuf>>,
+    seccomp: Mutex<Option<crate::seccomp::CompiledSeccomp>>,
+    landlock: Mutex<Option<crate::landlock::LandlockPolicy>>,
+}
+
+/// One process's handle on the sandbox machinery. Creating it reaps the leftovers of crashed
+/// runs; dropping it removes everything the run created.
+#[derive(Clone)]
+pub struct Runtime {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Runtime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runtime").field("run", &self.inner.run).finish()
+    }
+}
+
+impl Runtime {
+    /// A runtime over `state` (see [`state::default_state_dir`]) using `init` as PID 1.
+    pub fn new(state: &Path, init: InitProgram) -> Result<Self, SandboxError> {
+        let cgroups = cgroup::Layout::detect()?;
+        let roots: Vec<PathBuf> = cgroups.roots().into_iter().map(|r| r.1).collect();
+        let reaped = state::reap(state, &roots, None);
+        if !reaped.runs.is_empty() {
+            tracing::info!(runs = reaped.runs.len(), processes = reaped.processes, mounts = reaped.mounts, cgroups = reaped.cgroups, "reaped crashed runs");
+        }
+        let run = state::new_run_id();
+        let run_dir = state::create_run(state, &run)?;
+        tracing::debug!(run = %run, dir = %run_dir.display(), "runtime started");
+        Ok(Self {
+            inner: Arc::new(Inner {
+                state: state.to_path_buf(),
+                run,
+                run_dir,
+                cgroups,
+                init,
+                counter: AtomicU64::new(0),
+                rootfs: Mutex::new(HashMap::new()),
+                host_mask: Mutex::new(None),
+                seccomp: Mutex::new(None),
+                landlock: Mutex::new(None),
+            }),
+        })
+    }
+
+    /// The default state directory and the located init program.
+    pub fn from_env() -> Result<Self, SandboxError> {
+        Self::new(&state::default_state_dir(), InitProgram::locate()?)
+    }
+
+    pub fn run_id(&self) -> &str {
+        &self.inner.run
+    }
+
+    pub fn run_dir(&self) -> &Path {
+        &self.inner.run_dir
+    }
+
+    pub fn state_dir(&self) -> &Path {
+        &self.inner.state
+    }
+
+    /// The cgroup hierarchy roots in use.
+    pub fn cgroup_roots(&self) -> Vec<PathBuf> {
+        self.inner.cgroups.roots().into_iter().map(|r| r.1).collect()
+    }
+
+    /// Resolve a rootfs source into layers (cached per runtime).
+    pub fn resolve(&self, spec: &RootfsSpec) -> Result<Rootfs, SandboxError> {
+        let mut cache = lock(&self.inner.rootfs);
+        if let Some(r) = cache.get(spec) {
+            return Ok(r.clone());
+        }
+        let r = match spec {
+            RootfsSpec::Host => {
+                let mask = self.host_mask()?;
+                let mut rec = crate::sys::Recorder::default();
+                layers::plan_host_mask(&mut rec, Path::new("/"), &layers::RealHost)?;
+                Rootfs {
+                    lowers: vec![mask.to_string_lossy().into_owned(), "/".into()],
+                    digest: layers::host_digest(&rec.ops),
+                }
+            }
+            RootfsSpec::Dir(p) => {
+                let p = p.canonicalize().map_err(|e| LayerError::BadDirectory {
+                    path: p.clone(),
+                    reason: e.to_string(),
+                })?;
+                Rootfs {
+                    digest: layers::dir_digest(&p)?,
+                    lowers: vec![p.to_string_lossy().into_owned()],
+                }
+            }
+            RootfsSpec::Oci(p) => {
+                let store = self.inner.state.join("layers");
+                let img = crate::oci::import(p, &store, &crate::oci::ImportLimits::default())
+                    .map_err(|source| LayerError::Oci {
+                        path: p.clone(),
+                        source,
+                    })?;
+                let lowers: Vec<String> = img
+                    .layers
+                    .iter()
+                    .rev()
+                    .map(|id| store.join(id).to_string_lossy().into_owned())
+                    .collect();
+                let digest = {
+                    use sha2::Digest;
+                    let mut h = sha2::Sha256::new();
+                    for l in &img.layers {
+                        h.update(l.as_bytes());
+                        h.update(b"\n");
+                    }
+                    format!("sha256-{}", hex::encode(h.finalize()))
+                };
+                Rootfs { lowers, digest }
+            }
+        };
+        cache.insert(spec.clone(), r.clone());
+        Ok(r)
+    }
+
+    /// The host layer's mask: a small tmpfs in the host mount namespace, built once per run.
+    /// (It cannot live on the root filesystem: overlayfs refuses a lower layer nested inside
+    /// another lower layer, and the host's `/` is one.)
+    fn host_mask(&self) -> Result<PathBuf, SandboxError> {
+        let mut guard = lock(&self.inner.host_mask);
+        if let Some(p) = guard.as_ref() {
+            return Ok(p.clone());
+        }
+        let dir = self.inner.run_dir.join("hostmask");
+        std::fs::create_dir_all(&dir).map_err(|source| SandboxError::Spawn {
+            what: "creating the host mask directory",
+            source,
+        })?;
+        let mut sys = RealSys;
+        use crate::sys::Sys;
+        sys.mount(
+            "envfactory-hostmask",
+            &dir,
+            "tmpfs",
+            nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
+            "mode=0755,size=4m",
+        )
+        .map_err(LayerError::from)?;
+        if let Err(e) = layers::plan_host_mask(&mut sys, &dir, &layers::RealHost) {
+            let _ = nix::mount::umount2(&dir, nix::mount::MntFlags::MNT_DETACH);
+            return Err(e.into());
+        }
+        // Read-only from now on.
+        sys.mount(
+            "",
+            &dir,
+            "",
+            nix::mount::MsFlags::MS_REMOUNT | nix::mount::MsFlags::MS_RDONLY | nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
+            "",
+        )
+        .map_err(LayerError::from)?;
+        *guard = Some(dir.clone());
+        Ok(dir)
+    }
+
+    fn policies(&self, cfg: &SandboxConfig) -> Result<(Option<crate::seccomp::CompiledSeccomp>, Option<crate::landlock::LandlockPolicy>), SandboxError> {
+        let seccomp = if cfg.seccomp {
+            let mut g = lock(&self.inner.seccomp);
+            if g.is_none() {
+                let p = crate::seccomp::SeccompPolicy::embedded()
+                    .and_then(|p| p.compile())
+                    .map_err(|e| SandboxError::Policy(e.to_string()))?;
+                *g = Some(p);
+            }
+            g.clone()
+        } else {
+            None
+        };
+        let landlock = if cfg.landlock {
+            let mut g = lock(&self.inner.landlock);
+            if g.is_none() {
+                *g = Some(
+                    crate::landlock::LandlockPolicy::embedded()
+                        .map_err(|e| SandboxError::Policy(e.to_string()))?,
+                );
+            }
+            g.clone()
+        } else {
+            None
+        };
+        Ok((seccomp, landlock))
+    }
+
+    /// Create a sandbox: cgroups, namespaces, init, root filesystem.
+    pub fn create(&self, cfg: &SandboxConfig) -> Result<Sandbox, SandboxError> {
+        let rootfs = self.resolve(&cfg.rootfs)?;
+        let (seccomp, landlock) = self.policies(cfg)?;
+        let n = self.inner.counter.fetch_add(1, Ordering::Relaxed);
+        let name = format!("s{n}");
+        let dir = self.inner.run_dir.join("sbx").join(&name);
+        std::fs::create_dir(&dir).map_err(|source| SandboxError::Spawn {
+            what: "creating the sandbox directory",
+            source,
+        })?;
+        let mut guard = CreateGuard {
+            dir: Some(dir.clone()),
+        };
+        let cgroup = Cgroup::create(&self.inner.cgroups, &self.inner.run, &name, &cfg.limits)?;
+        let (host_sock, child_sock) = UnixStream::pair().map_err(|source| SandboxError::Spawn {
+            what: "socketpair",
+            source,
+        })?;
+        let pid = spawn_init(&self.inner.init, child_sock.into())?;
+        let mut sb = Sandbox {
+            rt: self.clone(),
+            name,
+            dir,
+            sock: host_sock,
+            pid,
+            cgroup,
+            rootfs: rootfs.clone(),
+            dead: false,
+        };
+        guard.dir = None; // the sandbox's Drop owns cleanup from here on
+        let rec = self.inner.run_dir.join("sbx").join(format!("{}.init", sb.name));
+        let _ = std::fs::write(&rec, state::identity(pid));
+        sb.cgroup.add(pid)?;
+        let plan = SetupPlan {
+            sandbox_dir: sb.dir.to_string_lossy().into_owned(),
+            lowers: rootfs.lowers,
+            disk_bytes: cfg.disk_bytes,
+            hostname: cfg.hostname.clone(),
+            env: cfg.env.clone(),
+            keep_caps: cfg.keep_caps.clone(),
+            seccomp,
+            landlock,
+            nofile: cfg.nofile,
+        };
+        match sb.call(Request::Setup(Box::new(plan)), Duration::from_secs(30))? {
+            Response::Ok => {}
+            Response::Failed { message, .. } => return Err(SandboxError::Setup(message)),
+            other => {
+                return Err(SandboxError::Unexpected {
+                    request: "setup",
+                    response: format!("{other:?}"),
+                })
+            }
+        }
+        tracing::debug!(sandbox = %sb.name, pid, "sandbox ready");
+        Ok(sb)
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A poisoned cache is still a valid cache: the panicking thread held no partial update.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Some(mask) = self.host_mask.get_mut().ok().and_then(|m| m.take()) {
+            let _ = nix::mount::umount2(&mask, nix::mount::MntFlags::MNT_DETACH);
+        }
+        for m in state::mounts_under(&self.run_dir) {
+            let _ = nix::mount::umount2(&m, nix::mount::MntFlags::MNT_DETACH);
+        }
+        for (_, root) in self.cgroups.roots() {
+            let _ = cgroup::remove(&root.join(cgroup::TOP).join(&self.run));
+        }
+        let _ = std::fs::remove_dir_all(&self.run_dir);
+        tracing::debug!(run = %self.run, "runtime cleaned up");
+    }
+}
+
+struct CreateGuard {
+    dir: Option<PathBuf>,
+}
+
+impl Drop for CreateGuard {
+    fn drop(&mut self) {
+        if let Some(d) = self.dir.take() {
+            let _ = std::fs::remove_dir(d);
+        }
+    }
+}
+
+/// Clone a child into new namespaces and exec the init program in it with the control socket
+/// on fd 3. The child runs only async-signal-safe code between clone and execve.
+fn spawn_init(init: &InitProgram, sock: OwnedFd) -> Result<i32, SandboxError> {
+    let bad = |reason: &str| SandboxError::InitProgram {
+        path: init.path.clone(),
+        reason: reason.into(),
+    };
+    use std::os::unix::ffi::OsStrExt;
+    let path = CString::new(init.path.as_os_str().as_bytes()).map_err(|_| bad("NUL in path"))?;
+    let mut args = vec![path.clone()];
+    for a in &init.args {
+        args.push(CString::new(a.as_bytes()).map_err(|_| bad("NUL in argument"))?);
+    }
+    let mut argv: Vec<*const libc::c_char> = args.iter().map(|a| a.as_ptr()).collect();
+    argv.push(std::ptr::null());
+    let env = [c"PATH=/usr/sbin:/usr/bin:/sbin:/bin".as_ptr(), std::ptr::null()];
+    let flags = libc::CLONE_NEWNS
+        | libc::CLONE_NEWPID
+        | libc::CLONE_NEWNET
+        | libc::CLONE_NEWUTS
+        | libc::CLONE_NEWIPC;
+    let fd = sock.as_raw_fd();
+    // SAFETY: a fork-like clone (no CLONE_VM, no new stack). The child only calls
+    // async-signal-safe functions (fcntl, dup2, execve, _exit) on data prepared before the
+    // clone, so the state of other threads of this process does not matter to it.
+    let pid = unsafe { libc::syscall(libc::SYS_clone, (flags | libc::SIGCHLD) as libc::c_ulong, 0usize, 0usize, 0usize, 0usize) };
+    if pid == 0 {
+        // SAFETY: see above; this branch is the child and never returns.
+        unsafe {
+            if fd == crate::init::CONTROL_FD {
+                libc::fcntl(fd, libc::F_SETFD, 0);
+            } else {
+                libc::dup2(fd, crate::init::CONTROL_FD);
+            }
+            libc::execve(path.as_ptr(), argv.as_ptr(), env.as_ptr());
+            libc::_exit(127);
+        }
+    }
+    if pid < 0 {
+        return Err(SandboxError::Spawn {
+            what: "clone into new namespaces",
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    drop(sock);
+    Ok(pid as i32)
+}
+
+/// A live sandbox. Dropping it kills everything in it and removes its cgroups and directory.
+pub struct Sandbox {
+    rt: Runtime,
+    name: String,
+    dir: PathBuf,
+    sock: UnixStream,
+    pid: i32,
+    cgroup: Cgroup,
+    rootfs: Rootfs,
+    dead: bool,
+}
+
+impl std::fmt::Debug for Sandbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sandbox")
+            .field("name", &self.name)
+            .field("pid", &self.pid)
+            .field("dead", &self.dead)
+            .finish()
+    }
+}
+
+const CONTROL_TIMEOUT: Duration = Duration::from_secs(60);
+
+impl Sandbox {
+    /// Host pid of the sandbox's init.
+    pub fn init_pid(&self) -> i32 {
+        self.pid
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Digest of the root filesystem's base layers.
+    pub fn rootfs_digest(&self) -> &str {
+        &self.rootfs.digest
+    }
+
+    pub fn is_dead(&self) -> bool {
+        self.dead
+    }
+
+    pub fn runtime(&self) -> &Runtime {
+        &self.rt
+    }
+
+    fn call(&mut self, req: Request, timeout: Duration) -> Result<Response, SandboxError> {
+        if self.dead {
+            return Err(SandboxError::Dead);
+        }
+        let r = (|| {
+            self.sock.set_read_timeout(Some(timeout)).map_err(ProtocolError::Io)?;
+            write_frame(&mut self.sock, "request", &req)?;
+            read_frame::<Response>(&mut self.sock, "response")
+        })();
+        match r {
+            Ok(resp) => Ok(resp),
+            Err(ProtocolError::Io(e))
+                if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) =>
+            {
+                self.kill();
+                Err(SandboxError::Unresponsive(timeout))
+            }
+            Err(ProtocolError::Closed) | Err(ProtocolError::Io(_)) => {
+                self.kill();
+                Err(SandboxError::Dead)
+            }
+            Err(e) => {
+                self.kill();
+                Err(e.into())
+            }
+        }
+    }
+
+    fn expect_ok(&mut self, req: Request, what: &'static str) -> Result<(), SandboxError> {
+        match self.call(req, CONTROL_TIMEOUT)? {
+            Response::Ok => Ok(()),
+            other => Err(unexpected(what, other)),
+        }
+    }
+
+    /// Run one command.
+    pub fn exec(&mut self, req: &ExecRequest) -> Result<ExecResult, SandboxError> {
+        let oom_before = self.cgroup.oom_kills();
+        let timeout = Duration::from_millis(req.timeout_ms) + CONTROL_TIMEOUT;
+        match self.call(Request::Exec(Box::new(req.clone())), timeout)? {
+            Response::Exec(mut r) => {
+                if matches!(r.termination, Termination::Signaled(libc::SIGKILL)) {
+                    r.oom_killed = self.cgroup.oom_kills() > oom_before;
+                }
+                Ok(*r)
+            }
+            other => Err(unexpected("exec", other)),
+        }
+    }
+
+    /// Read a file (up to `max_bytes`); returns the data and whether it was cut.
+    pub fn read_file(&mut self, path: &str, max_bytes: u64) -> Result<(Vec<u8>, bool), SandboxError> {
+        match self.call(Request::ReadFile { path: path.into(), max_bytes }, CONTROL_TIMEOUT)? {
+            Response::File { data, truncated } => Ok((data, truncated)),
+            other => Err(unexpected("read_file", other)),
+        }
+    }
+
+    pub fn write_file(&mut self, path: &str, data: &[u8], mode: u32) -> Result<(), SandboxError> {
+        self.expect_ok(Request::WriteFile { path: path.into(), data: data.to_vec(), mode }, "write_file")
+    }
+
+    pub fn stat(&mut self, path: &str) -> Result<FileStat, SandboxError> {
+        match self.call(Request::Stat { path: path.into() }, CONTROL_TIMEOUT)? {
+            Response::Stat(s) => Ok(s),
+            other => Err(unexpected("stat", other)),
+        }
+    }
+
+    pub fn list_dir(&mut self, path: &str) -> Result<Vec<DirEntry>, SandboxError> {
+        match self.call(Request::ListDir { path: path.into() }, CONTROL_TIMEOUT)? {
+            Response::Dir(d) => Ok(d),
+            other => Err(unexpected("list_dir", other)),
+        }
+    }
+
+    /// Kill every process but init.
+    pub fn kill_all(&mut self) -> Result<(), SandboxError> {
+        self.expect_ok(Request::KillAll, "kill_all")
+    }
+
+    /// Kill every process but init and revert the filesystem to its base layers.
+    pub fn reset(&mut self) -> Result<(), SandboxError> {
+        self.expect_ok(Request::Reset, "reset")
+    }
+
+    /// Freeze the current filesystem diff into a layer; returns its number.
+    pub fn snapshot(&mut self) -> Result<u32, SandboxError> {
+        match self.call(Request::Snapshot, CONTROL_TIMEOUT)? {
+            Response::Snapshot(n) => Ok(n),
+            other => Err(unexpected("snapshot", other)),
+        }
+    }
+
+    /// Kill every process but init and return the filesystem to snapshot `n`.
+    pub fn rollback(&mut self, n: u32) -> Result<(), SandboxError> {
+        self.expect_ok(Request::Rollback { snapshot: n }, "rollback")
+    }
+
+    pub fn health(&mut self) -> Result<Health, SandboxError> {
+        match self.call(Request::Health, CONTROL_TIMEOUT)? {
+            Response::Health(h) => Ok(h),
+            other => Err(unexpected("health", other)),
+        }
+    }
+
+    /// Memory charged to the sandbox's cgroup, bytes.
+    pub fn memory_usage(&self) -> u64 {
+        self.cgroup.memory_usage()
+    }
+
+    fn kill(&mut self) {
+        if !self.dead {
+            // SAFETY: kill with integer arguments; the pid is our own child, not yet reaped.
+            unsafe { libc::kill(self.pid, libc::SIGKILL) };
+            let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(self.pid), None);
+            self.dead = true;
+        }
+    }
+}
+
+fn unexpected(request: &'static str, r: Response) -> SandboxError {
+    match r {
+        Response::Failed { kind, message } => SandboxError::Request { kind, message },
+        other => SandboxError::Unexpected {
+            request,
+            response: format!("{other:?}"),
+        },
+    }
+}
+
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        if !self.dead {
+            // Asking init to shut down lets it kill and reap its processes; killing it is the
+            // fallback, and its pid namespace takes every remaining process along.
+            let _ = self.sock.set_read_timeout(Some(Duration::from_secs(5)));
+            let _ = write_frame(&mut self.sock, "request", &Request::Shutdown);
+            let _ = read_frame::<Response>(&mut self.sock, "response");
+            self.kill();
+        }
+        if let Err(e) = self.cgroup.destroy() {
+            tracing::warn!(sandbox = %self.name, error = %e, "cgroup cleanup failed");
+        }
+        let _ = std::fs::remove_dir(&self.dir);
+        let _ = std::fs::remove_file(self.rt.inner.run_dir.join("sbx").join(format!("{}.init", self.name)));
+    }
+}

@@ -1,0 +1,349 @@
+//! The typed request/response protocol between the host and the resident init (PID 1).
+//!
+//! Frames are a 4-byte little-endian length followed by a MessagePack body (rmp-serde,
+//! struct-as-map so fields can be added). One request, one response, strictly in turn.
+
+use serde::{Deserialize, Serialize};
+use std::io::{Read, Write};
+
+/// Largest frame either side accepts (a file read or an output capture beyond this is refused).
+pub const MAX_FRAME: usize = 256 << 20;
+
+/// Errors of the framing layer.
+#[derive(Debug, thiserror::Error)]
+pub enum ProtocolError {
+    #[error("protocol i/o: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("the peer closed the connection")]
+    Closed,
+    #[error("frame of {len} bytes exceeds the limit of {MAX_FRAME} bytes")]
+    TooLarge { len: usize },
+    #[error("cannot encode {what}: {reason}")]
+    Encode { what: &'static str, reason: String },
+    #[error("cannot decode a {what} frame of {len} bytes: {reason}")]
+    Decode {
+        what: &'static str,
+        len: usize,
+        reason: String,
+    },
+}
+
+/// How to start a command.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Command {
+    /// `argv[0]` is looked up in `PATH` of the command's environment when it has no `/`.
+    Argv(Vec<String>),
+    /// Run by `/bin/sh -c`.
+    Shell(String),
+}
+
+/// One command to run inside the sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExecRequest {
+    pub command: Command,
+    /// Working directory inside the sandbox (absolute).
+    pub cwd: String,
+    /// Full environment of the command (`KEY=VALUE`), replacing the sandbox default when set.
+    pub env: Option<Vec<String>>,
+    #[serde(with = "serde_bytes")]
+    pub stdin: Vec<u8>,
+    /// Wall-clock limit; the whole process tree of the command is killed when it passes.
+    pub timeout_ms: u64,
+    /// Bytes kept per stream; the rest is read and discarded, and the stream flagged truncated.
+    pub output_cap: u64,
+}
+
+impl ExecRequest {
+    /// A shell command with the defaults: cwd `/root`, 10 s timeout, 1 MiB per stream.
+    pub fn shell(cmd: impl Into<String>) -> Self {
+        Self {
+            command: Command::Shell(cmd.into()),
+            cwd: "/root".into(),
+            env: None,
+            stdin: Vec::new(),
+            timeout_ms: 10_000,
+            output_cap: 1 << 20,
+        }
+    }
+
+    /// An argv command with the same defaults as [`ExecRequest::shell`].
+    pub fn argv<S: Into<String>>(argv: impl IntoIterator<Item = S>) -> Self {
+        Self {
+            command: Command::Argv(argv.into_iter().map(Into::into).collect()),
+            ..Self::shell("")
+        }
+    }
+}
+
+/// How a command ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Termination {
+    Exited(i32),
+    Signaled(i32),
+    /// The wall timeout passed and the process tree was killed.
+    TimedOut,
+}
+
+/// Result of one command.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExecResult {
+    pub termination: Termination,
+    #[serde(with = "serde_bytes")]
+    pub stdout: Vec<u8>,
+    #[serde(with = "serde_bytes")]
+    pub stderr: Vec<u8>,
+    pub stdout_truncated: bool,
+    pub stderr_truncated: bool,
+    pub duration_us: u64,
+    /// Set by the host when the command's death coincided with an OOM kill in the sandbox.
+    #[serde(default)]
+    pub oom_killed: bool,
+}
+
+impl ExecResult {
+    /// Exit code in the shell's convention: status, or 128+signal, or 124 for a timeout.
+    pub fn exit_code(&self) -> i32 {
+        match self.termination {
+            Termination::Exited(c) => c,
+            Termination::Signaled(s) => 128 + s,
+            Termination::TimedOut => 124,
+        }
+    }
+
+    pub fn success(&self) -> bool {
+        self.termination == Termination::Exited(0)
+    }
+}
+
+/// File metadata as seen inside the sandbox (`lstat`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileStat {
+    pub kind: FileKind,
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub size: u64,
+    pub mtime_ns: i128,
+    pub symlink_target: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FileKind {
+    File,
+    Dir,
+    Symlink,
+    CharDevice,
+    BlockDevice,
+    Fifo,
+    Socket,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DirEntry {
+    pub name: String,
+    pub stat: FileStat,
+}
+
+/// Health report of init.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Health {
+    pub pid_in_sandbox: u32,
+    /// Processes in the sandbox other than init.
+    pub processes: u32,
+    pub snapshots: u32,
+    pub upper_bytes: u64,
+}
+
+/// Everything init needs to build the sandbox; sent once, first.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SetupPlan {
+    /// Host path of the sandbox's private directory (an empty directory in the run dir).
+    pub sandbox_dir: String,
+    /// Read-only lower layers, topmost first.
+    pub lowers: Vec<String>,
+    /// Size of the writable layer (tmpfs), bytes.
+    pub disk_bytes: u64,
+    pub hostname: String,
+    /// Default environment of commands.
+    pub env: Vec<String>,
+    /// Capabilities kept by commands (numbers, see `caps`).
+    pub keep_caps: Vec<u8>,
+    /// Compiled seccomp filters, installed last before `execve`.
+    pub seccomp: Option<crate::seccomp::CompiledSeccomp>,
+    /// Landlock policy, applied to each command.
+    pub landlock: Option<crate::landlock::LandlockPolicy>,
+    /// `RLIMIT_NOFILE` of commands.
+    pub nofile: u64,
+}
+
+/// A request to init.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum Request {
+    Setup(Box<SetupPlan>),
+    Exec(Box<ExecRequest>),
+    ReadFile {
+        path: String,
+        max_bytes: u64,
+    },
+    WriteFile {
+        path: String,
+        #[serde(with = "serde_bytes")]
+        data: Vec<u8>,
+        mode: u32,
+    },
+    Stat {
+        path: String,
+    },
+    ListDir {
+        path: String,
+    },
+    /// Kill every process but init.
+    KillAll,
+    /// Kill every process but init and revert the filesystem to the base layers.
+    Reset,
+    /// Freeze the current diff into a new read-only layer; returns its number.
+    Snapshot,
+    /// Kill every process but init and return the filesystem to snapshot `n`.
+    Rollback {
+        snapshot: u32,
+    },
+    Health,
+    Shutdown,
+}
+
+/// Kinds of failure init reports, so callers can tell the agent's errors from infrastructure ones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FailureKind {
+    /// The request named something that does not exist (file, snapshot, program).
+    NotFound,
+    /// The request was malformed (relative path, bad argument).
+    Invalid,
+    /// Permission denied inside the sandbox.
+    Denied,
+    /// The command could not be started (exec failed).
+    Spawn,
+    /// Init itself failed (mount, fork, ...): the sandbox is unusable.
+    Internal,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum Response {
+    Ok,
+    Exec(Box<ExecResult>),
+    File {
+        #[serde(with = "serde_bytes")]
+        data: Vec<u8>,
+        truncated: bool,
+    },
+    Stat(FileStat),
+    Dir(Vec<DirEntry>),
+    Snapshot(u32),
+    Health(Health),
+    Failed {
+        kind: FailureKind,
+        message: String,
+    },
+}
+
+/// Write one frame.
+pub fn write_frame<T: Serialize>(
+    w: &mut impl Write,
+    what: &'static str,
+    msg: &T,
+) -> Result<(), ProtocolError> {
+    let body = rmp_serde::to_vec_named(msg).map_err(|e| ProtocolError::Encode {
+        what,
+        reason: e.to_string(),
+    })?;
+    if body.len() > MAX_FRAME {
+        return Err(ProtocolError::TooLarge { len: body.len() });
+    }
+    let mut buf = Vec::with_capacity(body.len() + 4);
+    buf.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    buf.extend_from_slice(&body);
+    w.write_all(&buf)?;
+    Ok(())
+}
+
+/// Read one frame; `Closed` on a clean end of stream before a frame starts.
+pub fn read_frame<T: for<'de> Deserialize<'de>>(
+    r: &mut impl Read,
+    what: &'static str,
+) -> Result<T, ProtocolError> {
+    let mut len = [0u8; 4];
+    match r.read_exact(&mut len) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+            return Err(ProtocolError::Closed)
+        }
+        Err(e) => return Err(e.into()),
+    }
+    let len = u32::from_le_bytes(len) as usize;
+    if len > MAX_FRAME {
+        return Err(ProtocolError::TooLarge { len });
+    }
+    let mut body = vec![0u8; len];
+    r.read_exact(&mut body)?;
+    rmp_serde::from_slice(&body).map_err(|e| ProtocolError::Decode {
+        what,
+        len,
+        reason: e.to_string(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_round_trip() {
+        let req = Request::Exec(Box::new(ExecRequest {
+            stdin: b"abc".to_vec(),
+            ..ExecRequest::argv(["ls", "-l"])
+        }));
+        let mut buf = Vec::new();
+        write_frame(&mut buf, "request", &req).unwrap();
+        let back: Request = read_frame(&mut buf.as_slice(), "request").unwrap();
+        match back {
+            Request::Exec(e) => {
+                assert_eq!(e.command, Command::Argv(vec!["ls".into(), "-l".into()]));
+                assert_eq!(e.stdin, b"abc");
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[test]
+    fn oversized_and_garbage_frames_are_refused() {
+        let mut buf = ((MAX_FRAME + 1) as u32).to_le_bytes().to_vec();
+        buf.extend_from_slice(&[0; 16]);
+        let err = read_frame::<Request>(&mut buf.as_slice(), "request").unwrap_err();
+        assert!(matches!(err, ProtocolError::TooLarge { .. }), "{err}");
+
+        let mut buf = 3u32.to_le_bytes().to_vec();
+        buf.extend_from_slice(&[0xc1, 0xc1, 0xc1]);
+        let err = read_frame::<Request>(&mut buf.as_slice(), "request").unwrap_err();
+        assert!(err.to_string().contains("cannot decode a request frame of 3 bytes"), "{err}");
+
+        let err = read_frame::<Request>(&mut [].as_slice(), "request").unwrap_err();
+        assert!(matches!(err, ProtocolError::Closed));
+    }
+
+    #[test]
+    fn exit_codes_follow_the_shell_convention() {
+        let mut r = ExecResult {
+            termination: Termination::Exited(3),
+            stdout: vec![],
+            stderr: vec![],
+            stdout_truncated: false,
+            stderr_truncated: false,
+            duration_us: 0,
+            oom_killed: false,
+        };
+        assert_eq!(r.exit_code(), 3);
+        r.termination = Termination::Signaled(9);
+        assert_eq!(r.exit_code(), 137);
+        r.termination = Termination::TimedOut;
+        assert_eq!(r.exit_code(), 124);
+    }
+}

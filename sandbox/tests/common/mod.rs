@@ -1,0 +1,42 @@
+#![allow(dead_code, clippy::unwrap_used)]
+//! Shared fixtures of the sandbox integration tests (they run as root).
+
+use sandbox::{InitProgram, Runtime, SandboxConfig};
+use std::sync::OnceLock;
+
+/// One runtime per test binary, over the default state directory.
+pub fn runtime() -> Runtime {
+    static RT: OnceLock<Runtime> = OnceLock::new();
+    RT.get_or_init(|| {
+        let init = InitProgram::at(env!("CARGO_BIN_EXE_envfactory-init").into(), vec![]).unwrap();
+        Runtime::new(&sandbox::state::default_state_dir(), init).unwrap()
+    })
+    .clone()
+}
+
+pub fn is_root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+/// Skip (with a message) when not root: these tests need namespaces, mounts and cgroups.
+#[macro_export]
+macro_rules! require_root {
+    () => {
+        if !common::is_root() {
+            eprintln!("skipped: needs root");
+            return;
+        }
+    };
+}
+
+pub fn config() -> SandboxConfig {
+    SandboxConfig::default()
+}
+
+pub fn sh(sb: &mut sandbox::Sandbox, cmd: &str) -> sandbox::ExecResult {
+    sb.exec(&sandbox::ExecRequest::shell(cmd)).unwrap()
+}
+
+pub fn out(r: &sandbox::ExecResult) -> String {
+    String::from_utf8_lossy(&r.stdout).into_owned()
+}
