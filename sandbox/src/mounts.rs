@@ -117,12 +117,10 @@ pub fn setup_private_dir(
         &format!("mode=0700,size={scratch_bytes}"),
     )?;
     for d in [
-        layout.root(),
         layout.rw(),
         layout.proc(),
         layout.dev(),
         layout.sys(),
-        layout.skel(),
         layout.snapshots(),
     ] {
         sys.mkdir(&d, 0o700)?;
@@ -143,7 +141,6 @@ pub fn setup_private_dir(
 pub fn setup_side_trees(
     sys: &mut dyn Sys,
     layout: &Layout,
-    shm_bytes: u64,
     probe: &dyn Fn(&Path) -> Option<bool>,
 ) -> Result<(), MountError> {
     let hidden = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
@@ -204,12 +201,13 @@ pub fn setup_side_trees(
         MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
         "newinstance,ptmxmode=0666,mode=0620",
     )?;
+    // Read-only: `rm -rf /` cannot delete the device nodes that every later root shares.
     sys.mount(
-        "shm",
-        &dev.join("shm"),
-        "tmpfs",
-        hidden,
-        &format!("mode=1777,size={shm_bytes}"),
+        "",
+        &dev,
+        "",
+        MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+        "mode=0755,size=65536",
     )?;
 
     sys.mount("sysfs", &layout.sys(), "sysfs", MsFlags::MS_RDONLY | hidden, "")?;
@@ -280,6 +278,14 @@ pub fn mount_root(
             "",
         )?;
     }
+    // POSIX shared memory is state of the episode: a fresh one per root.
+    sys.mount(
+        "shm",
+        &root.join("dev/shm"),
+        "tmpfs",
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+        &format!("mode=1777,size={disk_bytes}"),
+    )?;
     Ok(())
 }
 
@@ -351,7 +357,7 @@ mod tests {
                 _ => None,
             }
         };
-        setup_side_trees(&mut r, &l, 4096, &probe).unwrap();
+        setup_side_trees(&mut r, &l, &probe).unwrap();
         let t = targets(&r.ops);
         assert_eq!(t[0], "mount proc /s/proc");
         assert!(t.contains(&"mount  /s/proc/kcore".to_string()), "{t:?}");
@@ -399,6 +405,7 @@ mod tests {
                 "mount  /s/root/proc",
                 "mount  /s/root/dev",
                 "mount  /s/root/sys",
+                "mount tmpfs /s/root/dev/shm",
             ]
         );
         match &r.ops[0] {

@@ -586,7 +586,8 @@ impl Sandbox {
         let timeout = Duration::from_millis(req.timeout_ms) + CONTROL_TIMEOUT;
         match self.call(Request::Exec(Box::new(req.clone())), timeout)? {
             Response::Exec(mut r) => {
-                if matches!(r.termination, Termination::Signaled(libc::SIGKILL)) {
+                // Only a SIGKILL (or a shell reporting one) can be the OOM killer's.
+                if matches!(r.termination, Termination::Signaled(libc::SIGKILL) | Termination::Exited(137)) {
                     r.oom_killed = self.cgroup.oom_kills() > oom_before;
                 }
                 Ok(*r)

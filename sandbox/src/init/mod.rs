@@ -149,7 +149,7 @@ impl Init {
         mounts::setup_private_dir(&mut sys, &self.layout, scratch)
             .map_err(|e| InitError::Setup(e.to_string()))?;
         let probe = |p: &Path| std::fs::symlink_metadata(p).ok().map(|m| m.is_dir());
-        mounts::setup_side_trees(&mut sys, &self.layout, plan.disk_bytes, &probe)
+        mounts::setup_side_trees(&mut sys, &self.layout, &probe)
             .map_err(|e| InitError::Setup(e.to_string()))?;
         if let Some(s) = &plan.seccomp {
             self.seccomp = Some(s.prepare());

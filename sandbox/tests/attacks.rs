@@ -1,0 +1,251 @@
+#![allow(clippy::unwrap_used)]
+//! The attack battery: each attack is contained and reported clearly, and the host and other
+//! sandboxes stay untouched. Runs as root (CI runs as root).
+mod common;
+use common::*;
+use sandbox::{ExecRequest, Termination};
+
+fn small() -> sandbox::SandboxConfig {
+    let mut c = config();
+    c.limits.memory_bytes = 64 << 20;
+    c.limits.pids = 64;
+    c.disk_bytes = 16 << 20;
+    c
+}
+
+#[test]
+fn fork_bomb_is_contained_by_the_pids_limit_and_timeout() {
+    require_root!();
+    let mut sb = runtime().create(&small()).unwrap();
+    let mut req = ExecRequest::shell("bomb() { bomb | bomb & }; bomb; sleep 5");
+    req.timeout_ms = 2000;
+    let r = sb.exec(&req).unwrap();
+    assert_eq!(r.termination, Termination::TimedOut);
+    // Every process of the bomb is gone, init survives, and the sandbox still works.
+    sb.kill_all().unwrap();
+    assert_eq!(sb.health().unwrap().processes, 0);
+    assert_eq!(out(&sh(&mut sb, "echo alive")), "alive\n");
+    // The host can still fork.
+    assert!(std::process::Command::new("true").status().unwrap().success());
+}
+
+#[test]
+fn memory_bomb_is_oom_killed_inside_the_sandbox_only() {
+    require_root!();
+    let mut sb = runtime().create(&small()).unwrap();
+    let r = sb
+        .exec(&ExecRequest::argv(["perl", "-e", "$x = q(a) x (512 * 1024 * 1024); print length $x"]))
+        .unwrap();
+    assert_eq!(r.termination, Termination::Signaled(9), "{r:?}");
+    assert!(r.oom_killed, "the kill must be attributed to the memory limit: {r:?}");
+    assert_eq!(out(&sh(&mut sb, "echo alive")), "alive\n", "init survives the OOM");
+    // Through a shell the kill shows as status 137 and is still attributed.
+    let r = sh(&mut sb, "perl -e '$x = q(a) x (512 * 1024 * 1024)'");
+    assert_eq!(r.exit_code(), 137);
+    assert!(r.oom_killed);
+}
+
+#[test]
+fn disk_fill_hits_the_quota_with_enospc_and_reset_frees_it() {
+    require_root!();
+    let mut sb = runtime().create(&small()).unwrap();
+    let r = sh(&mut sb, "dd if=/dev/zero of=/root/fill bs=1M count=64 2>&1; echo rc=$?");
+    let o = out(&r);
+    assert!(o.contains("No space left on device"), "{o}");
+    assert!(o.contains("rc=1"), "{o}");
+    sb.reset().unwrap();
+    let r = sh(&mut sb, "dd if=/dev/zero of=/root/fill bs=1M count=8 2>/dev/null && echo ok");
+    assert_eq!(out(&r), "ok\n");
+}
+
+#[test]
+fn rm_rf_root_is_undone_by_reset_and_never_reaches_the_next_sandbox() {
+    require_root!();
+    let rt = runtime();
+    let mut a = rt.create(&small()).unwrap();
+    let r = sh(&mut a, "rm -rf /etc /bin /usr/bin /lib 2>/dev/null; [ -e /usr/bin/env ] || echo gone");
+    assert_eq!(out(&r), "gone\n", "the agent may wreck its own root: {r:?}");
+    // The rest of / (over 100k files on a typical host) until the step's deadline.
+    let mut req = ExecRequest::shell("rm -rf --no-preserve-root / 2>/dev/null");
+    req.timeout_ms = 3000;
+    let _ = a.exec(&req);
+    let mut b = rt.create(&small()).unwrap();
+    assert_eq!(out(&sh(&mut b, "test -x /bin/sh && test -e /dev/null && echo intact")), "intact\n");
+    a.reset().unwrap();
+    assert_eq!(out(&sh(&mut a, "test -x /usr/bin/env && test -c /dev/null && echo restored")), "restored\n");
+    // The host is untouched.
+    assert!(std::path::Path::new("/usr/bin/env").exists());
+}
+
+#[test]
+fn host_private_files_are_invisible() {
+    require_root!();
+    let tag = format!("envfactory-canary-{}", std::process::id());
+    let root_canary = std::path::PathBuf::from("/root").join(&tag);
+    let tmp_canary = std::path::PathBuf::from("/tmp").join(&tag);
+    std::fs::write(&root_canary, "secret").unwrap();
+    std::fs::write(&tmp_canary, "secret").unwrap();
+    let mut sb = runtime().create(&small()).unwrap();
+    let r = sh(
+        &mut sb,
+        &format!(
+            "cat /root/{tag} /tmp/{tag} 2>&1; ls /home /root /tmp | wc -l; test -e /etc/shadow && echo SHADOW; \
+             test -e /work && echo WORK; test -e /var/lib/envfactory && echo STATE; ls /etc/ssh 2>/dev/null | grep -c _key$; \
+             test -r /etc/passwd && echo passwd-ok"
+        ),
+    );
+    let _ = std::fs::remove_file(&root_canary);
+    let _ = std::fs::remove_file(&tmp_canary);
+    let o = out(&r);
+    assert!(!o.contains("secret"), "{o}");
+    assert!(o.contains("No such file"), "{o}");
+    for leak in ["SHADOW", "WORK", "STATE"] {
+        assert!(!o.contains(leak), "{leak} visible: {o}");
+    }
+    assert!(o.contains("passwd-ok"), "system files stay readable: {o}");
+    let lines: Vec<&str> = o.lines().collect();
+    assert!(lines.contains(&"0"), "fresh /home, /root, /tmp and no private ssh keys: {o}");
+}
+
+#[test]
+fn mounting_and_loading_modules_are_refused() {
+    require_root!();
+    let mut sb = runtime().create(&small()).unwrap();
+    let r = sh(&mut sb, "mount -t tmpfs none /mnt 2>&1; echo rc=$?");
+    assert!(out(&r).contains("rc=32") || out(&r).contains("rc=1"), "{}", out(&r));
+    assert!(out(&r).to_lowercase().contains("permission denied") || out(&r).contains("must be superuser"), "{}", out(&r));
+    // Raw syscalls: mount(165), init_module(175), finit_module(313), unshare(272), kexec_load(246).
+    let r = sh(
+        &mut sb,
+        "perl -e 'for $n (165, 175, 313, 246) { $r = syscall($n, 0, 0, 0, 0, 0); print \"$n:$r:\", $!+0, \"\\n\" } \
+         $r = syscall(272, 0x10000000); print \"272:$r:\", $!+0, \"\\n\"'",
+    );
+    for line in out(&r).lines() {
+        assert!(line.ends_with(":-1:1"), "syscall not refused with EPERM: {line}");
+    }
+    assert_eq!(out(&r).lines().count(), 5);
+}
+
+#[test]
+fn init_cannot_be_ptraced_read_or_killed() {
+    require_root!();
+    let mut sb = runtime().create(&small()).unwrap();
+    // ptrace(PTRACE_ATTACH=16, 1)
+    let r = sh(&mut sb, "perl -e '$r = syscall(101, 16, 1, 0, 0); print \"$r:\", $!+0'");
+    assert_eq!(out(&r), "-1:1", "ptrace must fail with EPERM");
+    let r = sh(&mut sb, "head -c 16 /proc/1/mem 2>&1; cat /proc/1/environ 2>&1; ls /proc/1/root/ 2>&1 | head -3");
+    let o = out(&r);
+    assert!(o.contains("ermission denied") || o.contains("Operation not permitted"), "{o}");
+    assert!(!o.contains("PATH="), "{o}");
+    let r = sh(&mut sb, "kill -9 1; kill -STOP 1; kill -TERM 1; sleep 0.1; echo sent");
+    assert_eq!(out(&r), "sent\n");
+    let h = sb.health().unwrap();
+    assert_eq!(h.pid_in_sandbox, 1);
+    assert_eq!(out(&sh(&mut sb, "echo still-serving")), "still-serving\n");
+}
+
+#[test]
+fn host_loopback_services_are_unreachable() {
+    require_root!();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let mut sb = runtime().create(&small()).unwrap();
+    let r = sh(
+        &mut sb,
+        &format!("bash -c 'echo hi > /dev/tcp/127.0.0.1/{port}' 2>&1; echo rc=$?; ls /sys/class/net"),
+    );
+    let o = out(&r);
+    assert!(o.contains("Connection refused"), "{o}");
+    assert!(o.contains("rc=1"), "{o}");
+    assert!(o.ends_with("lo\n"), "only loopback exists: {o}");
+    assert!(listener.accept().is_err(), "the host listener saw a connection");
+    // Loopback inside works.
+    let r = sh(
+        &mut sb,
+        "python3 -c 'import socket; s=socket.socket(); s.bind((\"127.0.0.1\", 8080)); s.listen(); print(\"bound\")'",
+    );
+    assert_eq!(out(&r), "bound\n", "{}", String::from_utf8_lossy(&r.stderr));
+}
+
+#[test]
+fn proc_sys_and_sys_are_read_only() {
+    require_root!();
+    // Writing back the host's own value: harmless even if it were not refused.
+    let before = std::fs::read_to_string("/proc/sys/kernel/dmesg_restrict").unwrap();
+    let mut sb = runtime().create(&small()).unwrap();
+    let r = sh(
+        &mut sb,
+        &format!("echo {} > /proc/sys/kernel/dmesg_restrict 2>&1; echo rc=$?; echo x > /sys/kernel/uevent_helper 2>&1; echo rc=$?; \
+         wc -c < /proc/kallsyms; grep -c . /proc/keys", before.trim()),
+    );
+    let o = out(&r);
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert_eq!(o, "rc=2\nrc=2\n0\n0\n", "kernel symbols and keys are masked: {o} {err}");
+    assert!(err.contains("Read-only file system"), "{err}");
+    assert_eq!(std::fs::read_to_string("/proc/sys/kernel/dmesg_restrict").unwrap(), before);
+}
+
+#[test]
+fn output_flood_is_capped_and_flagged() {
+    require_root!();
+    let mut sb = runtime().create(&small()).unwrap();
+    let mut req = ExecRequest::shell("head -c 1G /dev/zero; echo done >&2");
+    req.output_cap = 1 << 20;
+    req.timeout_ms = 60_000;
+    let r = sb.exec(&req).unwrap();
+    assert_eq!(r.termination, Termination::Exited(0));
+    assert_eq!(r.stdout.len(), 1 << 20);
+    assert!(r.stdout_truncated);
+    assert!(!r.stderr_truncated);
+    assert_eq!(r.stderr, b"done\n");
+}
+
+#[test]
+fn runaway_and_background_processes_die_on_timeout_and_reset() {
+    require_root!();
+    let mut sb = runtime().create(&small()).unwrap();
+    let mut req = ExecRequest::shell("sleep 100 & sleep 100 | cat; sleep 100");
+    req.timeout_ms = 300;
+    let r = sb.exec(&req).unwrap();
+    assert_eq!(r.termination, Termination::TimedOut);
+    assert_eq!(r.exit_code(), 124);
+    assert_eq!(sb.health().unwrap().processes, 0, "the whole tree is killed");
+    // A daemon that escapes the session survives the step but not the reset.
+    let r = sh(&mut sb, "setsid sleep 1000 >/dev/null 2>&1 < /dev/null & echo started");
+    assert_eq!(out(&r), "started\n");
+    assert!(sb.health().unwrap().processes >= 1);
+    sb.reset().unwrap();
+    assert_eq!(sb.health().unwrap().processes, 0);
+}
+
+#[test]
+fn setuid_binaries_do_not_elevate() {
+    require_root!();
+    let mut sb = runtime().create(&small()).unwrap();
+    let r = sh(
+        &mut sb,
+        "cp /usr/bin/id /root/suid-id && chmod 4755 /root/suid-id && \
+         setpriv --reuid=1000 --regid=1000 --clear-groups /root/suid-id -u",
+    );
+    assert_eq!(out(&r), "1000\n", "{}", String::from_utf8_lossy(&r.stderr));
+}
+
+#[test]
+fn capabilities_are_dropped_and_no_new_privs_is_set() {
+    require_root!();
+    let mut sb = runtime().create(&small()).unwrap();
+    let r = sh(&mut sb, "grep -E '^(CapEff|CapBnd|NoNewPrivs|Seccomp):' /proc/self/status");
+    let o = out(&r);
+    let field = |k: &str| {
+        o.lines()
+            .find_map(|l| l.strip_prefix(k).map(|v| v.trim().to_string()))
+            .unwrap_or_default()
+    };
+    let mut keep = sandbox::caps::DEFAULT_KEEP.to_vec();
+    keep.sort();
+    assert_eq!(sandbox::caps::parse_cap_mask(&field("CapEff:")), keep, "{o}");
+    assert_eq!(sandbox::caps::parse_cap_mask(&field("CapBnd:")), keep, "{o}");
+    assert_eq!(field("NoNewPrivs:"), "1");
+    assert_eq!(field("Seccomp:"), "2", "a seccomp filter is installed");
+}
