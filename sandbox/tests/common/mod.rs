@@ -2,16 +2,15 @@
 //! Shared fixtures of the sandbox integration tests (they run as root).
 
 use sandbox::{InitProgram, Runtime, SandboxConfig};
-use std::sync::OnceLock;
 
-/// One runtime per test binary, over the default state directory.
+/// A fresh runtime over the default state directory. Each test owns its runtime, so whatever
+/// it creates is removed when the test ends, even by a panic (RAII on unwind).
 pub fn runtime() -> Runtime {
-    static RT: OnceLock<Runtime> = OnceLock::new();
-    RT.get_or_init(|| {
-        let init = InitProgram::at(env!("CARGO_BIN_EXE_envfactory-init").into(), vec![]).unwrap();
-        Runtime::new(&sandbox::state::default_state_dir(), init).unwrap()
-    })
-    .clone()
+    Runtime::new(&sandbox::state::default_state_dir(), init_program()).unwrap()
+}
+
+pub fn init_program() -> InitProgram {
+    InitProgram::at(env!("CARGO_BIN_EXE_envfactory-init").into(), vec![]).unwrap()
 }
 
 pub fn is_root() -> bool {
