@@ -1,1 +1,6 @@
-//! The `engine` package: the environment factory domain and the command line.
+//! The `engine` package: the environment factory domain, experiments and benchmarks. The
+//! command line is in `main.rs`.
+
+pub mod bench;
+pub mod experiment;
+pub mod units;

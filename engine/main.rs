@@ -1,1 +1,138 @@
-fn main() {}
+//! The `engine` command line.
+
+mod sandbox_cli;
+
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(name = "engine", version, about = "EnvFactory: broken-by-design Linux environments, millisecond sandboxes, robust RL")]
+struct Cli {
+    /// Log filter (tracing EnvFilter syntax), e.g. `info` or `sandbox=debug`.
+    #[arg(long, global = true, env = "ENVFACTORY_LOG", default_value = "warn")]
+    log: String,
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run an experiment (the main job) and write its report.
+    Run { experiment: PathBuf },
+    /// Sandbox commands.
+    #[command(subcommand)]
+    Sandbox(SandboxCmd),
+    /// Benchmarks.
+    #[command(subcommand)]
+    Bench(BenchCmd),
+    /// Remove what crashed runs left behind (also done at every start).
+    Reap,
+    /// PID 1 of a sandbox (internal).
+    #[command(name = "__sandbox-init", hide = true)]
+    SandboxInit,
+}
+
+#[derive(Subcommand)]
+enum SandboxCmd {
+    /// Run CMD in a fresh sandbox; exit with its status (124 timeout, 125 sandbox failure,
+    /// 126 cannot execute, 127 not found, 128+N killed by signal N).
+    Exec {
+        #[command(flatten)]
+        opts: sandbox_cli::SandboxOpts,
+        /// Wall-clock limit; the whole process tree is killed when it passes.
+        #[arg(long, default_value = "10s")]
+        timeout: String,
+        #[arg(last = true, required = true)]
+        cmd: Vec<String>,
+    },
+}
+
+#[derive(Subcommand)]
+enum BenchCmd {
+    /// Sandbox latencies against the host's `sh -c true` measured in the same run.
+    Sandbox {
+        #[command(flatten)]
+        opts: sandbox_cli::SandboxOpts,
+        #[arg(long, default_value_t = 50)]
+        iterations: usize,
+        /// Also keep N sandboxes alive at once and run a command in each.
+        #[arg(long)]
+        concurrent: Option<usize>,
+        /// Print the report as JSON (keys documented in docs/sandbox.md).
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn main() {
+    // The sandbox init must start before anything else (no threads, no logging).
+    if std::env::args().nth(1).as_deref() == Some("__sandbox-init") {
+        sandbox::init::main();
+    }
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_new(&cli.log).unwrap_or_else(|_| {
+            eprintln!("engine: bad --log filter {:?}; using `warn`", cli.log);
+            tracing_subscriber::EnvFilter::new("warn")
+        }))
+        .with_writer(std::io::stderr)
+        .init();
+    match run(cli.command) {
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            eprintln!("engine: {e:#}");
+            std::process::exit(sandbox_cli::EXIT_SANDBOX_FAILURE);
+        }
+    }
+}
+
+fn run(cmd: Cmd) -> anyhow::Result<i32> {
+    match cmd {
+        Cmd::SandboxInit => sandbox::init::main(),
+        Cmd::Run { experiment } => {
+            let exp = engine::experiment::Experiment::load(&experiment)?;
+            let rt = sandbox_cli::runtime()?;
+            let (report, path) = engine::experiment::run(&exp, &experiment, &rt)?;
+            for s in &report.seeds {
+                println!(
+                    "seed {:>4}: {} episodes, {} steps ({} failed, {} infra), {:.0} steps/s, reset {:.2} ms",
+                    s.seed, s.episodes, s.steps, s.failed_steps, s.infra_failures, s.steps_per_s, s.reset_ms_median
+                );
+            }
+            println!(
+                "{}: {:.0} ± {:.0} steps/s, reset {:.2} ± {:.2} ms (mean ± 95% CI over {} seeds); report: {}",
+                report.name,
+                report.steps_per_s.mean,
+                report.steps_per_s.ci95,
+                report.reset_ms.mean,
+                report.reset_ms.ci95,
+                report.seeds.len(),
+                path.display()
+            );
+            Ok(0)
+        }
+        Cmd::Sandbox(SandboxCmd::Exec { opts, timeout, cmd }) => sandbox_cli::exec(&opts, &timeout, &cmd),
+        Cmd::Bench(BenchCmd::Sandbox {
+            opts,
+            iterations,
+            concurrent,
+            json,
+        }) => {
+            let cfg = opts.config()?;
+            let rt = sandbox_cli::runtime()?;
+            let report = engine::bench::sandbox_bench(&rt, &cfg, iterations, concurrent)?;
+            if json {
+                println!("{}", serde_json::to_string(&report)?);
+            } else {
+                print!("{}", engine::bench::render(&report));
+            }
+            Ok(0)
+        }
+        Cmd::Reap => {
+            // Creating a runtime reaps; dropping it removes its own (empty) run.
+            let rt = sandbox_cli::runtime()?;
+            println!("reaped; state directory {}", rt.state_dir().display());
+            Ok(0)
+        }
+    }
+}

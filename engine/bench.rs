@@ -1,0 +1,285 @@
+//! `engine bench sandbox`: sandbox latencies against a host baseline measured in the same run.
+//!
+//! JSON keys (all times in milliseconds, each a `{median, p90, n}` summary):
+//! - `host_sh_true`: the baseline, `sh -c true` forked and waited for by this process;
+//! - `create_first_exec`: a new sandbox from cached layers plus its first `true`;
+//! - `exec_sh_true`: `sh -c true` in a live sandbox;
+//! - `reset_100_files`: reset after a step that changed 100 files;
+//! - `snapshot_100_files`: snapshot of a diff of 100 files;
+//! - `rollback`: rollback to that snapshot after further changes;
+//! - `idle_rss_kib`: resident memory of one idle sandbox's init (KiB, not ms);
+//! - `ratios`: `exec_vs_host` = exec_sh_true / host_sh_true (medians);
+//! - `concurrent`: present with `--concurrent N`: sandboxes alive at once, how many answered.
+
+use sandbox::{ExecRequest, Runtime, SandboxConfig, SandboxError};
+use serde::Serialize;
+use std::time::Instant;
+
+/// Errors of the benchmark.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    #[error(transparent)]
+    Sandbox(#[from] SandboxError),
+    #[error("running the host baseline: {0}")]
+    Host(std::io::Error),
+    #[error("{step} failed inside the sandbox: {detail}")]
+    Step { step: &'static str, detail: String },
+}
+
+/// Median, 90th percentile and count of a sample.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq)]
+pub struct Summary {
+    pub median: f64,
+    pub p90: f64,
+    pub n: usize,
+}
+
+impl Summary {
+    pub fn of(mut v: Vec<f64>) -> Self {
+        v.sort_by(f64::total_cmp);
+        let n = v.len();
+        let at = |q: f64| {
+            if n == 0 {
+                f64::NAN
+            } else {
+                v[((q * (n - 1) as f64).round() as usize).min(n - 1)]
+            }
+        };
+        Self {
+            median: at(0.5),
+            p90: at(0.9),
+            n,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Ratios {
+    pub exec_vs_host: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Concurrent {
+    pub sandboxes: usize,
+    pub answered: usize,
+    pub total_init_rss_mib: f64,
+    pub create_all_s: f64,
+}
+
+/// The report of `engine bench sandbox`.
+#[derive(Debug, Clone, Serialize)]
+pub struct SandboxBench {
+    pub iterations: usize,
+    pub host_sh_true: Summary,
+    pub create_first_exec: Summary,
+    pub exec_sh_true: Summary,
+    pub reset_100_files: Summary,
+    pub snapshot_100_files: Summary,
+    pub rollback: Summary,
+    pub idle_rss_kib: Summary,
+    pub ratios: Ratios,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub concurrent: Option<Concurrent>,
+}
+
+fn ms(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1e3
+}
+
+fn check(step: &'static str, r: sandbox::ExecResult) -> Result<(), BenchError> {
+    if r.success() {
+        Ok(())
+    } else {
+        Err(BenchError::Step {
+            step,
+            detail: format!(
+                "{:?}: {}",
+                r.termination,
+                String::from_utf8_lossy(&r.stderr)
+            ),
+        })
+    }
+}
+
+/// Resident set of a process, KiB.
+pub fn rss_kib(pid: i32) -> Option<f64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    s.lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
+/// Change 100 files: 50 new, 40 modified lower files' copies... all under /root and /etc.
+pub const CHANGE_100: &str = "for i in $(seq 50); do echo $i > /root/f$i; done; \
+    for i in $(seq 40); do echo $i > /tmp/t$i; done; \
+    for f in passwd group hosts shells issue motd profile bash.bashrc environment nsswitch.conf; do echo >> /etc/$f 2>/dev/null || true; done";
+
+/// Run the benchmark.
+pub fn sandbox_bench(
+    rt: &Runtime,
+    cfg: &SandboxConfig,
+    iterations: usize,
+    concurrent: Option<usize>,
+) -> Result<SandboxBench, BenchError> {
+    let n = iterations.max(3);
+    // Warm the layer caches (host mask, policies) and the page cache.
+    drop(rt.create(cfg)?);
+
+    let mut host = Vec::with_capacity(n);
+    let mut create = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        let st = std::process::Command::new("sh")
+            .args(["-c", "true"])
+            .status()
+            .map_err(BenchError::Host)?;
+        host.push(ms(t));
+        if !st.success() {
+            return Err(BenchError::Host(std::io::Error::other("sh -c true failed")));
+        }
+        let t = Instant::now();
+        let mut sb = rt.create(cfg)?;
+        check("true", sb.exec(&ExecRequest::argv(["/bin/true"]))?)?;
+        create.push(ms(t));
+        drop(sb);
+    }
+
+    let mut sb = rt.create(cfg)?;
+    let mut exec = Vec::with_capacity(n);
+    let mut host2 = Vec::with_capacity(n);
+    let sh_true = ExecRequest::argv(["sh", "-c", "true"]);
+    for _ in 0..n {
+        // Interleaved with the baseline so both see the same machine state.
+        let t = Instant::now();
+        std::process::Command::new("sh")
+            .args(["-c", "true"])
+            .status()
+            .map_err(BenchError::Host)?;
+        host2.push(ms(t));
+        let t = Instant::now();
+        check("sh -c true", sb.exec(&sh_true)?)?;
+        exec.push(ms(t));
+    }
+    host.extend(host2);
+
+    let change = ExecRequest::shell(CHANGE_100);
+    let mut reset = Vec::with_capacity(n);
+    let mut snap = Vec::with_capacity(n);
+    let mut roll = Vec::with_capacity(n);
+    for _ in 0..n {
+        check("changing 100 files", sb.exec(&change)?)?;
+        let t = Instant::now();
+        let id = sb.snapshot()?;
+        snap.push(ms(t));
+        check("changing 100 files", sb.exec(&change)?)?;
+        let t = Instant::now();
+        sb.rollback(id)?;
+        roll.push(ms(t));
+        sb.reset()?;
+        check("changing 100 files", sb.exec(&change)?)?;
+        let t = Instant::now();
+        sb.reset()?;
+        reset.push(ms(t));
+    }
+    drop(sb);
+
+    let mut rss = Vec::new();
+    let idle: Vec<_> = (0..n.min(20))
+        .map(|_| rt.create(cfg))
+        .collect::<Result<_, _>>()?;
+    for s in &idle {
+        if let Some(k) = rss_kib(s.init_pid()) {
+            rss.push(k);
+        }
+    }
+    drop(idle);
+
+    let concurrent = match concurrent {
+        Some(k) => Some(concurrent_bench(rt, cfg, k)?),
+        None => None,
+    };
+    let host_sh_true = Summary::of(host);
+    let exec_sh_true = Summary::of(exec);
+    Ok(SandboxBench {
+        iterations: n,
+        ratios: Ratios {
+            exec_vs_host: exec_sh_true.median / host_sh_true.median,
+        },
+        host_sh_true,
+        create_first_exec: Summary::of(create),
+        exec_sh_true,
+        reset_100_files: Summary::of(reset),
+        snapshot_100_files: Summary::of(snap),
+        rollback: Summary::of(roll),
+        idle_rss_kib: Summary::of(rss),
+        concurrent,
+    })
+}
+
+/// Create `k` sandboxes, keep them all alive, then run `true` in each.
+fn concurrent_bench(rt: &Runtime, cfg: &SandboxConfig, k: usize) -> Result<Concurrent, BenchError> {
+    let mut small = cfg.clone();
+    small.disk_bytes = 8 << 20;
+    let t = Instant::now();
+    let mut all = Vec::with_capacity(k);
+    for i in 0..k {
+        match rt.create(&small) {
+            Ok(s) => all.push(s),
+            Err(e) => {
+                tracing::warn!(created = i, error = %e, "stopped creating sandboxes");
+                break;
+            }
+        }
+    }
+    let create_all_s = t.elapsed().as_secs_f64();
+    let total_init_rss_mib = all.iter().filter_map(|s| rss_kib(s.init_pid())).sum::<f64>() / 1024.0;
+    let mut answered = 0;
+    for s in &mut all {
+        if s.exec(&ExecRequest::argv(["/bin/true"])).is_ok_and(|r| r.success()) {
+            answered += 1;
+        }
+    }
+    Ok(Concurrent {
+        sandboxes: k,
+        answered,
+        total_init_rss_mib,
+        create_all_s,
+    })
+}
+
+/// A human-readable table of the report.
+pub fn render(b: &SandboxBench) -> String {
+    let row = |name: &str, s: &Summary, unit: &str| {
+        format!("{name:<24} {:>10.3} {:>10.3} {unit}\n", s.median, s.p90)
+    };
+    let mut out = format!("{:<24} {:>10} {:>10}\n", "sandbox benchmark", "median", "p90");
+    out += &row("host sh -c true", &b.host_sh_true, "ms (baseline)");
+    out += &row("create + first exec", &b.create_first_exec, "ms");
+    out += &row("exec sh -c true", &b.exec_sh_true, "ms");
+    out += &row("reset (100 files)", &b.reset_100_files, "ms");
+    out += &row("snapshot (100 files)", &b.snapshot_100_files, "ms");
+    out += &row("rollback", &b.rollback, "ms");
+    out += &row("idle init RSS", &b.idle_rss_kib, "KiB");
+    out += &format!("exec / host sh -c true  {:>10.2}x\n", b.ratios.exec_vs_host);
+    if let Some(c) = &b.concurrent {
+        out += &format!(
+            "concurrent: {} alive, {} answered, init RSS total {:.1} MiB, created in {:.1} s\n",
+            c.sandboxes, c.answered, c.total_init_rss_mib, c.create_all_s
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn summaries_pick_median_and_p90() {
+        let s = Summary::of((1..=10).map(f64::from).collect());
+        assert_eq!(s.n, 10);
+        assert_eq!(s.median, 6.0); // index round(0.5*9)=5 (rounds half away from zero)
+        assert_eq!(s.p90, 9.0);
+        assert!(Summary::of(vec![]).median.is_nan());
+    }
+}

@@ -1,0 +1,109 @@
+//! Options shared by the sandbox commands, and `engine sandbox exec`.
+
+use engine::units::{parse_duration, parse_size};
+use sandbox::{ExecRequest, InitProgram, Runtime, SandboxConfig, Termination};
+
+/// Exit code of `engine sandbox exec` when the sandbox itself failed.
+pub const EXIT_SANDBOX_FAILURE: i32 = 125;
+/// Exit code when the command could not be executed (found but not runnable).
+pub const EXIT_CANNOT_EXECUTE: i32 = 126;
+/// Exit code when the command was not found.
+pub const EXIT_NOT_FOUND: i32 = 127;
+/// Exit code when the wall timeout passed.
+pub const EXIT_TIMEOUT: i32 = 124;
+
+/// Sandbox options as given on the command line.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SandboxOpts {
+    /// Root filesystem: `host`, a directory, or `oci:PATH` (OCI layout or docker-save tarball).
+    #[arg(long, default_value = "host")]
+    pub rootfs: String,
+    /// Memory limit (cgroup), e.g. 256M.
+    #[arg(long, default_value = "256M")]
+    pub memory: String,
+    /// Maximum number of processes.
+    #[arg(long, default_value_t = 128)]
+    pub pids: u64,
+    /// CPU quota in cores (0 for none).
+    #[arg(long, default_value_t = 1.0)]
+    pub cpus: f64,
+    /// Size of the writable layer; writes beyond it fail with ENOSPC.
+    #[arg(long, default_value = "64M")]
+    pub disk: String,
+}
+
+impl SandboxOpts {
+    /// Validate into a sandbox configuration.
+    pub fn config(&self) -> anyhow::Result<SandboxConfig> {
+        let mut c = SandboxConfig {
+            rootfs: self.rootfs.parse()?,
+            ..SandboxConfig::default()
+        };
+        c.limits.memory_bytes = parse_size(&self.memory).map_err(|e| anyhow::anyhow!("--memory: {e}"))?;
+        c.disk_bytes = parse_size(&self.disk).map_err(|e| anyhow::anyhow!("--disk: {e}"))?;
+        anyhow::ensure!(self.pids >= 2, "--pids: at least 2 (init and one command)");
+        anyhow::ensure!(
+            self.cpus >= 0.0 && self.cpus.is_finite(),
+            "--cpus: a non-negative number of cores"
+        );
+        c.limits.pids = self.pids;
+        c.limits.cpus = self.cpus;
+        Ok(c)
+    }
+}
+
+/// The runtime of this process: init is `envfactory-init` beside the engine binary when
+/// present, else the engine binary itself (`engine __sandbox-init`).
+pub fn runtime() -> anyhow::Result<Runtime> {
+    let init = match InitProgram::locate() {
+        Ok(i) => i,
+        Err(_) => InitProgram::at(std::env::current_exe()?, vec!["__sandbox-init".into()])?,
+    };
+    Ok(Runtime::new(&sandbox::state::default_state_dir(), init)?)
+}
+
+/// `engine sandbox exec`: run CMD in a fresh sandbox, print its output, return its exit code.
+pub fn exec(opts: &SandboxOpts, timeout: &str, cmd: &[String]) -> anyhow::Result<i32> {
+    anyhow::ensure!(!cmd.is_empty(), "no command given: engine sandbox exec [OPTIONS] -- CMD...");
+    let cfg = opts.config()?;
+    let timeout = parse_duration(timeout).map_err(|e| anyhow::anyhow!("--timeout: {e}"))?;
+    let rt = runtime()?;
+    let mut sb = rt.create(&cfg)?;
+    let mut req = ExecRequest::argv(cmd.iter().cloned());
+    req.timeout_ms = timeout.as_millis() as u64;
+    req.output_cap = 64 << 20;
+    let result = match sb.exec(&req) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("engine: {e}");
+            return Ok(match &e {
+                sandbox::SandboxError::Request {
+                    kind: sandbox::protocol::FailureKind::NotFound,
+                    ..
+                } => EXIT_NOT_FOUND,
+                sandbox::SandboxError::Request { .. } => EXIT_CANNOT_EXECUTE,
+                _ => EXIT_SANDBOX_FAILURE,
+            });
+        }
+    };
+    use std::io::Write;
+    std::io::stdout().write_all(&result.stdout)?;
+    std::io::stderr().write_all(&result.stderr)?;
+    if result.stdout_truncated || result.stderr_truncated {
+        eprintln!("engine: output truncated at {} bytes per stream", req.output_cap);
+    }
+    match result.termination {
+        Termination::TimedOut => {
+            eprintln!("engine: timed out after {timeout:?}; the command's process tree was killed");
+        }
+        Termination::Signaled(s) if result.oom_killed => {
+            eprintln!(
+                "engine: killed by signal {s}: out of memory (limit {})",
+                opts.memory
+            );
+        }
+        Termination::Signaled(s) => eprintln!("engine: killed by signal {s}"),
+        Termination::Exited(_) => {}
+    }
+    Ok(result.exit_code())
+}
