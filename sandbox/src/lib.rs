@@ -1,1 +1,4 @@
 //! `sandbox`: isolated, snapshot-able Linux environments. Knows no RL.
+
+pub mod landlock;
+pub mod seccomp;
