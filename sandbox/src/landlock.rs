@@ -210,10 +210,13 @@ fn line_of(text: &str, offset: usize) -> usize {
         + 1
 }
 
+/// Key named by a serde/toml message (``missing field `why` ``, ``duplicate key `x` ``).
 fn quoted_key(message: &str) -> Option<String> {
-    let start = message.find('`')? + 1;
-    let len = message[start..].find('`')?;
-    Some(message[start..start + len].to_string())
+    ["field `", "key `"].iter().find_map(|marker| {
+        let start = message.find(marker)? + marker.len();
+        let len = message[start..].find('`')?;
+        Some(message[start..start + len].to_string())
+    })
 }
 
 struct Ctx<'a> {
@@ -243,7 +246,7 @@ impl LandlockPolicy {
         let ctx = Ctx { text, source };
         let raw: RawPolicy = toml::from_str(text).map_err(|e| {
             let span = e.span().unwrap_or(0..0);
-            let key = quoted_key(e.message()).unwrap_or_else(|| "-".to_string());
+            let key = quoted_key(e.message()).unwrap_or_else(|| "(syntax)".to_string());
             ctx.err(span, &key, e.message().trim().to_string())
         })?;
         let abi_value = raw
@@ -926,5 +929,50 @@ mod tests {
         nix::sys::signal::kill(sibling, None).expect("sibling alive");
         nix::sys::signal::kill(sibling, nix::sys::signal::Signal::SIGKILL).unwrap();
         let _ = waitpid(sibling, None);
+    }
+
+    #[test]
+    fn layers_compose_shell_pipeline_under_landlock_and_seccomp() {
+        // Root "/" so that /bin/sh is inside the (host-sized) sandbox root.
+        let prepared = LandlockPolicy::embedded()
+            .unwrap()
+            .prepare(Path::new("/"))
+            .unwrap();
+        let seccomp = crate::seccomp::SeccompPolicy::embedded()
+            .unwrap()
+            .compile()
+            .unwrap()
+            .prepare();
+        let sh = std::ffi::CString::new("/bin/sh").unwrap();
+        let argv = [
+            std::ffi::CString::new("sh").unwrap(),
+            std::ffi::CString::new("-c").unwrap(),
+            std::ffi::CString::new(
+                "echo hi | cat >/dev/null && head -c 1 /proc/sys/kernel/ostype >/dev/null",
+            )
+            .unwrap(),
+        ];
+        // SAFETY: the child enforces both layers in the init's order and execs.
+        match unsafe { fork() }.expect("fork") {
+            ForkResult::Child => {
+                let code = match prepared.enforce() {
+                    Ok(LandlockStatus::FullyEnforced) => match seccomp.apply() {
+                        Ok(()) => {
+                            let _ = nix::unistd::execv(&sh, &argv);
+                            127
+                        }
+                        Err(_) => 202,
+                    },
+                    Ok(_) => NOT_FULLY,
+                    Err(_) => ENFORCE_FAILED,
+                };
+                // SAFETY: leave the child.
+                unsafe { libc::_exit(code) }
+            }
+            ForkResult::Parent { child } => {
+                let status = waitpid(child, None).expect("waitpid");
+                assert_eq!(status, WaitStatus::Exited(child, 0));
+            }
+        }
     }
 }

@@ -215,11 +215,13 @@ fn line_of(text: &str, offset: usize) -> usize {
         + 1
 }
 
-/// First back-quoted word of a serde/toml message (`missing field `why``), if any.
+/// Key named by a serde/toml message (``missing field `why` ``, ``duplicate key `x` ``).
 fn quoted_key(message: &str) -> Option<String> {
-    let start = message.find('`')? + 1;
-    let len = message[start..].find('`')?;
-    Some(message[start..start + len].to_string())
+    ["field `", "key `"].iter().find_map(|marker| {
+        let start = message.find(marker)? + marker.len();
+        let len = message[start..].find('`')?;
+        Some(message[start..start + len].to_string())
+    })
 }
 
 struct Ctx<'a> {
@@ -297,7 +299,7 @@ impl SeccompPolicy {
         let ctx = Ctx { text, source };
         let raw: RawPolicy = toml::from_str(text).map_err(|e| {
             let span = e.span().unwrap_or(0..0);
-            let key = quoted_key(e.message()).unwrap_or_else(|| "-".to_string());
+            let key = quoted_key(e.message()).unwrap_or_else(|| "(syntax)".to_string());
             ctx.err(span, &key, e.message().trim().to_string())
         })?;
         if raw.rule.is_empty() {
@@ -1174,6 +1176,8 @@ mod tests {
         assert_eq!((line, key.as_str()), (5, "colour"));
         let (_, key, _) = policy_err("");
         assert_eq!(key, "rule");
+        let (line, key, _) = policy_err("# ok\n[[rule]\n");
+        assert_eq!((line, key.as_str()), (2, "(syntax)"));
     }
 
     #[test]
