@@ -581,10 +581,8 @@ fn file_type(fd: &OwnedFd) -> std::io::Result<libc::mode_t> {
 
 /// Names in a directory (without `.` and `..`).
 fn list_dir(dir: &OwnedFd) -> std::io::Result<Vec<String>> {
-    let dup = dir.try_clone()?;
-    let mut handle = nix::dir::Dir::from_fd(dup.as_raw_fd()).map_err(std::io::Error::from)?;
-    // `Dir` now owns the duplicated descriptor and closes it on drop.
-    std::mem::forget(dup);
+    // `Dir` takes ownership of the duplicate (and closes it, also on failure).
+    let mut handle = nix::dir::Dir::from(dir.try_clone()?).map_err(std::io::Error::from)?;
     let mut names = Vec::new();
     for entry in handle.iter() {
         let entry = entry.map_err(std::io::Error::from)?;

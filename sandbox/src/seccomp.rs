@@ -1391,6 +1391,47 @@ mod tests {
         );
     }
 
+    /// i386 `getpid` through `int 0x80` (audit arch AUDIT_ARCH_I386).
+    #[cfg(target_arch = "x86_64")]
+    fn int80_getpid() -> i32 {
+        let mut eax: u32 = 20;
+        // SAFETY: the 32-bit getpid syscall takes no arguments and touches no memory;
+        // the registers the kernel may clobber are declared.
+        unsafe {
+            std::arch::asm!(
+                "int 0x80",
+                inout("eax") eax,
+                out("r8") _, out("r9") _, out("r10") _, out("r11") _,
+                options(nostack)
+            );
+        }
+        i32::from(eax == 0)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn foreign_architecture_syscalls_are_killed() {
+        // Unfiltered: the kernel must support the i386 ABI, else there is nothing to test.
+        // SAFETY: the child makes one syscall and leaves with `_exit`.
+        let unfiltered = match unsafe { fork() }.expect("fork") {
+            ForkResult::Child => {
+                let code = int80_getpid();
+                // SAFETY: leave the child.
+                unsafe { libc::_exit(code) }
+            }
+            ForkResult::Parent { child } => waitpid(child, None).expect("waitpid"),
+        };
+        if !matches!(unfiltered, WaitStatus::Exited(_, 0)) {
+            eprintln!("no i386 syscall ABI here ({unfiltered:?}); skipped");
+            return;
+        }
+        let status = run_filtered(&embedded_compiled(), int80_getpid);
+        assert!(
+            matches!(status, WaitStatus::Signaled(_, Signal::SIGSYS, _)),
+            "{status:?}"
+        );
+    }
+
     fn exec_sh(script: &str) -> (WaitStatus, String) {
         let compiled = embedded_compiled();
         let (read_end, write_end) = nix::unistd::pipe().expect("pipe");
