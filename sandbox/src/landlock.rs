@@ -20,9 +20,9 @@
 //! ruleset was fully or partially enforced, or not at all (kernel without landlock);
 //! the caller decides whether to refuse to start.
 
-use std::fs::File;
 use std::ops::Range;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use ::landlock::{
@@ -413,12 +413,16 @@ impl LandlockPolicy {
         }
         let mut created = ruleset.create().map_err(ruleset_err("create"))?;
 
-        let root_fd = File::open(root).map_err(|source| LandlockError::Open {
-            root: root.to_path_buf(),
-            path: "/".to_string(),
-            line: 0,
-            source,
-        })?;
+        let root_fd = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC)
+            .open(root)
+            .map_err(|source| LandlockError::Open {
+                root: root.to_path_buf(),
+                path: "/".to_string(),
+                line: 0,
+                source,
+            })?;
         let mut rules_added = 0usize;
         for rule in &self.rules {
             let open_err = |source: std::io::Error| LandlockError::Open {
@@ -600,6 +604,7 @@ mod tests {
     use super::*;
     use nix::sys::wait::{waitpid, WaitStatus};
     use nix::unistd::{fork, ForkResult, Pid};
+    use std::fs::File;
     use std::io::{Read, Write};
 
     const OK: i32 = 0;

@@ -76,6 +76,10 @@ pub enum SeccompError {
         /// [`BPF_MAX_INSNS`].
         max: usize,
     },
+    /// Nothing to install (e.g. a deserialized, empty [`CompiledSeccomp`]): refusing to
+    /// run unfiltered.
+    #[error("no seccomp program to install; refusing to run unfiltered")]
+    NoPrograms,
     /// `prctl(PR_SET_NO_NEW_PRIVS)` failed.
     #[error("prctl(PR_SET_NO_NEW_PRIVS) failed with errno {errno}")]
     NoNewPrivs {
@@ -722,6 +726,9 @@ impl CompiledSeccomp {
     /// (`BPF_MAX_INSNS` instructions, 32 KiB). Meant for a forked child right before
     /// `execve`; on error the caller must not exec.
     pub fn apply(&self) -> Result<(), SeccompError> {
+        if self.programs.is_empty() {
+            return Err(SeccompError::NoPrograms);
+        }
         set_no_new_privs()?;
         let mut buffer = [libc::sock_filter {
             code: 0,
@@ -750,6 +757,9 @@ impl PreparedSeccomp {
     /// Sets `PR_SET_NO_NEW_PRIVS`, then installs every program on the calling thread.
     /// Only makes syscalls (no allocation): safe in a forked child before `execve`.
     pub fn apply(&self) -> Result<(), SeccompError> {
+        if self.programs.is_empty() {
+            return Err(SeccompError::NoPrograms);
+        }
         set_no_new_privs()?;
         for (index, program) in self.programs.iter().enumerate() {
             install(index, program)?;
@@ -1219,6 +1229,12 @@ mod tests {
         assert!(matches!(
             policy.compile_for("mips"),
             Err(SeccompError::UnsupportedArch { .. })
+        ));
+        let empty = CompiledSeccomp { programs: vec![] };
+        assert!(matches!(empty.apply(), Err(SeccompError::NoPrograms)));
+        assert!(matches!(
+            empty.prepare().apply(),
+            Err(SeccompError::NoPrograms)
         ));
         let json = serde_json::to_string(&x86).unwrap();
         let back: CompiledSeccomp = serde_json::from_str(&json).unwrap();
