@@ -168,7 +168,6 @@ struct Inner {
     rootfs: Mutex<HashMap<RootfsSpec, Rootfs>>,
     host_mask: Mutex<Option<PathBuf>>,
     seccomp: Mutex<Option<crate::seccomp::CompiledSeccomp>>,
-    landlock: Mutex<Option<crate::landlock::LandlockPolicy>>,
 }
 
 /// One process's handle on the sandbox machinery. Creating it reaps the leftovers of crashed
@@ -207,7 +206,6 @@ impl Runtime {
                 rootfs: Mutex::new(HashMap::new()),
                 host_mask: Mutex::new(None),
                 seccomp: Mutex::new(None),
-                landlock: Mutex::new(None),
             }),
         })
     }
@@ -329,38 +327,25 @@ impl Runtime {
         Ok(dir)
     }
 
-    fn policies(&self, cfg: &SandboxConfig) -> Result<(Option<crate::seccomp::CompiledSeccomp>, Option<crate::landlock::LandlockPolicy>), SandboxError> {
-        let seccomp = if cfg.seccomp {
-            let mut g = lock(&self.inner.seccomp);
-            if g.is_none() {
-                let p = crate::seccomp::SeccompPolicy::embedded()
-                    .and_then(|p| p.compile())
-                    .map_err(|e| SandboxError::Policy(e.to_string()))?;
-                *g = Some(p);
-            }
-            g.clone()
-        } else {
-            None
-        };
-        let landlock = if cfg.landlock {
-            let mut g = lock(&self.inner.landlock);
-            if g.is_none() {
-                *g = Some(
-                    crate::landlock::LandlockPolicy::embedded()
-                        .map_err(|e| SandboxError::Policy(e.to_string()))?,
-                );
-            }
-            g.clone()
-        } else {
-            None
-        };
-        Ok((seccomp, landlock))
+    fn seccomp(&self, cfg: &SandboxConfig) -> Result<Option<crate::seccomp::CompiledSeccomp>, SandboxError> {
+        if !cfg.seccomp {
+            return Ok(None);
+        }
+        let mut g = lock(&self.inner.seccomp);
+        if g.is_none() {
+            // Fail closed: a policy that does not load or compile stops every sandbox.
+            let p = crate::seccomp::SeccompPolicy::embedded()
+                .and_then(|p| p.compile())
+                .map_err(|e| SandboxError::Policy(e.to_string()))?;
+            *g = Some(p);
+        }
+        Ok(g.clone())
     }
 
     /// Create a sandbox: cgroups, namespaces, init, root filesystem.
     pub fn create(&self, cfg: &SandboxConfig) -> Result<Sandbox, SandboxError> {
         let rootfs = self.resolve(&cfg.rootfs)?;
-        let (seccomp, landlock) = self.policies(cfg)?;
+        let seccomp = self.seccomp(cfg)?;
         let n = self.inner.counter.fetch_add(1, Ordering::Relaxed);
         let name = format!("s{n}");
         let dir = self.inner.run_dir.join("sbx").join(&name);
@@ -399,7 +384,7 @@ impl Runtime {
             env: cfg.env.clone(),
             keep_caps: cfg.keep_caps.clone(),
             seccomp,
-            landlock,
+            landlock: cfg.landlock,
             nofile: cfg.nofile,
         };
         match sb.call(Request::Setup(Box::new(plan)), Duration::from_secs(30))? {

@@ -170,8 +170,8 @@ pub struct SetupPlan {
     pub keep_caps: Vec<u8>,
     /// Compiled seccomp filters, installed last before `execve`.
     pub seccomp: Option<crate::seccomp::CompiledSeccomp>,
-    /// Landlock policy, applied to each command.
-    pub landlock: Option<crate::landlock::LandlockPolicy>,
+    /// Apply the embedded landlock policy (`sandbox/policy/landlock.toml`) to each command.
+    pub landlock: bool,
     /// `RLIMIT_NOFILE` of commands.
     pub nofile: u64,
 }

@@ -70,13 +70,19 @@ pub fn new_run_id() -> String {
     format!("r{:x}-{}", nanos, std::process::id())
 }
 
-/// Create `<state>/runs/<run>` with its owner record.
+/// Create `<state>/runs/<run>` with its owner record. The directory appears atomically with
+/// its owner (built under a dot name, then renamed), so a concurrent reaper never mistakes a
+/// run being born for a dead one.
 pub fn create_run(state: &Path, run: &str) -> Result<PathBuf, StateError> {
-    let dir = state.join("runs").join(run);
-    std::fs::create_dir_all(dir.join("sbx")).map_err(io(&dir))?;
+    let runs = state.join("runs");
+    std::fs::create_dir_all(&runs).map_err(io(&runs))?;
     std::fs::create_dir_all(state.join("layers")).map_err(io(state))?;
-    let owner = dir.join("owner");
+    let tmp = runs.join(format!(".new-{run}"));
+    std::fs::create_dir_all(tmp.join("sbx")).map_err(io(&tmp))?;
+    let owner = tmp.join("owner");
     std::fs::write(&owner, identity(std::process::id() as i32)).map_err(io(&owner))?;
+    let dir = runs.join(run);
+    std::fs::rename(&tmp, &dir).map_err(io(&dir))?;
     Ok(dir)
 }
 
@@ -112,6 +118,14 @@ pub fn reap(state: &Path, cgroup_roots: &[PathBuf], own_run: Option<&str>) -> Re
         for e in rd.flatten() {
             let run = e.file_name().to_string_lossy().into_owned();
             if Some(run.as_str()) == own_run {
+                continue;
+            }
+            if let Some(born) = run.strip_prefix(".new-") {
+                // A run being created; garbage only if its creator died before the rename.
+                let creator = born.rsplit_once('-').and_then(|(_, p)| p.parse::<i32>().ok());
+                if creator.is_some_and(|p| !Path::new(&format!("/proc/{p}")).exists()) {
+                    let _ = std::fs::remove_dir_all(e.path());
+                }
                 continue;
             }
             let owner = std::fs::read_to_string(e.path().join("owner")).unwrap_or_default();

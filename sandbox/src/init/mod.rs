@@ -72,6 +72,7 @@ pub(crate) struct Init {
     current: Vec<String>,
     snapshots: Vec<snapshot::Snapshot>,
     root_fd: Option<OwnedFd>,
+    landlock_policy: Option<crate::landlock::LandlockPolicy>,
     landlock: Option<crate::landlock::PreparedLandlock>,
     seccomp: Option<crate::seccomp::PreparedSeccomp>,
     last_cap: u8,
@@ -107,6 +108,7 @@ fn run(mut sock: UnixStream) -> Result<(), InitError> {
         plan,
         snapshots: Vec::new(),
         root_fd: None,
+        landlock_policy: None,
         landlock: None,
         seccomp: None,
         last_cap: crate::caps::last_cap(),
@@ -154,6 +156,12 @@ impl Init {
         if let Some(s) = &plan.seccomp {
             self.seccomp = Some(s.prepare());
         }
+        if plan.landlock {
+            self.landlock_policy = Some(
+                crate::landlock::LandlockPolicy::embedded()
+                    .map_err(|e| InitError::Setup(format!("landlock policy: {e}")))?,
+            );
+        }
         self.mount_root()
     }
 
@@ -174,7 +182,7 @@ impl Init {
         .map_err(os("opening the root"))?;
         // SAFETY: open returned a fresh descriptor that nothing else owns.
         self.root_fd = Some(unsafe { OwnedFd::from_raw_fd(root) });
-        if let Some(policy) = &self.plan.landlock {
+        if let Some(policy) = &self.landlock_policy {
             self.landlock = Some(
                 policy
                     .prepare(&self.layout.root())
