@@ -142,7 +142,9 @@ fn sandboxes_do_not_see_each_other() {
     let mut a = rt.create(&config()).unwrap();
     let mut b = rt.create(&config()).unwrap();
     assert!(sh(&mut a, "echo a > /tmp/mine; setsid sleep 100 >/dev/null 2>&1 </dev/null &").success());
-    assert_eq!(out(&sh(&mut b, "cat /tmp/mine 2>/dev/null; ls /proc | grep -c '^[0-9]'")), "4\n", "b sees only init and its own sh, ls and grep");
+    assert_eq!(out(&sh(&mut a, "cat /tmp/mine; cat /proc/[0-9]*/comm | grep -c sleep")), "a\n1\n");
+    assert_eq!(out(&sh(&mut b, "cat /tmp/mine 2>/dev/null; cat /proc/[0-9]*/comm | grep -c sleep")), "0\n", "b sees neither a's files nor a's processes");
+    assert_eq!(b.health().unwrap().processes, 0);
 }
 
 #[test]
@@ -158,8 +160,9 @@ fn a_lease_dropped_without_release_is_reset_not_leaked() {
     assert_eq!(pool.idle(), 2);
     for _ in 0..2 {
         let mut l = pool.lease();
-        // init, sh, ls and grep: the dropped lease's sleep is gone.
-        assert_eq!(out(&sh(&mut l, "cat /root/x 2>/dev/null; ls /proc | grep -c '^[0-9]'")), "4\n");
+        // The dropped lease's file and its background sleep are gone.
+        assert_eq!(out(&sh(&mut l, "cat /root/x 2>/dev/null; cat /proc/[0-9]*/comm | grep -c sleep")), "0\n");
+        assert_eq!(l.health().unwrap().processes, 0);
         l.release().unwrap();
     }
 }
