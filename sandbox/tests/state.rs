@@ -142,7 +142,8 @@ fn sandboxes_do_not_see_each_other() {
     let mut a = rt.create(&config()).unwrap();
     let mut b = rt.create(&config()).unwrap();
     assert!(sh(&mut a, "echo a > /tmp/mine; setsid sleep 100 >/dev/null 2>&1 </dev/null &").success());
-    assert_eq!(out(&sh(&mut a, "cat /tmp/mine; cat /proc/[0-9]*/comm | grep -c sleep")), "a\n1\n");
+    assert_eq!(out(&sh(&mut a, "cat /tmp/mine")), "a\n");
+    assert_eq!(a.health().unwrap().processes, 1, "a's background job");
     assert_eq!(out(&sh(&mut b, "cat /tmp/mine 2>/dev/null; cat /proc/[0-9]*/comm | grep -c sleep")), "0\n", "b sees neither a's files nor a's processes");
     assert_eq!(b.health().unwrap().processes, 0);
 }
