@@ -212,7 +212,7 @@ impl Cgroup {
         if l.cpus > 0.0 {
             let cpu = self.dir(&self.layout.cpu);
             let period = 100_000u64;
-            let quota = ((l.cpus * period as f64) as u64).max(1000);
+            let quota = ((l.cpus * period as f64) as u64).max(1);
             match self.layout.cpu.0 {
                 Version::V1 => {
                     write(&cpu, "cpu.cfs_period_us", &period.to_string())?;
@@ -222,6 +222,24 @@ impl Cgroup {
             }
         }
         Ok(())
+    }
+
+    /// The files a single-threaded process writes `0` to, to move itself into this sandbox's
+    /// cgroups: `tasks` on v1, which moves only the calling thread and so skips the kernel's
+    /// global threadgroup lock (a migration by pid costs an RCU grace period, milliseconds);
+    /// `cgroup.procs` on v2.
+    pub fn self_join_files(&self) -> Vec<PathBuf> {
+        self.layout
+            .roots()
+            .into_iter()
+            .map(|(v, root)| {
+                let file = match v {
+                    Version::V1 => "tasks",
+                    Version::V2 => "cgroup.procs",
+                };
+                root.join(&self.rel).join(file)
+            })
+            .collect()
     }
 
     /// Move process `pid` into every hierarchy.

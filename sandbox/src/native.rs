@@ -344,6 +344,8 @@ impl Runtime {
 
     /// Create a sandbox: cgroups, namespaces, init, root filesystem.
     pub fn create(&self, cfg: &SandboxConfig) -> Result<Sandbox, SandboxError> {
+        let t0 = std::time::Instant::now();
+        let us = |t: std::time::Instant| t.elapsed().as_micros() as u64;
         let rootfs = self.resolve(&cfg.rootfs)?;
         let seccomp = self.seccomp(cfg)?;
         let n = self.inner.counter.fetch_add(1, Ordering::Relaxed);
@@ -356,12 +358,16 @@ impl Runtime {
         let mut guard = CreateGuard {
             dir: Some(dir.clone()),
         };
+        let t_cg = std::time::Instant::now();
         let cgroup = Cgroup::create(&self.inner.cgroups, &self.inner.run, &name, &cfg.limits)?;
+        let cgroup_us = us(t_cg);
         let (host_sock, child_sock) = UnixStream::pair().map_err(|source| SandboxError::Spawn {
             what: "socketpair",
             source,
         })?;
+        let t_spawn = std::time::Instant::now();
         let pid = spawn_init(&self.inner.init, child_sock.into())?;
+        let spawn_us = us(t_spawn);
         let mut sb = Sandbox {
             rt: self.clone(),
             name,
@@ -375,9 +381,14 @@ impl Runtime {
         guard.dir = None; // the sandbox's Drop owns cleanup from here on
         let rec = self.inner.run_dir.join("sbx").join(format!("{}.init", sb.name));
         let _ = std::fs::write(&rec, state::identity(pid));
-        sb.cgroup.add(pid)?;
         let plan = SetupPlan {
             sandbox_dir: sb.dir.to_string_lossy().into_owned(),
+            cgroup_join: sb
+                .cgroup
+                .self_join_files()
+                .iter()
+                .map(|p| p.to_string_lossy().into_owned())
+                .collect(),
             lowers: rootfs.lowers,
             disk_bytes: cfg.disk_bytes,
             hostname: cfg.hostname.clone(),
@@ -387,6 +398,7 @@ impl Runtime {
             landlock: cfg.landlock,
             nofile: cfg.nofile,
         };
+        let t_setup = std::time::Instant::now();
         match sb.call(Request::Setup(Box::new(plan)), Duration::from_secs(30))? {
             Response::Ok => {}
             Response::Failed { message, .. } => return Err(SandboxError::Setup(message)),
@@ -397,7 +409,15 @@ impl Runtime {
                 })
             }
         }
-        tracing::debug!(sandbox = %sb.name, pid, "sandbox ready");
+        tracing::debug!(
+            sandbox = %sb.name,
+            pid,
+            cgroup_us,
+            spawn_us,
+            setup_us = us(t_setup),
+            total_us = us(t0),
+            "sandbox ready"
+        );
         Ok(sb)
     }
 }

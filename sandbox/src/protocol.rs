@@ -159,6 +159,8 @@ pub struct Health {
 pub struct SetupPlan {
     /// Host path of the sandbox's private directory (an empty directory in the run dir).
     pub sandbox_dir: String,
+    /// Files init writes `0` to, first of all, to join the sandbox's cgroups.
+    pub cgroup_join: Vec<String>,
     /// Read-only lower layers, topmost first.
     pub lowers: Vec<String>,
     /// Size of the writable layer (tmpfs), bytes.

@@ -141,7 +141,12 @@ impl Init {
     /// The setup steps, in the order of docs/sandbox.md.
     fn setup(&mut self) -> Result<(), InitError> {
         let plan = &self.plan;
-        // The host has moved us into the sandbox's cgroups: make that the cgroup root.
+        // Join the sandbox's cgroups (single-threaded, so moving this thread moves init),
+        // then make them the root of a new cgroup namespace.
+        for f in &plan.cgroup_join {
+            std::fs::write(f, "0")
+                .map_err(|e| InitError::Setup(format!("joining cgroup {f}: {e}")))?;
+        }
         nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWCGROUP)
             .map_err(os("unshare(CLONE_NEWCGROUP)"))?;
         nix::unistd::sethostname(&plan.hostname).map_err(os("sethostname"))?;

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Whole-process start, side by side in one run: `engine sandbox exec -- /bin/true` against
+# bubblewrap (`--unshare-all`, read-only host root, /proc, /dev) and Docker when installed.
+# Needs root and hyperfine; installs hyperfine and bubblewrap from Debian if missing.
+# Usage: benches/compare.sh [RUNS]   (prints hyperfine's table and writes out/compare.json)
+set -euo pipefail
+runs=${1:-40}
+cd "$(dirname "$0")/.."
+need=()
+command -v hyperfine >/dev/null || need+=(hyperfine)
+command -v bwrap >/dev/null || need+=(bubblewrap)
+if [ ${#need[@]} -gt 0 ]; then
+  apt-get update -qq && apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+cargo build --release -q --bin engine --bin envfactory-init
+engine=target/release/engine
+cmds=(
+  "$engine sandbox exec -- /bin/true"
+  "bwrap --unshare-all --ro-bind / / --proc /proc --dev /dev /bin/true"
+  "sh -c true"
+)
+names=("engine sandbox exec" "bwrap --unshare-all" "host sh -c true")
+if command -v docker >/dev/null && docker info >/dev/null 2>&1; then
+  img=$(docker images -q | head -n 1)
+  if [ -n "$img" ]; then
+    cmds+=("docker run --rm --network=none $img /bin/true")
+    names+=("docker run")
+  fi
+fi
+args=()
+for i in "${!cmds[@]}"; do args+=(-n "${names[$i]}" "${cmds[$i]}"); done
+mkdir -p out
+hyperfine -N --warmup 5 --runs "$runs" --export-json out/compare.json "${args[@]}"
