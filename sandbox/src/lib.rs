@@ -1,1 +1,3 @@
 //! `sandbox`: isolated, snapshot-able Linux environments. Knows no RL.
+
+pub mod oci;
