@@ -352,7 +352,7 @@ impl Source {
 
     /// Opens `rel` (slash-separated, relative to the image root). `Ok(None)`
     /// when absent.
-    fn open_member(&self, rel: &str) -> Result<Option<(Box<dyn Read + '_>, u64)>, OciError> {
+    fn open_member(&self, rel: &str) -> Result<Option<Box<dyn Read + '_>>, OciError> {
         let comps = match normalize(rel.as_bytes()) {
             Ok(c) if !c.is_empty() => c,
             _ => return Ok(None),
@@ -388,7 +388,7 @@ impl Source {
                 if !meta.is_file() {
                     return Ok(None);
                 }
-                Ok(Some((Box::new(file), meta.len())))
+                Ok(Some(Box::new(file)))
             }
             Source::Tar { file, members, .. } => {
                 let mut key = join(&comps);
@@ -402,7 +402,7 @@ impl Source {
                                 pos: *offset,
                                 end: offset.saturating_add(*size),
                             };
-                            return Ok(Some((Box::new(r), *size)));
+                            return Ok(Some(Box::new(r)));
                         }
                     }
                 }
@@ -424,7 +424,7 @@ impl Source {
         blob: &str,
         expected: Option<(&Sha256Digest, Option<u64>)>,
     ) -> Result<T, OciError> {
-        let (reader, _) = self
+        let reader = self
             .open_member(rel)?
             .ok_or_else(|| OciError::MissingBlob {
                 blob: blob.to_string(),
@@ -911,7 +911,7 @@ fn import_layer(
         }
     }
 
-    let (reader, _) = src
+    let reader = src
         .open_member(&spec.member)?
         .ok_or_else(|| OciError::MissingBlob {
             blob: spec.blob.clone(),
