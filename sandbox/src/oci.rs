@@ -936,6 +936,9 @@ fn import_layer(
     };
     let root = open_dir_path(&tmp_path, false).map_err(io_err(&tmp_path, "open temp layer dir"))?;
 
+    let sync_fd = root
+        .try_clone()
+        .map_err(io_err(&tmp_path, "dup temp layer dir"))?;
     let stats = unpack_layer(reader, spec, root, limits, budget)?;
 
     let id = stats.diff_id.layer_id();
@@ -967,6 +970,10 @@ fn import_layer(
         }
     }
 
+    // Flush the layer before publishing it: once renamed, a layer is trusted
+    // forever, so it must not be left with empty files by a crash.
+    sys::syncfs(sync_fd.as_fd()).map_err(io_err(&tmp_path, "syncfs"))?;
+    drop(sync_fd);
     let final_path = store.join(&id);
     match sys::rename_noreplace(&tmp_path, &final_path) {
         Ok(()) => {
@@ -1150,6 +1157,7 @@ fn unpack_layer(
         root_seen: false,
         entries: 0,
         bytes: 0,
+        buf: vec![0u8; 128 << 10],
     };
     let mut archive = tar::Archive::new(diff);
     {
@@ -1202,6 +1210,8 @@ struct Extractor<'a> {
     root_seen: bool,
     entries: u64,
     bytes: u64,
+    /// Copy buffer, reused for every file.
+    buf: Vec<u8>,
 }
 
 /// Metadata of one entry, from its header.
@@ -1365,10 +1375,9 @@ impl Extractor<'_> {
                 )
                 .map_err(self.fs_err(&name, "create file"))?;
                 let mut file = File::from(fd);
-                let mut buf = vec![0u8; 64 << 10];
                 let mut written = 0u64;
                 loop {
-                    let n = match e.read(&mut buf) {
+                    let n = match e.read(&mut self.buf) {
                         Ok(0) => break,
                         Ok(n) => n,
                         Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
@@ -1378,7 +1387,7 @@ impl Extractor<'_> {
                     if written > size || written > self.limits.max_file_bytes {
                         return Err(self.limit(&name, "file data exceeds its declared size".into()));
                     }
-                    file.write_all(&buf[..n])
+                    file.write_all(&self.buf[..n])
                         .map_err(self.fs_err(&name, "write file"))?;
                 }
                 if written != size {
@@ -1822,6 +1831,11 @@ mod sys {
         })
     }
 
+    pub(super) fn syncfs(fd: BorrowedFd<'_>) -> io::Result<()> {
+        // SAFETY: plain syscall on a live fd.
+        check(unsafe { libc::syncfs(fd.as_raw_fd()) })
+    }
+
     pub(super) fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
         let f = std::ffi::CString::new(from.as_os_str().as_bytes())?;
         let t = std::ffi::CString::new(to.as_os_str().as_bytes())?;
@@ -1836,5 +1850,104 @@ mod sys {
                 libc::RENAME_NOREPLACE,
             )
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn norm(s: &str) -> Result<String, String> {
+        normalize(s.as_bytes()).map(|c| join(&c))
+    }
+
+    #[test]
+    fn normalize_is_lexical_and_rooted() {
+        assert_eq!(norm("/etc/passwd").unwrap(), "etc/passwd");
+        assert_eq!(norm("./a//b/./c/").unwrap(), "a/b/c");
+        assert_eq!(norm("a/b/../c").unwrap(), "a/c");
+        assert_eq!(norm("link/../x").unwrap(), "x");
+        assert_eq!(norm("./").unwrap(), "");
+        assert!(norm("../x").unwrap_err().contains("climbs above"));
+        assert!(norm("a/../../x").is_err());
+        assert!(norm("/..").is_err());
+        assert!(normalize(b"a\0b").is_err());
+    }
+
+    #[test]
+    fn digests_are_strictly_validated() {
+        let hex = "ab".repeat(32);
+        let d = Sha256Digest::parse(&format!("sha256:{hex}"), "b").unwrap();
+        assert_eq!(d.layer_id(), format!("sha256-{hex}"));
+        assert_eq!(d.blob_path(), format!("blobs/sha256/{hex}"));
+        for bad in [
+            format!("sha512:{hex}"),
+            format!("sha256:{}", "AB".repeat(32)),
+            format!("sha256:{}", &hex[1..]),
+            "sha256:../../../../etc/passwd".to_string(),
+            format!("sha256:{}/x", &hex[2..]),
+        ] {
+            assert!(
+                matches!(
+                    Sha256Digest::parse(&bad, "b"),
+                    Err(OciError::InvalidImage { .. })
+                ),
+                "{bad}"
+            );
+        }
+        assert_eq!(
+            digest_from_blob_path(&format!("blobs/sha256/{hex}")),
+            Some(d)
+        );
+        assert_eq!(digest_from_blob_path("abc/layer.tar"), None);
+    }
+
+    fn desc(digest: &str, platform: Option<(&str, &str)>) -> Descriptor {
+        Descriptor {
+            media_type: None,
+            digest: digest.into(),
+            size: None,
+            platform: platform.map(|(os, arch)| Platform {
+                os: os.into(),
+                architecture: arch.into(),
+            }),
+        }
+    }
+
+    #[test]
+    fn manifest_choice() {
+        let one = choose_manifest(vec![desc("a", None)], "i").unwrap();
+        assert_eq!(one.digest, "a");
+        let with_attestation = choose_manifest(
+            vec![
+                desc("img", Some(("linux", "arm64"))),
+                desc("att", Some(("unknown", "unknown"))),
+            ],
+            "i",
+        )
+        .unwrap();
+        assert_eq!(with_attestation.digest, "img");
+        let multi = choose_manifest(
+            vec![
+                desc("arm", Some(("linux", "arm64"))),
+                desc("amd", Some(("linux", "amd64"))),
+                desc("win", Some(("windows", "amd64"))),
+            ],
+            "i",
+        )
+        .unwrap();
+        assert_eq!(multi.digest, "amd");
+        assert!(choose_manifest(vec![], "i").is_err());
+        assert!(choose_manifest(vec![desc("a", None), desc("b", None)], "i").is_err());
+    }
+
+    #[test]
+    fn default_limits() {
+        let l = ImportLimits::default();
+        assert_eq!(l.max_total_bytes, 8 << 30);
+        assert_eq!(l.max_file_bytes, 4 << 30);
+        assert_eq!(l.max_entries, 1_000_000);
+        assert!(stream_cap(&l, 0) > l.max_total_bytes);
+        assert!(stream_cap(&l, u64::MAX) < l.max_total_bytes);
     }
 }

@@ -1201,3 +1201,62 @@ fn failed_import_leaves_store_reusable() {
     let img = import(&layout, &store, &ImportLimits::default()).unwrap();
     check_reference_image(&img, &store);
 }
+
+#[test]
+fn error_messages_name_the_culprit_and_the_reason() {
+    let t = tempfile::tempdir().unwrap();
+    let tar = tar_of(&[file("../../escape", b"x", 0o644)]);
+    let layer = plain(tar);
+    let blob = format!("sha256:{}", sha(&layer.blob));
+    let (_, res) = import_one(t.path(), vec![layer], ImportLimits::default());
+    let msg = res.unwrap_err().to_string();
+    assert_eq!(
+        msg,
+        format!("layer {blob}: entry \"../../escape\" refused: `..` climbs above the layer root")
+    );
+
+    let t = tempfile::tempdir().unwrap();
+    let canary = t.path().join("c");
+    let tar = tar_of(&[
+        sym("a", canary.to_str().unwrap()),
+        file("a/pwned", b"x", 0o644),
+    ]);
+    let (_, res) = import_one(t.path(), vec![plain(tar)], ImportLimits::default());
+    let msg = res.unwrap_err().to_string();
+    assert!(
+        msg.ends_with(
+            "entry \"a/pwned\" refused: parent \"a\" is a symlink (refusing to write through it)"
+        ),
+        "{msg}"
+    );
+
+    let t = tempfile::tempdir().unwrap();
+    let wrong = format!("sha256:{}", "ab".repeat(32));
+    let tw = Tweaks {
+        layer_digest: Some((0, wrong.clone())),
+        ..Tweaks::default()
+    };
+    let layer = plain(tar_of(&[file("f", b"f", 0o644)]));
+    let actual = format!("sha256:{}", sha(&layer.blob));
+    let (_, res) = import_tweaked(t.path(), vec![layer], tw, ImportLimits::default());
+    assert_eq!(
+        res.unwrap_err().to_string(),
+        format!("blob {wrong}: digest mismatch: expected {wrong}, got {actual}")
+    );
+
+    let t = tempfile::tempdir().unwrap();
+    let limits = ImportLimits {
+        max_file_bytes: 3,
+        ..ImportLimits::default()
+    };
+    let (_, res) = import_one(
+        t.path(),
+        vec![plain(tar_of(&[file("big", b"1234", 0o644)]))],
+        limits,
+    );
+    let msg = res.unwrap_err().to_string();
+    assert!(
+        msg.ends_with("entry \"big\": limit exceeded: file of 4 bytes exceeds max_file_bytes 3"),
+        "{msg}"
+    );
+}
