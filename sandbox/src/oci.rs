@@ -1158,6 +1158,7 @@ fn unpack_layer(
         entries: 0,
         bytes: 0,
         buf: vec![0u8; 128 << 10],
+        parent_cache: None,
     };
     let mut archive = tar::Archive::new(diff);
     {
@@ -1212,6 +1213,8 @@ struct Extractor<'a> {
     bytes: u64,
     /// Copy buffer, reused for every file.
     buf: Vec<u8>,
+    /// Last parent directory opened, by path components.
+    parent_cache: Option<(Vec<Vec<u8>>, Rc<OwnedFd>)>,
 }
 
 /// Metadata of one entry, from its header.
@@ -1362,17 +1365,27 @@ impl Extractor<'_> {
                         ),
                     ));
                 }
-                self.clear_slot(&dir, last, &key, &name)?;
-                let fd = sys::openat(
-                    dir.as_fd(),
-                    &cname,
-                    libc::O_WRONLY
-                        | libc::O_CREAT
-                        | libc::O_EXCL
-                        | libc::O_NOFOLLOW
-                        | libc::O_CLOEXEC,
-                    0o600,
-                )
+                let create = |dir: &OwnedFd| {
+                    sys::openat(
+                        dir.as_fd(),
+                        &cname,
+                        libc::O_WRONLY
+                            | libc::O_CREAT
+                            | libc::O_EXCL
+                            | libc::O_NOFOLLOW
+                            | libc::O_CLOEXEC,
+                        0o600,
+                    )
+                };
+                // O_EXCL: never opens an existing file or follows a symlink.
+                // Only when something is in the way is it removed first.
+                let fd = match create(&dir) {
+                    Err(err) if err.raw_os_error() == Some(libc::EEXIST) => {
+                        self.clear_slot(&dir, last, &key, &name)?;
+                        create(&dir)
+                    }
+                    other => other,
+                }
                 .map_err(self.fs_err(&name, "create file"))?;
                 let mut file = File::from(fd);
                 let mut written = 0u64;
@@ -1511,9 +1524,21 @@ impl Extractor<'_> {
     }
 
     /// Opens (creating missing directories) the parent directory of an entry,
-    /// refusing symlinks and non-directories on the way.
-    fn parent(&self, parents: &[&[u8]], name: &str) -> Result<OwnedFd, OciError> {
-        walk(self.root.as_fd(), parents, true).map_err(|r| self.unsafe_entry(name, r))
+    /// refusing symlinks and non-directories on the way. The last parent is
+    /// cached: tar entries of one directory are usually consecutive. The cache
+    /// is dropped whenever a directory is removed, the only way a cached
+    /// directory could stop being the one at its path.
+    fn parent(&mut self, parents: &[&[u8]], name: &str) -> Result<Rc<OwnedFd>, OciError> {
+        if let Some((key, fd)) = &self.parent_cache {
+            if key.len() == parents.len() && key.iter().zip(parents).all(|(a, b)| a == b) {
+                return Ok(fd.clone());
+            }
+        }
+        let fd = Rc::new(
+            walk(self.root.as_fd(), parents, true).map_err(|r| self.unsafe_entry(name, r))?,
+        );
+        self.parent_cache = Some((parents.iter().map(|c| c.to_vec()).collect(), fd.clone()));
+        Ok(fd)
     }
 
     /// chown then chmod (chown clears setuid bits) through an open fd.
@@ -1541,6 +1566,9 @@ impl Extractor<'_> {
                 } else {
                     0
                 };
+                if flags == libc::AT_REMOVEDIR {
+                    self.parent_cache = None;
+                }
                 sys::unlinkat(dir.as_fd(), &cname, flags)
                     .map_err(self.fs_err(name, "replace existing path"))?;
                 self.extracted.remove(key);

@@ -1260,3 +1260,21 @@ fn error_messages_name_the_culprit_and_the_reason() {
         "{msg}"
     );
 }
+
+#[test]
+#[ignore = "timing probe, run by hand"]
+fn probe_many_entries() {
+    let mut ents = Vec::new();
+    for i in 0..200 {
+        ents.push(dir(&format!("usr/share/d{i}/"), 0o755));
+        for j in 0..100 {
+            ents.push(file(&format!("usr/share/d{i}/sub/f{j}"), b"data", 0o644));
+        }
+    }
+    let t = tempfile::tempdir().unwrap();
+    let layout = t.path().join("img");
+    oci_layout(&layout, &[gz(tar_of(&ents))], Tweaks::default());
+    let start = std::time::Instant::now();
+    import(&layout, &t.path().join("store"), &ImportLimits::default()).unwrap();
+    eprintln!("20k entries: {:?}", start.elapsed());
+}
