@@ -1525,9 +1525,10 @@ impl Extractor<'_> {
 
     /// Opens (creating missing directories) the parent directory of an entry,
     /// refusing symlinks and non-directories on the way. The last parent is
-    /// cached: tar entries of one directory are usually consecutive. The cache
-    /// is dropped whenever a directory is removed, the only way a cached
-    /// directory could stop being the one at its path.
+    /// cached: tar entries of one directory are usually consecutive. A cached
+    /// directory could only stop being the one at its path by being removed;
+    /// the entry removing it has another parent, which replaces the cache
+    /// first, and the cache is also dropped on every directory removal.
     fn parent(&mut self, parents: &[&[u8]], name: &str) -> Result<Rc<OwnedFd>, OciError> {
         if let Some((key, fd)) = &self.parent_cache {
             if key.len() == parents.len() && key.iter().zip(parents).all(|(a, b)| a == b) {

@@ -1278,3 +1278,48 @@ fn probe_many_entries() {
     import(&layout, &t.path().join("store"), &ImportLimits::default()).unwrap();
     eprintln!("20k entries: {:?}", start.elapsed());
 }
+
+#[test]
+fn replaced_parent_directory_is_not_used_stale() {
+    // `a/b` is opened (opaque marker), then replaced by a symlink out of the
+    // layer: the next write below `a/b` must see the symlink and be refused.
+    let t = tempfile::tempdir().unwrap();
+    let canary = t.path().join("canary");
+    std::fs::create_dir(&canary).unwrap();
+    let tar = tar_of(&[
+        dir("a/b/", 0o755),
+        file("a/b/.wh..wh..opq", b"", 0o644),
+        sym("a/b", canary.to_str().unwrap()),
+        file("a/b/pwned", b"x", 0o644),
+    ]);
+    expect_unsafe(t.path(), tar, "a/b/pwned", "symlink");
+    assert_eq!(std::fs::read_dir(&canary).unwrap().count(), 0);
+}
+
+#[test]
+fn later_entries_replace_earlier_ones_in_a_layer() {
+    let t = tempfile::tempdir().unwrap();
+    let tar = tar_of(&[
+        dir("x/", 0o755),
+        file("x", b"file now", 0o600),
+        file("y", b"file first", 0o644),
+        dir("y/", 0o700),
+        file("y/inner", b"i", 0o644),
+        file("z", b"v1", 0o644),
+        file("z", b"v2", 0o640),
+        file("gone", b"g", 0o644),
+        file(".wh.gone", b"", 0o644),
+    ]);
+    let (store, res) = import_one(t.path(), vec![plain(tar)], ImportLimits::default());
+    let l = store.join(&res.unwrap().layers[0]);
+    assert_eq!(
+        tree(&l),
+        vec![
+            "c rdev=0 gone",
+            "f 600 0:0 x \"file now\"",
+            "d 700 0:0 y",
+            "f 644 0:0 y/inner \"i\"",
+            "f 640 0:0 z \"v2\"",
+        ]
+    );
+}
