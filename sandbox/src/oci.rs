@@ -27,7 +27,7 @@ use std::fs::File;
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{DirBuilderExt, FileExt};
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -325,6 +325,12 @@ impl Source {
                 root,
             });
         }
+        if !meta.is_file() {
+            return Err(OciError::UnrecognizedSource {
+                path: path.to_path_buf(),
+                reason: "neither a directory nor a regular file".into(),
+            });
+        }
         let mut file = File::open(path).map_err(io_err(path, "open image archive"))?;
         let mut magic = [0u8; 4];
         let n = read_up_to(&mut file, &mut magic).map_err(io_err(path, "read image archive"))?;
@@ -374,7 +380,8 @@ impl Source {
                 let fd = match sys::openat(
                     parent.as_fd(),
                     &cname,
-                    libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+                    // O_NONBLOCK: a FIFO planted as a blob must not hang us.
+                    libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC,
                     0,
                 ) {
                     Ok(fd) => fd,
@@ -927,7 +934,7 @@ fn import_layer(
     );
     let tmp_path = store.join(&tmp_name);
     std::fs::DirBuilder::new()
-        .mode_private()
+        .mode(0o700)
         .create(&tmp_path)
         .map_err(io_err(&tmp_path, "create temp layer dir"))?;
     let guard = TempDirGuard {
@@ -1020,16 +1027,6 @@ fn import_layer(
         }
     }
     Ok(id)
-}
-
-trait DirBuilderExt2 {
-    fn mode_private(&mut self) -> &mut Self;
-}
-impl DirBuilderExt2 for std::fs::DirBuilder {
-    fn mode_private(&mut self) -> &mut Self {
-        use std::os::unix::fs::DirBuilderExt;
-        self.mode(0o700)
-    }
 }
 
 /// Reader that hashes and counts what passes through it, failing (and setting

@@ -1323,3 +1323,25 @@ fn later_entries_replace_earlier_ones_in_a_layer() {
         ]
     );
 }
+
+#[test]
+fn symlinked_or_fifo_blobs_in_a_layout_dir_read_as_missing() {
+    let t = tempfile::tempdir().unwrap();
+    let layer = plain(tar_of(&[file("f", b"f", 0o644)]));
+    let layout = t.path().join("img");
+    oci_layout(&layout, std::slice::from_ref(&layer), Tweaks::default());
+    let blob = layout.join("blobs/sha256").join(sha(&layer.blob));
+    let elsewhere = t.path().join("elsewhere");
+    std::fs::rename(&blob, &elsewhere).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, &blob).unwrap();
+    let store = t.path().join("store");
+    let res = import(&layout, &store, &ImportLimits::default());
+    assert!(matches!(res, Err(OciError::MissingBlob { .. })), "{res:?}");
+    std::fs::remove_file(&blob).unwrap();
+    let c = CString::new(blob.as_os_str().as_bytes()).unwrap();
+    // SAFETY: NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+    let res = import(&layout, &store, &ImportLimits::default());
+    assert!(matches!(res, Err(OciError::MissingBlob { .. })), "{res:?}");
+    assert_store_clean(&store);
+}
