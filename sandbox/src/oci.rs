@@ -163,6 +163,8 @@ fn io_err<'a>(path: &'a Path, op: &'static str) -> impl FnOnce(io::Error) -> Oci
 
 /// Largest JSON document (index, manifest, config) accepted.
 const MAX_JSON_BYTES: u64 = 16 << 20;
+/// Longest entry path accepted (Linux `PATH_MAX`).
+const MAX_PATH_BYTES: usize = 4096;
 /// Depth limit for nested indexes and symlink chains inside archives.
 const MAX_DEPTH: usize = 8;
 
@@ -369,7 +371,7 @@ impl Source {
                     Some(x) => x,
                     None => return Ok(None),
                 };
-                let parent = match walk(root.as_fd(), parents, false) {
+                let parent = match walk(root.as_fd(), parents, None) {
                     Ok(fd) => fd,
                     Err(_) => return Ok(None),
                 };
@@ -1269,6 +1271,11 @@ impl Extractor<'_> {
         if kind.is_pax_global_extensions() {
             return Ok(());
         }
+        if raw_path.len() > MAX_PATH_BYTES {
+            return Err(
+                self.unsafe_entry(&name, format!("path longer than {MAX_PATH_BYTES} bytes"))
+            );
+        }
         let comps = normalize(&raw_path).map_err(|r| self.unsafe_entry(&name, r))?;
         let meta = self.meta(e.header(), &name)?;
 
@@ -1461,7 +1468,7 @@ impl Extractor<'_> {
                 if tkey == key {
                     return Err(self.unsafe_entry(&name, "hard link to itself"));
                 }
-                let tdir = walk(self.root.as_fd(), tparents, false)
+                let tdir = walk(self.root.as_fd(), tparents, None)
                     .map_err(|r| self.unsafe_entry(&name, format!("hard link target: {r}")))?;
                 let ctname =
                     cstring(tlast).map_err(|_| self.unsafe_entry(&name, "NUL in link target"))?;
@@ -1532,9 +1539,21 @@ impl Extractor<'_> {
                 return Ok(fd.clone());
             }
         }
-        let fd = Rc::new(
-            walk(self.root.as_fd(), parents, true).map_err(|r| self.unsafe_entry(name, r))?,
-        );
+        let mut created = 0u64;
+        let fd = walk(self.root.as_fd(), parents, Some(&mut created));
+        // Implicitly created directories count as entries, so that one deep
+        // path cannot create unbounded numbers of inodes.
+        self.budget.entries += created;
+        if self.budget.entries > self.limits.max_entries {
+            return Err(self.limit(
+                name,
+                format!(
+                    "more than {} entries (with implicit parent directories)",
+                    self.limits.max_entries
+                ),
+            ));
+        }
+        let fd = Rc::new(fd.map_err(|r| self.unsafe_entry(name, r))?);
         self.parent_cache = Some((parents.iter().map(|c| c.to_vec()).collect(), fd.clone()));
         Ok(fd)
     }
@@ -1602,7 +1621,7 @@ impl Extractor<'_> {
             let parents: Vec<&[u8]> = parents.iter().map(|c| c.as_slice()).collect();
             // A directory may have been replaced later in the layer: skip
             // quietly when it is gone, never follow anything.
-            let Ok(dir) = walk(self.root.as_fd(), &parents, false) else {
+            let Ok(dir) = walk(self.root.as_fd(), &parents, None) else {
                 continue;
             };
             let Ok(cname) = cstring(last) else { continue };
@@ -1647,9 +1666,14 @@ fn open_dir_path(p: &Path, follow: bool) -> io::Result<OwnedFd> {
 }
 
 /// Walks `comps` below `root` one component at a time with
-/// `O_NOFOLLOW | O_DIRECTORY`, creating missing directories (0755) if `create`.
+/// `O_NOFOLLOW | O_DIRECTORY`, creating missing directories (0755, counted
+/// in `*create`) if `create` is given.
 /// Errors (as a reason string) on symlinks and non-directories.
-fn walk(root: BorrowedFd<'_>, comps: &[&[u8]], create: bool) -> Result<OwnedFd, String> {
+fn walk(
+    root: BorrowedFd<'_>,
+    comps: &[&[u8]],
+    mut create: Option<&mut u64>,
+) -> Result<OwnedFd, String> {
     let mut cur = root
         .try_clone_to_owned()
         .map_err(|e| format!("cannot dup layer root: {e}"))?;
@@ -1659,9 +1683,12 @@ fn walk(root: BorrowedFd<'_>, comps: &[&[u8]], create: bool) -> Result<OwnedFd, 
         let flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC;
         let next = match sys::openat(cur.as_fd(), &c, flags, 0) {
             Ok(fd) => fd,
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) && create => {
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) && create.is_some() => {
                 sys::mkdirat(cur.as_fd(), &c, 0o755)
                     .map_err(|e| format!("cannot create parent {:?}: {e}", shown()))?;
+                if let Some(created) = create.as_deref_mut() {
+                    *created += 1;
+                }
                 let fd = sys::openat(cur.as_fd(), &c, flags, 0)
                     .map_err(|e| format!("cannot open parent {:?}: {e}", shown()))?;
                 // mkdirat honours the umask: set the mode explicitly.

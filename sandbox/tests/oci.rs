@@ -1345,3 +1345,58 @@ fn symlinked_or_fifo_blobs_in_a_layout_dir_read_as_missing() {
     assert!(matches!(res, Err(OciError::MissingBlob { .. })), "{res:?}");
     assert_store_clean(&store);
 }
+
+#[test]
+fn deep_and_long_paths_are_bounded() {
+    // Implicit parent directories count towards max_entries.
+    let t = tempfile::tempdir().unwrap();
+    let limits = ImportLimits {
+        max_entries: 4,
+        ..ImportLimits::default()
+    };
+    let tar = tar_of(&[file("a/b/c/d/e/f", b"x", 0o644)]);
+    let (store, res) = import_one(t.path(), vec![plain(tar)], limits);
+    assert!(
+        matches!(res, Err(OciError::LimitExceeded { ref entry, .. }) if entry == "a/b/c/d/e/f"),
+        "{res:?}"
+    );
+    assert_store_clean(&store);
+
+    // A GNU long name beyond PATH_MAX is refused.
+    let t = tempfile::tempdir().unwrap();
+    let long = "d/".repeat(2100) + "f";
+    let mut b = tar::Builder::new(Vec::new());
+    let mut h = tar::Header::new_gnu();
+    h.set_size(1);
+    h.set_mode(0o644);
+    b.append_data(&mut h, &long, &b"x"[..]).unwrap();
+    let (store, res) = import_one(
+        t.path(),
+        vec![plain(b.into_inner().unwrap())],
+        ImportLimits::default(),
+    );
+    assert!(
+        matches!(res, Err(OciError::UnsafeEntry { ref reason, .. }) if reason.contains("longer than 4096")),
+        "{res:?}"
+    );
+    assert_store_clean(&store);
+
+    // A long but legal name (GNU long-name extension) works.
+    let t = tempfile::tempdir().unwrap();
+    let name = format!("{}/file", "n".repeat(200));
+    let mut b = tar::Builder::new(Vec::new());
+    let mut h = tar::Header::new_gnu();
+    h.set_size(2);
+    h.set_mode(0o600);
+    h.set_uid(0);
+    h.set_gid(0);
+    h.set_mtime(MTIME);
+    b.append_data(&mut h, &name, &b"ok"[..]).unwrap();
+    let (store, res) = import_one(
+        t.path(),
+        vec![plain(b.into_inner().unwrap())],
+        ImportLimits::default(),
+    );
+    let l = store.join(&res.unwrap().layers[0]);
+    assert_eq!(std::fs::read(l.join(&name)).unwrap(), b"ok");
+}
