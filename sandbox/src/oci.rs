@@ -543,15 +543,16 @@ fn index_tar(
         path: path.to_path_buf(),
         reason,
     };
+    let len = file.metadata().map_err(io_err(path, "stat archive"))?.len();
     let mut reader = SectionReader {
         file,
         pos: 0,
-        end: u64::MAX,
+        end: len,
     };
     let mut archive = tar::Archive::new(&mut reader);
     let mut members = HashMap::new();
     let entries = archive
-        .entries()
+        .entries_with_seek()
         .map_err(|e| bad(format!("not a tar archive: {e}")))?;
     let mut count = 0u64;
     for entry in entries {
@@ -606,6 +607,19 @@ struct SectionReader<'a> {
     file: &'a File,
     pos: u64,
     end: u64,
+}
+
+/// Seeking lets the archive index skip member data instead of reading it.
+impl io::Seek for SectionReader<'_> {
+    fn seek(&mut self, pos: io::SeekFrom) -> io::Result<u64> {
+        let new = match pos {
+            io::SeekFrom::Start(n) => Some(n),
+            io::SeekFrom::Current(d) => self.pos.checked_add_signed(d),
+            io::SeekFrom::End(d) => self.end.checked_add_signed(d),
+        };
+        self.pos = new.ok_or_else(|| io::Error::other("seek out of range"))?;
+        Ok(self.pos)
+    }
 }
 
 impl Read for SectionReader<'_> {
