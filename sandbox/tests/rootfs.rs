@@ -1,0 +1,128 @@
+#![allow(clippy::unwrap_used)]
+//! Sandboxes on every root filesystem source: a directory and a `docker save` image.
+mod common;
+use common::*;
+use sandbox::RootfsSpec;
+use sha2::Digest;
+use std::path::Path;
+
+/// The files of a minimal runnable root: dash, cat and the loader and libc they need.
+const FILES: &[(&str, &str)] = &[
+    ("/bin/dash", "bin/sh"),
+    ("/usr/bin/cat", "bin/cat"),
+    ("/lib/x86_64-linux-gnu/libc.so.6", "lib/x86_64-linux-gnu/libc.so.6"),
+    ("/lib64/ld-linux-x86-64.so.2", "lib64/ld-linux-x86-64.so.2"),
+];
+
+fn add(b: &mut tar::Builder<Vec<u8>>, path: &str, data: &[u8], mode: u32, kind: tar::EntryType) {
+    let mut h = tar::Header::new_gnu();
+    h.set_entry_type(kind);
+    h.set_mode(mode);
+    h.set_size(data.len() as u64);
+    h.set_mtime(1_700_000_000);
+    h.set_uid(0);
+    h.set_gid(0);
+    b.append_data(&mut h, path, data).unwrap();
+}
+
+fn base_layer() -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    for d in ["bin", "lib", "lib/x86_64-linux-gnu", "lib64", "etc", "root", "tmp"] {
+        add(&mut b, d, b"", 0o755, tar::EntryType::Directory);
+    }
+    for (host, inside) in FILES {
+        add(&mut b, inside, &std::fs::read(host).unwrap(), 0o755, tar::EntryType::Regular);
+    }
+    add(&mut b, "etc/motd", b"from the base layer\n", 0o644, tar::EntryType::Regular);
+    add(&mut b, "etc/old", b"deleted above\n", 0o644, tar::EntryType::Regular);
+    b.into_inner().unwrap()
+}
+
+fn top_layer() -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    add(&mut b, "etc", b"", 0o755, tar::EntryType::Directory);
+    add(&mut b, "etc/.wh.old", b"", 0o644, tar::EntryType::Regular);
+    add(&mut b, "etc/motd", b"from the top layer\n", 0o644, tar::EntryType::Regular);
+    b.into_inner().unwrap()
+}
+
+fn docker_save(path: &Path) {
+    let layers = [base_layer(), top_layer()];
+    let diff_ids: Vec<String> = layers
+        .iter()
+        .map(|l| format!("sha256:{}", hex::encode(sha2::Sha256::digest(l))))
+        .collect();
+    let config = serde_json::json!({
+        "architecture": "amd64", "os": "linux",
+        "config": {"Env": ["PATH=/bin"], "Cmd": ["/bin/sh"]},
+        "rootfs": {"type": "layers", "diff_ids": diff_ids},
+    });
+    let config = serde_json::to_vec(&config).unwrap();
+    let manifest = serde_json::json!([{
+        "Config": "config.json", "RepoTags": ["test:1"], "Layers": ["l0/layer.tar", "l1/layer.tar"],
+    }]);
+    let mut b = tar::Builder::new(Vec::new());
+    add(&mut b, "manifest.json", &serde_json::to_vec(&manifest).unwrap(), 0o644, tar::EntryType::Regular);
+    add(&mut b, "config.json", &config, 0o644, tar::EntryType::Regular);
+    add(&mut b, "l0/layer.tar", &layers[0], 0o644, tar::EntryType::Regular);
+    add(&mut b, "l1/layer.tar", &layers[1], 0o644, tar::EntryType::Regular);
+    std::fs::write(path, b.into_inner().unwrap()).unwrap();
+}
+
+fn minimal_config(spec: RootfsSpec) -> sandbox::SandboxConfig {
+    let mut c = config();
+    c.rootfs = spec;
+    c.env = vec!["PATH=/bin".into(), "HOME=/root".into()];
+    c
+}
+
+#[test]
+fn a_docker_save_image_runs_with_its_whiteouts_applied() {
+    require_root!();
+    let t = tempfile::tempdir().unwrap();
+    let img = t.path().join("image.tar");
+    docker_save(&img);
+    let rt = runtime();
+    let spec: RootfsSpec = format!("oci:{}", img.display()).parse().unwrap();
+    let mut sb = rt.create(&minimal_config(spec.clone())).unwrap();
+    let r = sh(&mut sb, "cat /etc/motd; cat /etc/old 2>/dev/null || echo old-is-gone; echo x > /root/y; cat /root/y");
+    assert_eq!(out(&r), "from the top layer\nold-is-gone\nx\n", "{}", String::from_utf8_lossy(&r.stderr));
+    sb.reset().unwrap();
+    assert_eq!(out(&sh(&mut sb, "cat /root/y 2>/dev/null || echo clean")), "clean\n");
+    // Same image, same digest; the layers are in the store.
+    let again = rt.create(&minimal_config(spec)).unwrap();
+    assert_eq!(again.rootfs_digest(), sb.rootfs_digest());
+}
+
+#[test]
+fn a_directory_rootfs_is_used_in_place_and_never_written() {
+    require_root!();
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path().join("rootfs");
+    for (host, inside) in FILES {
+        let dst = root.join(inside);
+        std::fs::create_dir_all(dst.parent().unwrap()).unwrap();
+        std::fs::copy(host, &dst).unwrap();
+    }
+    std::fs::create_dir_all(root.join("root")).unwrap();
+    std::fs::write(root.join("marker"), "dir\n").unwrap();
+    let rt = runtime();
+    let mut sb = rt.create(&minimal_config(RootfsSpec::Dir(root.clone()))).unwrap();
+    let r = sh(&mut sb, "cat /marker; echo changed > /marker; cat /marker");
+    assert_eq!(out(&r), "dir\nchanged\n");
+    assert_eq!(std::fs::read_to_string(root.join("marker")).unwrap(), "dir\n", "the directory layer is read-only");
+}
+
+#[test]
+fn a_corrupt_image_is_refused_and_leaves_nothing_behind() {
+    require_root!();
+    let t = tempfile::tempdir().unwrap();
+    let img = t.path().join("broken.tar");
+    std::fs::write(&img, b"this is not a tarball").unwrap();
+    let rt = runtime();
+    let before = std::fs::read_dir(rt.state_dir().join("layers")).unwrap().count();
+    let err = rt.create(&minimal_config(RootfsSpec::Oci(img.clone()))).unwrap_err();
+    assert!(err.to_string().contains("broken.tar"), "{err}");
+    assert_eq!(std::fs::read_dir(rt.state_dir().join("layers")).unwrap().count(), before);
+    assert_eq!(std::fs::read_dir(rt.run_dir().join("sbx")).unwrap().count(), 0, "no sandbox directory left");
+}
