@@ -7,9 +7,13 @@
 //! - `reset_100_files`: reset after a step that changed 100 files;
 //! - `snapshot_100_files`: snapshot of a diff of 100 files;
 //! - `rollback`: rollback to that snapshot after further changes;
-//! - `idle_rss_kib`: resident memory of one idle sandbox's init (KiB, not ms);
+//! - `idle_rss_kib`: resident memory of one idle sandbox's init (KiB, not ms), counting the
+//!   shared pages of libc and the init binary in full;
+//! - `idle_pss_kib`, `idle_private_kib`: the same memory proportionally shared, and private
+//!   to the init (what each additional sandbox really adds in user memory);
 //! - `ratios`: `exec_vs_host` = exec_sh_true / host_sh_true (medians);
-//! - `concurrent`: present with `--concurrent N`: sandboxes alive at once, how many answered.
+//! - `concurrent`: present with `--concurrent N`: sandboxes alive at once, how many answered,
+//!   and the host's `MemAvailable` drop per sandbox (kernel objects included).
 
 use sandbox::{ExecRequest, Runtime, SandboxConfig, SandboxError};
 use serde::Serialize;
@@ -63,6 +67,7 @@ pub struct Concurrent {
     pub sandboxes: usize,
     pub answered: usize,
     pub total_init_rss_mib: f64,
+    pub host_mem_per_sandbox_kib: f64,
     pub create_all_s: f64,
 }
 
@@ -77,6 +82,8 @@ pub struct SandboxBench {
     pub snapshot_100_files: Summary,
     pub rollback: Summary,
     pub idle_rss_kib: Summary,
+    pub idle_pss_kib: Summary,
+    pub idle_private_kib: Summary,
     pub ratios: Ratios,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub concurrent: Option<Concurrent>,
@@ -107,6 +114,28 @@ pub fn rss_kib(pid: i32) -> Option<f64> {
     s.lines()
         .find_map(|l| l.strip_prefix("VmRSS:"))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
+/// `(Pss, Private_Clean + Private_Dirty)` of a process from smaps_rollup, KiB.
+pub fn pss_private_kib(pid: i32) -> Option<(f64, f64)> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?;
+    let field = |k: &str| -> Option<f64> {
+        s.lines()
+            .find_map(|l| l.strip_prefix(k))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+    };
+    Some((field("Pss:")?, field("Private_Clean:")? + field("Private_Dirty:")?))
+}
+
+fn mem_available_kib() -> f64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("MemAvailable:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        })
+        .unwrap_or(f64::NAN)
 }
 
 /// Change 100 files: 50 new, 40 modified lower files' copies... all under /root and /etc.
@@ -183,13 +212,17 @@ pub fn sandbox_bench(
     }
     drop(sb);
 
-    let mut rss = Vec::new();
+    let (mut rss, mut pss, mut private) = (Vec::new(), Vec::new(), Vec::new());
     let idle: Vec<_> = (0..n.min(20))
         .map(|_| rt.create(cfg))
         .collect::<Result<_, _>>()?;
     for s in &idle {
         if let Some(k) = rss_kib(s.init_pid()) {
             rss.push(k);
+        }
+        if let Some((p, u)) = pss_private_kib(s.init_pid()) {
+            pss.push(p);
+            private.push(u);
         }
     }
     drop(idle);
@@ -212,6 +245,8 @@ pub fn sandbox_bench(
         snapshot_100_files: Summary::of(snap),
         rollback: Summary::of(roll),
         idle_rss_kib: Summary::of(rss),
+        idle_pss_kib: Summary::of(pss),
+        idle_private_kib: Summary::of(private),
         concurrent,
     })
 }
@@ -220,6 +255,7 @@ pub fn sandbox_bench(
 fn concurrent_bench(rt: &Runtime, cfg: &SandboxConfig, k: usize) -> Result<Concurrent, BenchError> {
     let mut small = cfg.clone();
     small.disk_bytes = 8 << 20;
+    let before = mem_available_kib();
     let t = Instant::now();
     let mut all = Vec::with_capacity(k);
     for i in 0..k {
@@ -232,6 +268,7 @@ fn concurrent_bench(rt: &Runtime, cfg: &SandboxConfig, k: usize) -> Result<Concu
         }
     }
     let create_all_s = t.elapsed().as_secs_f64();
+    let host_mem_per_sandbox_kib = (before - mem_available_kib()) / all.len().max(1) as f64;
     let total_init_rss_mib = all.iter().filter_map(|s| rss_kib(s.init_pid())).sum::<f64>() / 1024.0;
     let mut answered = 0;
     for s in &mut all {
@@ -243,6 +280,7 @@ fn concurrent_bench(rt: &Runtime, cfg: &SandboxConfig, k: usize) -> Result<Concu
         sandboxes: k,
         answered,
         total_init_rss_mib,
+        host_mem_per_sandbox_kib,
         create_all_s,
     })
 }
@@ -260,11 +298,13 @@ pub fn render(b: &SandboxBench) -> String {
     out += &row("snapshot (100 files)", &b.snapshot_100_files, "ms");
     out += &row("rollback", &b.rollback, "ms");
     out += &row("idle init RSS", &b.idle_rss_kib, "KiB");
+    out += &row("idle init PSS", &b.idle_pss_kib, "KiB");
+    out += &row("idle init private", &b.idle_private_kib, "KiB");
     out += &format!("exec / host sh -c true  {:>10.2}x\n", b.ratios.exec_vs_host);
     if let Some(c) = &b.concurrent {
         out += &format!(
-            "concurrent: {} alive, {} answered, init RSS total {:.1} MiB, created in {:.1} s\n",
-            c.sandboxes, c.answered, c.total_init_rss_mib, c.create_all_s
+            "concurrent: {} alive, {} answered, init RSS total {:.1} MiB, host memory {:.0} KiB per sandbox, created in {:.1} s\n",
+            c.sandboxes, c.answered, c.total_init_rss_mib, c.host_mem_per_sandbox_kib, c.create_all_s
         );
     }
     out

@@ -131,6 +131,8 @@ fn bench_sandbox_json_has_the_documented_keys() {
         "snapshot_100_files",
         "rollback",
         "idle_rss_kib",
+        "idle_pss_kib",
+        "idle_private_kib",
     ] {
         let m = v[k]["median"].as_f64().unwrap_or(f64::NAN);
         assert!(m > 0.0, "{k}: {m}");

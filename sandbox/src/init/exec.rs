@@ -1,4 +1,5 @@
-//! Running one command: fork, confine, exec, collect output under a cap, enforce the timeout.
+//! Running one command: spawn it through the zygote, feed stdin, collect output under a cap,
+//! enforce the timeout.
 
 use super::Init;
 use crate::protocol::{Command, ExecRequest, ExecResult, FailureKind, Response, Termination};
@@ -9,31 +10,6 @@ use std::ffi::CString;
 use std::io::Read;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::time::{Duration, Instant};
-
-/// Where the child failed before `execve`, reported through the error pipe.
-#[derive(Clone, Copy)]
-#[repr(u8)]
-enum Stage {
-    Chroot = 1,
-    Chdir,
-    Landlock,
-    Caps,
-    Seccomp,
-    Exec,
-}
-
-impl Stage {
-    fn name(b: u8) -> &'static str {
-        match b {
-            1 => "chroot",
-            2 => "changing to the working directory",
-            3 => "landlock",
-            4 => "dropping capabilities",
-            5 => "seccomp",
-            _ => "execve",
-        }
-    }
-}
 
 fn pipe() -> Result<(OwnedFd, OwnedFd), nix::errno::Errno> {
     nix::unistd::pipe2(OFlag::O_CLOEXEC)
@@ -59,53 +35,42 @@ impl Init {
             Command::Argv(a) => a.clone(),
             Command::Shell(s) => vec!["/bin/sh".into(), "-c".into(), s.clone()],
         };
-        let env = req.env.as_ref().unwrap_or(&self.plan.env);
-        let (c_argv, c_env) = match (cstrings(&argv, "argument"), cstrings(env, "variable")) {
+        let env = req.env.clone().unwrap_or_else(|| self.plan.env.clone());
+        let (c_argv, c_env) = match (cstrings(&argv, "argument"), cstrings(&env, "variable")) {
             (Ok(a), Ok(e)) => (a, e),
             (Err(m), _) | (_, Err(m)) => return invalid(m),
         };
         let Ok(c_cwd) = CString::new(req.cwd.as_bytes()) else {
             return invalid("working directory contains a NUL byte".into());
         };
-        // Candidate program paths (inside the root): PATH search as execvp does.
-        let programs = candidates(&argv[0], env);
-
+        let _ = (c_argv, c_env, c_cwd); // validated above; the zygote builds its own copies
         let pipes = (|| Ok::<_, nix::errno::Errno>((pipe()?, pipe()?, pipe()?, pipe()?)))();
         let Ok(((in_r, in_w), (out_r, out_w), (err_r, err_w), (st_r, st_w))) = pipes else {
             return internal("creating pipes".into());
         };
-        let root = self.layout.root();
-        let Ok(c_root) = CString::new(root.to_string_lossy().as_bytes()) else {
-            return internal("root path contains a NUL byte".into());
-        };
         let started = Instant::now();
-        // SAFETY: init is single-threaded, so the child may run ordinary code after fork.
-        let pid = match unsafe { nix::unistd::fork() } {
-            Err(e) => return internal(format!("fork: {e}")),
-            Ok(nix::unistd::ForkResult::Child) => {
-                let stage = self.child_setup(&in_r, &out_w, &err_w, &c_root, &c_cwd);
-                let (stage, errno) = match stage {
-                    Err(se) => se,
-                    Ok(()) => {
-                        let mut errno = libc::ENOENT;
-                        for prog in &programs {
-                            // SAFETY: all pointers are valid NUL-terminated arrays built above.
-                            errno = unsafe { execve(prog, &c_argv, &c_env) };
-                            if errno != libc::ENOENT && errno != libc::ENOTDIR {
-                                break;
-                            }
-                        }
-                        (Stage::Exec, errno)
-                    }
-                };
-                let msg = [stage as u8, (errno & 0xff) as u8, ((errno >> 8) & 0xff) as u8];
-                // SAFETY: writing a stack buffer to our own pipe, then exiting without unwinding.
-                unsafe {
-                    libc::write(st_w.as_raw_fd(), msg.as_ptr().cast(), msg.len());
-                    libc::_exit(127)
-                }
+        let mut spawned = Err(String::new());
+        for _attempt in 0..2 {
+            let fds = [&in_r, &out_w, &err_w, &st_w];
+            spawned = match self.zygote() {
+                Ok(z) => z.spawn(argv.clone(), env.clone(), req.cwd.clone(), fds),
+                Err(e) => return internal(e),
+            };
+            if spawned.is_ok() {
+                break;
             }
-            Ok(nix::unistd::ForkResult::Parent { child }) => child.as_raw(),
+            // The zygote died (an agent may kill it): start a new one and try once more.
+            if let Some(z) = self.zygote.take() {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(z.pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+            self.reap(None);
+        }
+        let pid = match spawned {
+            Ok(pid) => pid,
+            Err(e) => return internal(format!("starting the command: {e}")),
         };
         drop((in_r, out_w, err_w, st_w));
         let mut st = [0u8; 3];
@@ -126,67 +91,13 @@ impl Init {
                 message: format!(
                     "cannot run {:?}: {} failed: {}",
                     argv[0],
-                    Stage::name(st[0]),
+                    super::zygote::Stage::name(st[0]),
                     nix::errno::Errno::from_raw(errno).desc()
                 ),
             };
         }
         let result = self.collect(pid, req, started, in_w, out_r, err_r);
         Response::Exec(Box::new(result))
-    }
-
-    /// In the forked child: stdio, session, chroot, cwd, limits, landlock, caps, seccomp.
-    fn child_setup(
-        &mut self,
-        stdin: &OwnedFd,
-        stdout: &OwnedFd,
-        stderr: &OwnedFd,
-        root: &CString,
-        cwd: &CString,
-    ) -> Result<(), (Stage, i32)> {
-        let errno = || nix::errno::Errno::last_raw();
-        // SAFETY (whole block): plain syscalls on descriptors and C strings we own, in a
-        // single-threaded child that will exec or _exit.
-        unsafe {
-            libc::setsid();
-            libc::dup2(stdin.as_raw_fd(), 0);
-            libc::dup2(stdout.as_raw_fd(), 1);
-            libc::dup2(stderr.as_raw_fd(), 2);
-            // Everything else closes on exec (the status pipe reports exec failure only).
-            libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, libc::CLOSE_RANGE_CLOEXEC);
-            libc::sigprocmask(libc::SIG_SETMASK, &std::mem::zeroed(), std::ptr::null_mut());
-            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-            if libc::chroot(root.as_ptr()) != 0 {
-                return Err((Stage::Chroot, errno()));
-            }
-            if libc::chdir(cwd.as_ptr()) != 0 {
-                return Err((Stage::Chdir, errno()));
-            }
-            let nofile = libc::rlimit {
-                rlim_cur: self.plan.nofile,
-                rlim_max: self.plan.nofile,
-            };
-            libc::setrlimit(libc::RLIMIT_NOFILE, &nofile);
-            let core = libc::rlimit {
-                rlim_cur: 0,
-                rlim_max: 0,
-            };
-            libc::setrlimit(libc::RLIMIT_CORE, &core);
-        }
-        // The OOM killer picks commands before init (raising the score needs no privilege).
-        let _ = std::fs::write("/proc/self/oom_score_adj", "1000");
-        if let Some(ll) = self.landlock.take() {
-            ll.enforce().map_err(|_| (Stage::Landlock, errno()))?;
-        }
-        crate::caps::drop_to(&self.plan.keep_caps, self.last_cap)
-            .map_err(|_| (Stage::Caps, errno()))?;
-        if let Some(sc) = &self.seccomp {
-            sc.apply().map_err(|_| (Stage::Seccomp, errno()))?;
-        } else {
-            // SAFETY: prctl with integer arguments only.
-            unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) };
-        }
-        Ok(())
     }
 
     /// Feed stdin, read both streams under the cap, wait for the command or its deadline.
@@ -212,7 +123,8 @@ impl Init {
         let mut timed_out = false;
         let mut out_open = true;
         let mut err_open = true;
-        let mut buf = vec![0u8; 64 << 10];
+        let mut buf = std::mem::take(&mut self.buf);
+        buf.resize(64 << 10, 0);
         while status.is_none() {
             let now = Instant::now();
             if now >= deadline && !timed_out {
@@ -260,6 +172,7 @@ impl Init {
             }
         }
         let duration_us = started.elapsed().as_micros() as u64;
+        let keep = &mut self.buf;
         // What the command wrote before it exited is in the pipes; background processes that
         // keep them open are not waited for.
         if out_open {
@@ -268,6 +181,7 @@ impl Init {
         if err_open {
             err.drain(&stderr, &mut buf);
         }
+        *keep = buf;
         // Whatever the command left in its session dies with it on a timeout only.
         let termination = if timed_out {
             Termination::TimedOut
@@ -295,35 +209,6 @@ fn internal(message: String) -> Response {
         kind: FailureKind::Internal,
         message,
     }
-}
-
-/// Program paths to try, as `execvp` would, from the command's own `PATH`.
-fn candidates(arg0: &str, env: &[String]) -> Vec<CString> {
-    if arg0.contains('/') {
-        return CString::new(arg0).into_iter().collect();
-    }
-    let path = env
-        .iter()
-        .find_map(|kv| kv.strip_prefix("PATH="))
-        .unwrap_or("/usr/local/bin:/usr/bin:/bin");
-    path.split(':')
-        .map(|d| if d.is_empty() { "." } else { d })
-        .filter_map(|d| CString::new(format!("{d}/{arg0}")).ok())
-        .collect()
-}
-
-/// `execve`; returns the errno when it fails.
-///
-/// # Safety
-/// Only call in a forked child that is about to `_exit` on failure.
-unsafe fn execve(prog: &CString, argv: &[CString], env: &[CString]) -> i32 {
-    let mut a: Vec<*const libc::c_char> = argv.iter().map(|s| s.as_ptr()).collect();
-    a.push(std::ptr::null());
-    let mut e: Vec<*const libc::c_char> = env.iter().map(|s| s.as_ptr()).collect();
-    e.push(std::ptr::null());
-    // SAFETY: NUL-terminated arrays of valid C strings that live across the call.
-    unsafe { libc::execve(prog.as_ptr(), a.as_ptr(), e.as_ptr()) };
-    nix::errno::Errno::last_raw()
 }
 
 fn read_full(f: &mut std::fs::File, buf: &mut [u8]) -> usize {

@@ -14,6 +14,7 @@
 mod exec;
 mod files;
 mod snapshot;
+mod zygote;
 
 use crate::mounts::{self, Layout};
 use crate::protocol::{
@@ -76,6 +77,10 @@ pub(crate) struct Init {
     landlock: Option<crate::landlock::PreparedLandlock>,
     seccomp: Option<crate::seccomp::PreparedSeccomp>,
     last_cap: u8,
+    /// The confined process that forks commands (see `zygote`); started on demand.
+    zygote: Option<zygote::Zygote>,
+    /// Read buffer of command output, kept across commands.
+    buf: Vec<u8>,
 }
 
 fn run(mut sock: UnixStream) -> Result<(), InitError> {
@@ -112,6 +117,8 @@ fn run(mut sock: UnixStream) -> Result<(), InitError> {
         landlock: None,
         seccomp: None,
         last_cap: crate::caps::last_cap(),
+        zygote: None,
+        buf: Vec::new(),
     };
     let reply = match init.setup() {
         Ok(()) => Response::Ok,
@@ -288,6 +295,7 @@ impl Init {
 
     /// Kill every process of the sandbox but init, and reap them.
     pub(crate) fn kill_all(&mut self) {
+        self.zygote = None; // it dies with the rest
         // kill(-1) from the init of a pid namespace reaches every other process in it; repeat
         // until none is left, so a fork bomb racing the first sweep is caught by the next.
         for _ in 0..1000 {
@@ -350,10 +358,19 @@ impl Init {
             .unwrap_or(0);
         Health {
             pid_in_sandbox: std::process::id(),
-            processes: processes.saturating_sub(1) as u32,
+            // Neither init nor the zygote count.
+            processes: processes.saturating_sub(1 + usize::from(self.zygote_alive())) as u32,
             snapshots: self.snapshots.len() as u32,
             upper_bytes,
         }
+    }
+}
+
+impl Init {
+    fn zygote_alive(&self) -> bool {
+        self.zygote
+            .as_ref()
+            .is_some_and(|z| self.layout.proc().join(z.pid.to_string()).exists())
     }
 }
 

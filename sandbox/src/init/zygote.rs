@@ -1,0 +1,358 @@
+//! The zygote: a process confined once (chroot, limits, landlock, capabilities, seccomp) that
+//! forks every command of the episode.
+//!
+//! Installing the seccomp filter costs about a millisecond (the kernel translates it and
+//! precomputes its per-syscall cache); paid once per root instead of once per command, a step
+//! costs little more than the host's own fork and exec. Commands are cloned with
+//! `CLONE_PARENT`, so they are children of init, which reaps them and sees their status as
+//! before. The zygote is an ordinary, non-dumpable process of the sandbox with exactly the
+//! privileges of a command: an agent that kills it only makes init start a new one. It dies
+//! with every reset and rollback, and the next command starts it over the new root.
+
+use super::Init;
+use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags};
+use std::ffi::CString;
+use std::io::{IoSlice, IoSliceMut, Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
+
+/// Where a command failed before `execve`, reported through its status pipe.
+#[derive(Clone, Copy)]
+#[repr(u8)]
+pub(super) enum Stage {
+    Chroot = 1,
+    Chdir,
+    Landlock,
+    Caps,
+    Seccomp,
+    Exec,
+}
+
+impl Stage {
+    pub(super) fn name(b: u8) -> &'static str {
+        match b {
+            1 => "chroot",
+            2 => "changing to the working directory",
+            3 => "landlock",
+            4 => "dropping capabilities",
+            5 => "seccomp",
+            _ => "execve",
+        }
+    }
+}
+
+/// What the zygote needs to start one command.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Spawn {
+    argv: Vec<String>,
+    env: Vec<String>,
+    cwd: String,
+}
+
+/// Init's handle on the zygote.
+pub(crate) struct Zygote {
+    sock: UnixStream,
+    pub pid: i32,
+}
+
+fn errno() -> i32 {
+    nix::errno::Errno::last_raw()
+}
+
+impl Init {
+    /// The live zygote, started over the current root if there is none.
+    pub(super) fn zygote(&mut self) -> Result<&mut Zygote, String> {
+        if self.zygote.is_none() {
+            self.zygote = Some(self.start_zygote()?);
+        }
+        self.zygote.as_mut().ok_or_else(|| "no zygote".to_string())
+    }
+
+    fn start_zygote(&mut self) -> Result<Zygote, String> {
+        let (ours, theirs) = UnixStream::pair().map_err(|e| format!("socketpair: {e}"))?;
+        let root = CString::new(self.layout.root().to_string_lossy().as_bytes())
+            .map_err(|_| "root path contains a NUL byte".to_string())?;
+        // SAFETY: init is single-threaded, so the child may run ordinary code after fork.
+        match unsafe { nix::unistd::fork() } {
+            Err(e) => Err(format!("fork: {e}")),
+            Ok(nix::unistd::ForkResult::Child) => {
+                drop(ours);
+                let code = self.zygote_main(theirs, &root);
+                // SAFETY: leaving the child without unwinding or running init's destructors.
+                unsafe { libc::_exit(code) }
+            }
+            Ok(nix::unistd::ForkResult::Parent { child }) => {
+                drop(theirs);
+                let mut z = Zygote {
+                    sock: ours,
+                    pid: child.as_raw(),
+                };
+                let mut ready = [0u8; 5];
+                z.sock
+                    .read_exact(&mut ready)
+                    .map_err(|e| format!("the zygote died during setup: {e}"))?;
+                if ready[0] != 0 {
+                    let errno = i32::from_le_bytes([ready[1], ready[2], ready[3], ready[4]]);
+                    return Err(format!(
+                        "confining commands: {} failed: {}",
+                        Stage::name(ready[0]),
+                        nix::errno::Errno::from_raw(errno).desc()
+                    ));
+                }
+                Ok(z)
+            }
+        }
+    }
+
+    /// In the zygote: confine, report readiness, then serve spawn requests until init goes.
+    fn zygote_main(&mut self, mut sock: UnixStream, root: &CString) -> i32 {
+        let report = |sock: &mut UnixStream, stage: u8, errno: i32| {
+            let e = errno.to_le_bytes();
+            let _ = sock.write_all(&[stage, e[0], e[1], e[2], e[3]]);
+        };
+        let confined = self.confine(root);
+        // Keep nothing of init's but our socket: not its control socket, not the pipes of the
+        // command being started (their write ends must close when the command's do).
+        let keep = sock.as_raw_fd() as u32;
+        // SAFETY: closing descriptor ranges of this process; `keep` and stdio (/dev/null, so
+        // that received descriptors are never 0-2) stay open.
+        unsafe {
+            if keep > 3 {
+                libc::syscall(libc::SYS_close_range, 3u32, keep - 1, 0u32);
+            }
+            libc::syscall(libc::SYS_close_range, keep + 1, u32::MAX, 0u32);
+        }
+        match confined {
+            Ok(()) => report(&mut sock, 0, 0),
+            Err((stage, errno)) => {
+                report(&mut sock, stage as u8, errno);
+                return 1;
+            }
+        }
+        loop {
+            match serve_one(&mut sock) {
+                Ok(()) => {}
+                Err(()) => return 0,
+            }
+        }
+    }
+
+    /// Everything a command inherits: own session, signals reset, chroot, limits, OOM score,
+    /// landlock, capabilities, no_new_privs and seccomp, in that order.
+    fn confine(&mut self, root: &CString) -> Result<(), (Stage, i32)> {
+        // SAFETY (whole block): plain syscalls on values we own, in the single-threaded zygote.
+        unsafe {
+            libc::setsid();
+            libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
+            libc::prctl(libc::PR_SET_NAME, c"sandbox-zygote".as_ptr(), 0, 0, 0);
+            libc::sigprocmask(libc::SIG_SETMASK, &std::mem::zeroed(), std::ptr::null_mut());
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+            if libc::chroot(root.as_ptr()) != 0 {
+                return Err((Stage::Chroot, errno()));
+            }
+            if libc::chdir(c"/".as_ptr()) != 0 {
+                return Err((Stage::Chdir, errno()));
+            }
+            let nofile = libc::rlimit {
+                rlim_cur: self.plan.nofile,
+                rlim_max: self.plan.nofile,
+            };
+            libc::setrlimit(libc::RLIMIT_NOFILE, &nofile);
+            let core = libc::rlimit {
+                rlim_cur: 0,
+                rlim_max: 0,
+            };
+            libc::setrlimit(libc::RLIMIT_CORE, &core);
+        }
+        // The OOM killer picks commands before init (raising the score needs no privilege).
+        let _ = std::fs::write("/proc/self/oom_score_adj", "1000");
+        if let Some(ll) = self.landlock.take() {
+            ll.enforce().map_err(|_| (Stage::Landlock, errno()))?;
+        }
+        crate::caps::drop_to(&self.plan.keep_caps, self.last_cap)
+            .map_err(|_| (Stage::Caps, errno()))?;
+        if let Some(sc) = &self.seccomp {
+            sc.apply().map_err(|_| (Stage::Seccomp, errno()))?;
+        } else {
+            // SAFETY: prctl with integer arguments only.
+            unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) };
+        }
+        Ok(())
+    }
+}
+
+/// Receive one spawn request with its four descriptors (stdin, stdout, stderr, status pipe),
+/// clone the command as init's child, and answer with its pid (or -errno).
+fn serve_one(sock: &mut UnixStream) -> Result<(), ()> {
+    let mut len = [0u8; 4];
+    let mut cmsg = nix::cmsg_space!([RawFd; 4]);
+    let (fds, got) = {
+        let mut iov = [IoSliceMut::new(&mut len)];
+        let msg = recvmsg::<()>(
+            sock.as_raw_fd(),
+            &mut iov,
+            Some(&mut cmsg),
+            MsgFlags::MSG_CMSG_CLOEXEC,
+        )
+        .map_err(|_| ())?;
+        if msg.bytes == 0 {
+            return Err(());
+        }
+        let mut fds: Vec<OwnedFd> = Vec::new();
+        for c in msg.cmsgs().map_err(|_| ())? {
+            if let ControlMessageOwned::ScmRights(v) = c {
+                // SAFETY: the kernel just installed these descriptors for us.
+                fds.extend(v.into_iter().map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }));
+            }
+        }
+        (fds, msg.bytes)
+    };
+    if got < 4 {
+        sock.read_exact(&mut len[got..]).map_err(|_| ())?;
+    }
+    let mut body = vec![0u8; u32::from_le_bytes(len) as usize];
+    sock.read_exact(&mut body).map_err(|_| ())?;
+    let reply = match (rmp_serde::from_slice::<Spawn>(&body), fds.len()) {
+        (Ok(spawn), 4) => spawn_command(&spawn, &fds),
+        _ => -libc::EINVAL,
+    };
+    drop(fds);
+    sock.write_all(&reply.to_le_bytes()).map_err(|_| ())
+}
+
+/// Clone the command (as a sibling: its parent is init) and exec it there.
+fn spawn_command(spawn: &Spawn, fds: &[OwnedFd]) -> i32 {
+    let cstr = |v: &[String]| -> Option<Vec<CString>> {
+        v.iter().map(|s| CString::new(s.as_bytes()).ok()).collect()
+    };
+    let (Some(argv), Some(env), Ok(cwd)) = (
+        cstr(&spawn.argv),
+        cstr(&spawn.env),
+        CString::new(spawn.cwd.as_bytes()),
+    ) else {
+        return -libc::EINVAL;
+    };
+    let Some(arg0) = spawn.argv.first() else {
+        return -libc::EINVAL;
+    };
+    let programs = candidates(arg0, &spawn.env);
+    // SAFETY: a fork-like clone in a single-threaded process; the child execs or _exits.
+    let pid = unsafe {
+        libc::syscall(
+            libc::SYS_clone,
+            (libc::CLONE_PARENT | libc::SIGCHLD) as libc::c_ulong,
+            0usize,
+            0usize,
+            0usize,
+            0usize,
+        )
+    };
+    if pid < 0 {
+        return -errno();
+    }
+    if pid > 0 {
+        return pid as i32;
+    }
+    // The command.
+    let status = fds[3].as_raw_fd();
+    let fail = |stage: Stage, e: i32| -> ! {
+        let msg = [stage as u8, (e & 0xff) as u8, ((e >> 8) & 0xff) as u8];
+        // SAFETY: writing a stack buffer to our own pipe, then exiting without unwinding.
+        unsafe {
+            libc::write(status, msg.as_ptr().cast(), msg.len());
+            libc::_exit(127)
+        }
+    };
+    // SAFETY (whole block): plain syscalls on descriptors and strings we own.
+    unsafe {
+        libc::setsid();
+        libc::dup2(fds[0].as_raw_fd(), 0);
+        libc::dup2(fds[1].as_raw_fd(), 1);
+        libc::dup2(fds[2].as_raw_fd(), 2);
+        // Everything else closes on exec (the status pipe reports exec failure only).
+        libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, libc::CLOSE_RANGE_CLOEXEC);
+        if libc::chdir(cwd.as_ptr()) != 0 {
+            fail(Stage::Chdir, errno());
+        }
+    }
+    let mut a: Vec<*const libc::c_char> = argv.iter().map(|s| s.as_ptr()).collect();
+    a.push(std::ptr::null());
+    let mut e: Vec<*const libc::c_char> = env.iter().map(|s| s.as_ptr()).collect();
+    e.push(std::ptr::null());
+    let mut last = libc::ENOENT;
+    for prog in &programs {
+        // SAFETY: NUL-terminated arrays of valid C strings that live across the call.
+        unsafe { libc::execve(prog.as_ptr(), a.as_ptr(), e.as_ptr()) };
+        last = errno();
+        if last != libc::ENOENT && last != libc::ENOTDIR {
+            break;
+        }
+    }
+    fail(Stage::Exec, last)
+}
+
+/// Program paths to try, as `execvp` would, from the command's own `PATH`.
+fn candidates(arg0: &str, env: &[String]) -> Vec<CString> {
+    if arg0.contains('/') {
+        return CString::new(arg0).into_iter().collect();
+    }
+    let path = env
+        .iter()
+        .find_map(|kv| kv.strip_prefix("PATH="))
+        .unwrap_or("/usr/local/bin:/usr/bin:/bin");
+    path.split(':')
+        .map(|d| if d.is_empty() { "." } else { d })
+        .filter_map(|d| CString::new(format!("{d}/{arg0}")).ok())
+        .collect()
+}
+
+impl Zygote {
+    /// Ask for one command; returns its pid.
+    pub(super) fn spawn(
+        &mut self,
+        argv: Vec<String>,
+        env: Vec<String>,
+        cwd: String,
+        fds: [&OwnedFd; 4],
+    ) -> Result<i32, String> {
+        let body = rmp_serde::to_vec(&Spawn { argv, env, cwd })
+            .map_err(|e| format!("encoding the command: {e}"))?;
+        let len = (body.len() as u32).to_le_bytes();
+        let raw = fds.map(|f| f.as_raw_fd());
+        let cmsg = [ControlMessage::ScmRights(&raw)];
+        let iov = [IoSlice::new(&len)];
+        sendmsg::<()>(self.sock.as_raw_fd(), &iov, &cmsg, MsgFlags::empty(), None)
+            .map_err(|e| format!("the zygote is gone: {e}"))?;
+        self.sock
+            .write_all(&body)
+            .map_err(|e| format!("the zygote is gone: {e}"))?;
+        let mut reply = [0u8; 4];
+        self.sock
+            .read_exact(&mut reply)
+            .map_err(|e| format!("the zygote is gone: {e}"))?;
+        let pid = i32::from_le_bytes(reply);
+        if pid <= 0 {
+            return Err(format!(
+                "clone failed: {}",
+                nix::errno::Errno::from_raw(-pid).desc()
+            ));
+        }
+        Ok(pid)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn program_candidates_follow_path() {
+        let env = vec!["PATH=/a::/b".to_string()];
+        let c: Vec<String> = candidates("ls", &env)
+            .into_iter()
+            .map(|c| c.into_string().unwrap())
+            .collect();
+        assert_eq!(c, vec!["/a/ls", "./ls", "/b/ls"]);
+        assert_eq!(candidates("/bin/x", &env).len(), 1);
+    }
+}
