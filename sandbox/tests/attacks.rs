@@ -141,6 +141,11 @@ fn init_cannot_be_ptraced_read_or_killed() {
     assert_eq!(out(&r), "sent\n");
     let h = sb.health().unwrap();
     assert_eq!(h.pid_in_sandbox, 1);
+    // The zygote that forks commands has a command's privileges only: reading its memory is
+    // refused, and killing it just makes init start a new one for the next command.
+    let r = sh(&mut sb, "head -c 16 /proc/2/mem 2>&1; kill -9 2; echo killed");
+    let o = out(&r);
+    assert!(o.contains("ermission denied") && o.ends_with("killed\n"), "{o}");
     assert_eq!(out(&sh(&mut sb, "echo still-serving")), "still-serving\n");
 }
 
