@@ -22,11 +22,18 @@ fn benches(c: &mut Criterion) {
 
     let mut g = c.benchmark_group("step");
     g.bench_function("host sh -c true", |b| {
-        b.iter(|| std::process::Command::new("sh").args(["-c", "true"]).status().unwrap())
+        b.iter(|| {
+            std::process::Command::new("sh")
+                .args(["-c", "true"])
+                .status()
+                .unwrap()
+        })
     });
     let mut sb = rt.create(&cfg).unwrap();
     let req = ExecRequest::argv(["sh", "-c", "true"]);
-    g.bench_function("sandbox exec sh -c true", |b| b.iter(|| sb.exec(&req).unwrap()));
+    g.bench_function("sandbox exec sh -c true", |b| {
+        b.iter(|| sb.exec(&req).unwrap())
+    });
     g.finish();
 
     let mut g = c.benchmark_group("lifecycle");

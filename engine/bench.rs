@@ -124,7 +124,10 @@ pub fn pss_private_kib(pid: i32) -> Option<(f64, f64)> {
             .find_map(|l| l.strip_prefix(k))
             .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
     };
-    Some((field("Pss:")?, field("Private_Clean:")? + field("Private_Dirty:")?))
+    Some((
+        field("Pss:")?,
+        field("Private_Clean:")? + field("Private_Dirty:")?,
+    ))
 }
 
 fn mem_available_kib() -> f64 {
@@ -269,10 +272,16 @@ fn concurrent_bench(rt: &Runtime, cfg: &SandboxConfig, k: usize) -> Result<Concu
     }
     let create_all_s = t.elapsed().as_secs_f64();
     let host_mem_per_sandbox_kib = (before - mem_available_kib()) / all.len().max(1) as f64;
-    let total_init_rss_mib = all.iter().filter_map(|s| rss_kib(s.init_pid())).sum::<f64>() / 1024.0;
+    let total_init_rss_mib = all
+        .iter()
+        .filter_map(|s| rss_kib(s.init_pid()))
+        .sum::<f64>()
+        / 1024.0;
     let mut answered = 0;
     for s in &mut all {
-        if s.exec(&ExecRequest::argv(["/bin/true"])).is_ok_and(|r| r.success()) {
+        if s.exec(&ExecRequest::argv(["/bin/true"]))
+            .is_ok_and(|r| r.success())
+        {
             answered += 1;
         }
     }
@@ -290,7 +299,10 @@ pub fn render(b: &SandboxBench) -> String {
     let row = |name: &str, s: &Summary, unit: &str| {
         format!("{name:<24} {:>10.3} {:>10.3} {unit}\n", s.median, s.p90)
     };
-    let mut out = format!("{:<24} {:>10} {:>10}\n", "sandbox benchmark", "median", "p90");
+    let mut out = format!(
+        "{:<24} {:>10} {:>10}\n",
+        "sandbox benchmark", "median", "p90"
+    );
     out += &row("host sh -c true", &b.host_sh_true, "ms (baseline)");
     out += &row("create + first exec", &b.create_first_exec, "ms");
     out += &row("exec sh -c true", &b.exec_sh_true, "ms");

@@ -166,10 +166,9 @@ impl Experiment {
         };
         let s = &self.sandbox;
         let mut c = SandboxConfig {
-            rootfs: s
-                .rootfs
-                .parse()
-                .map_err(|e: sandbox::layers::LayerError| invalid("sandbox.rootfs", e.to_string()))?,
+            rootfs: s.rootfs.parse().map_err(|e: sandbox::layers::LayerError| {
+                invalid("sandbox.rootfs", e.to_string())
+            })?,
             ..SandboxConfig::default()
         };
         c.limits.memory_bytes =
@@ -208,7 +207,10 @@ impl Interval {
         let n = v.len() as f64;
         let mean = v.iter().sum::<f64>() / n;
         if v.len() < 2 {
-            return Self { mean, ci95: f64::NAN };
+            return Self {
+                mean,
+                ci95: f64::NAN,
+            };
         }
         let var = v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0);
         // Two-sided 97.5% quantiles of Student's t for 1..=30 degrees of freedom.
@@ -235,7 +237,11 @@ pub struct Report {
 }
 
 /// Run the experiment and write `<out_dir>/<name>/report.json`.
-pub fn run(exp: &Experiment, file: &Path, rt: &Runtime) -> Result<(Report, PathBuf), ExperimentError> {
+pub fn run(
+    exp: &Experiment,
+    file: &Path,
+    rt: &Runtime,
+) -> Result<(Report, PathBuf), ExperimentError> {
     let cfg = exp.sandbox_config(file)?;
     let timeout_ms = crate::units::parse_duration(&exp.episodes.step_timeout)
         .map(|d| d.as_millis() as u64)
@@ -320,7 +326,8 @@ pub fn run(exp: &Experiment, file: &Path, rt: &Runtime) -> Result<(Report, PathB
         source,
     };
     std::fs::create_dir_all(&dir).map_err(write)?;
-    let json = serde_json::to_string_pretty(&report).map_err(|e| write(std::io::Error::other(e)))?;
+    let json =
+        serde_json::to_string_pretty(&report).map_err(|e| write(std::io::Error::other(e)))?;
     // Write-then-rename: an earlier report is never left half-overwritten.
     let tmp = dir.join(".report.json.tmp");
     std::fs::write(&tmp, json).map_err(write)?;
@@ -352,16 +359,30 @@ steps = ["true"]
     #[test]
     fn errors_name_file_line_key_and_reason() {
         let bad = OK.replace("count = 2", "count = 2\ncuont = 3");
-        let err = Experiment::parse(&bad, Path::new("exp.toml")).unwrap_err().to_string();
-        assert!(err.starts_with("exp.toml:9:1: unknown field `cuont`"), "{err}");
+        let err = Experiment::parse(&bad, Path::new("exp.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("exp.toml:9:1: unknown field `cuont`"),
+            "{err}"
+        );
         let bad = OK.replace("seeds = [1, 2]", "seeds = []");
-        let err = Experiment::parse(&bad, Path::new("exp.toml")).unwrap_err().to_string();
+        let err = Experiment::parse(&bad, Path::new("exp.toml"))
+            .unwrap_err()
+            .to_string();
         assert_eq!(err, "exp.toml: key `experiment.seeds`: at least one seed");
         let bad = format!("{OK}\n[sandbox]\nmemory = \"lots\"\n");
-        let err = Experiment::parse(&bad, Path::new("exp.toml")).unwrap_err().to_string();
-        assert!(err.contains("key `sandbox.memory`") && err.contains("not a size"), "{err}");
+        let err = Experiment::parse(&bad, Path::new("exp.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("key `sandbox.memory`") && err.contains("not a size"),
+            "{err}"
+        );
         let bad = format!("{OK}\n[sandbox]\nrootfs = \"nowhere:1\"\n");
-        let err = Experiment::parse(&bad, Path::new("exp.toml")).unwrap_err().to_string();
+        let err = Experiment::parse(&bad, Path::new("exp.toml"))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("unknown rootfs"), "{err}");
     }
 

@@ -6,7 +6,11 @@ use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 
 #[derive(Parser)]
-#[command(name = "engine", version, about = "EnvFactory: broken-by-design Linux environments, millisecond sandboxes, robust RL")]
+#[command(
+    name = "engine",
+    version,
+    about = "EnvFactory: broken-by-design Linux environments, millisecond sandboxes, robust RL"
+)]
 struct Cli {
     /// Log filter (tracing EnvFilter syntax), e.g. `info` or `sandbox=debug`.
     #[arg(long, global = true, env = "ENVFACTORY_LOG", default_value = "warn")]
@@ -71,10 +75,12 @@ fn main() {
     }
     let cli = Cli::parse();
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_new(&cli.log).unwrap_or_else(|_| {
-            eprintln!("engine: bad --log filter {:?}; using `warn`", cli.log);
-            tracing_subscriber::EnvFilter::new("warn")
-        }))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_new(&cli.log).unwrap_or_else(|_| {
+                eprintln!("engine: bad --log filter {:?}; using `warn`", cli.log);
+                tracing_subscriber::EnvFilter::new("warn")
+            }),
+        )
         .with_writer(std::io::stderr)
         .init();
     match run(cli.command) {
@@ -111,7 +117,9 @@ fn run(cmd: Cmd) -> anyhow::Result<i32> {
             );
             Ok(0)
         }
-        Cmd::Sandbox(SandboxCmd::Exec { opts, timeout, cmd }) => sandbox_cli::exec(&opts, &timeout, &cmd),
+        Cmd::Sandbox(SandboxCmd::Exec { opts, timeout, cmd }) => {
+            sandbox_cli::exec(&opts, &timeout, &cmd)
+        }
         Cmd::Bench(BenchCmd::Sandbox {
             opts,
             iterations,

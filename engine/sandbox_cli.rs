@@ -39,7 +39,8 @@ impl SandboxOpts {
             rootfs: self.rootfs.parse()?,
             ..SandboxConfig::default()
         };
-        c.limits.memory_bytes = parse_size(&self.memory).map_err(|e| anyhow::anyhow!("--memory: {e}"))?;
+        c.limits.memory_bytes =
+            parse_size(&self.memory).map_err(|e| anyhow::anyhow!("--memory: {e}"))?;
         c.disk_bytes = parse_size(&self.disk).map_err(|e| anyhow::anyhow!("--disk: {e}"))?;
         anyhow::ensure!(self.pids >= 2, "--pids: at least 2 (init and one command)");
         anyhow::ensure!(
@@ -64,7 +65,10 @@ pub fn runtime() -> anyhow::Result<Runtime> {
 
 /// `engine sandbox exec`: run CMD in a fresh sandbox, print its output, return its exit code.
 pub fn exec(opts: &SandboxOpts, timeout: &str, cmd: &[String]) -> anyhow::Result<i32> {
-    anyhow::ensure!(!cmd.is_empty(), "no command given: engine sandbox exec [OPTIONS] -- CMD...");
+    anyhow::ensure!(
+        !cmd.is_empty(),
+        "no command given: engine sandbox exec [OPTIONS] -- CMD..."
+    );
     let cfg = opts.config()?;
     let timeout = parse_duration(timeout).map_err(|e| anyhow::anyhow!("--timeout: {e}"))?;
     let rt = runtime()?;
@@ -90,7 +94,10 @@ pub fn exec(opts: &SandboxOpts, timeout: &str, cmd: &[String]) -> anyhow::Result
     std::io::stdout().write_all(&result.stdout)?;
     std::io::stderr().write_all(&result.stderr)?;
     if result.stdout_truncated || result.stderr_truncated {
-        eprintln!("engine: output truncated at {} bytes per stream", req.output_cap);
+        eprintln!(
+            "engine: output truncated at {} bytes per stream",
+            req.output_cap
+        );
     }
     match result.termination {
         Termination::TimedOut => {
@@ -105,5 +112,8 @@ pub fn exec(opts: &SandboxOpts, timeout: &str, cmd: &[String]) -> anyhow::Result
         Termination::Signaled(s) => eprintln!("engine: killed by signal {s}"),
         Termination::Exited(_) => {}
     }
-    Ok(result.exit_code())
+    Ok(match result.termination {
+        Termination::TimedOut => EXIT_TIMEOUT,
+        _ => result.exit_code(),
+    })
 }

@@ -12,7 +12,10 @@ pub enum UnitError {
 /// `4096`, `64k`, `256M`, `1G`, `1T` (binary multiples).
 pub fn parse_size(s: &str) -> Result<u64, UnitError> {
     let t = s.trim();
-    let (num, mult) = match t.char_indices().find(|(_, c)| !c.is_ascii_digit() && *c != '.') {
+    let (num, mult) = match t
+        .char_indices()
+        .find(|(_, c)| !c.is_ascii_digit() && *c != '.')
+    {
         None => (t, 1u64),
         Some((i, _)) => {
             let mult = match t[i..].to_ascii_lowercase().trim_end_matches(['b', 'i']) {
@@ -40,7 +43,9 @@ pub fn parse_duration(s: &str) -> Result<std::time::Duration, UnitError> {
         .char_indices()
         .find(|(_, c)| !c.is_ascii_digit() && *c != '.')
         .map_or(t.len(), |(i, _)| i);
-    let v: f64 = t[..split].parse().map_err(|_| UnitError::Duration(s.into()))?;
+    let v: f64 = t[..split]
+        .parse()
+        .map_err(|_| UnitError::Duration(s.into()))?;
     let secs = match &t[split..] {
         "ms" => v / 1e3,
         "" | "s" => v,

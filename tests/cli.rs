@@ -18,7 +18,14 @@ fn sandbox_exec_prints_output_and_exits_with_the_command_status() {
         return;
     }
     let o = engine()
-        .args(["sandbox", "exec", "--", "sh", "-c", "echo out; echo err >&2; exit 7"])
+        .args([
+            "sandbox",
+            "exec",
+            "--",
+            "sh",
+            "-c",
+            "echo out; echo err >&2; exit 7",
+        ])
         .output()
         .unwrap();
     assert_eq!(o.status.code(), Some(7));
@@ -37,17 +44,42 @@ fn sandbox_exec_documented_exit_codes() {
         .unwrap();
     assert_eq!(o.status.code(), Some(124));
     assert!(String::from_utf8_lossy(&o.stderr).contains("timed out"));
-    let o = engine().args(["sandbox", "exec", "--", "no-such-tool"]).output().unwrap();
+    let o = engine()
+        .args(["sandbox", "exec", "--", "no-such-tool"])
+        .output()
+        .unwrap();
     assert_eq!(o.status.code(), Some(127));
     assert!(String::from_utf8_lossy(&o.stderr).contains("cannot run \"no-such-tool\""));
     let o = engine()
-        .args(["sandbox", "exec", "--memory", "32M", "--", "perl", "-e", "$x = q(a) x (256 * 1024 * 1024)"])
+        .args([
+            "sandbox",
+            "exec",
+            "--memory",
+            "32M",
+            "--",
+            "perl",
+            "-e",
+            "$x = q(a) x (256 * 1024 * 1024)",
+        ])
         .output()
         .unwrap();
     assert_eq!(o.status.code(), Some(137));
-    assert!(String::from_utf8_lossy(&o.stderr).contains("out of memory"), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("out of memory"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     let o = engine()
-        .args(["sandbox", "exec", "--disk", "1M", "--", "sh", "-c", "head -c 4M /dev/zero > /root/f"])
+        .args([
+            "sandbox",
+            "exec",
+            "--disk",
+            "1M",
+            "--",
+            "sh",
+            "-c",
+            "head -c 4M /dev/zero > /root/f",
+        ])
         .output()
         .unwrap();
     assert_eq!(o.status.code(), Some(1));
@@ -60,21 +92,38 @@ fn bad_options_and_rootfs_get_clear_errors_and_leave_nothing() {
         return;
     }
     let runs = std::path::Path::new("/var/lib/envfactory/runs");
-    let o = engine().args(["sandbox", "exec", "--rootfs", "nowhere:1", "--", "true"]).output().unwrap();
+    let o = engine()
+        .args(["sandbox", "exec", "--rootfs", "nowhere:1", "--", "true"])
+        .output()
+        .unwrap();
     assert_eq!(o.status.code(), Some(125));
     assert!(String::from_utf8_lossy(&o.stderr).contains("unknown rootfs \"nowhere:1\""));
-    let o = engine().args(["sandbox", "exec", "--memory", "lots", "--", "true"]).output().unwrap();
+    let o = engine()
+        .args(["sandbox", "exec", "--memory", "lots", "--", "true"])
+        .output()
+        .unwrap();
     assert_eq!(o.status.code(), Some(125));
     assert!(String::from_utf8_lossy(&o.stderr).contains("--memory: \"lots\" is not a size"));
     // The kernel refuses a limit (a CPU quota under its 1 ms minimum): the error names the
     // file, and the failed run leaves nothing behind.
-    let o = engine().args(["sandbox", "exec", "--cpus", "0.001", "--", "true"]).output().unwrap();
+    let o = engine()
+        .args(["sandbox", "exec", "--cpus", "0.001", "--", "true"])
+        .output()
+        .unwrap();
     assert_eq!(o.status.code(), Some(125));
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(err.contains("the kernel refused cpu") && err.contains("quota"), "{err}");
+    assert!(
+        err.contains("the kernel refused cpu") && err.contains("quota"),
+        "{err}"
+    );
     for e in std::fs::read_dir(runs).unwrap().flatten() {
         let owner = std::fs::read_to_string(e.path().join("owner")).unwrap_or_default();
-        assert!(sandbox::state::is_alive(&owner).is_some() || e.file_name().to_string_lossy().starts_with(".new-"), "leaked run {:?}", e.path());
+        assert!(
+            sandbox::state::is_alive(&owner).is_some()
+                || e.file_name().to_string_lossy().starts_with(".new-"),
+            "leaked run {:?}",
+            e.path()
+        );
     }
 }
 
@@ -94,10 +143,14 @@ fn run_executes_an_experiment_and_writes_a_report() {
         ),
     )
     .unwrap();
-    let o = engine().args(["run", cfg.to_str().unwrap()]).output().unwrap();
+    let o = engine()
+        .args(["run", cfg.to_str().unwrap()])
+        .output()
+        .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let report: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(dir.path().join("smoke/report.json")).unwrap()).unwrap();
+        serde_json::from_slice(&std::fs::read(dir.path().join("smoke/report.json")).unwrap())
+            .unwrap();
     let seeds = report["seeds"].as_array().unwrap();
     assert_eq!(seeds.len(), 2);
     for s in seeds {
@@ -109,7 +162,10 @@ fn run_executes_an_experiment_and_writes_a_report() {
 
     // A broken config names the file, line and key.
     std::fs::write(&cfg, "[experiment]\nname = \"x\"\nseeds = [1]\nbogus = 1\n[episodes]\ncount = 1\nsteps = [\"true\"]\n").unwrap();
-    let o = engine().args(["run", cfg.to_str().unwrap()]).output().unwrap();
+    let o = engine()
+        .args(["run", cfg.to_str().unwrap()])
+        .output()
+        .unwrap();
     assert!(!o.status.success());
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("exp.toml:4:1: unknown field `bogus`"), "{err}");
@@ -120,7 +176,10 @@ fn bench_sandbox_json_has_the_documented_keys() {
     if !is_root() {
         return;
     }
-    let o = engine().args(["bench", "sandbox", "--json", "--iterations", "3"]).output().unwrap();
+    let o = engine()
+        .args(["bench", "sandbox", "--json", "--iterations", "3"])
+        .output()
+        .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     for k in [

@@ -130,7 +130,10 @@ mod tests {
 
     #[test]
     fn cap_masks_parse() {
-        assert_eq!(parse_cap_mask("00000000000004fb"), vec![0, 1, 3, 4, 5, 6, 7, 10]);
+        assert_eq!(
+            parse_cap_mask("00000000000004fb"),
+            vec![0, 1, 3, 4, 5, 6, 7, 10]
+        );
         let mut keep = DEFAULT_KEEP.to_vec();
         keep.sort();
         assert_eq!(parse_cap_mask("00000000000004fb"), keep);

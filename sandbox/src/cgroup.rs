@@ -47,13 +47,12 @@ pub struct Layout {
 impl Layout {
     /// Read `/proc/self/mountinfo`.
     pub fn detect() -> Result<Self, CgroupError> {
-        let text = std::fs::read_to_string("/proc/self/mountinfo").map_err(|source| {
-            CgroupError::Io {
+        let text =
+            std::fs::read_to_string("/proc/self/mountinfo").map_err(|source| CgroupError::Io {
                 op: "read",
                 path: "/proc/self/mountinfo".into(),
                 source,
-            }
-        })?;
+            })?;
         let v2_controllers = |root: &Path| {
             std::fs::read_to_string(root.join("cgroup.controllers")).unwrap_or_default()
         };
@@ -159,7 +158,12 @@ fn mkdir(path: &Path) -> Result<bool, CgroupError> {
 
 impl Cgroup {
     /// Create `envfactory/<run>/<name>` in each hierarchy and apply `limits`.
-    pub fn create(layout: &Layout, run: &str, name: &str, limits: &Limits) -> Result<Self, CgroupError> {
+    pub fn create(
+        layout: &Layout,
+        run: &str,
+        name: &str,
+        limits: &Limits,
+    ) -> Result<Self, CgroupError> {
         let rel = Path::new(TOP).join(run).join(name);
         let mut cg = Self {
             layout: layout.clone(),
@@ -174,7 +178,10 @@ impl Cgroup {
                 if version == Version::V2 {
                     // Delegate the controllers we use down the tree (missing ones are ignored).
                     for c in ["+memory", "+pids", "+cpu"] {
-                        let _ = std::fs::write(p.parent().unwrap_or(&root).join("cgroup.subtree_control"), c);
+                        let _ = std::fs::write(
+                            p.parent().unwrap_or(&root).join("cgroup.subtree_control"),
+                            c,
+                        );
                         let _ = std::fs::write(p.join("cgroup.subtree_control"), c);
                     }
                 }
@@ -198,7 +205,11 @@ impl Cgroup {
             Version::V1 => {
                 write(&mem, "memory.limit_in_bytes", &l.memory_bytes.to_string())?;
                 if mem.join("memory.memsw.limit_in_bytes").exists() {
-                    write(&mem, "memory.memsw.limit_in_bytes", &l.memory_bytes.to_string())?;
+                    write(
+                        &mem,
+                        "memory.memsw.limit_in_bytes",
+                        &l.memory_bytes.to_string(),
+                    )?;
                 }
             }
             Version::V2 => {
@@ -208,7 +219,11 @@ impl Cgroup {
                 }
             }
         }
-        write(&self.dir(&self.layout.pids), "pids.max", &l.pids.to_string())?;
+        write(
+            &self.dir(&self.layout.pids),
+            "pids.max",
+            &l.pids.to_string(),
+        )?;
         if l.cpus > 0.0 {
             let cpu = self.dir(&self.layout.cpu);
             let period = 100_000u64;
@@ -260,8 +275,10 @@ impl Cgroup {
         std::fs::read_to_string(mem.join(file))
             .ok()
             .and_then(|t| {
-                t.lines()
-                    .find_map(|l| l.strip_prefix("oom_kill ").and_then(|v| v.trim().parse().ok()))
+                t.lines().find_map(|l| {
+                    l.strip_prefix("oom_kill ")
+                        .and_then(|v| v.trim().parse().ok())
+                })
             })
             .unwrap_or(0)
     }
@@ -353,12 +370,18 @@ mod tests {
         let text = "31 23 0:27 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n";
         let l = Layout::from_mountinfo(text, &|_| "cpuset cpu io memory pids".into()).unwrap();
         assert_eq!(l.memory.0, Version::V2);
-        assert_eq!(l.roots(), vec![(Version::V2, PathBuf::from("/sys/fs/cgroup"))]);
+        assert_eq!(
+            l.roots(),
+            vec![(Version::V2, PathBuf::from("/sys/fs/cgroup"))]
+        );
     }
 
     #[test]
     fn missing_controller_is_named() {
         let err = Layout::from_mountinfo("", &|_| String::new()).unwrap_err();
-        assert_eq!(err.to_string(), "no cgroup hierarchy offers the memory controller (is cgroupfs mounted?)");
+        assert_eq!(
+            err.to_string(),
+            "no cgroup hierarchy offers the memory controller (is cgroupfs mounted?)"
+        );
     }
 }

@@ -705,7 +705,10 @@ mod tests {
             assert!(!rule.access.contains(AccessFs::MakeChar), "{}", rule.path);
             assert!(!rule.access.contains(AccessFs::MakeBlock), "{}", rule.path);
         }
-        assert!(policy.scopes().is_empty(), "scoping would cut commands off from earlier jobs");
+        assert!(
+            policy.scopes().is_empty(),
+            "scoping would cut commands off from earlier jobs"
+        );
         let lines: Vec<&str> = EMBEDDED_POLICY.lines().collect();
         for (i, line) in lines.iter().enumerate() {
             if line.trim() == "[[rule]]" {
@@ -874,7 +877,10 @@ mod tests {
         }
         let root = sandbox_root();
         // The embedded policy does not scope (see its comment); the mechanism is tested here.
-        let scoped = EMBEDDED_POLICY.replace("scope = []", r#"scope = ["signal", "abstract_unix_socket"]"#);
+        let scoped = EMBEDDED_POLICY.replace(
+            "scope = []",
+            r#"scope = ["signal", "abstract_unix_socket"]"#,
+        );
         let prepared = LandlockPolicy::from_toml(&scoped, "scoped.toml")
             .unwrap()
             .prepare(root.path())

@@ -140,7 +140,11 @@ const OPAQUE: &str = "trusted.overlay.opaque";
 /// - [`HOST_FRESH`] directories are new and empty (opaque);
 /// - everything else at the top level (home directories, `/work`, `/boot`, data directories,
 ///   files) is whited out.
-pub fn plan_host_mask(sys: &mut dyn Sys, mask: &Path, host: &dyn HostView) -> Result<(), LayerError> {
+pub fn plan_host_mask(
+    sys: &mut dyn Sys,
+    mask: &Path,
+    host: &dyn HostView,
+) -> Result<(), LayerError> {
     let whiteout = |sys: &mut dyn Sys, p: &Path| sys.mknod_char(p, 0, 0, 0);
     let fresh = |sys: &mut dyn Sys, p: &Path, mode: u32| -> Result<(), SysError> {
         sys.mkdir(p, mode)?;
@@ -191,7 +195,12 @@ pub fn plan_host_mask(sys: &mut dyn Sys, mask: &Path, host: &dyn HostView) -> Re
 }
 
 /// White out every entry under `host_dir` that others cannot read (recursively).
-fn mask_private(sys: &mut dyn Sys, mask_dir: &Path, host_dir: &Path, host: &dyn HostView) -> Result<(), LayerError> {
+fn mask_private(
+    sys: &mut dyn Sys,
+    mask_dir: &Path,
+    host_dir: &Path,
+    host: &dyn HostView,
+) -> Result<(), LayerError> {
     for e in host.list(host_dir)? {
         let p = mask_dir.join(&e.name);
         if e.is_symlink {
@@ -249,10 +258,14 @@ pub fn dir_digest(root: &Path) -> Result<String, LayerError> {
             .collect();
         names.sort_by_key(|e| e.file_name());
         for e in names {
-            let m = e.metadata().map_err(|err| bad(format!("{}: {err}", e.path().display())))?;
+            let m = e
+                .metadata()
+                .map_err(|err| bad(format!("{}: {err}", e.path().display())))?;
             let r = rel.join(e.file_name());
             let link = if m.file_type().is_symlink() {
-                std::fs::read_link(e.path()).map(|t| t.display().to_string()).unwrap_or_default()
+                std::fs::read_link(e.path())
+                    .map(|t| t.display().to_string())
+                    .unwrap_or_default()
             } else {
                 String::new()
             };
@@ -307,7 +320,11 @@ mod tests {
 
     impl HostView for FakeHost {
         fn list(&self, dir: &Path) -> Result<Vec<HostEntry>, LayerError> {
-            Ok(self.0.get(dir.to_str().unwrap()).cloned().unwrap_or_default())
+            Ok(self
+                .0
+                .get(dir.to_str().unwrap())
+                .cloned()
+                .unwrap_or_default())
         }
     }
 
@@ -317,7 +334,12 @@ mod tests {
             "/",
             vec![
                 d("usr", 0o755),
-                HostEntry { name: "bin".into(), is_dir: false, is_symlink: true, mode: 0o777 },
+                HostEntry {
+                    name: "bin".into(),
+                    is_dir: false,
+                    is_symlink: true,
+                    mode: 0o777,
+                },
                 d("etc", 0o755),
                 d("home", 0o755),
                 d("root", 0o700),
@@ -337,17 +359,38 @@ mod tests {
                 d("sudoers.d", 0o750),
             ],
         );
-        m.insert("/etc/ssh", vec![f("ssh_host_ed25519_key", 0o600), f("ssh_host_ed25519_key.pub", 0o644)]);
+        m.insert(
+            "/etc/ssh",
+            vec![
+                f("ssh_host_ed25519_key", 0o600),
+                f("ssh_host_ed25519_key.pub", 0o644),
+            ],
+        );
         m.insert("/etc/ssl", vec![f("openssl.cnf", 0o644)]);
-        m.insert("/var", vec![d("lib", 0o755), d("log", 0o755), d("mail", 0o2775)]);
-        m.insert("/var/lib", vec![d("dpkg", 0o755), d("envfactory", 0o755), d("postgresql", 0o700)]);
+        m.insert(
+            "/var",
+            vec![d("lib", 0o755), d("log", 0o755), d("mail", 0o2775)],
+        );
+        m.insert(
+            "/var/lib",
+            vec![
+                d("dpkg", 0o755),
+                d("envfactory", 0o755),
+                d("postgresql", 0o700),
+            ],
+        );
         FakeHost(m)
     }
 
     fn whiteouts(ops: &[Op]) -> Vec<String> {
         ops.iter()
             .filter_map(|o| match o {
-                Op::Mknod { path, major: 0, minor: 0, .. } => Some(path.display().to_string()),
+                Op::Mknod {
+                    path,
+                    major: 0,
+                    minor: 0,
+                    ..
+                } => Some(path.display().to_string()),
                 _ => None,
             })
             .collect()
@@ -368,13 +411,26 @@ mod tests {
             "/m/var/lib/envfactory",
             "/m/var/lib/postgresql",
         ] {
-            assert!(w.contains(&hidden.to_string()), "{hidden} not hidden: {w:?}");
+            assert!(
+                w.contains(&hidden.to_string()),
+                "{hidden} not hidden: {w:?}"
+            );
         }
-        for kept in ["/m/usr", "/m/bin", "/m/etc/passwd", "/m/etc/ssh/ssh_host_ed25519_key.pub", "/m/var/lib/dpkg", "/m/proc"] {
+        for kept in [
+            "/m/usr",
+            "/m/bin",
+            "/m/etc/passwd",
+            "/m/etc/ssh/ssh_host_ed25519_key.pub",
+            "/m/var/lib/dpkg",
+            "/m/proc",
+        ] {
             assert!(!w.contains(&kept.to_string()), "{kept} must pass through");
         }
         // A public subtree without private entries is not even created in the mask.
-        assert!(!r.ops.iter().any(|o| matches!(o, Op::Mkdir { path, .. } if path == Path::new("/m/etc/ssl"))));
+        assert!(!r
+            .ops
+            .iter()
+            .any(|o| matches!(o, Op::Mkdir { path, .. } if path == Path::new("/m/etc/ssl"))));
         let opaque: Vec<_> = r
             .ops
             .iter()
@@ -385,8 +441,18 @@ mod tests {
                 _ => None,
             })
             .collect();
-        for fresh in ["/m/tmp", "/m/root", "/m/home", "/m/run", "/m/var/tmp", "/m/var/log"] {
-            assert!(opaque.contains(&fresh.to_string()), "{fresh} must be fresh: {opaque:?}");
+        for fresh in [
+            "/m/tmp",
+            "/m/root",
+            "/m/home",
+            "/m/run",
+            "/m/var/tmp",
+            "/m/var/log",
+        ] {
+            assert!(
+                opaque.contains(&fresh.to_string()),
+                "{fresh} must be fresh: {opaque:?}"
+            );
         }
     }
 
@@ -397,9 +463,15 @@ mod tests {
             "oci:/x/img.tar".parse::<RootfsSpec>().unwrap(),
             RootfsSpec::Oci("/x/img.tar".into())
         );
-        assert_eq!("/".parse::<RootfsSpec>().unwrap(), RootfsSpec::Dir("/".into()));
+        assert_eq!(
+            "/".parse::<RootfsSpec>().unwrap(),
+            RootfsSpec::Dir("/".into())
+        );
         let err = "debian:12".parse::<RootfsSpec>().unwrap_err();
-        assert!(err.to_string().contains("unknown rootfs \"debian:12\""), "{err}");
+        assert!(
+            err.to_string().contains("unknown rootfs \"debian:12\""),
+            "{err}"
+        );
     }
 
     #[test]

@@ -161,7 +161,13 @@ pub fn setup_side_trees(
     for d in PROC_READONLY {
         let p = proc.join(d);
         if probe(&p).is_some() {
-            sys.mount(&p.to_string_lossy(), &p, "", MsFlags::MS_BIND | MsFlags::MS_REC, "")?;
+            sys.mount(
+                &p.to_string_lossy(),
+                &p,
+                "",
+                MsFlags::MS_BIND | MsFlags::MS_REC,
+                "",
+            )?;
             sys.mount(
                 "",
                 &p,
@@ -210,7 +216,13 @@ pub fn setup_side_trees(
         "mode=0755,size=65536",
     )?;
 
-    sys.mount("sysfs", &layout.sys(), "sysfs", MsFlags::MS_RDONLY | hidden, "")?;
+    sys.mount(
+        "sysfs",
+        &layout.sys(),
+        "sysfs",
+        MsFlags::MS_RDONLY | hidden,
+        "",
+    )?;
     Ok(())
 }
 
@@ -341,7 +353,11 @@ mod tests {
             other => panic!("{other:?}"),
         }
         let t = targets(&r.ops);
-        for want in ["mkdir /s/skel/proc", "mkdir /s/skel/dev", "mkdir /s/skel/sys"] {
+        for want in [
+            "mkdir /s/skel/proc",
+            "mkdir /s/skel/dev",
+            "mkdir /s/skel/sys",
+        ] {
             assert!(t.contains(&want.to_string()), "{t:?}");
         }
     }
@@ -361,7 +377,10 @@ mod tests {
         let t = targets(&r.ops);
         assert_eq!(t[0], "mount proc /s/proc");
         assert!(t.contains(&"mount  /s/proc/kcore".to_string()), "{t:?}");
-        assert!(!t.iter().any(|x| x.contains("timer_list")), "absent paths are skipped");
+        assert!(
+            !t.iter().any(|x| x.contains("timer_list")),
+            "absent paths are skipped"
+        );
         assert!(t.contains(&"mount tmpfs /s/proc/acpi".to_string()));
         let ro_sys = r.ops.iter().any(|op| {
             matches!(op, Op::Mount { target, flags, .. }

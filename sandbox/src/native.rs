@@ -59,7 +59,10 @@ impl SandboxError {
         !matches!(
             self,
             Self::Request {
-                kind: FailureKind::NotFound | FailureKind::Invalid | FailureKind::Denied | FailureKind::Spawn,
+                kind: FailureKind::NotFound
+                    | FailureKind::Invalid
+                    | FailureKind::Denied
+                    | FailureKind::Spawn,
                 ..
             }
         )
@@ -179,7 +182,9 @@ pub struct Runtime {
 
 impl std::fmt::Debug for Runtime {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Runtime").field("run", &self.inner.run).finish()
+        f.debug_struct("Runtime")
+            .field("run", &self.inner.run)
+            .finish()
     }
 }
 
@@ -190,7 +195,13 @@ impl Runtime {
         let roots: Vec<PathBuf> = cgroups.roots().into_iter().map(|r| r.1).collect();
         let reaped = state::reap(state, &roots, None);
         if !reaped.runs.is_empty() {
-            tracing::info!(runs = reaped.runs.len(), processes = reaped.processes, mounts = reaped.mounts, cgroups = reaped.cgroups, "reaped crashed runs");
+            tracing::info!(
+                runs = reaped.runs.len(),
+                processes = reaped.processes,
+                mounts = reaped.mounts,
+                cgroups = reaped.cgroups,
+                "reaped crashed runs"
+            );
         }
         let run = state::new_run_id();
         let run_dir = state::create_run(state, &run)?;
@@ -229,7 +240,12 @@ impl Runtime {
 
     /// The cgroup hierarchy roots in use.
     pub fn cgroup_roots(&self) -> Vec<PathBuf> {
-        self.inner.cgroups.roots().into_iter().map(|r| r.1).collect()
+        self.inner
+            .cgroups
+            .roots()
+            .into_iter()
+            .map(|r| r.1)
+            .collect()
     }
 
     /// Resolve a rootfs source into layers (cached per runtime).
@@ -319,7 +335,10 @@ impl Runtime {
             "",
             &dir,
             "",
-            nix::mount::MsFlags::MS_REMOUNT | nix::mount::MsFlags::MS_RDONLY | nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
+            nix::mount::MsFlags::MS_REMOUNT
+                | nix::mount::MsFlags::MS_RDONLY
+                | nix::mount::MsFlags::MS_NOSUID
+                | nix::mount::MsFlags::MS_NODEV,
             "",
         )
         .map_err(LayerError::from)?;
@@ -327,7 +346,10 @@ impl Runtime {
         Ok(dir)
     }
 
-    fn seccomp(&self, cfg: &SandboxConfig) -> Result<Option<crate::seccomp::CompiledSeccomp>, SandboxError> {
+    fn seccomp(
+        &self,
+        cfg: &SandboxConfig,
+    ) -> Result<Option<crate::seccomp::CompiledSeccomp>, SandboxError> {
         if !cfg.seccomp {
             return Ok(None);
         }
@@ -379,7 +401,11 @@ impl Runtime {
             dead: false,
         };
         guard.dir = None; // the sandbox's Drop owns cleanup from here on
-        let rec = self.inner.run_dir.join("sbx").join(format!("{}.init", sb.name));
+        let rec = self
+            .inner
+            .run_dir
+            .join("sbx")
+            .join(format!("{}.init", sb.name));
         let _ = std::fs::write(&rec, state::identity(pid));
         let plan = SetupPlan {
             sandbox_dir: sb.dir.to_string_lossy().into_owned(),
@@ -470,7 +496,10 @@ fn spawn_init(init: &InitProgram, sock: OwnedFd) -> Result<i32, SandboxError> {
     }
     let mut argv: Vec<*const libc::c_char> = args.iter().map(|a| a.as_ptr()).collect();
     argv.push(std::ptr::null());
-    let env = [c"PATH=/usr/sbin:/usr/bin:/sbin:/bin".as_ptr(), std::ptr::null()];
+    let env = [
+        c"PATH=/usr/sbin:/usr/bin:/sbin:/bin".as_ptr(),
+        std::ptr::null(),
+    ];
     let flags = libc::CLONE_NEWNS
         | libc::CLONE_NEWPID
         | libc::CLONE_NEWNET
@@ -480,7 +509,16 @@ fn spawn_init(init: &InitProgram, sock: OwnedFd) -> Result<i32, SandboxError> {
     // SAFETY: a fork-like clone (no CLONE_VM, no new stack). The child only calls
     // async-signal-safe functions (fcntl, dup2, execve, _exit) on data prepared before the
     // clone, so the state of other threads of this process does not matter to it.
-    let pid = unsafe { libc::syscall(libc::SYS_clone, (flags | libc::SIGCHLD) as libc::c_ulong, 0usize, 0usize, 0usize, 0usize) };
+    let pid = unsafe {
+        libc::syscall(
+            libc::SYS_clone,
+            (flags | libc::SIGCHLD) as libc::c_ulong,
+            0usize,
+            0usize,
+            0usize,
+            0usize,
+        )
+    };
     if pid == 0 {
         // SAFETY: see above; this branch is the child and never returns.
         unsafe {
@@ -555,14 +593,19 @@ impl Sandbox {
             return Err(SandboxError::Dead);
         }
         let r = (|| {
-            self.sock.set_read_timeout(Some(timeout)).map_err(ProtocolError::Io)?;
+            self.sock
+                .set_read_timeout(Some(timeout))
+                .map_err(ProtocolError::Io)?;
             write_frame(&mut self.sock, "request", &req)?;
             read_frame::<Response>(&mut self.sock, "response")
         })();
         match r {
             Ok(resp) => Ok(resp),
             Err(ProtocolError::Io(e))
-                if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) =>
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
             {
                 self.kill();
                 Err(SandboxError::Unresponsive(timeout))
@@ -592,7 +635,10 @@ impl Sandbox {
         match self.call(Request::Exec(Box::new(req.clone())), timeout)? {
             Response::Exec(mut r) => {
                 // Only a SIGKILL (or a shell reporting one) can be the OOM killer's.
-                if matches!(r.termination, Termination::Signaled(libc::SIGKILL) | Termination::Exited(137)) {
+                if matches!(
+                    r.termination,
+                    Termination::Signaled(libc::SIGKILL) | Termination::Exited(137)
+                ) {
                     r.oom_killed = self.cgroup.oom_kills() > oom_before;
                 }
                 Ok(*r)
@@ -602,15 +648,32 @@ impl Sandbox {
     }
 
     /// Read a file (up to `max_bytes`); returns the data and whether it was cut.
-    pub fn read_file(&mut self, path: &str, max_bytes: u64) -> Result<(Vec<u8>, bool), SandboxError> {
-        match self.call(Request::ReadFile { path: path.into(), max_bytes }, CONTROL_TIMEOUT)? {
+    pub fn read_file(
+        &mut self,
+        path: &str,
+        max_bytes: u64,
+    ) -> Result<(Vec<u8>, bool), SandboxError> {
+        match self.call(
+            Request::ReadFile {
+                path: path.into(),
+                max_bytes,
+            },
+            CONTROL_TIMEOUT,
+        )? {
             Response::File { data, truncated } => Ok((data, truncated)),
             other => Err(unexpected("read_file", other)),
         }
     }
 
     pub fn write_file(&mut self, path: &str, data: &[u8], mode: u32) -> Result<(), SandboxError> {
-        self.expect_ok(Request::WriteFile { path: path.into(), data: data.to_vec(), mode }, "write_file")
+        self.expect_ok(
+            Request::WriteFile {
+                path: path.into(),
+                data: data.to_vec(),
+                mode,
+            },
+            "write_file",
+        )
     }
 
     pub fn stat(&mut self, path: &str) -> Result<FileStat, SandboxError> {
@@ -696,6 +759,12 @@ impl Drop for Sandbox {
             tracing::warn!(sandbox = %self.name, error = %e, "cgroup cleanup failed");
         }
         let _ = std::fs::remove_dir(&self.dir);
-        let _ = std::fs::remove_file(self.rt.inner.run_dir.join("sbx").join(format!("{}.init", self.name)));
+        let _ = std::fs::remove_file(
+            self.rt
+                .inner
+                .run_dir
+                .join("sbx")
+                .join(format!("{}.init", self.name)),
+        );
     }
 }

@@ -86,7 +86,11 @@ impl<B: Backend> Lease<B> {
         let Some(mut sb) = self.sandbox.take() else {
             return Ok(());
         };
-        let result = if sb.is_alive() { sb.reset() } else { Err(SandboxError::Dead) };
+        let result = if sb.is_alive() {
+            sb.reset()
+        } else {
+            Err(SandboxError::Dead)
+        };
         let sb = match result {
             Ok(()) => sb,
             Err(e) => {

@@ -325,7 +325,11 @@ mod tests {
         let mut buf = 3u32.to_le_bytes().to_vec();
         buf.extend_from_slice(&[0xc1, 0xc1, 0xc1]);
         let err = read_frame::<Request>(&mut buf.as_slice(), "request").unwrap_err();
-        assert!(err.to_string().contains("cannot decode a request frame of 3 bytes"), "{err}");
+        assert!(
+            err.to_string()
+                .contains("cannot decode a request frame of 3 bytes"),
+            "{err}"
+        );
 
         let err = read_frame::<Request>(&mut [].as_slice(), "request").unwrap_err();
         assert!(matches!(err, ProtocolError::Closed));

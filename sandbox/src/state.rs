@@ -122,7 +122,9 @@ pub fn reap(state: &Path, cgroup_roots: &[PathBuf], own_run: Option<&str>) -> Re
             }
             if let Some(born) = run.strip_prefix(".new-") {
                 // A run being created; garbage only if its creator died before the rename.
-                let creator = born.rsplit_once('-').and_then(|(_, p)| p.parse::<i32>().ok());
+                let creator = born
+                    .rsplit_once('-')
+                    .and_then(|(_, p)| p.parse::<i32>().ok());
                 if creator.is_some_and(|p| !Path::new(&format!("/proc/{p}")).exists()) {
                     let _ = std::fs::remove_dir_all(e.path());
                 }
@@ -207,7 +209,11 @@ mod tests {
         let me = identity(std::process::id() as i32);
         assert_eq!(is_alive(&me), Some(std::process::id() as i32));
         let pid = std::process::id();
-        assert_eq!(is_alive(&format!("{pid} 1")), None, "same pid, other start time");
+        assert_eq!(
+            is_alive(&format!("{pid} 1")),
+            None,
+            "same pid, other start time"
+        );
         assert_eq!(is_alive("garbage"), None);
     }
 
@@ -220,11 +226,17 @@ mod tests {
         std::fs::write(dead.join("owner"), "999999999 5").unwrap();
         let fake_cg = t.path().join("cg");
         std::fs::create_dir_all(fake_cg.join("envfactory/orphan-999999999")).unwrap();
-        std::fs::create_dir_all(fake_cg.join(format!("envfactory/other-{}", std::process::id()))).unwrap();
-        let r = reap(t.path(), &[fake_cg.clone()], None);
+        std::fs::create_dir_all(fake_cg.join(format!("envfactory/other-{}", std::process::id())))
+            .unwrap();
+        let r = reap(t.path(), std::slice::from_ref(&fake_cg), None);
         assert!(r.runs.contains(&"dead".to_string()));
         assert!(r.runs.contains(&"orphan-999999999".to_string()));
-        assert!(fake_cg.join(format!("envfactory/other-{}", std::process::id())).exists(), "a live creator's cgroups stay");
+        assert!(
+            fake_cg
+                .join(format!("envfactory/other-{}", std::process::id()))
+                .exists(),
+            "a live creator's cgroups stay"
+        );
         assert!(!dead.exists());
         assert!(!fake_cg.join("envfactory/orphan-999999999").exists());
         assert!(live.exists());

@@ -75,8 +75,13 @@ pub trait Sys {
     ) -> Result<(), SysError>;
     fn umount(&mut self, target: &Path, detach: bool) -> Result<(), SysError>;
     fn mkdir(&mut self, path: &Path, mode: u32) -> Result<(), SysError>;
-    fn mknod_char(&mut self, path: &Path, mode: u32, major: u64, minor: u64)
-        -> Result<(), SysError>;
+    fn mknod_char(
+        &mut self,
+        path: &Path,
+        mode: u32,
+        major: u64,
+        minor: u64,
+    ) -> Result<(), SysError>;
     fn symlink(&mut self, target: &str, link: &Path) -> Result<(), SysError>;
     fn set_xattr(&mut self, path: &Path, name: &str, value: &[u8]) -> Result<(), SysError>;
 }

@@ -26,7 +26,10 @@ fn fork_bomb_is_contained_by_the_pids_limit_and_timeout() {
     assert_eq!(sb.health().unwrap().processes, 0);
     assert_eq!(out(&sh(&mut sb, "echo alive")), "alive\n");
     // The host can still fork.
-    assert!(std::process::Command::new("true").status().unwrap().success());
+    assert!(std::process::Command::new("true")
+        .status()
+        .unwrap()
+        .success());
 }
 
 #[test]
@@ -34,11 +37,22 @@ fn memory_bomb_is_oom_killed_inside_the_sandbox_only() {
     require_root!();
     let mut sb = runtime().create(&small()).unwrap();
     let r = sb
-        .exec(&ExecRequest::argv(["perl", "-e", "$x = q(a) x (512 * 1024 * 1024); print length $x"]))
+        .exec(&ExecRequest::argv([
+            "perl",
+            "-e",
+            "$x = q(a) x (512 * 1024 * 1024); print length $x",
+        ]))
         .unwrap();
     assert_eq!(r.termination, Termination::Signaled(9), "{r:?}");
-    assert!(r.oom_killed, "the kill must be attributed to the memory limit: {r:?}");
-    assert_eq!(out(&sh(&mut sb, "echo alive")), "alive\n", "init survives the OOM");
+    assert!(
+        r.oom_killed,
+        "the kill must be attributed to the memory limit: {r:?}"
+    );
+    assert_eq!(
+        out(&sh(&mut sb, "echo alive")),
+        "alive\n",
+        "init survives the OOM"
+    );
     // Through a shell the kill shows as status 137 and is still attributed.
     let r = sh(&mut sb, "perl -e '$x = q(a) x (512 * 1024 * 1024)'");
     assert_eq!(r.exit_code(), 137);
@@ -49,12 +63,18 @@ fn memory_bomb_is_oom_killed_inside_the_sandbox_only() {
 fn disk_fill_hits_the_quota_with_enospc_and_reset_frees_it() {
     require_root!();
     let mut sb = runtime().create(&small()).unwrap();
-    let r = sh(&mut sb, "dd if=/dev/zero of=/root/fill bs=1M count=64 2>&1; echo rc=$?");
+    let r = sh(
+        &mut sb,
+        "dd if=/dev/zero of=/root/fill bs=1M count=64 2>&1; echo rc=$?",
+    );
     let o = out(&r);
     assert!(o.contains("No space left on device"), "{o}");
     assert!(o.contains("rc=1"), "{o}");
     sb.reset().unwrap();
-    let r = sh(&mut sb, "dd if=/dev/zero of=/root/fill bs=1M count=8 2>/dev/null && echo ok");
+    let r = sh(
+        &mut sb,
+        "dd if=/dev/zero of=/root/fill bs=1M count=8 2>/dev/null && echo ok",
+    );
     assert_eq!(out(&r), "ok\n");
 }
 
@@ -63,16 +83,31 @@ fn rm_rf_root_is_undone_by_reset_and_never_reaches_the_next_sandbox() {
     require_root!();
     let rt = runtime();
     let mut a = rt.create(&small()).unwrap();
-    let r = sh(&mut a, "rm -rf /etc /bin /usr/bin /lib 2>/dev/null; [ -e /usr/bin/env ] || echo gone");
+    let r = sh(
+        &mut a,
+        "rm -rf /etc /bin /usr/bin /lib 2>/dev/null; [ -e /usr/bin/env ] || echo gone",
+    );
     assert_eq!(out(&r), "gone\n", "the agent may wreck its own root: {r:?}");
     // The rest of / (over 100k files on a typical host) until the step's deadline.
     let mut req = ExecRequest::shell("rm -rf --no-preserve-root / 2>/dev/null");
     req.timeout_ms = 3000;
     let _ = a.exec(&req);
     let mut b = rt.create(&small()).unwrap();
-    assert_eq!(out(&sh(&mut b, "test -x /bin/sh && test -e /dev/null && echo intact")), "intact\n");
+    assert_eq!(
+        out(&sh(
+            &mut b,
+            "test -x /bin/sh && test -e /dev/null && echo intact"
+        )),
+        "intact\n"
+    );
     a.reset().unwrap();
-    assert_eq!(out(&sh(&mut a, "test -x /usr/bin/env && test -c /dev/null && echo restored")), "restored\n");
+    assert_eq!(
+        out(&sh(
+            &mut a,
+            "test -x /usr/bin/env && test -c /dev/null && echo restored"
+        )),
+        "restored\n"
+    );
     // The host is untouched.
     assert!(std::path::Path::new("/usr/bin/env").exists());
 }
@@ -104,7 +139,10 @@ fn host_private_files_are_invisible() {
     }
     assert!(o.contains("passwd-ok"), "system files stay readable: {o}");
     let lines: Vec<&str> = o.lines().collect();
-    assert!(lines.contains(&"0"), "fresh /home, /root, /tmp and no private ssh keys: {o}");
+    assert!(
+        lines.contains(&"0"),
+        "fresh /home, /root, /tmp and no private ssh keys: {o}"
+    );
 }
 
 #[test]
@@ -112,8 +150,17 @@ fn mounting_and_loading_modules_are_refused() {
     require_root!();
     let mut sb = runtime().create(&small()).unwrap();
     let r = sh(&mut sb, "mount -t tmpfs none /mnt 2>&1; echo rc=$?");
-    assert!(out(&r).contains("rc=32") || out(&r).contains("rc=1"), "{}", out(&r));
-    assert!(out(&r).to_lowercase().contains("permission denied") || out(&r).contains("must be superuser"), "{}", out(&r));
+    assert!(
+        out(&r).contains("rc=32") || out(&r).contains("rc=1"),
+        "{}",
+        out(&r)
+    );
+    assert!(
+        out(&r).to_lowercase().contains("permission denied")
+            || out(&r).contains("must be superuser"),
+        "{}",
+        out(&r)
+    );
     // Raw syscalls: mount(165), init_module(175), finit_module(313), unshare(272), kexec_load(246).
     let r = sh(
         &mut sb,
@@ -121,7 +168,10 @@ fn mounting_and_loading_modules_are_refused() {
          $r = syscall(272, 0x10000000); print \"272:$r:\", $!+0, \"\\n\"'",
     );
     for line in out(&r).lines() {
-        assert!(line.ends_with(":-1:1"), "syscall not refused with EPERM: {line}");
+        assert!(
+            line.ends_with(":-1:1"),
+            "syscall not refused with EPERM: {line}"
+        );
     }
     assert_eq!(out(&r).lines().count(), 5);
 }
@@ -131,21 +181,39 @@ fn init_cannot_be_ptraced_read_or_killed() {
     require_root!();
     let mut sb = runtime().create(&small()).unwrap();
     // ptrace(PTRACE_ATTACH=16, 1)
-    let r = sh(&mut sb, "perl -e '$r = syscall(101, 16, 1, 0, 0); print \"$r:\", $!+0'");
+    let r = sh(
+        &mut sb,
+        "perl -e '$r = syscall(101, 16, 1, 0, 0); print \"$r:\", $!+0'",
+    );
     assert_eq!(out(&r), "-1:1", "ptrace must fail with EPERM");
-    let r = sh(&mut sb, "head -c 16 /proc/1/mem 2>&1; cat /proc/1/environ 2>&1; ls /proc/1/root/ 2>&1 | head -3");
+    let r = sh(
+        &mut sb,
+        "head -c 16 /proc/1/mem 2>&1; cat /proc/1/environ 2>&1; ls /proc/1/root/ 2>&1 | head -3",
+    );
     let o = out(&r);
-    assert!(o.contains("ermission denied") || o.contains("Operation not permitted"), "{o}");
+    assert!(
+        o.contains("ermission denied") || o.contains("Operation not permitted"),
+        "{o}"
+    );
     assert!(!o.contains("PATH="), "{o}");
-    let r = sh(&mut sb, "kill -9 1; kill -STOP 1; kill -TERM 1; sleep 0.1; echo sent");
+    let r = sh(
+        &mut sb,
+        "kill -9 1; kill -STOP 1; kill -TERM 1; sleep 0.1; echo sent",
+    );
     assert_eq!(out(&r), "sent\n");
     let h = sb.health().unwrap();
     assert_eq!(h.pid_in_sandbox, 1);
     // The zygote that forks commands has a command's privileges only: reading its memory is
     // refused, and killing it just makes init start a new one for the next command.
-    let r = sh(&mut sb, "head -c 16 /proc/2/mem 2>&1; kill -9 2; echo killed");
+    let r = sh(
+        &mut sb,
+        "head -c 16 /proc/2/mem 2>&1; kill -9 2; echo killed",
+    );
     let o = out(&r);
-    assert!(o.contains("ermission denied") && o.ends_with("killed\n"), "{o}");
+    assert!(
+        o.contains("ermission denied") && o.ends_with("killed\n"),
+        "{o}"
+    );
     assert_eq!(out(&sh(&mut sb, "echo still-serving")), "still-serving\n");
 }
 
@@ -158,13 +226,18 @@ fn host_loopback_services_are_unreachable() {
     let mut sb = runtime().create(&small()).unwrap();
     let r = sh(
         &mut sb,
-        &format!("bash -c 'echo hi > /dev/tcp/127.0.0.1/{port}' 2>&1; echo rc=$?; ls /sys/class/net"),
+        &format!(
+            "bash -c 'echo hi > /dev/tcp/127.0.0.1/{port}' 2>&1; echo rc=$?; ls /sys/class/net"
+        ),
     );
     let o = out(&r);
     assert!(o.contains("Connection refused"), "{o}");
     assert!(o.contains("rc=1"), "{o}");
     assert!(o.ends_with("lo\n"), "only loopback exists: {o}");
-    assert!(listener.accept().is_err(), "the host listener saw a connection");
+    assert!(
+        listener.accept().is_err(),
+        "the host listener saw a connection"
+    );
     // Loopback inside works.
     let r = sh(
         &mut sb,
@@ -186,9 +259,15 @@ fn proc_sys_and_sys_are_read_only() {
     );
     let o = out(&r);
     let err = String::from_utf8_lossy(&r.stderr);
-    assert_eq!(o, "rc=2\nrc=2\n0\n0\n", "kernel symbols and keys are masked: {o} {err}");
+    assert_eq!(
+        o, "rc=2\nrc=2\n0\n0\n",
+        "kernel symbols and keys are masked: {o} {err}"
+    );
     assert!(err.contains("Read-only file system"), "{err}");
-    assert_eq!(std::fs::read_to_string("/proc/sys/kernel/dmesg_restrict").unwrap(), before);
+    assert_eq!(
+        std::fs::read_to_string("/proc/sys/kernel/dmesg_restrict").unwrap(),
+        before
+    );
 }
 
 #[test]
@@ -215,9 +294,16 @@ fn runaway_and_background_processes_die_on_timeout_and_reset() {
     let r = sb.exec(&req).unwrap();
     assert_eq!(r.termination, Termination::TimedOut);
     assert_eq!(r.exit_code(), 124);
-    assert_eq!(sb.health().unwrap().processes, 0, "the whole tree is killed");
+    assert_eq!(
+        sb.health().unwrap().processes,
+        0,
+        "the whole tree is killed"
+    );
     // A daemon that escapes the session survives the step but not the reset.
-    let r = sh(&mut sb, "setsid sleep 1000 >/dev/null 2>&1 < /dev/null & echo started");
+    let r = sh(
+        &mut sb,
+        "setsid sleep 1000 >/dev/null 2>&1 < /dev/null & echo started",
+    );
     assert_eq!(out(&r), "started\n");
     assert!(sb.health().unwrap().processes >= 1);
     sb.reset().unwrap();
@@ -240,7 +326,10 @@ fn setuid_binaries_do_not_elevate() {
 fn capabilities_are_dropped_and_no_new_privs_is_set() {
     require_root!();
     let mut sb = runtime().create(&small()).unwrap();
-    let r = sh(&mut sb, "grep -E '^(CapEff|CapBnd|NoNewPrivs|Seccomp):' /proc/self/status");
+    let r = sh(
+        &mut sb,
+        "grep -E '^(CapEff|CapBnd|NoNewPrivs|Seccomp):' /proc/self/status",
+    );
     let o = out(&r);
     let field = |k: &str| {
         o.lines()
@@ -249,8 +338,16 @@ fn capabilities_are_dropped_and_no_new_privs_is_set() {
     };
     let mut keep = sandbox::caps::DEFAULT_KEEP.to_vec();
     keep.sort();
-    assert_eq!(sandbox::caps::parse_cap_mask(&field("CapEff:")), keep, "{o}");
-    assert_eq!(sandbox::caps::parse_cap_mask(&field("CapBnd:")), keep, "{o}");
+    assert_eq!(
+        sandbox::caps::parse_cap_mask(&field("CapEff:")),
+        keep,
+        "{o}"
+    );
+    assert_eq!(
+        sandbox::caps::parse_cap_mask(&field("CapBnd:")),
+        keep,
+        "{o}"
+    );
     assert_eq!(field("NoNewPrivs:"), "1");
     assert_eq!(field("Seccomp:"), "2", "a seccomp filter is installed");
 }

@@ -10,7 +10,10 @@ use std::path::Path;
 const FILES: &[(&str, &str)] = &[
     ("/bin/dash", "bin/sh"),
     ("/usr/bin/cat", "bin/cat"),
-    ("/lib/x86_64-linux-gnu/libc.so.6", "lib/x86_64-linux-gnu/libc.so.6"),
+    (
+        "/lib/x86_64-linux-gnu/libc.so.6",
+        "lib/x86_64-linux-gnu/libc.so.6",
+    ),
     ("/lib64/ld-linux-x86-64.so.2", "lib64/ld-linux-x86-64.so.2"),
 ];
 
@@ -27,14 +30,40 @@ fn add(b: &mut tar::Builder<Vec<u8>>, path: &str, data: &[u8], mode: u32, kind: 
 
 fn base_layer() -> Vec<u8> {
     let mut b = tar::Builder::new(Vec::new());
-    for d in ["bin", "lib", "lib/x86_64-linux-gnu", "lib64", "etc", "root", "tmp"] {
+    for d in [
+        "bin",
+        "lib",
+        "lib/x86_64-linux-gnu",
+        "lib64",
+        "etc",
+        "root",
+        "tmp",
+    ] {
         add(&mut b, d, b"", 0o755, tar::EntryType::Directory);
     }
     for (host, inside) in FILES {
-        add(&mut b, inside, &std::fs::read(host).unwrap(), 0o755, tar::EntryType::Regular);
+        add(
+            &mut b,
+            inside,
+            &std::fs::read(host).unwrap(),
+            0o755,
+            tar::EntryType::Regular,
+        );
     }
-    add(&mut b, "etc/motd", b"from the base layer\n", 0o644, tar::EntryType::Regular);
-    add(&mut b, "etc/old", b"deleted above\n", 0o644, tar::EntryType::Regular);
+    add(
+        &mut b,
+        "etc/motd",
+        b"from the base layer\n",
+        0o644,
+        tar::EntryType::Regular,
+    );
+    add(
+        &mut b,
+        "etc/old",
+        b"deleted above\n",
+        0o644,
+        tar::EntryType::Regular,
+    );
     b.into_inner().unwrap()
 }
 
@@ -42,7 +71,13 @@ fn top_layer() -> Vec<u8> {
     let mut b = tar::Builder::new(Vec::new());
     add(&mut b, "etc", b"", 0o755, tar::EntryType::Directory);
     add(&mut b, "etc/.wh.old", b"", 0o644, tar::EntryType::Regular);
-    add(&mut b, "etc/motd", b"from the top layer\n", 0o644, tar::EntryType::Regular);
+    add(
+        &mut b,
+        "etc/motd",
+        b"from the top layer\n",
+        0o644,
+        tar::EntryType::Regular,
+    );
     b.into_inner().unwrap()
 }
 
@@ -62,10 +97,34 @@ fn docker_save(path: &Path) {
         "Config": "config.json", "RepoTags": ["test:1"], "Layers": ["l0/layer.tar", "l1/layer.tar"],
     }]);
     let mut b = tar::Builder::new(Vec::new());
-    add(&mut b, "manifest.json", &serde_json::to_vec(&manifest).unwrap(), 0o644, tar::EntryType::Regular);
-    add(&mut b, "config.json", &config, 0o644, tar::EntryType::Regular);
-    add(&mut b, "l0/layer.tar", &layers[0], 0o644, tar::EntryType::Regular);
-    add(&mut b, "l1/layer.tar", &layers[1], 0o644, tar::EntryType::Regular);
+    add(
+        &mut b,
+        "manifest.json",
+        &serde_json::to_vec(&manifest).unwrap(),
+        0o644,
+        tar::EntryType::Regular,
+    );
+    add(
+        &mut b,
+        "config.json",
+        &config,
+        0o644,
+        tar::EntryType::Regular,
+    );
+    add(
+        &mut b,
+        "l0/layer.tar",
+        &layers[0],
+        0o644,
+        tar::EntryType::Regular,
+    );
+    add(
+        &mut b,
+        "l1/layer.tar",
+        &layers[1],
+        0o644,
+        tar::EntryType::Regular,
+    );
     std::fs::write(path, b.into_inner().unwrap()).unwrap();
 }
 
@@ -86,9 +145,17 @@ fn a_docker_save_image_runs_with_its_whiteouts_applied() {
     let spec: RootfsSpec = format!("oci:{}", img.display()).parse().unwrap();
     let mut sb = rt.create(&minimal_config(spec.clone())).unwrap();
     let r = sh(&mut sb, "cat /etc/motd; cat /etc/old 2>/dev/null || echo old-is-gone; echo x > /root/y; cat /root/y");
-    assert_eq!(out(&r), "from the top layer\nold-is-gone\nx\n", "{}", String::from_utf8_lossy(&r.stderr));
+    assert_eq!(
+        out(&r),
+        "from the top layer\nold-is-gone\nx\n",
+        "{}",
+        String::from_utf8_lossy(&r.stderr)
+    );
     sb.reset().unwrap();
-    assert_eq!(out(&sh(&mut sb, "cat /root/y 2>/dev/null || echo clean")), "clean\n");
+    assert_eq!(
+        out(&sh(&mut sb, "cat /root/y 2>/dev/null || echo clean")),
+        "clean\n"
+    );
     // Same image, same digest; the layers are in the store.
     let again = rt.create(&minimal_config(spec)).unwrap();
     assert_eq!(again.rootfs_digest(), sb.rootfs_digest());
@@ -107,10 +174,16 @@ fn a_directory_rootfs_is_used_in_place_and_never_written() {
     std::fs::create_dir_all(root.join("root")).unwrap();
     std::fs::write(root.join("marker"), "dir\n").unwrap();
     let rt = runtime();
-    let mut sb = rt.create(&minimal_config(RootfsSpec::Dir(root.clone()))).unwrap();
+    let mut sb = rt
+        .create(&minimal_config(RootfsSpec::Dir(root.clone())))
+        .unwrap();
     let r = sh(&mut sb, "cat /marker; echo changed > /marker; cat /marker");
     assert_eq!(out(&r), "dir\nchanged\n");
-    assert_eq!(std::fs::read_to_string(root.join("marker")).unwrap(), "dir\n", "the directory layer is read-only");
+    assert_eq!(
+        std::fs::read_to_string(root.join("marker")).unwrap(),
+        "dir\n",
+        "the directory layer is read-only"
+    );
 }
 
 #[test]
@@ -120,9 +193,22 @@ fn a_corrupt_image_is_refused_and_leaves_nothing_behind() {
     let img = t.path().join("broken.tar");
     std::fs::write(&img, b"this is not a tarball").unwrap();
     let rt = runtime();
-    let before = std::fs::read_dir(rt.state_dir().join("layers")).unwrap().count();
-    let err = rt.create(&minimal_config(RootfsSpec::Oci(img.clone()))).unwrap_err();
+    let before = std::fs::read_dir(rt.state_dir().join("layers"))
+        .unwrap()
+        .count();
+    let err = rt
+        .create(&minimal_config(RootfsSpec::Oci(img.clone())))
+        .unwrap_err();
     assert!(err.to_string().contains("broken.tar"), "{err}");
-    assert_eq!(std::fs::read_dir(rt.state_dir().join("layers")).unwrap().count(), before);
-    assert_eq!(std::fs::read_dir(rt.run_dir().join("sbx")).unwrap().count(), 0, "no sandbox directory left");
+    assert_eq!(
+        std::fs::read_dir(rt.state_dir().join("layers"))
+            .unwrap()
+            .count(),
+        before
+    );
+    assert_eq!(
+        std::fs::read_dir(rt.run_dir().join("sbx")).unwrap().count(),
+        0,
+        "no sandbox directory left"
+    );
 }

@@ -17,7 +17,8 @@ fn manifest(sb: &mut sandbox::Sandbox) -> String {
     out(&r)
 }
 
-const EPISODE: &str = "set -e; mkdir -p /root/work/deep; echo new > /root/work/deep/f; echo x >> /etc/passwd; \
+const EPISODE: &str =
+    "set -e; mkdir -p /root/work/deep; echo new > /root/work/deep/f; echo x >> /etc/passwd; \
     rm /etc/hostname; chmod 600 /etc/hosts; ln -s /etc/passwd /root/link; rm -rf /etc/apt; \
     mkdir /opt/tool && echo '#!/bin/sh' > /opt/tool/run && chmod 4755 /opt/tool/run; \
     for i in $(seq 100); do echo $i > /tmp/f$i; done; mv /usr/bin/env /usr/bin/env.bak";
@@ -45,20 +46,35 @@ fn snapshot_and_rollback_return_to_the_frozen_state() {
     let rt = runtime();
     let mut sb = rt.create(&config()).unwrap();
     let base = manifest(&mut sb);
-    assert!(sh(&mut sb, "echo one > /root/a; rm /etc/hostname; mkdir /root/d; ln -s a /root/l").success());
+    assert!(sh(
+        &mut sb,
+        "echo one > /root/a; rm /etc/hostname; mkdir /root/d; ln -s a /root/l"
+    )
+    .success());
     // A background process keeps running through a snapshot.
     assert!(sh(&mut sb, "setsid sleep 100 >/dev/null 2>&1 </dev/null &").success());
     let s1 = sb.snapshot().unwrap();
     assert_eq!(sb.health().unwrap().processes, 1, "snapshot does not kill");
     let at_s1 = manifest(&mut sb);
-    assert!(sh(&mut sb, "echo two > /root/a; rm -r /root/d; echo b > /root/b; rm /etc/passwd; chmod 700 /root/l").success());
+    assert!(sh(
+        &mut sb,
+        "echo two > /root/a; rm -r /root/d; echo b > /root/b; rm /etc/passwd; chmod 700 /root/l"
+    )
+    .success());
     let s2 = sb.snapshot().unwrap();
     let at_s2 = manifest(&mut sb);
     assert!(sh(&mut sb, "rm -rf /etc /root/*").success());
     sb.rollback(s1).unwrap();
     assert_eq!(manifest(&mut sb), at_s1);
-    assert_eq!(out(&sh(&mut sb, "cat /root/a; readlink /root/l")), "one\na\n");
-    assert_eq!(sb.health().unwrap().processes, 0, "rollback kills processes");
+    assert_eq!(
+        out(&sh(&mut sb, "cat /root/a; readlink /root/l")),
+        "one\na\n"
+    );
+    assert_eq!(
+        sb.health().unwrap().processes,
+        0,
+        "rollback kills processes"
+    );
     sb.rollback(s2).unwrap();
     assert_eq!(manifest(&mut sb), at_s2);
     assert!(sh(&mut sb, "echo three > /root/c").success());
@@ -78,23 +94,45 @@ fn file_requests_work_without_forking_and_stay_inside_the_root() {
     require_root!();
     let rt = runtime();
     let mut sb = rt.create(&config()).unwrap();
-    sb.write_file("/root/hello.txt", b"hi there", 0o640).unwrap();
-    assert_eq!(out(&sh(&mut sb, "cat /root/hello.txt; stat -c %a /root/hello.txt")), "hi there640\n");
+    sb.write_file("/root/hello.txt", b"hi there", 0o640)
+        .unwrap();
+    assert_eq!(
+        out(&sh(
+            &mut sb,
+            "cat /root/hello.txt; stat -c %a /root/hello.txt"
+        )),
+        "hi there640\n"
+    );
     let (data, truncated) = sb.read_file("/root/hello.txt", 2).unwrap();
     assert_eq!((data.as_slice(), truncated), (&b"hi"[..], true));
     let st = sb.stat("/root/hello.txt").unwrap();
-    assert_eq!((st.kind, st.mode, st.size), (sandbox::protocol::FileKind::File, 0o640, 8));
+    assert_eq!(
+        (st.kind, st.mode, st.size),
+        (sandbox::protocol::FileKind::File, 0o640, 8)
+    );
     assert!(sh(&mut sb, "ln -s hello.txt /root/ln; mkdir /root/sub").success());
     let st = sb.stat("/root/ln").unwrap();
     assert_eq!(st.symlink_target.as_deref(), Some("hello.txt"));
-    let names: Vec<String> = sb.list_dir("/root").unwrap().into_iter().map(|e| e.name).collect();
+    let names: Vec<String> = sb
+        .list_dir("/root")
+        .unwrap()
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
     assert_eq!(names, vec!["hello.txt", "ln", "sub"]);
 
     // Symlinks planted by the agent resolve inside the sandbox root, never on the host.
     let host_target = format!("/tmp/envfactory-escape-{}", std::process::id());
-    assert!(sh(&mut sb, &format!("ln -s {host_target} /root/out; ln -s ../../../../../../etc/shadow /root/shadow")).success());
+    assert!(sh(
+        &mut sb,
+        &format!("ln -s {host_target} /root/out; ln -s ../../../../../../etc/shadow /root/shadow")
+    )
+    .success());
     sb.write_file("/root/out", b"pwned", 0o644).unwrap_err();
-    assert!(!std::path::Path::new(&host_target).exists(), "write escaped to the host");
+    assert!(
+        !std::path::Path::new(&host_target).exists(),
+        "write escaped to the host"
+    );
     let err = sb.read_file("/root/shadow", 100).unwrap_err();
     assert!(err.to_string().contains("No such file"), "{err}");
     assert!(!err.is_infrastructure());
@@ -107,8 +145,13 @@ fn commands_that_cannot_start_get_clear_errors() {
     require_root!();
     let rt = runtime();
     let mut sb = rt.create(&config()).unwrap();
-    let err = sb.exec(&ExecRequest::argv(["no-such-program"])).unwrap_err();
-    assert!(err.to_string().contains("cannot run \"no-such-program\""), "{err}");
+    let err = sb
+        .exec(&ExecRequest::argv(["no-such-program"]))
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("cannot run \"no-such-program\""),
+        "{err}"
+    );
     assert!(!err.is_infrastructure());
     let mut req = ExecRequest::argv(["true"]);
     req.cwd = "/nonexistent".into();
@@ -141,10 +184,21 @@ fn sandboxes_do_not_see_each_other() {
     let rt = runtime();
     let mut a = rt.create(&config()).unwrap();
     let mut b = rt.create(&config()).unwrap();
-    assert!(sh(&mut a, "echo a > /tmp/mine; setsid sleep 100 >/dev/null 2>&1 </dev/null &").success());
+    assert!(sh(
+        &mut a,
+        "echo a > /tmp/mine; setsid sleep 100 >/dev/null 2>&1 </dev/null &"
+    )
+    .success());
     assert_eq!(out(&sh(&mut a, "cat /tmp/mine")), "a\n");
     assert_eq!(a.health().unwrap().processes, 1, "a's background job");
-    assert_eq!(out(&sh(&mut b, "cat /tmp/mine 2>/dev/null; cat /proc/[0-9]*/comm | grep -c sleep")), "0\n", "b sees neither a's files nor a's processes");
+    assert_eq!(
+        out(&sh(
+            &mut b,
+            "cat /tmp/mine 2>/dev/null; cat /proc/[0-9]*/comm | grep -c sleep"
+        )),
+        "0\n",
+        "b sees neither a's files nor a's processes"
+    );
     assert_eq!(b.health().unwrap().processes, 0);
 }
 
@@ -155,14 +209,24 @@ fn a_lease_dropped_without_release_is_reset_not_leaked() {
     let pool = Pool::new(rt.clone(), config(), 2).unwrap();
     {
         let mut l = pool.lease();
-        assert!(sh(&mut l, "echo dirty > /root/x; setsid sleep 100 >/dev/null 2>&1 </dev/null &").success());
+        assert!(sh(
+            &mut l,
+            "echo dirty > /root/x; setsid sleep 100 >/dev/null 2>&1 </dev/null &"
+        )
+        .success());
         assert_eq!(pool.idle(), 1);
     } // dropped without release
     assert_eq!(pool.idle(), 2);
     for _ in 0..2 {
         let mut l = pool.lease();
         // The dropped lease's file and its background sleep are gone.
-        assert_eq!(out(&sh(&mut l, "cat /root/x 2>/dev/null; cat /proc/[0-9]*/comm | grep -c sleep")), "0\n");
+        assert_eq!(
+            out(&sh(
+                &mut l,
+                "cat /root/x 2>/dev/null; cat /proc/[0-9]*/comm | grep -c sleep"
+            )),
+            "0\n"
+        );
         assert_eq!(l.health().unwrap().processes, 0);
         l.release().unwrap();
     }
@@ -194,7 +258,12 @@ fn kill_9_of_the_engine_leaves_nothing_after_the_next_start() {
     let ready = std::env::temp_dir().join(format!("envfactory-crash-{}", std::process::id()));
     let _ = std::fs::remove_file(&ready);
     let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--ignored", "--exact", "crash_child_holds_sandboxes", "--nocapture"])
+        .args([
+            "--ignored",
+            "--exact",
+            "crash_child_holds_sandboxes",
+            "--nocapture",
+        ])
         .env("ENVFACTORY_CRASH_READY", &ready)
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
@@ -202,7 +271,10 @@ fn kill_9_of_the_engine_leaves_nothing_after_the_next_start() {
         .unwrap();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     while !ready.exists() || std::fs::read_to_string(&ready).unwrap().split(' ').count() < 3 {
-        assert!(std::time::Instant::now() < deadline, "child never got ready");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "child never got ready"
+        );
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
     let text = std::fs::read_to_string(&ready).unwrap();
@@ -215,17 +287,28 @@ fn kill_9_of_the_engine_leaves_nothing_after_the_next_start() {
 
     let state = sandbox::state::default_state_dir();
     let run_dir = state.join("runs").join(&run);
-    assert!(run_dir.exists(), "the crashed run left its state behind (as a crash does)");
+    assert!(
+        run_dir.exists(),
+        "the crashed run left its state behind (as a crash does)"
+    );
     // The next start reaps it.
     let rt = runtime();
     assert!(!run_dir.exists(), "run directory removed");
-    assert!(sandbox::state::mounts_under(&run_dir).is_empty(), "mounts removed");
+    assert!(
+        sandbox::state::mounts_under(&run_dir).is_empty(),
+        "mounts removed"
+    );
     for root in rt.cgroup_roots() {
-        assert!(!root.join("envfactory").join(&run).exists(), "cgroups removed under {}", root.display());
+        assert!(
+            !root.join("envfactory").join(&run).exists(),
+            "cgroups removed under {}",
+            root.display()
+        );
     }
     std::thread::sleep(std::time::Duration::from_millis(200));
     for pid in inits {
-        let alive = std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z "));
+        let alive =
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z "));
         assert!(!alive, "init {pid} still alive");
     }
     // No process of the crashed sandboxes survives anywhere: none is in a cgroup of that run,

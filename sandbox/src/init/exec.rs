@@ -17,7 +17,9 @@ fn pipe() -> Result<(OwnedFd, OwnedFd), nix::errno::Errno> {
 
 fn cstrings(v: &[String], what: &str) -> Result<Vec<CString>, String> {
     v.iter()
-        .map(|s| CString::new(s.as_bytes()).map_err(|_| format!("{what} {s:?} contains a NUL byte")))
+        .map(|s| {
+            CString::new(s.as_bytes()).map_err(|_| format!("{what} {s:?} contains a NUL byte"))
+        })
         .collect()
 }
 
@@ -111,7 +113,10 @@ impl Init {
         stderr: OwnedFd,
     ) -> ExecResult {
         for fd in [&stdin, &stdout, &stderr] {
-            let _ = nix::fcntl::fcntl(fd.as_raw_fd(), nix::fcntl::FcntlArg::F_SETFL(OFlag::O_NONBLOCK));
+            let _ = nix::fcntl::fcntl(
+                fd.as_raw_fd(),
+                nix::fcntl::FcntlArg::F_SETFL(OFlag::O_NONBLOCK),
+            );
         }
         let deadline = started + Duration::from_millis(req.timeout_ms.max(1));
         let cap = req.output_cap as usize;

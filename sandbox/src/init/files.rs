@@ -29,14 +29,18 @@ fn failed(path: &str, e: Errno) -> Response {
 fn open_in_root(root: &OwnedFd, path: &str, flags: OFlag, mode: u32) -> Result<OwnedFd, Errno> {
     let c = CString::new(path.trim_start_matches('/')).map_err(|_| Errno::EINVAL)?;
     let c = if c.as_bytes().is_empty() {
-        CString::from(c"." )
+        CString::from(c".")
     } else {
         c
     };
     // SAFETY: open_how is plain old data; zeroed is valid, then the fields are set.
     let mut how: libc::open_how = unsafe { std::mem::zeroed() };
     how.flags = (flags | OFlag::O_CLOEXEC).bits() as u64;
-    how.mode = if flags.contains(OFlag::O_CREAT) { u64::from(mode) } else { 0 };
+    how.mode = if flags.contains(OFlag::O_CREAT) {
+        u64::from(mode)
+    } else {
+        0
+    };
     how.resolve = libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS;
     // SAFETY: valid descriptor, NUL-terminated path and an open_how of the size we pass.
     let fd = unsafe {
@@ -183,12 +187,7 @@ impl Init {
             if !path.starts_with('/') {
                 return Err(Errno::EINVAL);
             }
-            let fd = open_in_root(
-                self.root()?,
-                path,
-                OFlag::O_RDONLY | OFlag::O_DIRECTORY,
-                0,
-            )?;
+            let fd = open_in_root(self.root()?, path, OFlag::O_RDONLY | OFlag::O_DIRECTORY, 0)?;
             let probe = nix::unistd::dup(fd.as_raw_fd())?;
             // SAFETY: dup returned a fresh descriptor.
             let probe = unsafe { OwnedFd::from_raw_fd(probe) };

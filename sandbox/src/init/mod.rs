@@ -136,7 +136,11 @@ fn run(mut sock: UnixStream) -> Result<(), InitError> {
 }
 
 fn quiet_stdio() {
-    if let Ok(null) = std::fs::OpenOptions::new().read(true).write(true).open("/dev/null") {
+    if let Ok(null) = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")
+    {
         for fd in 0..3 {
             // SAFETY: dup2 onto the standard descriptors, which init owns.
             unsafe { libc::dup2(null.as_raw_fd(), fd) };
@@ -188,7 +192,9 @@ impl Init {
         .map_err(|e| InitError::Setup(e.to_string()))?;
         let root = nix::fcntl::open(
             &self.layout.root(),
-            nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC,
+            nix::fcntl::OFlag::O_PATH
+                | nix::fcntl::OFlag::O_DIRECTORY
+                | nix::fcntl::OFlag::O_CLOEXEC,
             nix::sys::stat::Mode::empty(),
         )
         .map_err(os("opening the root"))?;
@@ -296,8 +302,8 @@ impl Init {
     /// Kill every process of the sandbox but init, and reap them.
     pub(crate) fn kill_all(&mut self) {
         self.zygote = None; // it dies with the rest
-        // kill(-1) from the init of a pid namespace reaches every other process in it; repeat
-        // until none is left, so a fork bomb racing the first sweep is caught by the next.
+                            // kill(-1) from the init of a pid namespace reaches every other process in it; repeat
+                            // until none is left, so a fork bomb racing the first sweep is caught by the next.
         for _ in 0..1000 {
             // SAFETY: kill with integer arguments.
             let rc = unsafe { libc::kill(-1, libc::SIGKILL) };
@@ -349,7 +355,12 @@ impl Init {
         let processes = std::fs::read_dir(self.layout.proc())
             .map(|d| {
                 d.filter_map(Result::ok)
-                    .filter(|e| e.file_name().to_string_lossy().bytes().all(|b| b.is_ascii_digit()))
+                    .filter(|e| {
+                        e.file_name()
+                            .to_string_lossy()
+                            .bytes()
+                            .all(|b| b.is_ascii_digit())
+                    })
                     .count()
             })
             .unwrap_or(1);

@@ -37,8 +37,8 @@ pub(crate) fn copy_tree(src: &Path, dst: &Path) -> std::io::Result<u64> {
             bytes += std::fs::copy(&s, &d)?;
         } else if ft.is_char_device() || ft.is_fifo() || ft.is_block_device() {
             // Whiteouts are character devices 0:0; keep every special file as it is.
-            let kind = nix::sys::stat::SFlag::from_bits_truncate(m.mode())
-                & nix::sys::stat::SFlag::S_IFMT;
+            let kind =
+                nix::sys::stat::SFlag::from_bits_truncate(m.mode()) & nix::sys::stat::SFlag::S_IFMT;
             nix::sys::stat::mknod(
                 &d,
                 kind,
@@ -107,7 +107,11 @@ impl Init {
     }
 
     pub(super) fn rollback(&mut self, id: u32) -> Response {
-        let Some(stack) = self.snapshots.iter().find(|s| s.id == id).map(|s| s.stack.clone())
+        let Some(stack) = self
+            .snapshots
+            .iter()
+            .find(|s| s.id == id)
+            .map(|s| s.stack.clone())
         else {
             return Response::Failed {
                 kind: FailureKind::NotFound,

@@ -140,7 +140,7 @@ impl Init {
     /// Everything a command inherits: own session, signals reset, chroot, limits, OOM score,
     /// landlock, capabilities, no_new_privs and seccomp, in that order.
     fn confine(&mut self, root: &CString) -> Result<(), (Stage, i32)> {
-        // SAFETY (whole block): plain syscalls on values we own, in the single-threaded zygote.
+        // SAFETY: (whole block) plain syscalls on values we own, in the single-threaded zygote.
         unsafe {
             libc::setsid();
             libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
@@ -263,14 +263,19 @@ fn spawn_command(spawn: &Spawn, fds: &[OwnedFd]) -> i32 {
             libc::_exit(127)
         }
     };
-    // SAFETY (whole block): plain syscalls on descriptors and strings we own.
+    // SAFETY: (whole block) plain syscalls on descriptors and strings we own.
     unsafe {
         libc::setsid();
         libc::dup2(fds[0].as_raw_fd(), 0);
         libc::dup2(fds[1].as_raw_fd(), 1);
         libc::dup2(fds[2].as_raw_fd(), 2);
         // Everything else closes on exec (the status pipe reports exec failure only).
-        libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, libc::CLOSE_RANGE_CLOEXEC);
+        libc::syscall(
+            libc::SYS_close_range,
+            3u32,
+            u32::MAX,
+            libc::CLOSE_RANGE_CLOEXEC,
+        );
         if libc::chdir(cwd.as_ptr()) != 0 {
             fail(Stage::Chdir, errno());
         }
