@@ -363,7 +363,7 @@ steps = ["true"]
             .unwrap_err()
             .to_string();
         assert!(
-            err.starts_with("exp.toml:9:1: unknown field `cuont`"),
+            err.starts_with("exp.toml:8:1: unknown field `cuont`"),
             "{err}"
         );
         let bad = OK.replace("seeds = [1, 2]", "seeds = []");
