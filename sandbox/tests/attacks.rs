@@ -20,7 +20,11 @@ fn fork_bomb_is_contained_by_the_pids_limit_and_timeout() {
     let mut req = ExecRequest::shell("bomb() { bomb | bomb & }; bomb; sleep 5");
     req.timeout_ms = 2000;
     let r = sb.exec(&req).unwrap();
-    assert_eq!(r.termination, Termination::TimedOut);
+    // Either the deadline hits, or the shell itself cannot fork `sleep` any more.
+    assert!(
+        r.termination == Termination::TimedOut || String::from_utf8_lossy(&r.stderr).contains("fork"),
+        "{r:?}"
+    );
     // Every process of the bomb is gone, init survives, and the sandbox still works.
     sb.kill_all().unwrap();
     assert_eq!(sb.health().unwrap().processes, 0);

@@ -207,6 +207,7 @@ impl Init {
                     .map_err(|e| InitError::Setup(format!("landlock: {e}")))?,
             );
         }
+        self.prestart_zygote();
         Ok(())
     }
 

@@ -53,6 +53,8 @@ struct Spawn {
 pub(crate) struct Zygote {
     sock: UnixStream,
     pub pid: i32,
+    /// Whether its readiness report has been read.
+    ready: bool,
 }
 
 fn errno() -> i32 {
@@ -60,12 +62,25 @@ fn errno() -> i32 {
 }
 
 impl Init {
-    /// The live zygote, started over the current root if there is none.
+    /// The live, ready zygote, started over the current root if there is none.
     pub(super) fn zygote(&mut self) -> Result<&mut Zygote, String> {
         if self.zygote.is_none() {
             self.zygote = Some(self.start_zygote()?);
         }
-        self.zygote.as_mut().ok_or_else(|| "no zygote".to_string())
+        let z = self.zygote.as_mut().ok_or_else(|| "no zygote".to_string())?;
+        if !z.ready {
+            z.wait_ready()?;
+        }
+        Ok(z)
+    }
+
+    /// Start a zygote over the current root without waiting for it: it confines itself while
+    /// init answers the host, so the next command finds it ready. Called after every (re)mount.
+    pub(super) fn prestart_zygote(&mut self) {
+        match self.start_zygote() {
+            Ok(z) => self.zygote = Some(z),
+            Err(e) => tracing::debug!(error = %e, "zygote not prestarted"),
+        }
     }
 
     fn start_zygote(&mut self) -> Result<Zygote, String> {
@@ -83,23 +98,11 @@ impl Init {
             }
             Ok(nix::unistd::ForkResult::Parent { child }) => {
                 drop(theirs);
-                let mut z = Zygote {
+                Ok(Zygote {
                     sock: ours,
                     pid: child.as_raw(),
-                };
-                let mut ready = [0u8; 5];
-                z.sock
-                    .read_exact(&mut ready)
-                    .map_err(|e| format!("the zygote died during setup: {e}"))?;
-                if ready[0] != 0 {
-                    let errno = i32::from_le_bytes([ready[1], ready[2], ready[3], ready[4]]);
-                    return Err(format!(
-                        "confining commands: {} failed: {}",
-                        Stage::name(ready[0]),
-                        nix::errno::Errno::from_raw(errno).desc()
-                    ));
-                }
-                Ok(z)
+                    ready: false,
+                })
             }
         }
     }
@@ -312,6 +315,23 @@ fn candidates(arg0: &str, env: &[String]) -> Vec<CString> {
 }
 
 impl Zygote {
+    fn wait_ready(&mut self) -> Result<(), String> {
+        let mut ready = [0u8; 5];
+        self.sock
+            .read_exact(&mut ready)
+            .map_err(|e| format!("the zygote died during setup: {e}"))?;
+        if ready[0] != 0 {
+            let errno = i32::from_le_bytes([ready[1], ready[2], ready[3], ready[4]]);
+            return Err(format!(
+                "confining commands: {} failed: {}",
+                Stage::name(ready[0]),
+                nix::errno::Errno::from_raw(errno).desc()
+            ));
+        }
+        self.ready = true;
+        Ok(())
+    }
+
     /// Ask for one command; returns its pid.
     pub(super) fn spawn(
         &mut self,
