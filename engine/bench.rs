@@ -11,7 +11,11 @@
 //!   shared pages of libc and the init binary in full;
 //! - `idle_pss_kib`, `idle_private_kib`: the same memory proportionally shared, and private
 //!   to the init (what each additional sandbox really adds in user memory);
-//! - `ratios`: `exec_vs_host` = exec_sh_true / host_sh_true (medians);
+//! - `bwrap_unshare_all`: present when bubblewrap is installed: `bwrap --unshare-all
+//!   --ro-bind / / --proc /proc --dev /dev /bin/true`, measured interleaved with
+//!   `create_first_exec`;
+//! - `ratios`: `exec_vs_host` = exec_sh_true / host_sh_true, `create_vs_bwrap` =
+//!   create_first_exec / bwrap_unshare_all (medians);
 //! - `concurrent`: present with `--concurrent N`: sandboxes alive at once, how many answered,
 //!   and the host's `MemAvailable` drop per sandbox (kernel objects included).
 
@@ -60,6 +64,8 @@ impl Summary {
 #[derive(Debug, Clone, Serialize)]
 pub struct Ratios {
     pub exec_vs_host: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub create_vs_bwrap: Option<f64>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -77,6 +83,8 @@ pub struct SandboxBench {
     pub iterations: usize,
     pub host_sh_true: Summary,
     pub create_first_exec: Summary,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bwrap_unshare_all: Option<Summary>,
     pub exec_sh_true: Summary,
     pub reset_100_files: Summary,
     pub snapshot_100_files: Summary,
@@ -159,7 +167,31 @@ pub fn sandbox_bench(
 
     let mut host = Vec::with_capacity(n);
     let mut create = Vec::with_capacity(n);
+    let bwrap_args = [
+        "--unshare-all",
+        "--ro-bind",
+        "/",
+        "/",
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "/bin/true",
+    ];
+    let has_bwrap = std::process::Command::new("bwrap")
+        .args(bwrap_args)
+        .status()
+        .is_ok_and(|s| s.success());
+    let mut bwrap = Vec::with_capacity(n);
     for _ in 0..n {
+        if has_bwrap {
+            let t = Instant::now();
+            std::process::Command::new("bwrap")
+                .args(bwrap_args)
+                .status()
+                .map_err(BenchError::Host)?;
+            bwrap.push(ms(t));
+        }
         let t = Instant::now();
         let st = std::process::Command::new("sh")
             .args(["-c", "true"])
@@ -236,13 +268,17 @@ pub fn sandbox_bench(
     };
     let host_sh_true = Summary::of(host);
     let exec_sh_true = Summary::of(exec);
+    let create_first_exec = Summary::of(create);
+    let bwrap_unshare_all = has_bwrap.then(|| Summary::of(bwrap));
     Ok(SandboxBench {
         iterations: n,
         ratios: Ratios {
             exec_vs_host: exec_sh_true.median / host_sh_true.median,
+            create_vs_bwrap: bwrap_unshare_all.map(|b| create_first_exec.median / b.median),
         },
         host_sh_true,
-        create_first_exec: Summary::of(create),
+        create_first_exec,
+        bwrap_unshare_all,
         exec_sh_true,
         reset_100_files: Summary::of(reset),
         snapshot_100_files: Summary::of(snap),
@@ -305,6 +341,9 @@ pub fn render(b: &SandboxBench) -> String {
     );
     out += &row("host sh -c true", &b.host_sh_true, "ms (baseline)");
     out += &row("create + first exec", &b.create_first_exec, "ms");
+    if let Some(bw) = &b.bwrap_unshare_all {
+        out += &row("bwrap --unshare-all true", bw, "ms (baseline)");
+    }
     out += &row("exec sh -c true", &b.exec_sh_true, "ms");
     out += &row("reset (100 files)", &b.reset_100_files, "ms");
     out += &row("snapshot (100 files)", &b.snapshot_100_files, "ms");
@@ -313,6 +352,9 @@ pub fn render(b: &SandboxBench) -> String {
     out += &row("idle init PSS", &b.idle_pss_kib, "KiB");
     out += &row("idle init private", &b.idle_private_kib, "KiB");
     out += &format!("exec / host sh -c true  {:>10.2}x\n", b.ratios.exec_vs_host);
+    if let Some(r) = b.ratios.create_vs_bwrap {
+        out += &format!("create+exec / bwrap     {r:>10.2}x\n");
+    }
     if let Some(c) = &b.concurrent {
         out += &format!(
             "concurrent: {} alive, {} answered, init RSS total {:.1} MiB, host memory {:.0} KiB per sandbox, created in {:.1} s\n",

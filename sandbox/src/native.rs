@@ -191,6 +191,7 @@ impl std::fmt::Debug for Runtime {
 impl Runtime {
     /// A runtime over `state` (see [`state::default_state_dir`]) using `init` as PID 1.
     pub fn new(state: &Path, init: InitProgram) -> Result<Self, SandboxError> {
+        raise_nofile();
         let cgroups = cgroup::Layout::detect()?;
         let roots: Vec<PathBuf> = cgroups.roots().into_iter().map(|r| r.1).collect();
         let reaped = state::reap(state, &roots, None);
@@ -445,6 +446,19 @@ impl Runtime {
             "sandbox ready"
         );
         Ok(sb)
+    }
+}
+
+/// One socket per live sandbox: lift the soft descriptor limit to the hard one (allowed
+/// without privilege), so a thousand sandboxes fit.
+fn raise_nofile() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+        if soft < hard {
+            if let Err(e) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+                tracing::debug!(error = %e, soft, hard, "could not raise RLIMIT_NOFILE");
+            }
+        }
     }
 }
 
