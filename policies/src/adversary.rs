@@ -245,6 +245,16 @@ fn host_log_softmax(logits: &[f32], mask: &[f32]) -> Vec<f32> {
         .collect()
 }
 
+impl std::fmt::Debug for Adversary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Adversary")
+            .field("config", &self.cfg)
+            .field("seed", &self.seed)
+            .field("updates", &self.updates)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Adversary {
     /// A fresh adversary (orthogonal init; policy head gain 0.01 so it starts uniform).
     pub fn new(cfg: &AdversaryConfig, seed: u64) -> Result<Self, AdversaryError> {

@@ -171,6 +171,16 @@ pub fn auc(pos: &[f32], neg: &[f32]) -> Option<f64> {
     Some((rank_sum - np * (np + 1.0) / 2.0) / (np * nn))
 }
 
+impl std::fmt::Debug for Discriminator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Discriminator")
+            .field("config", &self.cfg)
+            .field("seed", &self.seed)
+            .field("steps", &self.steps)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Discriminator {
     /// A fresh classifier.
     pub fn new(cfg: &DiscriminatorConfig, seed: u64) -> Result<Self, DiscriminatorError> {

@@ -625,6 +625,21 @@ impl RolloutBuffer {
         &self.rewards
     }
 
+    /// Truncation flags stored so far (time-major).
+    pub fn truncated(&self) -> &[bool] {
+        &self.truncated
+    }
+
+    /// Terminal flags stored so far (time-major).
+    pub fn terminated(&self) -> &[bool] {
+        &self.terminated
+    }
+
+    /// `V(final obs)` at truncated steps, 0 elsewhere (time-major).
+    pub fn final_values(&self) -> &[f32] {
+        &self.final_values
+    }
+
     /// The GAE inputs of a full buffer.
     pub fn gae_input(&self) -> Result<GaeInput<'_>, PpoError> {
         let last = match (&self.last_values, self.len == self.num_steps) {
@@ -728,6 +743,17 @@ pub struct PpoAgent {
     adam: Adam,
     rng: Rng,
     updates: u64,
+}
+
+impl std::fmt::Debug for PpoAgent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PpoAgent")
+            .field("net", &self.net_cfg)
+            .field("config", &self.cfg)
+            .field("seed", &self.seed)
+            .field("updates", &self.updates)
+            .finish_non_exhaustive()
+    }
 }
 
 impl PpoAgent {

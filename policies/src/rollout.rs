@@ -83,7 +83,7 @@ pub struct VecStep {
 
 /// Several environments stepped in lock-step; an ended episode is reset at once and its
 /// final observation handed back in [`VecStep::final_obs`].
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct VecEnv<E: Env> {
     envs: Vec<E>,
     obs_dim: usize,
@@ -144,6 +144,11 @@ impl<E: Env> VecEnv<E> {
     /// Observation width.
     pub fn obs_dim(&self) -> usize {
         self.obs_dim
+    }
+
+    /// The wrapped environments.
+    pub fn envs(&self) -> &[E] {
+        &self.envs
     }
 
     /// Choices per action dimension.
