@@ -169,8 +169,11 @@ struct Body<S> {
     state: S,
 }
 
-/// Host copies of every variable, sorted by name: (name, shape, values).
-pub fn snapshot(varmap: &VarMap) -> Result<Vec<(String, Vec<usize>, Vec<f32>)>, CheckpointError> {
+/// A host copy of one variable: name, shape, row-major values.
+pub type HostTensor = (String, Vec<usize>, Vec<f32>);
+
+/// Host copies of every variable, sorted by name.
+pub fn snapshot(varmap: &VarMap) -> Result<Vec<HostTensor>, CheckpointError> {
     let data = varmap
         .data()
         .lock()

@@ -729,6 +729,18 @@ pub struct PpoState {
     pub adam: AdamState,
 }
 
+/// Host copies of one forward pass.
+struct HostForward {
+    /// Probabilities `[B, total]`.
+    probs: Vec<f32>,
+    /// Log-probabilities per dimension, per row.
+    lp_host: Vec<Vec<Vec<f32>>>,
+    /// Values `[B]`.
+    values: Vec<f32>,
+    /// Batch size.
+    batch: usize,
+}
+
 /// Checkpoint kind tag of PPO agents.
 pub const PPO_CHECKPOINT_KIND: &str = "ppo_agent";
 
@@ -827,11 +839,7 @@ impl PpoAgent {
         Ok((Tensor::from_slice(obs, (b, d), &Device::Cpu)?, b))
     }
 
-    fn forward_host(
-        &self,
-        obs: &[f32],
-        mask: Option<&[f32]>,
-    ) -> Result<(Vec<f32>, Vec<Vec<Vec<f32>>>, Vec<f32>, usize), PpoError> {
+    fn forward_host(&self, obs: &[f32], mask: Option<&[f32]>) -> Result<HostForward, PpoError> {
         let (x, b) = self.obs_tensor(obs)?;
         let mask_t = match mask {
             Some(m) => {
@@ -852,7 +860,12 @@ impl PpoAgent {
             .iter()
             .map(|t| t.to_vec2::<f32>())
             .collect::<Result<Vec<_>, _>>()?;
-        Ok((probs, lp_host, values.to_vec1()?, b))
+        Ok(HostForward {
+            probs,
+            lp_host,
+            values: values.to_vec1()?,
+            batch: b,
+        })
     }
 
     fn joint_logp(&self, lp_host: &[Vec<Vec<f32>>], actions: &[u32], b: usize) -> Vec<f32> {
@@ -869,7 +882,12 @@ impl PpoAgent {
     /// Sample actions for a batch of observations (`[B, obs_dim]` row-major) with optional
     /// masks (`[B, sum(action_dims)]`, 0/1). Advances the agent's generator.
     pub fn act(&mut self, obs: &[f32], mask: Option<&[f32]>) -> Result<ActOutput, PpoError> {
-        let (probs, lp_host, values, b) = self.forward_host(obs, mask)?;
+        let HostForward {
+            probs,
+            lp_host,
+            values,
+            batch: b,
+        } = self.forward_host(obs, mask)?;
         let actions = self.space.sample(&probs, mask, &mut self.rng);
         let log_probs = self.joint_logp(&lp_host, &actions, b);
         Ok(ActOutput {
@@ -881,7 +899,12 @@ impl PpoAgent {
 
     /// The most probable valid actions (evaluation); does not touch the generator.
     pub fn act_greedy(&self, obs: &[f32], mask: Option<&[f32]>) -> Result<ActOutput, PpoError> {
-        let (probs, lp_host, values, b) = self.forward_host(obs, mask)?;
+        let HostForward {
+            probs,
+            lp_host,
+            values,
+            batch: b,
+        } = self.forward_host(obs, mask)?;
         let actions = self.space.mode(&probs, mask);
         let log_probs = self.joint_logp(&lp_host, &actions, b);
         Ok(ActOutput {
@@ -899,7 +922,7 @@ impl PpoAgent {
 
     /// Action probabilities `[B, sum(action_dims)]` (masked entries are exactly 0).
     pub fn probs(&self, obs: &[f32], mask: Option<&[f32]>) -> Result<Vec<f32>, PpoError> {
-        Ok(self.forward_host(obs, mask)?.0)
+        Ok(self.forward_host(obs, mask)?.probs)
     }
 
     /// One PPO update on a full rollout buffer.

@@ -81,10 +81,9 @@ impl CartPole {
         let theta = theta + TAU * theta_dot;
         let theta_dot = theta_dot + TAU * thetaacc;
         self.state = [x, x_dot, theta, theta_dot];
-        x < -X_THRESHOLD
-            || x > X_THRESHOLD
-            || theta < -THETA_THRESHOLD_RADIANS
-            || theta > THETA_THRESHOLD_RADIANS
+        // Gymnasium: x < -x_threshold or x > x_threshold or theta < -t or theta > t.
+        !(-X_THRESHOLD..=X_THRESHOLD).contains(&x)
+            || !(-THETA_THRESHOLD_RADIANS..=THETA_THRESHOLD_RADIANS).contains(&theta)
     }
 }
 

@@ -1,6 +1,9 @@
 //! One integration-test binary (one link step): learning, checkpoints, determinism, bad
 //! input, adversary and discriminator.
 
+// Test helpers outside `#[test]` functions may unwrap too: a failure is a test failure.
+#![allow(clippy::unwrap_used)]
+
 mod adversary;
 mod checkpoint;
 mod discriminator;
