@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::{self, CheckpointError};
 use crate::init::{self, InitError};
-use crate::nets::{Activation, InitLinear, Mlp, MlpConfig, NetError, HIDDEN_GAIN};
+use crate::nets::{Activation, InitLinear, Mlp, MlpConfig, NetError, VALUE_HEAD_GAIN};
 use crate::optim::{clip_grad_norm, Adam, AdamConfig, AdamState, OptimError};
 use crate::rng::{self, Rng, RngState};
 
@@ -198,12 +198,7 @@ impl Discriminator {
             activation: cfg.activation,
         };
         let trunk = Mlp::new(&mcfg, vb.pp("trunk"))?;
-        let head = InitLinear::new(
-            mcfg.output_dim(),
-            1,
-            HIDDEN_GAIN / 2f64.sqrt(),
-            vb.pp("head"),
-        )?;
+        let head = InitLinear::new(mcfg.output_dim(), 1, VALUE_HEAD_GAIN, vb.pp("head"))?;
         let mut rng = rng::seeded(seed);
         let mut plan = trunk.init_plan();
         plan.extend(head.init_plan());
@@ -317,12 +312,17 @@ impl Discriminator {
         epochs: usize,
         batch: usize,
     ) -> Result<DiscriminatorStats, DiscriminatorError> {
+        if epochs == 0 || batch == 0 {
+            return Err(DiscriminatorError::InvalidConfig {
+                field: "epochs/batch",
+                reason: "fit needs at least one epoch and a batch of at least one row".into(),
+            });
+        }
         let d = self.cfg.input_dim;
         self.input("real", real)?;
         self.input("fake", fake)?;
         let mut ri: Vec<usize> = (0..real.len() / d).collect();
         let mut fi: Vec<usize> = (0..fake.len() / d).collect();
-        let batch = batch.max(1);
         let mut last = DiscriminatorStats {
             loss: f32::NAN,
             acc_real: 0.0,

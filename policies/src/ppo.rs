@@ -946,6 +946,9 @@ impl PpoAgent {
                 got: format!("obs_dim {}, {} action dims", buf.obs_dim, buf.num_dims),
             });
         }
+        if buf.masked {
+            self.space.check_mask(&buf.masks, self.cfg.batch_size())?;
+        }
         self.space
             .check_actions(&buf.actions, buf.masked.then_some(buf.masks.as_slice()))?;
         let (advantages, returns) = gae(&gi, self.cfg.gamma, self.cfg.gae_lambda)?;

@@ -66,3 +66,32 @@ fn adversary_learns_the_worst_combination_within_budget_per_context() {
         );
     }
 }
+
+#[test]
+fn adversary_checkpoint_continues_identically() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("adv");
+    let cfg = AdversaryConfig {
+        context_dim: 2,
+        choices: vec![3, 2],
+        max_active: 1,
+        hidden: vec![8],
+        ..AdversaryConfig::default()
+    };
+    let mut a = Adversary::new(&cfg, 4).unwrap();
+    let batch: Vec<_> = (0..8)
+        .map(|i| (a.sample(&[1.0, 0.0]).unwrap(), i as f32))
+        .collect();
+    a.update(&batch).unwrap();
+    a.save(&p).unwrap();
+    let mut b = Adversary::load(&p).unwrap();
+    let step = |x: &mut Adversary| {
+        let batch: Vec<_> = (0..8)
+            .map(|i| (x.sample(&[0.0, 1.0]).unwrap(), -(i as f32)))
+            .collect();
+        let stats = x.update(&batch).unwrap();
+        (batch.into_iter().map(|(s, _)| s).collect::<Vec<_>>(), stats)
+    };
+    assert_eq!(step(&mut a), step(&mut b));
+    assert_eq!(a.state().unwrap(), b.state().unwrap());
+}

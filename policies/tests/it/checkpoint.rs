@@ -236,3 +236,50 @@ fn wrong_shapes_are_named() {
     let e = PpoAgent::new(&bad, &cfg(), 0).err().unwrap().to_string();
     assert!(e.contains("`hidden`"), "{e}");
 }
+
+#[test]
+fn target_kl_stops_updates_early_and_the_learning_rate_is_annealed() {
+    let net = net(4, vec![2], vec![16]);
+    let base = PpoConfig {
+        num_envs: 4,
+        num_steps: 32,
+        total_updates: 4,
+        learning_rate: 1e-2,
+        ..PpoConfig::default()
+    };
+    for target_kl in [None, Some(1e-6)] {
+        let mut a = PpoAgent::new(
+            &net,
+            &PpoConfig {
+                target_kl,
+                ..base.clone()
+            },
+            3,
+        )
+        .unwrap();
+        let mut venv = cartpole(3);
+        let mut buf = RolloutBuffer::new(32, 4, &net, false);
+        for (i, want_lr) in [1e-2, 0.75e-2, 0.5e-2].into_iter().enumerate() {
+            collect(&mut a, &mut venv, &mut buf).unwrap();
+            let s = a.update(&buf).unwrap();
+            assert_eq!(s.update, i as u64);
+            assert!(
+                (s.learning_rate - want_lr).abs() < 1e-15,
+                "{}",
+                s.learning_rate
+            );
+            match target_kl {
+                None => assert!(
+                    !s.early_stopped && s.epochs == 4 && s.minibatches == 16,
+                    "{s:?}"
+                ),
+                // The first minibatch sees the collection policy (KL ~ 0); after one step
+                // at lr 1e-2 the KL exceeds 1e-6 and the update stops.
+                Some(_) => assert!(
+                    s.early_stopped && s.minibatches < 16 && s.epochs == 1,
+                    "{s:?}"
+                ),
+            }
+        }
+    }
+}

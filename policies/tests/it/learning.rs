@@ -13,26 +13,35 @@ fn one_hot(n: usize, i: usize) -> Vec<f32> {
 }
 
 #[test]
-fn contextual_bandit_learns_the_best_arm_of_every_context() {
+fn contextual_bandit_learns_the_best_arm_of_every_context_shared_or_separate() {
     let best = vec![2, 0, 3, 1];
-    let envs = (0..8)
-        .map(|i| ContextualBandit::new(best.clone(), 4, 100 + i))
-        .collect();
-    let mut venv = VecEnv::new(envs).unwrap();
-    let mut agent = PpoAgent::new(&net(4, vec![4], vec![32]), &fast_ppo(8, 16, 3e-3), 1).unwrap();
-    // Before training: uniform (policy head gain 0.01).
-    let p0 = agent.probs(&one_hot(4, 0), None).unwrap();
-    assert!(p0.iter().all(|&p| (p - 0.25).abs() < 0.02), "{p0:?}");
-    let (eps, _) = train(&mut agent, &mut venv, false, 50);
-    for (c, &b) in best.iter().enumerate() {
-        let a = agent.act_greedy(&one_hot(4, c), None).unwrap().actions;
-        assert_eq!(a, vec![b as u32], "context {c}");
-        let p = agent.probs(&one_hot(4, c), None).unwrap();
-        assert!(p[b] > 0.9, "context {c}: {p:?}");
+    for shared in [false, true] {
+        let envs = (0..8)
+            .map(|i| ContextualBandit::new(best.clone(), 4, 100 + i))
+            .collect();
+        let mut venv = VecEnv::new(envs).unwrap();
+        let cfg = policies::nets::ActorCriticConfig {
+            shared_trunk: shared,
+            ..net(4, vec![4], vec![32])
+        };
+        let mut agent = PpoAgent::new(&cfg, &fast_ppo(8, 16, 3e-3), 1).unwrap();
+        // Before training: uniform (policy head gain 0.01).
+        let p0 = agent.probs(&one_hot(4, 0), None).unwrap();
+        assert!(p0.iter().all(|&p| (p - 0.25).abs() < 0.02), "{p0:?}");
+        let (eps, _) = train(&mut agent, &mut venv, false, 50);
+        for (c, &b) in best.iter().enumerate() {
+            let a = agent.act_greedy(&one_hot(4, c), None).unwrap().actions;
+            assert_eq!(a, vec![b as u32], "shared {shared}, context {c}");
+            let p = agent.probs(&one_hot(4, c), None).unwrap();
+            assert!(p[b] > 0.9, "shared {shared}, context {c}: {p:?}");
+        }
+        let tail = &eps[eps.len() - 128..];
+        let mean = tail.iter().map(|e| e.ret).sum::<f64>() / tail.len() as f64;
+        assert!(
+            mean > 0.85,
+            "shared {shared}: mean reward of the last 128 episodes {mean}"
+        );
     }
-    let tail = &eps[eps.len() - 128..];
-    let mean = tail.iter().map(|e| e.ret).sum::<f64>() / tail.len() as f64;
-    assert!(mean > 0.85, "mean reward of the last 128 episodes {mean}");
 }
 
 #[test]
