@@ -506,6 +506,7 @@ impl Adversary {
     /// Rebuild from [`Self::save`]'s files.
     pub fn load(prefix: &Path) -> Result<Self, AdversaryError> {
         let st: AdversaryState = checkpoint::load_state(prefix, ADVERSARY_CHECKPOINT_KIND)?;
+        checkpoint::check_numel(prefix, st.config.net().num_params())?;
         let mut a = Self::new(&st.config, st.seed)?;
         checkpoint::load_weights(prefix, &a.varmap)?;
         a.adam.load_state(&st.adam)?;

@@ -74,6 +74,18 @@ pub enum CheckpointError {
         /// The tensor.
         tensor: String,
     },
+    /// The state file describes a model of another size than the weights file holds.
+    #[error(
+        "checkpoint {file}: holds {found} parameters, the state file's architecture has {expected}"
+    )]
+    Architecture {
+        /// The weights file.
+        file: PathBuf,
+        /// Parameters implied by the state file (`None`: overflow, a corrupted config).
+        expected: String,
+        /// Parameters in the weights file.
+        found: usize,
+    },
     /// A tensor's shape differs.
     #[error(
         "checkpoint {file}: tensor `{tensor}` has shape {found:?}, the model expects {expected:?}"
@@ -270,6 +282,33 @@ pub fn load_state<S: DeserializeOwned>(prefix: &Path, kind: &str) -> Result<S, C
     }
     let b: Body<S> = rmp_serde::from_slice(&bytes).map_err(corrupt)?;
     Ok(b.state)
+}
+
+/// Check, before any model is built from a state file, that `<prefix>.safetensors` holds
+/// exactly `expected` f32 values: a corrupted or mismatched config can then not make the
+/// loader allocate an arbitrary amount of memory.
+pub fn check_numel(prefix: &Path, expected: Option<usize>) -> Result<(), CheckpointError> {
+    let file = weights_path(prefix);
+    let bytes = read(&file)?;
+    let st = SafeTensors::deserialize(&bytes).map_err(|e| CheckpointError::Corrupt {
+        file: file.clone(),
+        reason: e.to_string(),
+    })?;
+    let found: usize = st
+        .tensors()
+        .iter()
+        .map(|(_, v)| v.shape().iter().product::<usize>())
+        .sum();
+    if expected != Some(found) {
+        let expected =
+            expected.map_or_else(|| "an overflowing number of".to_string(), |e| e.to_string());
+        return Err(CheckpointError::Architecture {
+            file,
+            expected,
+            found,
+        });
+    }
+    Ok(())
 }
 
 /// Read `<prefix>.safetensors` and set every variable of `varmap` from it. Every tensor is

@@ -89,6 +89,23 @@ pub struct DiscriminatorConfig {
     pub max_grad_norm: f64,
 }
 
+impl DiscriminatorConfig {
+    fn mlp(&self) -> MlpConfig {
+        MlpConfig {
+            input_dim: self.input_dim,
+            hidden: self.hidden.clone(),
+            activation: self.activation,
+        }
+    }
+
+    /// Number of scalar parameters (`None` on overflow).
+    pub fn num_params(&self) -> Option<usize> {
+        let m = self.mlp();
+        m.num_params()?
+            .checked_add(crate::nets::linear_params(m.output_dim(), 1)?)
+    }
+}
+
 impl Default for DiscriminatorConfig {
     fn default() -> Self {
         Self {
@@ -192,11 +209,7 @@ impl Discriminator {
         }
         let varmap = VarMap::new();
         let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
-        let mcfg = MlpConfig {
-            input_dim: cfg.input_dim,
-            hidden: cfg.hidden.clone(),
-            activation: cfg.activation,
-        };
+        let mcfg = cfg.mlp();
         let trunk = Mlp::new(&mcfg, vb.pp("trunk"))?;
         let head = InitLinear::new(mcfg.output_dim(), 1, VALUE_HEAD_GAIN, vb.pp("head"))?;
         let mut rng = rng::seeded(seed);
@@ -372,6 +385,7 @@ impl Discriminator {
     /// Rebuild from [`Self::save`]'s files.
     pub fn load(prefix: &Path) -> Result<Self, DiscriminatorError> {
         let st: DiscriminatorState = checkpoint::load_state(prefix, DISCRIMINATOR_CHECKPOINT_KIND)?;
+        checkpoint::check_numel(prefix, st.config.num_params())?;
         let mut d = Self::new(&st.config, st.seed)?;
         checkpoint::load_weights(prefix, &d.varmap)?;
         d.adam.load_state(&st.adam)?;

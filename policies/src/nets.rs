@@ -120,6 +120,11 @@ impl Module for InitLinear {
     }
 }
 
+/// Weights and biases of an `in_dim -> out_dim` linear layer (`None` on overflow).
+pub fn linear_params(in_dim: usize, out_dim: usize) -> Option<usize> {
+    in_dim.checked_add(1)?.checked_mul(out_dim)
+}
+
 /// Configuration of an [`Mlp`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct MlpConfig {
@@ -135,6 +140,17 @@ impl MlpConfig {
     /// Width of the output.
     pub fn output_dim(&self) -> usize {
         self.hidden.last().copied().unwrap_or(self.input_dim)
+    }
+
+    /// Number of scalar parameters (`None` on overflow, e.g. from a corrupted config).
+    pub fn num_params(&self) -> Option<usize> {
+        let mut total = 0usize;
+        let mut in_dim = self.input_dim;
+        for &h in &self.hidden {
+            total = total.checked_add(linear_params(in_dim, h)?)?;
+            in_dim = h;
+        }
+        Some(total)
     }
 
     fn validate(&self) -> Result<(), NetError> {
@@ -214,6 +230,22 @@ pub struct ActorCriticConfig {
 }
 
 impl ActorCriticConfig {
+    /// Number of scalar parameters of the network it describes (`None` on overflow).
+    pub fn num_params(&self) -> Option<usize> {
+        let trunk = self.trunk_config();
+        let trunks = if self.shared_trunk { 1 } else { 2 };
+        let feat = trunk.output_dim();
+        let logits = self
+            .action_dims
+            .iter()
+            .try_fold(0usize, |a, &n| a.checked_add(n))?;
+        trunk
+            .num_params()?
+            .checked_mul(trunks)?
+            .checked_add(linear_params(feat, logits)?)?
+            .checked_add(linear_params(feat, 1)?)
+    }
+
     /// Total number of logits (sum of `action_dims`).
     pub fn num_logits(&self) -> usize {
         self.action_dims.iter().sum()
@@ -410,6 +442,8 @@ mod tests {
             want.sort();
             assert_eq!(names, want);
             assert_eq!(ac.init_plan().len(), want.len());
+            let numel: usize = want.iter().map(|(_, s)| s.iter().product::<usize>()).sum();
+            assert_eq!(cfg(shared).num_params(), Some(numel));
             let obs = Tensor::zeros((3, 4), DType::F32, &Device::Cpu).unwrap();
             let (l, v) = ac.forward(&obs).unwrap();
             assert_eq!(l.dims(), &[3, 5]);

@@ -183,6 +183,9 @@ impl PpoConfig {
         if self.num_steps == 0 {
             return bad("num_steps", "must be > 0");
         }
+        if self.num_envs.checked_mul(self.num_steps).is_none() {
+            return bad("num_steps", "num_envs * num_steps overflows");
+        }
         if self.update_epochs == 0 {
             return bad("update_epochs", "must be > 0");
         }
@@ -1113,6 +1116,7 @@ impl PpoAgent {
     /// file and every tensor must match it by name and shape.
     pub fn load(prefix: &Path) -> Result<Self, PpoError> {
         let st: PpoState = checkpoint::load_state(prefix, PPO_CHECKPOINT_KIND)?;
+        checkpoint::check_numel(prefix, st.net.num_params())?;
         let mut agent = Self::new(&st.net, &st.ppo, st.seed)?;
         checkpoint::load_weights(prefix, &agent.varmap)?;
         agent.adam.load_state(&st.adam)?;

@@ -283,3 +283,41 @@ fn target_kl_stops_updates_early_and_the_learning_rate_is_annealed() {
         }
     }
 }
+
+#[test]
+fn corrupted_checkpoints_give_errors_never_panics_or_huge_allocations() {
+    use rand::Rng;
+    let dir = tempfile::tempdir().unwrap();
+    let prefix = dir.path().join("agent");
+    let a = PpoAgent::new(&net(4, vec![2], vec![16]), &cfg(), 1).unwrap();
+    // A state file claiming a 2^40-wide hidden layer next to the real weights: rejected
+    // before anything is allocated.
+    let mut st = a.state().unwrap();
+    st.net.hidden = vec![1 << 40];
+    policies::checkpoint::save(&prefix, policies::ppo::PPO_CHECKPOINT_KIND, a.varmap(), &st)
+        .unwrap();
+    let e = PpoAgent::load(&prefix).err().unwrap().to_string();
+    assert!(
+        e.contains("agent.safetensors") && e.contains("parameters"),
+        "{e}"
+    );
+    // Random byte corruptions of either file: an error or a valid agent, never a panic.
+    a.save(&prefix).unwrap();
+    let files = [weights_path(&prefix), state_path(&prefix)];
+    let originals: Vec<Vec<u8>> = files.iter().map(|f| std::fs::read(f).unwrap()).collect();
+    let mut rng = policies::rng::seeded(99);
+    let mut errors = 0;
+    for k in 0..200 {
+        let which = k % 2;
+        let mut bytes = originals[which].clone();
+        for _ in 0..rng.gen_range(1..4) {
+            let i = rng.gen_range(0..bytes.len());
+            bytes[i] = rng.gen();
+        }
+        std::fs::write(&files[which], &bytes).unwrap();
+        errors += usize::from(PpoAgent::load(&prefix).is_err());
+        std::fs::write(&files[which], &originals[which]).unwrap();
+    }
+    assert!(errors > 0);
+    PpoAgent::load(&prefix).unwrap();
+}
