@@ -242,6 +242,21 @@ pub fn collect<E: Env>(
     venv: &mut VecEnv<E>,
     buf: &mut RolloutBuffer,
 ) -> Result<Vec<Episode>, RolloutError> {
+    let (net, cfg) = (agent.net_config(), agent.config());
+    if venv.obs_dim() != net.obs_dim
+        || venv.action_dims() != net.action_dims.as_slice()
+        || venv.len() != cfg.num_envs
+    {
+        return Err(RolloutError::Config(format!(
+            "envs give {} x obs_dim {} with action dims {:?}; the agent expects {} x obs_dim {} with action dims {:?}",
+            venv.len(),
+            venv.obs_dim(),
+            venv.action_dims(),
+            cfg.num_envs,
+            net.obs_dim,
+            net.action_dims
+        )));
+    }
     buf.clear();
     let mut episodes = Vec::new();
     let n = venv.len();

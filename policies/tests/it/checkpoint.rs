@@ -229,6 +229,15 @@ fn wrong_shapes_are_named() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("`obs`") && e.contains("16 entries"), "{e}");
+    // 5 envs x 4 features = 20 values would also fit 4 rows of obs_dim 5: caught up front.
+    let net5 = net(5, vec![2], vec![8]);
+    let mut b = PpoAgent::new(&net5, &cfg(), 0).unwrap();
+    let mut venv5 = VecEnv::new((0..5).map(CartPole::new).collect()).unwrap();
+    let mut buf5 = RolloutBuffer::new(32, 4, &net5, false);
+    let e = collect(&mut b, &mut venv5, &mut buf5)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("obs_dim 4") && e.contains("obs_dim 5"), "{e}");
     let bad = policies::nets::ActorCriticConfig {
         hidden: vec![0],
         ..net4

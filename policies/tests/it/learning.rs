@@ -192,3 +192,98 @@ fn time_limit_truncation_bootstraps_from_the_final_observation() {
         );
     }
 }
+
+/// One-step episodes whose observation is a hashed encoding of a log line; the right
+/// action depends on what the line says.
+#[derive(Debug, Clone)]
+struct LogTriage {
+    enc: policies::encoder::HashedTextEncoder,
+    rng: policies::rng::Rng,
+    case: usize,
+}
+
+const LOG_LINES: [(&str, u32); 3] = [
+    ("write /var/lib/db: No space left on device", 0),
+    ("curl: (6) Could not resolve host: mirror.local", 1),
+    ("bash: /usr/bin/make: Permission denied", 2),
+];
+
+impl LogTriage {
+    fn obs(&self) -> Vec<f32> {
+        use policies::encoder::{Encoder, Observation};
+        let (text, _) = LOG_LINES[self.case];
+        self.enc
+            .encode(&Observation {
+                text,
+                numeric: &[self.case as f32 / 10.0],
+            })
+            .unwrap()
+    }
+}
+
+impl policies::rollout::Env for LogTriage {
+    fn obs_dim(&self) -> usize {
+        use policies::encoder::Encoder;
+        self.enc.dim()
+    }
+    fn action_dims(&self) -> Vec<usize> {
+        vec![3]
+    }
+    fn reset(&mut self) -> Vec<f32> {
+        use rand::Rng;
+        self.case = self.rng.gen_range(0..3);
+        self.obs()
+    }
+    fn step(&mut self, action: &[u32]) -> policies::rollout::Step {
+        let reward = if action[0] == LOG_LINES[self.case].1 {
+            1.0
+        } else {
+            0.0
+        };
+        policies::rollout::Step {
+            obs: self.obs(),
+            reward,
+            terminated: true,
+            truncated: false,
+        }
+    }
+}
+
+#[test]
+fn ppo_learns_from_hashed_text_observations() {
+    use policies::encoder::{Encoder, HashedTextConfig, HashedTextEncoder, Observation};
+    let enc = HashedTextEncoder::new(HashedTextConfig {
+        text_dim: 256,
+        numeric_dim: 1,
+        ..Default::default()
+    })
+    .unwrap();
+    let envs = (0..8)
+        .map(|i| LogTriage {
+            enc: enc.clone(),
+            rng: policies::rng::seeded(300 + i),
+            case: 0,
+        })
+        .collect();
+    let mut venv = VecEnv::new(envs).unwrap();
+    let mut agent = PpoAgent::new(
+        &net(enc.dim(), vec![3], vec![32]),
+        &fast_ppo(8, 16, 3e-3),
+        5,
+    )
+    .unwrap();
+    train(&mut agent, &mut venv, false, 40);
+    for (case, (text, want)) in LOG_LINES.iter().enumerate() {
+        let obs = enc
+            .encode(&Observation {
+                text,
+                numeric: &[case as f32 / 10.0],
+            })
+            .unwrap();
+        assert_eq!(
+            agent.act_greedy(&obs, None).unwrap().actions,
+            vec![*want],
+            "{text}"
+        );
+    }
+}
