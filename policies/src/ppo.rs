@@ -938,15 +938,22 @@ impl PpoAgent {
                 got: format!("{} steps x {} envs", buf.num_steps, buf.num_envs),
             });
         }
-        if buf.obs_dim != self.net_cfg.obs_dim || buf.num_dims != self.net_cfg.action_dims.len() {
+        if buf.obs_dim != self.net_cfg.obs_dim
+            || buf.num_dims != self.net_cfg.action_dims.len()
+            || buf.mask_width != self.space.total()
+        {
             return Err(PpoError::Shape {
                 tensor: "rollout buffer",
                 expected: format!(
-                    "obs_dim {}, {} action dims",
+                    "obs_dim {}, {} action dims, {} logits",
                     self.net_cfg.obs_dim,
-                    self.net_cfg.action_dims.len()
+                    self.net_cfg.action_dims.len(),
+                    self.space.total()
                 ),
-                got: format!("obs_dim {}, {} action dims", buf.obs_dim, buf.num_dims),
+                got: format!(
+                    "obs_dim {}, {} action dims, {} logits",
+                    buf.obs_dim, buf.num_dims, buf.mask_width
+                ),
             });
         }
         if buf.masked {
