@@ -22,7 +22,8 @@ fn fork_bomb_is_contained_by_the_pids_limit_and_timeout() {
     let r = sb.exec(&req).unwrap();
     // Either the deadline hits, or the shell itself cannot fork `sleep` any more.
     assert!(
-        r.termination == Termination::TimedOut || String::from_utf8_lossy(&r.stderr).contains("fork"),
+        r.termination == Termination::TimedOut
+            || String::from_utf8_lossy(&r.stderr).contains("fork"),
         "{r:?}"
     );
     // Every process of the bomb is gone, init survives, and the sandbox still works.

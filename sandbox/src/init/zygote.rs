@@ -67,7 +67,10 @@ impl Init {
         if self.zygote.is_none() {
             self.zygote = Some(self.start_zygote()?);
         }
-        let z = self.zygote.as_mut().ok_or_else(|| "no zygote".to_string())?;
+        let z = self
+            .zygote
+            .as_mut()
+            .ok_or_else(|| "no zygote".to_string())?;
         if !z.ready {
             z.wait_ready()?;
         }
