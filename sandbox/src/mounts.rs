@@ -29,19 +29,20 @@ impl Layout {
     pub fn new(dir: impl Into<PathBuf>) -> Self {
         Self { dir: dir.into() }
     }
+    /// The size-limited tmpfs of one episode: it holds the upper and work directories and is
+    /// the mount point of the root, so one detach removes the whole episode's tree.
+    pub fn rw(&self) -> PathBuf {
+        self.dir.join("ep")
+    }
     /// The merged root the commands are chrooted into.
     pub fn root(&self) -> PathBuf {
-        self.dir.join("root")
-    }
-    /// Mount point of the size-limited tmpfs holding the upper and work directories.
-    pub fn rw(&self) -> PathBuf {
-        self.dir.join("rw")
+        self.dir.join("ep/root")
     }
     pub fn upper(&self) -> PathBuf {
-        self.dir.join("rw/upper")
+        self.dir.join("ep/upper")
     }
     pub fn work(&self) -> PathBuf {
-        self.dir.join("rw/work")
+        self.dir.join("ep/work")
     }
     pub fn proc(&self) -> PathBuf {
         self.dir.join("proc")
@@ -125,7 +126,6 @@ pub fn setup_private_dir(
     ] {
         sys.mkdir(&d, 0o700)?;
     }
-    sys.mkdir(&layout.root(), 0o755)?;
     sys.mkdir(&layout.skel(), 0o755)?;
     for d in ["proc", "dev", "sys"] {
         sys.mkdir(&layout.skel().join(d), 0o555)?;
@@ -251,8 +251,8 @@ pub fn overlay_options(layout: &Layout, lowers: &[String]) -> Result<String, Mou
     Ok(opts)
 }
 
-/// Step 3 (and every reset): a fresh size-limited tmpfs for the writable layer, the overlay
-/// on `root`, and the side trees bound into it.
+/// Step 3 (and every reset): a fresh size-limited tmpfs for the episode (upper, work and the
+/// root's mount point), the overlay on `root`, and the side trees bound into it.
 pub fn mount_root(
     sys: &mut dyn Sys,
     layout: &Layout,
@@ -269,6 +269,7 @@ pub fn mount_root(
     )?;
     sys.mkdir(&layout.upper(), 0o755)?;
     sys.mkdir(&layout.work(), 0o700)?;
+    sys.mkdir(&layout.root(), 0o755)?;
     let root = layout.root();
     sys.mount(
         "overlay",
@@ -301,10 +302,9 @@ pub fn mount_root(
     Ok(())
 }
 
-/// Undo [`mount_root`]: detach the root tree (with its bound side trees) and drop the writable
-/// tmpfs, which frees exactly what the episode wrote.
+/// Undo [`mount_root`]: detach the episode's tmpfs with everything mounted under it (the
+/// root and its bound side trees) in one call, which frees exactly what the episode wrote.
 pub fn unmount_root(sys: &mut dyn Sys, layout: &Layout) -> Result<(), MountError> {
-    sys.umount(&layout.root(), true)?;
     sys.umount(&layout.rw(), true)?;
     Ok(())
 }
@@ -417,24 +417,25 @@ mod tests {
         assert_eq!(
             t,
             vec![
-                "mount tmpfs /s/rw",
-                "mkdir /s/rw/upper",
-                "mkdir /s/rw/work",
-                "mount overlay /s/root",
-                "mount  /s/root/proc",
-                "mount  /s/root/dev",
-                "mount  /s/root/sys",
-                "mount tmpfs /s/root/dev/shm",
+                "mount tmpfs /s/ep",
+                "mkdir /s/ep/upper",
+                "mkdir /s/ep/work",
+                "mkdir /s/ep/root",
+                "mount overlay /s/ep/root",
+                "mount  /s/ep/root/proc",
+                "mount  /s/ep/root/dev",
+                "mount  /s/ep/root/sys",
+                "mount tmpfs /s/ep/root/dev/shm",
             ]
         );
         match &r.ops[0] {
             Op::Mount { data, .. } => assert!(data.contains("size=67108864")),
             _ => unreachable!(),
         }
-        match &r.ops[3] {
+        match &r.ops[4] {
             Op::Mount { data, flags, .. } => {
                 assert!(
-                    data.starts_with("lowerdir=/s/skel:/store/b:/store/a,upperdir=/s/rw/upper"),
+                    data.starts_with("lowerdir=/s/skel:/store/b:/store/a,upperdir=/s/ep/upper"),
                     "{data}"
                 );
                 assert!(flags.contains(MsFlags::MS_NOSUID));
@@ -443,7 +444,7 @@ mod tests {
         }
         let mut r = Recorder::default();
         unmount_root(&mut r, &l).unwrap();
-        assert_eq!(targets(&r.ops), vec!["umount /s/root", "umount /s/rw"]);
+        assert_eq!(targets(&r.ops), vec!["umount /s/ep"]);
     }
 
     #[test]

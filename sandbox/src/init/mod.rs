@@ -178,7 +178,9 @@ impl Init {
                     .map_err(|e| InitError::Setup(format!("landlock policy: {e}")))?,
             );
         }
-        self.mount_root()
+        self.mount_root()?;
+        self.prestart_zygote();
+        Ok(())
     }
 
     /// Mount the root over `self.current` and prepare what each command needs of it.
@@ -207,7 +209,6 @@ impl Init {
                     .map_err(|e| InitError::Setup(format!("landlock: {e}")))?,
             );
         }
-        self.prestart_zygote();
         Ok(())
     }
 
@@ -302,26 +303,33 @@ impl Init {
 
     /// Kill every process of the sandbox but init, and reap them.
     pub(crate) fn kill_all(&mut self) {
+        self.signal_all();
+        self.wait_all();
+    }
+
+    /// SIGKILL every process of the sandbox but init, without waiting for them. One sweep of
+    /// `kill(-1)` from the init of a pid namespace reaches them all, and a process with a
+    /// pending SIGKILL can no longer fork.
+    fn signal_all(&mut self) {
         self.zygote = None; // it dies with the rest
-                            // kill(-1) from the init of a pid namespace reaches every other process in it; repeat
-                            // until none is left, so a fork bomb racing the first sweep is caught by the next.
-        for _ in 0..1000 {
-            // SAFETY: kill with integer arguments.
-            let rc = unsafe { libc::kill(-1, libc::SIGKILL) };
-            if rc != 0 {
+                            // SAFETY: kill with integer arguments.
+        unsafe { libc::kill(-1, libc::SIGKILL) };
+    }
+
+    /// Reap until no process but init is left (sweeping again in case one escaped the first).
+    fn wait_all(&mut self) {
+        for _ in 0..100_000 {
+            // SAFETY: kill with integer arguments. It fails with ESRCH once nothing is left,
+            // zombies included.
+            if unsafe { libc::kill(-1, libc::SIGKILL) } != 0 {
                 break;
             }
-            self.reap(None);
-        }
-        // Wait for the killed ones (they may be in uninterruptible sleep for a moment).
-        loop {
             match nix::sys::wait::waitpid(None, None) {
-                Ok(_) => continue,
-                Err(nix::errno::Errno::EINTR) => continue,
+                Ok(_) | Err(nix::errno::Errno::EINTR) => {}
                 Err(_) => break,
             }
         }
-        // Drain the signalfd of the SIGCHLDs we just consumed.
+        // Drain the signalfd of the SIGCHLDs just consumed.
         while let Ok(Some(_)) = self.sigfd.read_signal() {}
     }
 
@@ -344,12 +352,23 @@ impl Init {
     }
 
     fn reset(&mut self) -> Result<(), InitError> {
-        self.kill_all();
-        self.unmount_root()?;
+        self.current = self.plan.lowers.clone();
+        self.remount()?;
         self.snapshots.clear();
         snapshot::remove_all(&self.layout);
-        self.current = self.plan.lowers.clone();
-        self.mount_root()
+        Ok(())
+    }
+
+    /// Kill every process and mount a fresh root over `self.current`. The processes die while
+    /// the root is remounted (they hold only the detached old tree); all are reaped before
+    /// the new zygote starts.
+    pub(crate) fn remount(&mut self) -> Result<(), InitError> {
+        self.signal_all();
+        let r = self.unmount_root().and_then(|()| self.mount_root());
+        self.wait_all();
+        r?;
+        self.prestart_zygote();
+        Ok(())
     }
 
     fn health(&self) -> Health {

@@ -118,12 +118,8 @@ impl Init {
                 message: format!("no snapshot {id} in this episode"),
             };
         };
-        self.kill_all();
-        let r = self.unmount_root().and_then(|()| {
-            self.current = stack;
-            self.mount_root()
-        });
-        match r {
+        self.current = stack;
+        match self.remount() {
             Ok(()) => Response::Ok,
             Err(e) => Response::Failed {
                 kind: FailureKind::Internal,
