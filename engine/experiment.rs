@@ -75,6 +75,8 @@ pub struct SandboxSection {
     pub cpus: f64,
     /// Threads, each with its own warm sandbox.
     pub workers: usize,
+    /// Commands run as root of a user namespace (see `engine sandbox exec --userns`).
+    pub userns: bool,
 }
 
 impl Default for SandboxSection {
@@ -86,6 +88,7 @@ impl Default for SandboxSection {
             pids: 128,
             cpus: 1.0,
             workers: 2,
+            userns: false,
         }
     }
 }
@@ -179,6 +182,7 @@ impl Experiment {
         }
         c.limits.pids = s.pids;
         c.limits.cpus = s.cpus;
+        c.userns = s.userns;
         Ok(c)
     }
 }

@@ -30,6 +30,10 @@ pub struct SandboxOpts {
     /// Size of the writable layer; writes beyond it fail with ENOSPC.
     #[arg(long, default_value = "64M")]
     pub disk: String,
+    /// Run as root of a user namespace (an unprivileged uid on the host). System files of
+    /// the read-only layers then appear owned by `nobody` and cannot be changed.
+    #[arg(long)]
+    pub userns: bool,
 }
 
 impl SandboxOpts {
@@ -49,6 +53,7 @@ impl SandboxOpts {
         );
         c.limits.pids = self.pids;
         c.limits.cpus = self.cpus;
+        c.userns = self.userns;
         Ok(c)
     }
 }

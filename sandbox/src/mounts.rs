@@ -96,6 +96,22 @@ pub const DEVICES: &[(&str, u64, u64)] = &[
     ("tty", 5, 0),
 ];
 
+/// Directories that root inside a user-namespaced sandbox must own to work at all (home,
+/// scratch space, runtime state), with their modes; created in the upper layer at each mount.
+pub const USERNS_OWNED: &[(&str, u32)] = &[
+    ("root", 0o700),
+    ("tmp", 0o1777),
+    ("home", 0o755),
+    ("run", 0o755),
+    ("var", 0o755),
+    ("var/tmp", 0o1777),
+    ("var/log", 0o755),
+    ("var/cache", 0o755),
+    ("opt", 0o755),
+    ("srv", 0o755),
+    ("mnt", 0o755),
+];
+
 /// Step 1: make every mount of the new namespace private (nothing propagates to the host),
 /// put a tmpfs on the sandbox's private directory and lay out its sub-directories.
 pub fn setup_private_dir(
@@ -115,7 +131,7 @@ pub fn setup_private_dir(
         &layout.dir,
         "tmpfs",
         MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-        &format!("mode=0700,size={scratch_bytes}"),
+        &format!("mode=0711,size={scratch_bytes}"),
     )?;
     for d in [
         layout.rw(),
@@ -253,11 +269,15 @@ pub fn overlay_options(layout: &Layout, lowers: &[String]) -> Result<String, Mou
 
 /// Step 3 (and every reset): a fresh size-limited tmpfs for the episode (upper, work and the
 /// root's mount point), the overlay on `root`, and the side trees bound into it.
+///
+/// With `userns_root` (the host uid that is root inside a user-namespaced sandbox), the root
+/// directory and [`USERNS_OWNED`] are created in the upper layer owned by that uid.
 pub fn mount_root(
     sys: &mut dyn Sys,
     layout: &Layout,
     lowers: &[String],
     disk_bytes: u64,
+    userns_root: Option<u32>,
 ) -> Result<(), MountError> {
     let opts = overlay_options(layout, lowers)?;
     sys.mount(
@@ -270,6 +290,14 @@ pub fn mount_root(
     sys.mkdir(&layout.upper(), 0o755)?;
     sys.mkdir(&layout.work(), 0o700)?;
     sys.mkdir(&layout.root(), 0o755)?;
+    if let Some(uid) = userns_root {
+        sys.chown(&layout.upper(), uid, uid)?;
+        for (d, mode) in USERNS_OWNED {
+            let p = layout.upper().join(d);
+            sys.mkdir(&p, *mode)?;
+            sys.chown(&p, uid, uid)?;
+        }
+    }
     let root = layout.root();
     sys.mount(
         "overlay",
@@ -323,6 +351,7 @@ mod tests {
                 Op::Mknod { path, .. } => format!("mknod {}", path.display()),
                 Op::Symlink { link, .. } => format!("symlink {}", link.display()),
                 Op::SetXattr { path, .. } => format!("xattr {}", path.display()),
+                Op::Chown { path, uid, .. } => format!("chown {uid} {}", path.display()),
             })
             .collect()
     }
@@ -412,7 +441,7 @@ mod tests {
         let mut r = Recorder::default();
         let l = Layout::new("/s");
         let lowers = vec!["/store/b".to_string(), "/store/a".to_string()];
-        mount_root(&mut r, &l, &lowers, 64 << 20).unwrap();
+        mount_root(&mut r, &l, &lowers, 64 << 20, None).unwrap();
         let t = targets(&r.ops);
         assert_eq!(
             t,
@@ -445,6 +474,32 @@ mod tests {
         let mut r = Recorder::default();
         unmount_root(&mut r, &l).unwrap();
         assert_eq!(targets(&r.ops), vec!["umount /s/ep"]);
+    }
+
+    #[test]
+    fn user_namespaced_roots_give_root_inside_its_home_and_scratch_dirs() {
+        let mut r = Recorder::default();
+        let l = Layout::new("/s");
+        mount_root(&mut r, &l, &["/a".into()], 1 << 20, Some(100_000)).unwrap();
+        let t = targets(&r.ops);
+        let overlay = t
+            .iter()
+            .position(|x| x == "mount overlay /s/ep/root")
+            .unwrap();
+        for want in [
+            "chown 100000 /s/ep/upper",
+            "chown 100000 /s/ep/upper/root",
+            "chown 100000 /s/ep/upper/tmp",
+        ] {
+            let at = t
+                .iter()
+                .position(|x| x == want)
+                .unwrap_or_else(|| panic!("{want}: {t:?}"));
+            assert!(
+                at < overlay,
+                "the upper layer is prepared before the overlay is mounted"
+            );
+        }
     }
 
     #[test]

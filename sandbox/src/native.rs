@@ -131,7 +131,15 @@ pub struct SandboxConfig {
     /// Apply the landlock policy (`sandbox/policy/landlock.toml`).
     pub landlock: bool,
     pub nofile: u64,
+    /// Run commands in a user namespace: root inside is host uid/gid `USERNS_BASE`, an
+    /// unprivileged id. Trade-off: files of the read-only layers (owned by host root) appear
+    /// owned by `nobody` and cannot be modified by root inside; only the root directory and
+    /// the home and scratch directories (`mounts::USERNS_OWNED`) belong to root inside.
+    pub userns: bool,
 }
+
+/// Host uid and gid of root inside a user-namespaced sandbox (65,536 ids are mapped).
+pub const USERNS_BASE: u32 = 100_000;
 
 impl Default for SandboxConfig {
     fn default() -> Self {
@@ -157,6 +165,7 @@ impl Default for SandboxConfig {
             seccomp: true,
             landlock: true,
             nofile: 1024,
+            userns: false,
         }
     }
 }
@@ -424,6 +433,7 @@ impl Runtime {
             seccomp,
             landlock: cfg.landlock,
             nofile: cfg.nofile,
+            userns: cfg.userns.then_some((USERNS_BASE, 65_536)),
         };
         let t_setup = std::time::Instant::now();
         match sb.call(Request::Setup(Box::new(plan)), Duration::from_secs(30))? {

@@ -176,6 +176,9 @@ pub struct SetupPlan {
     pub landlock: bool,
     /// `RLIMIT_NOFILE` of commands.
     pub nofile: u64,
+    /// Run commands in a user namespace where root is host uid/gid `.0` (`.1` ids mapped).
+    #[serde(default)]
+    pub userns: Option<(u32, u32)>,
 }
 
 /// A request to init.

@@ -61,6 +61,11 @@ pub enum Op {
         name: String,
         value: Vec<u8>,
     },
+    Chown {
+        path: PathBuf,
+        uid: u32,
+        gid: u32,
+    },
 }
 
 /// The filesystem syscalls that mount planning needs.
@@ -84,6 +89,7 @@ pub trait Sys {
     ) -> Result<(), SysError>;
     fn symlink(&mut self, target: &str, link: &Path) -> Result<(), SysError>;
     fn set_xattr(&mut self, path: &Path, name: &str, value: &[u8]) -> Result<(), SysError>;
+    fn chown(&mut self, path: &Path, uid: u32, gid: u32) -> Result<(), SysError>;
 }
 
 /// The real kernel.
@@ -158,6 +164,11 @@ impl Sys for RealSys {
 
     fn set_xattr(&mut self, path: &Path, name: &str, value: &[u8]) -> Result<(), SysError> {
         set_xattr(path, name, value).map_err(|e| SysError::new("setxattr", path, e))
+    }
+
+    fn chown(&mut self, path: &Path, uid: u32, gid: u32) -> Result<(), SysError> {
+        std::os::unix::fs::lchown(path, Some(uid), Some(gid))
+            .map_err(|e| SysError::new("chown", path, e))
     }
 }
 
@@ -273,6 +284,15 @@ impl Sys for Recorder {
             path: path.into(),
             name: name.into(),
             value: value.to_vec(),
+        });
+        Ok(())
+    }
+
+    fn chown(&mut self, path: &Path, uid: u32, gid: u32) -> Result<(), SysError> {
+        self.ops.push(Op::Chown {
+            path: path.into(),
+            uid,
+            gid,
         });
         Ok(())
     }

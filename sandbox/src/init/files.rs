@@ -160,6 +160,14 @@ impl Init {
             while off < data.len() {
                 off += nix::unistd::write(&fd, &data[off..])?;
             }
+            // Owned by root as the sandbox sees it (in a user namespace, its host uid).
+            if let Some((base, _)) = self.plan.userns {
+                nix::unistd::fchown(
+                    fd.as_raw_fd(),
+                    Some(nix::unistd::Uid::from_raw(base)),
+                    Some(nix::unistd::Gid::from_raw(base)),
+                )?;
+            }
             nix::sys::stat::fchmod(
                 fd.as_raw_fd(),
                 nix::sys::stat::Mode::from_bits_truncate(mode & 0o7777),

@@ -190,6 +190,7 @@ impl Init {
             &self.layout,
             &self.current,
             self.plan.disk_bytes,
+            self.plan.userns.map(|(base, _)| base),
         )
         .map_err(|e| InitError::Setup(e.to_string()))?;
         let root = nix::fcntl::open(

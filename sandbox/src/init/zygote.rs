@@ -26,6 +26,7 @@ pub(super) enum Stage {
     Caps,
     Seccomp,
     Exec,
+    UserNs,
 }
 
 impl Stage {
@@ -36,6 +37,7 @@ impl Stage {
             3 => "landlock",
             4 => "dropping capabilities",
             5 => "seccomp",
+            7 => "entering the user namespace",
             _ => "execve",
         }
     }
@@ -101,11 +103,15 @@ impl Init {
             }
             Ok(nix::unistd::ForkResult::Parent { child }) => {
                 drop(theirs);
-                Ok(Zygote {
+                let mut z = Zygote {
                     sock: ours,
                     pid: child.as_raw(),
                     ready: false,
-                })
+                };
+                if let Some(map) = self.plan.userns {
+                    z.map_user_namespace(map, &self.layout.proc())?;
+                }
+                Ok(z)
             }
         }
     }
@@ -116,7 +122,7 @@ impl Init {
             let e = errno.to_le_bytes();
             let _ = sock.write_all(&[stage, e[0], e[1], e[2], e[3]]);
         };
-        let confined = self.confine(root);
+        let confined = self.confine(root, &mut sock);
         // Keep nothing of init's but our socket: not its control socket, not the pipes of the
         // command being started (their write ends must close when the command's do).
         let keep = sock.as_raw_fd() as u32;
@@ -145,20 +151,15 @@ impl Init {
 
     /// Everything a command inherits: own session, signals reset, chroot, limits, OOM score,
     /// landlock, capabilities, no_new_privs and seccomp, in that order.
-    fn confine(&mut self, root: &CString) -> Result<(), (Stage, i32)> {
+    fn confine(&mut self, root: &CString, sock: &mut UnixStream) -> Result<(), (Stage, i32)> {
+        // The OOM killer picks commands before init (raising the score needs no privilege).
+        let _ = std::fs::write("/proc/self/oom_score_adj", "1000");
         // SAFETY: (whole block) plain syscalls on values we own, in the single-threaded zygote.
         unsafe {
             libc::setsid();
-            libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
             libc::prctl(libc::PR_SET_NAME, c"sandbox-zygote".as_ptr(), 0, 0, 0);
             libc::sigprocmask(libc::SIG_SETMASK, &std::mem::zeroed(), std::ptr::null_mut());
             libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-            if libc::chroot(root.as_ptr()) != 0 {
-                return Err((Stage::Chroot, errno()));
-            }
-            if libc::chdir(c"/".as_ptr()) != 0 {
-                return Err((Stage::Chdir, errno()));
-            }
             let nofile = libc::rlimit {
                 rlim_cur: self.plan.nofile,
                 rlim_max: self.plan.nofile,
@@ -169,9 +170,29 @@ impl Init {
                 rlim_max: 0,
             };
             libc::setrlimit(libc::RLIMIT_CORE, &core);
+            if self.plan.userns.is_some() {
+                // Before chroot: the kernel refuses a new user namespace to a chrooted process.
+                if libc::unshare(libc::CLONE_NEWUSER) != 0 {
+                    return Err((Stage::UserNs, errno()));
+                }
+                // Ask init to write our uid and gid maps, and wait until it has.
+                let mut ack = [0u8; 1];
+                if sock.write_all(&[MAP_ME]).is_err() || sock.read_exact(&mut ack).is_err() {
+                    return Err((Stage::UserNs, libc::EPIPE));
+                }
+                if libc::setresgid(0, 0, 0) != 0 || libc::setresuid(0, 0, 0) != 0 {
+                    return Err((Stage::UserNs, errno()));
+                }
+            }
+            // After any credential change, which resets it.
+            libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
+            if libc::chroot(root.as_ptr()) != 0 {
+                return Err((Stage::Chroot, errno()));
+            }
+            if libc::chdir(c"/".as_ptr()) != 0 {
+                return Err((Stage::Chdir, errno()));
+            }
         }
-        // The OOM killer picks commands before init (raising the score needs no privilege).
-        let _ = std::fs::write("/proc/self/oom_score_adj", "1000");
         if let Some(ll) = self.landlock.take() {
             ll.enforce().map_err(|_| (Stage::Landlock, errno()))?;
         }
@@ -317,7 +338,41 @@ fn candidates(arg0: &str, env: &[String]) -> Vec<CString> {
         .collect()
 }
 
+/// The zygote's request to have its user namespace mapped.
+const MAP_ME: u8 = 0xff;
+
 impl Zygote {
+    /// Write the zygote's uid and gid maps (root inside is `base` outside) once it has entered
+    /// its user namespace.
+    /// `proc` is the sandbox's own /proc (pids are those of its pid namespace).
+    fn map_user_namespace(
+        &mut self,
+        (base, count): (u32, u32),
+        proc: &std::path::Path,
+    ) -> Result<(), String> {
+        let mut first = [0u8; 1];
+        self.sock
+            .read_exact(&mut first)
+            .map_err(|e| format!("the zygote died before its user namespace: {e}"))?;
+        if first[0] != MAP_ME {
+            let mut rest = [0u8; 4];
+            let _ = self.sock.read_exact(&mut rest);
+            return Err(format!(
+                "confining commands: {} failed: {}",
+                Stage::name(first[0]),
+                nix::errno::Errno::from_raw(i32::from_le_bytes(rest)).desc()
+            ));
+        }
+        let map = format!("0 {base} {count}\n");
+        for file in ["uid_map", "gid_map"] {
+            std::fs::write(proc.join(self.pid.to_string()).join(file), &map)
+                .map_err(|e| format!("writing the zygote's {file}: {e}"))?;
+        }
+        self.sock
+            .write_all(&[1])
+            .map_err(|e| format!("the zygote is gone: {e}"))
+    }
+
     fn wait_ready(&mut self) -> Result<(), String> {
         let mut ready = [0u8; 5];
         self.sock
