@@ -157,6 +157,9 @@ fn commands_that_cannot_start_get_clear_errors() {
     req.cwd = "/nonexistent".into();
     let err = sb.exec(&req).unwrap_err();
     assert!(err.to_string().contains("working directory"), "{err}");
+    let err = sb.exec(&ExecRequest::argv(["echo", "a\0b"])).unwrap_err();
+    assert!(err.to_string().contains("contains a NUL byte"), "{err}");
+    assert!(!err.is_infrastructure());
     let r = sh(&mut sb, "exec nothing-here");
     assert_eq!(r.exit_code(), 127);
     // The sandbox is still fine.

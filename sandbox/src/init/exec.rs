@@ -6,7 +6,6 @@ use crate::protocol::{Command, ExecRequest, ExecResult, FailureKind, Response, T
 use nix::fcntl::OFlag;
 use nix::poll::{PollFd, PollFlags, PollTimeout};
 use nix::sys::wait::WaitStatus;
-use std::ffi::CString;
 use std::io::Read;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::time::{Duration, Instant};
@@ -15,12 +14,12 @@ fn pipe() -> Result<(OwnedFd, OwnedFd), nix::errno::Errno> {
     nix::unistd::pipe2(OFlag::O_CLOEXEC)
 }
 
-fn cstrings(v: &[String], what: &str) -> Result<Vec<CString>, String> {
-    v.iter()
-        .map(|s| {
-            CString::new(s.as_bytes()).map_err(|_| format!("{what} {s:?} contains a NUL byte"))
-        })
-        .collect()
+/// Strings bound for `execve` cannot hold a NUL byte.
+fn nul_free(v: &[String], what: &str) -> Result<(), String> {
+    match v.iter().find(|s| s.contains('\0')) {
+        Some(s) => Err(format!("{what} {s:?} contains a NUL byte")),
+        None => Ok(()),
+    }
 }
 
 impl Init {
@@ -38,14 +37,12 @@ impl Init {
             Command::Shell(s) => vec!["/bin/sh".into(), "-c".into(), s.clone()],
         };
         let env = req.env.clone().unwrap_or_else(|| self.plan.env.clone());
-        let (c_argv, c_env) = match (cstrings(&argv, "argument"), cstrings(&env, "variable")) {
-            (Ok(a), Ok(e)) => (a, e),
-            (Err(m), _) | (_, Err(m)) => return invalid(m),
-        };
-        let Ok(c_cwd) = CString::new(req.cwd.as_bytes()) else {
-            return invalid("working directory contains a NUL byte".into());
-        };
-        let _ = (c_argv, c_env, c_cwd); // validated above; the zygote builds its own copies
+        let checked = nul_free(&argv, "argument")
+            .and_then(|()| nul_free(&env, "variable"))
+            .and_then(|()| nul_free(std::slice::from_ref(&req.cwd), "working directory"));
+        if let Err(m) = checked {
+            return invalid(m);
+        }
         let pipes = (|| Ok::<_, nix::errno::Errno>((pipe()?, pipe()?, pipe()?, pipe()?)))();
         let Ok(((in_r, in_w), (out_r, out_w), (err_r, err_w), (st_r, st_w))) = pipes else {
             return internal("creating pipes".into());
@@ -55,7 +52,7 @@ impl Init {
         for _attempt in 0..2 {
             let fds = [&in_r, &out_w, &err_w, &st_w];
             spawned = match self.zygote() {
-                Ok(z) => z.spawn(argv.clone(), env.clone(), req.cwd.clone(), fds),
+                Ok(z) => z.spawn(&argv, &env, &req.cwd, fds),
                 Err(e) => return internal(e),
             };
             if spawned.is_ok() {

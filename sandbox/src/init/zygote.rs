@@ -44,11 +44,19 @@ impl Stage {
 }
 
 /// What the zygote needs to start one command.
-#[derive(serde::Serialize, serde::Deserialize)]
+#[derive(serde::Deserialize)]
 struct Spawn {
     argv: Vec<String>,
     env: Vec<String>,
     cwd: String,
+}
+
+/// The same, borrowed, as init encodes it (same fields in the same order).
+#[derive(serde::Serialize)]
+struct SpawnRef<'a> {
+    argv: &'a [String],
+    env: &'a [String],
+    cwd: &'a str,
 }
 
 /// Init's handle on the zygote.
@@ -393,12 +401,12 @@ impl Zygote {
     /// Ask for one command; returns its pid.
     pub(super) fn spawn(
         &mut self,
-        argv: Vec<String>,
-        env: Vec<String>,
-        cwd: String,
+        argv: &[String],
+        env: &[String],
+        cwd: &str,
         fds: [&OwnedFd; 4],
     ) -> Result<i32, String> {
-        let body = rmp_serde::to_vec(&Spawn { argv, env, cwd })
+        let body = rmp_serde::to_vec(&SpawnRef { argv, env, cwd })
             .map_err(|e| format!("encoding the command: {e}"))?;
         let len = (body.len() as u32).to_le_bytes();
         let raw = fds.map(|f| f.as_raw_fd());
