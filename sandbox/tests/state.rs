@@ -322,3 +322,62 @@ fn kill_9_of_the_engine_leaves_nothing_after_the_next_start() {
         .unwrap();
     assert_eq!(String::from_utf8_lossy(&leftovers.stdout).trim(), "0");
 }
+
+#[test]
+fn orphans_are_reparented_to_init_and_reaped() {
+    require_root!();
+    let rt = runtime();
+    let mut sb = rt.create(&config()).unwrap();
+    // The shell exits at once; its backgrounded children become init's and exit later.
+    assert!(sh(
+        &mut sb,
+        "for i in 1 2 3 4 5; do (sleep 0.1; exit 3) & done; exit 0"
+    )
+    .success());
+    std::thread::sleep(std::time::Duration::from_millis(400));
+    assert_eq!(sb.health().unwrap().processes, 0, "no zombie left behind");
+    let r = sh(
+        &mut sb,
+        "grep -l '^State:.*Z' /proc/[0-9]*/status 2>/dev/null | wc -l",
+    );
+    assert_eq!(out(&r), "0\n");
+}
+
+#[test]
+fn limits_are_written_to_the_sandbox_cgroups() {
+    require_root!();
+    let rt = runtime();
+    let mut cfg = config();
+    cfg.limits = sandbox::Limits {
+        memory_bytes: 96 << 20,
+        pids: 77,
+        cpus: 0.5,
+    };
+    let sb = rt.create(&cfg).unwrap();
+    let read = |file: &str| -> Option<String> {
+        rt.cgroup_roots().iter().find_map(|root| {
+            std::fs::read_to_string(
+                root.join("envfactory")
+                    .join(rt.run_id())
+                    .join(sb.name())
+                    .join(file),
+            )
+            .ok()
+        })
+    };
+    assert_eq!(read("pids.max").unwrap().trim(), "77");
+    let mem = read("memory.limit_in_bytes")
+        .or_else(|| read("memory.max"))
+        .unwrap();
+    assert_eq!(mem.trim(), (96u64 << 20).to_string());
+    match read("cpu.cfs_quota_us") {
+        Some(q) => assert_eq!(q.trim(), "50000"),
+        None => assert_eq!(read("cpu.max").unwrap().trim(), "50000 100000"),
+    }
+    // Init itself is in them (joined through the tasks file).
+    let procs = read("cgroup.procs").unwrap();
+    assert!(
+        procs.lines().any(|p| p.trim() == sb.init_pid().to_string()),
+        "{procs}"
+    );
+}
