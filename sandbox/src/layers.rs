@@ -210,12 +210,12 @@ fn mask_private(
             if e.mode & 0o005 != 0o005 {
                 sys.mknod_char(&p, 0, 0, 0)?;
             } else {
-                let sub = host_dir.join(&e.name);
-                let mut probe = crate::sys::Recorder::default();
-                mask_private(&mut probe, &p, &sub, host)?;
-                if !probe.ops.is_empty() {
+                // Plan the subtree once; only a subtree with something to hide gets a directory.
+                let mut sub = crate::sys::Recorder::default();
+                mask_private(&mut sub, &p, &host_dir.join(&e.name), host)?;
+                if !sub.ops.is_empty() {
                     sys.mkdir(&p, e.mode)?;
-                    mask_private(sys, &p, &sub, host)?;
+                    sub.replay(sys)?;
                 }
             }
         } else if e.mode & 0o004 == 0 {

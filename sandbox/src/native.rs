@@ -178,7 +178,7 @@ struct Inner {
     init: InitProgram,
     counter: AtomicU64,
     rootfs: Mutex<HashMap<RootfsSpec, Rootfs>>,
-    host_mask: Mutex<Option<PathBuf>>,
+    host_mask: Mutex<Option<(PathBuf, String)>>,
     seccomp: Mutex<Option<crate::seccomp::CompiledSeccomp>>,
 }
 
@@ -266,12 +266,10 @@ impl Runtime {
         }
         let r = match spec {
             RootfsSpec::Host => {
-                let mask = self.host_mask()?;
-                let mut rec = crate::sys::Recorder::default();
-                layers::plan_host_mask(&mut rec, Path::new("/"), &layers::RealHost)?;
+                let (mask, digest) = self.host_mask()?;
                 Rootfs {
                     lowers: vec![mask.to_string_lossy().into_owned(), "/".into()],
-                    digest: layers::host_digest(&rec.ops),
+                    digest,
                 }
             }
             RootfsSpec::Dir(p) => {
@@ -316,12 +314,18 @@ impl Runtime {
     /// The host layer's mask: a small tmpfs in the host mount namespace, built once per run.
     /// (It cannot live on the root filesystem: overlayfs refuses a lower layer nested inside
     /// another lower layer, and the host's `/` is one.)
-    fn host_mask(&self) -> Result<PathBuf, SandboxError> {
+    fn host_mask(&self) -> Result<(PathBuf, String), SandboxError> {
         let mut guard = lock(&self.inner.host_mask);
-        if let Some(p) = guard.as_ref() {
-            return Ok(p.clone());
+        if let Some(m) = guard.as_ref() {
+            return Ok(m.clone());
         }
+        // Plan once (one walk of the host) relative to `/`, so the digest does not depend on
+        // where this run keeps the mask; then perform the plan under the mask directory.
+        let mut plan = crate::sys::Recorder::default();
+        layers::plan_host_mask(&mut plan, Path::new("/"), &layers::RealHost)?;
+        let digest = layers::host_digest(&plan.ops);
         let dir = self.inner.run_dir.join("hostmask");
+        let plan = plan.rebased(&dir);
         std::fs::create_dir_all(&dir).map_err(|source| SandboxError::Spawn {
             what: "creating the host mask directory",
             source,
@@ -336,9 +340,9 @@ impl Runtime {
             "mode=0755,size=4m",
         )
         .map_err(LayerError::from)?;
-        if let Err(e) = layers::plan_host_mask(&mut sys, &dir, &layers::RealHost) {
+        if let Err(e) = plan.replay(&mut sys) {
             let _ = nix::mount::umount2(&dir, nix::mount::MntFlags::MNT_DETACH);
-            return Err(e.into());
+            return Err(LayerError::from(e).into());
         }
         // Read-only from now on.
         sys.mount(
@@ -352,8 +356,8 @@ impl Runtime {
             "",
         )
         .map_err(LayerError::from)?;
-        *guard = Some(dir.clone());
-        Ok(dir)
+        *guard = Some((dir.clone(), digest.clone()));
+        Ok((dir, digest))
     }
 
     fn seccomp(
@@ -479,7 +483,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        if let Some(mask) = self.host_mask.get_mut().ok().and_then(|m| m.take()) {
+        if let Some((mask, _)) = self.host_mask.get_mut().ok().and_then(|m| m.take()) {
             let _ = nix::mount::umount2(&mask, nix::mount::MntFlags::MNT_DETACH);
         }
         for m in state::mounts_under(&self.run_dir) {

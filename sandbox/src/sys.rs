@@ -220,6 +220,94 @@ pub struct Recorder {
     pub ops: Vec<Op>,
 }
 
+impl Recorder {
+    /// The same operations with every absolute path moved under `base`.
+    pub fn rebased(&self, base: &Path) -> Recorder {
+        let mv = |p: &Path| base.join(p.strip_prefix("/").unwrap_or(p));
+        let ops = self
+            .ops
+            .iter()
+            .cloned()
+            .map(|op| match op {
+                Op::Mount {
+                    source,
+                    target,
+                    fstype,
+                    flags,
+                    data,
+                } => Op::Mount {
+                    source,
+                    target: mv(&target),
+                    fstype,
+                    flags,
+                    data,
+                },
+                Op::Umount { target, detach } => Op::Umount {
+                    target: mv(&target),
+                    detach,
+                },
+                Op::Mkdir { path, mode } => Op::Mkdir {
+                    path: mv(&path),
+                    mode,
+                },
+                Op::Mknod {
+                    path,
+                    mode,
+                    major,
+                    minor,
+                } => Op::Mknod {
+                    path: mv(&path),
+                    mode,
+                    major,
+                    minor,
+                },
+                Op::Symlink { target, link } => Op::Symlink {
+                    target,
+                    link: mv(&link),
+                },
+                Op::SetXattr { path, name, value } => Op::SetXattr {
+                    path: mv(&path),
+                    name,
+                    value,
+                },
+                Op::Chown { path, uid, gid } => Op::Chown {
+                    path: mv(&path),
+                    uid,
+                    gid,
+                },
+            })
+            .collect();
+        Recorder { ops }
+    }
+
+    /// Perform the recorded operations, in order, on `sys`.
+    pub fn replay(&self, sys: &mut dyn Sys) -> Result<(), SysError> {
+        for op in &self.ops {
+            match op {
+                Op::Mount {
+                    source,
+                    target,
+                    fstype,
+                    flags,
+                    data,
+                } => sys.mount(source, target, fstype, *flags, data)?,
+                Op::Umount { target, detach } => sys.umount(target, *detach)?,
+                Op::Mkdir { path, mode } => sys.mkdir(path, *mode)?,
+                Op::Mknod {
+                    path,
+                    mode,
+                    major,
+                    minor,
+                } => sys.mknod_char(path, *mode, *major, *minor)?,
+                Op::Symlink { target, link } => sys.symlink(target, link)?,
+                Op::SetXattr { path, name, value } => sys.set_xattr(path, name, value)?,
+                Op::Chown { path, uid, gid } => sys.chown(path, *uid, *gid)?,
+            }
+        }
+        Ok(())
+    }
+}
+
 impl Sys for Recorder {
     fn mount(
         &mut self,
@@ -295,5 +383,42 @@ impl Sys for Recorder {
             gid,
         });
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plans_rebase_and_replay_in_order() {
+        let mut plan = Recorder::default();
+        plan.mkdir(Path::new("/etc"), 0o755).unwrap();
+        plan.mknod_char(Path::new("/etc/shadow"), 0, 0, 0).unwrap();
+        plan.set_xattr(Path::new("/tmp"), "trusted.overlay.opaque", b"y")
+            .unwrap();
+        let moved = plan.rebased(Path::new("/mask"));
+        let mut out = Recorder::default();
+        moved.replay(&mut out).unwrap();
+        assert_eq!(
+            out.ops,
+            vec![
+                Op::Mkdir {
+                    path: "/mask/etc".into(),
+                    mode: 0o755
+                },
+                Op::Mknod {
+                    path: "/mask/etc/shadow".into(),
+                    mode: 0,
+                    major: 0,
+                    minor: 0
+                },
+                Op::SetXattr {
+                    path: "/mask/tmp".into(),
+                    name: "trusted.overlay.opaque".into(),
+                    value: b"y".to_vec()
+                },
+            ]
+        );
     }
 }

@@ -212,3 +212,20 @@ fn a_corrupt_image_is_refused_and_leaves_nothing_behind() {
         "no sandbox directory left"
     );
 }
+
+#[test]
+fn the_host_layer_digest_is_stable_across_runs() {
+    require_root!();
+    let a = runtime()
+        .create(&config())
+        .unwrap()
+        .rootfs_digest()
+        .to_string();
+    let b = runtime()
+        .create(&config())
+        .unwrap()
+        .rootfs_digest()
+        .to_string();
+    assert!(a.starts_with("sha256-"), "{a}");
+    assert_eq!(a, b, "the digest names the content, not the run");
+}
