@@ -257,14 +257,6 @@ impl Cgroup {
             .collect()
     }
 
-    /// Move process `pid` into every hierarchy.
-    pub fn add(&self, pid: i32) -> Result<(), CgroupError> {
-        for (v, root) in self.layout.roots() {
-            write(&self.dir(&(v, root)), "cgroup.procs", &pid.to_string())?;
-        }
-        Ok(())
-    }
-
     /// Count of OOM kills in this sandbox so far.
     pub fn oom_kills(&self) -> u64 {
         let mem = self.dir(&self.layout.memory);
