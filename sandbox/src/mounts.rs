@@ -268,11 +268,23 @@ pub fn overlay_options(layout: &Layout, lowers: &[String]) -> Result<String, Mou
 }
 
 /// Step 3 (and every reset): a fresh size-limited tmpfs for the episode (upper, work and the
-/// root's mount point), the overlay on `root`, and the side trees bound into it.
+/// root's mount point) and the overlay on `root`; then [`bind_side_trees`].
 ///
 /// With `userns_root` (the host uid that is root inside a user-namespaced sandbox), the root
 /// directory and [`USERNS_OWNED`] are created in the upper layer owned by that uid.
 pub fn mount_root(
+    sys: &mut dyn Sys,
+    layout: &Layout,
+    lowers: &[String],
+    disk_bytes: u64,
+    userns_root: Option<u32>,
+) -> Result<(), MountError> {
+    mount_overlay(sys, layout, lowers, disk_bytes, userns_root)?;
+    bind_side_trees(sys, layout, disk_bytes)
+}
+
+/// The episode tmpfs and the overlay (the first half of [`mount_root`]).
+pub fn mount_overlay(
     sys: &mut dyn Sys,
     layout: &Layout,
     lowers: &[String],
@@ -298,14 +310,25 @@ pub fn mount_root(
             sys.chown(&p, uid, uid)?;
         }
     }
-    let root = layout.root();
     sys.mount(
         "overlay",
-        &root,
+        &layout.root(),
         "overlay",
         MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
         &opts,
-    )?;
+    )
+    .map_err(MountError::from)
+}
+
+/// The side trees bound into the root and a fresh `/dev/shm` (the second half of
+/// [`mount_root`]). Mounts under the root are seen by processes already chrooted into it, so
+/// this may run while the zygote confines itself.
+pub fn bind_side_trees(
+    sys: &mut dyn Sys,
+    layout: &Layout,
+    disk_bytes: u64,
+) -> Result<(), MountError> {
+    let root = layout.root();
     for (side, name) in [
         (layout.proc(), "proc"),
         (layout.dev(), "dev"),

@@ -166,9 +166,6 @@ impl Init {
         let scratch = plan.disk_bytes.saturating_mul(4).saturating_add(16 << 20);
         mounts::setup_private_dir(&mut sys, &self.layout, scratch)
             .map_err(|e| InitError::Setup(e.to_string()))?;
-        let probe = |p: &Path| std::fs::symlink_metadata(p).ok().map(|m| m.is_dir());
-        mounts::setup_side_trees(&mut sys, &self.layout, &probe)
-            .map_err(|e| InitError::Setup(e.to_string()))?;
         if let Some(s) = &plan.seccomp {
             self.seccomp = Some(s.prepare());
         }
@@ -178,14 +175,25 @@ impl Init {
                     .map_err(|e| InitError::Setup(format!("landlock policy: {e}")))?,
             );
         }
-        self.mount_root()?;
+        self.mount_overlay()?;
+        // The zygote confines itself (about a millisecond of seccomp) while init mounts the
+        // side trees: it chroots into the root now and sees what is mounted under it later.
         self.prestart_zygote();
-        Ok(())
+        let probe = |p: &Path| std::fs::symlink_metadata(p).ok().map(|m| m.is_dir());
+        mounts::setup_side_trees(&mut sys, &self.layout, &probe)
+            .map_err(|e| InitError::Setup(e.to_string()))?;
+        self.bind_side_trees()
     }
 
-    /// Mount the root over `self.current` and prepare what each command needs of it.
-    fn mount_root(&mut self) -> Result<(), InitError> {
-        mounts::mount_root(
+    /// Bind the side trees into the root (see `mounts::bind_side_trees`).
+    fn bind_side_trees(&mut self) -> Result<(), InitError> {
+        mounts::bind_side_trees(&mut RealSys, &self.layout, self.plan.disk_bytes)
+            .map_err(|e| InitError::Setup(e.to_string()))
+    }
+
+    /// Mount the overlay root over `self.current` and prepare what each command needs of it.
+    fn mount_overlay(&mut self) -> Result<(), InitError> {
+        mounts::mount_overlay(
             &mut RealSys,
             &self.layout,
             &self.current,
@@ -365,7 +373,10 @@ impl Init {
     /// the new zygote starts.
     pub(crate) fn remount(&mut self) -> Result<(), InitError> {
         self.signal_all();
-        let r = self.unmount_root().and_then(|()| self.mount_root());
+        let r = self
+            .unmount_root()
+            .and_then(|()| self.mount_overlay())
+            .and_then(|()| self.bind_side_trees());
         self.wait_all();
         r?;
         self.prestart_zygote();
