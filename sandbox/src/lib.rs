@@ -19,6 +19,7 @@ pub mod protocol;
 pub mod seccomp;
 pub mod state;
 pub mod sys;
+mod toml_pos;
 
 pub use backend::{Backend, SandboxOps};
 pub use cgroup::Limits;

@@ -209,24 +209,7 @@ struct RawArg {
     value: Option<Spanned<i64>>,
 }
 
-/// 1-based line of a byte offset.
-fn line_of(text: &str, offset: usize) -> usize {
-    let end = offset.min(text.len());
-    text.as_bytes()[..end]
-        .iter()
-        .filter(|b| **b == b'\n')
-        .count()
-        + 1
-}
-
-/// Key named by a serde/toml message (``missing field `why` ``, ``duplicate key `x` ``).
-fn quoted_key(message: &str) -> Option<String> {
-    ["field `", "key `"].iter().find_map(|marker| {
-        let start = message.find(marker)? + marker.len();
-        let len = message[start..].find('`')?;
-        Some(message[start..start + len].to_string())
-    })
-}
+use crate::toml_pos::{line_of, quoted_key};
 
 struct Ctx<'a> {
     text: &'a str,
