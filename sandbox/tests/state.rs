@@ -316,11 +316,18 @@ fn kill_9_of_the_engine_leaves_nothing_after_the_next_start() {
     }
     // No process of the crashed sandboxes survives anywhere: none is in a cgroup of that run,
     // and no `sleep 1000` whose parent chain led to those inits remains.
-    let leftovers = std::process::Command::new("sh")
-        .args(["-c", "ps -eo args= | grep -c '^sleep 1000$' || true"])
-        .output()
-        .unwrap();
-    assert_eq!(String::from_utf8_lossy(&leftovers.stdout).trim(), "0");
+    let leftovers = || {
+        let o = std::process::Command::new("sh")
+            .args(["-c", "ps -eo args= | grep -c '^sleep 1000$' || true"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&o.stdout).trim().to_string()
+    };
+    assert!(
+        eventually(10, || leftovers() == "0"),
+        "{} sleep 1000 left",
+        leftovers()
+    );
 }
 
 #[test]
@@ -334,8 +341,10 @@ fn orphans_are_reparented_to_init_and_reaped() {
         "for i in 1 2 3 4 5; do (sleep 0.1; exit 3) & done; exit 0"
     )
     .success());
-    std::thread::sleep(std::time::Duration::from_millis(400));
-    assert_eq!(sb.health().unwrap().processes, 0, "no zombie left behind");
+    assert!(
+        eventually(10, || sb.health().unwrap().processes == 0),
+        "the orphans are reaped, no zombie left behind"
+    );
     let r = sh(
         &mut sb,
         "grep -l '^State:.*Z' /proc/[0-9]*/status 2>/dev/null | wc -l",

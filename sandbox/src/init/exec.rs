@@ -123,6 +123,7 @@ impl Init {
         let mut written = 0usize;
         let mut status: Option<WaitStatus> = None;
         let mut timed_out = false;
+        let mut killed = Vec::new();
         let mut out_open = true;
         let mut err_open = true;
         let mut buf = std::mem::take(&mut self.buf);
@@ -131,7 +132,7 @@ impl Init {
             let now = Instant::now();
             if now >= deadline && !timed_out {
                 timed_out = true;
-                kill_session(pid, &self.layout.proc());
+                killed = kill_session(pid, &self.layout.proc());
             }
             let wait_ms = if timed_out {
                 100
@@ -174,6 +175,17 @@ impl Init {
             }
         }
         let duration_us = started.elapsed().as_micros() as u64;
+        // A timed-out step ends only when its whole tree is gone (bounded: a process stuck in
+        // uninterruptible sleep is left to the next reset).
+        let gone_by = Instant::now() + Duration::from_secs(2);
+        while !killed.is_empty() && Instant::now() < gone_by {
+            self.reap(None);
+            let proc = self.layout.proc();
+            killed.retain(|p| proc.join(p.to_string()).exists());
+            if !killed.is_empty() {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
         let keep = &mut self.buf;
         // What the command wrote before it exited is in the pipes; background processes that
         // keep them open are not waited for.
@@ -228,11 +240,13 @@ fn read_full(f: &mut std::fs::File, buf: &mut [u8]) -> usize {
 
 /// Kill the command's process group and every process of its session (found through the
 /// sandbox's own /proc), which covers pipelines and background jobs of the command.
-fn kill_session(pid: i32, proc: &std::path::Path) {
+/// Returns the pids it signalled.
+fn kill_session(pid: i32, proc: &std::path::Path) -> Vec<i32> {
     // SAFETY: kill with integer arguments.
     unsafe { libc::kill(-pid, libc::SIGKILL) };
+    let mut killed = vec![pid];
     let Ok(dir) = std::fs::read_dir(proc) else {
-        return;
+        return killed;
     };
     for e in dir.flatten() {
         let Ok(p) = e.file_name().to_string_lossy().parse::<i32>() else {
@@ -242,12 +256,16 @@ fn kill_session(pid: i32, proc: &std::path::Path) {
             // Fields after the parenthesised command: state ppid pgrp session ...
             let rest = stat.rsplit_once(')').map(|x| x.1).unwrap_or("");
             let f: Vec<&str> = rest.split_whitespace().collect();
-            if f.get(3).and_then(|s| s.parse::<i32>().ok()) == Some(pid) {
+            let pgrp = f.get(2).and_then(|s| s.parse::<i32>().ok());
+            let session = f.get(3).and_then(|s| s.parse::<i32>().ok());
+            if session == Some(pid) || pgrp == Some(pid) {
                 // SAFETY: kill with integer arguments.
                 unsafe { libc::kill(p, libc::SIGKILL) };
+                killed.push(p);
             }
         }
     }
+    killed
 }
 
 /// One output stream: keeps `cap` bytes, counts and discards the rest.

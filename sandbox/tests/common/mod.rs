@@ -39,3 +39,17 @@ pub fn sh(sb: &mut sandbox::Sandbox, cmd: &str) -> sandbox::ExecResult {
 pub fn out(r: &sandbox::ExecResult) -> String {
     String::from_utf8_lossy(&r.stdout).into_owned()
 }
+
+/// Poll `cond` until it holds or `secs` pass (asynchronous kernel work: process exit, reaping).
+pub fn eventually(secs: u64, mut cond: impl FnMut() -> bool) -> bool {
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    loop {
+        if cond() {
+            return true;
+        }
+        if std::time::Instant::now() > until {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
