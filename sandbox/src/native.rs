@@ -98,7 +98,7 @@ impl InitProgram {
         Err(SandboxError::InitProgram {
             path: "envfactory-init".into(),
             reason: format!(
-                "not found (looked at {}); build it with `cargo build -p sandbox` or set ENVFACTORY_INIT",
+                "not found (looked at {}); build it with `cargo build --bin envfactory-init` or set ENVFACTORY_INIT",
                 tried.join(", ")
             ),
         })

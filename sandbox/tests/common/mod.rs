@@ -10,7 +10,7 @@ pub fn runtime() -> Runtime {
 }
 
 pub fn init_program() -> InitProgram {
-    InitProgram::at(env!("CARGO_BIN_EXE_envfactory-init").into(), vec![]).unwrap()
+    InitProgram::at(env!("CARGO_BIN_EXE_sandbox-init").into(), vec![]).unwrap()
 }
 
 pub fn is_root() -> bool {

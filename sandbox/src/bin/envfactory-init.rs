@@ -1,4 +1,0 @@
-//! PID 1 of every sandbox (see `sandbox::init`).
-fn main() {
-    sandbox::init::main()
-}
