@@ -118,38 +118,36 @@ fn check(step: &'static str, r: sandbox::ExecResult) -> Result<(), BenchError> {
 
 /// Resident set of a process, KiB.
 pub fn rss_kib(pid: i32) -> Option<f64> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    s.lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+    kib_field(
+        &std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?,
+        "VmRSS:",
+    )
 }
 
 /// `(Pss, Private_Clean + Private_Dirty)` of a process from smaps_rollup, KiB.
 pub fn pss_private_kib(pid: i32) -> Option<(f64, f64)> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?;
-    let field = |k: &str| -> Option<f64> {
-        s.lines()
-            .find_map(|l| l.strip_prefix(k))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-    };
     Some((
-        field("Pss:")?,
-        field("Private_Clean:")? + field("Private_Dirty:")?,
+        kib_field(&s, "Pss:")?,
+        kib_field(&s, "Private_Clean:")? + kib_field(&s, "Private_Dirty:")?,
     ))
 }
 
 fn mem_available_kib() -> f64 {
     std::fs::read_to_string("/proc/meminfo")
         .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("MemAvailable:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        })
+        .and_then(|s| kib_field(&s, "MemAvailable:"))
         .unwrap_or(f64::NAN)
 }
 
-/// Change 100 files: 50 new, 40 modified lower files' copies... all under /root and /etc.
+/// The value of a `Key:   1234 kB` line of a /proc file.
+fn kib_field(text: &str, key: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(key))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
+/// Change 100 files: 50 new under /root, 40 new under /tmp, 10 of the base's /etc (copied up).
 pub const CHANGE_100: &str = "for i in $(seq 50); do echo $i > /root/f$i; done; \
     for i in $(seq 40); do echo $i > /tmp/t$i; done; \
     for f in passwd group hosts shells issue motd profile bash.bashrc environment nsswitch.conf; do echo >> /etc/$f 2>/dev/null || true; done";

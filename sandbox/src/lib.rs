@@ -27,3 +27,9 @@ pub use layers::RootfsSpec;
 pub use native::{InitProgram, Runtime, Sandbox, SandboxConfig, SandboxError};
 pub use pool::{Lease, Pool};
 pub use protocol::{Command, ExecRequest, ExecResult, Termination};
+
+/// Lock a mutex whose data stays consistent at every step (caches filled in one assignment,
+/// a Vec pushed and popped): a panic elsewhere does not make it unusable.
+pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}

@@ -3,6 +3,7 @@
 
 use crate::cgroup::{self, Cgroup, Limits};
 use crate::layers::{self, LayerError, Rootfs, RootfsSpec};
+use crate::lock;
 use crate::protocol::{
     read_frame, write_frame, DirEntry, ExecRequest, ExecResult, FailureKind, FileStat, Health,
     ProtocolError, Request, Response, SetupPlan, Termination,
@@ -474,11 +475,6 @@ fn raise_nofile() {
             }
         }
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // A poisoned cache is still a valid cache: the panicking thread held no partial update.
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Drop for Inner {

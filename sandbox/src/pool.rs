@@ -2,6 +2,7 @@
 //! returned is reset too, or destroyed and replaced if it cannot be reset: never leaked.
 
 use crate::backend::{Backend, SandboxOps};
+use crate::lock;
 use crate::native::{SandboxConfig, SandboxError};
 use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, Condvar, Mutex};
@@ -63,11 +64,6 @@ impl<B: Backend> Pool<B> {
                 .unwrap_or_else(|p| p.into_inner());
         }
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // The guarded Vec is always consistent: pushes and pops are single operations.
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// A leased sandbox; dereferences to the sandbox.
