@@ -3,4 +3,10 @@
 
 pub mod bench;
 pub mod experiment;
+pub mod fuzz;
+pub mod live;
+pub mod perturb;
+pub mod probe;
+pub mod synth;
+pub mod tasks;
 pub mod units;

@@ -121,6 +121,11 @@ impl InitProgram {
 #[derive(Debug, Clone)]
 pub struct SandboxConfig {
     pub rootfs: RootfsSpec,
+    /// Extra read-only layer directories stacked above the rootfs, topmost first (a
+    /// synthesized instance). Each must be on a filesystem other than any host directory the
+    /// rootfs uses (overlayfs refuses a layer nested inside another layer): the engine keeps
+    /// them on their own tmpfs. Their names (content hashes) enter the sandbox's digest.
+    pub layers: Vec<PathBuf>,
     pub limits: Limits,
     /// Size of the writable layer; writing more gives ENOSPC.
     pub disk_bytes: u64,
@@ -146,6 +151,7 @@ impl Default for SandboxConfig {
     fn default() -> Self {
         Self {
             rootfs: RootfsSpec::Host,
+            layers: Vec::new(),
             limits: Limits {
                 memory_bytes: 256 << 20,
                 pids: 128,
@@ -383,7 +389,7 @@ impl Runtime {
     pub fn create(&self, cfg: &SandboxConfig) -> Result<Sandbox, SandboxError> {
         let t0 = std::time::Instant::now();
         let us = |t: std::time::Instant| t.elapsed().as_micros() as u64;
-        let rootfs = self.resolve(&cfg.rootfs)?;
+        let rootfs = stack_layers(self.resolve(&cfg.rootfs)?, &cfg.layers)?;
         let seccomp = self.seccomp(cfg)?;
         let n = self.inner.counter.fetch_add(1, Ordering::Relaxed);
         let name = format!("s{n}");
@@ -462,6 +468,34 @@ impl Runtime {
         );
         Ok(sb)
     }
+}
+
+/// Put extra read-only layers above a resolved rootfs; the digest covers their names.
+fn stack_layers(base: Rootfs, layers: &[PathBuf]) -> Result<Rootfs, SandboxError> {
+    if layers.is_empty() {
+        return Ok(base);
+    }
+    use sha2::Digest;
+    let mut h = sha2::Sha256::new();
+    h.update(base.digest.as_bytes());
+    let mut lowers = Vec::with_capacity(layers.len() + base.lowers.len());
+    for l in layers {
+        if !l.is_absolute() || !l.is_dir() {
+            return Err(LayerError::BadDirectory {
+                path: l.clone(),
+                reason: "an extra layer must be an existing absolute directory".into(),
+            }
+            .into());
+        }
+        h.update(b"\n");
+        h.update(l.as_os_str().as_encoded_bytes());
+        lowers.push(l.to_string_lossy().into_owned());
+    }
+    lowers.extend(base.lowers);
+    Ok(Rootfs {
+        lowers,
+        digest: format!("sha256-{}", hex::encode(h.finalize())),
+    })
 }
 
 /// One socket per live sandbox: lift the soft descriptor limit to the hard one (allowed

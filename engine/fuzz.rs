@@ -1,0 +1,7 @@
+//! Tool-output mutation.
+
+use crate::perturb::Perturbation;
+
+pub fn all() -> Vec<&'static dyn Perturbation> {
+    vec![]
+}

@@ -1,0 +1,165 @@
+//! A synthesized instance running in a sandbox: the sandbox is created once per instance with
+//! the instance's layer above the base, its environment, limits and fault proxies; every
+//! episode starts with the sandbox's incremental reset followed by the instance's start steps
+//! (a reset kills every process, so services, hogs and zombies are started again).
+
+use crate::perturb::net::{start_proxy, ProxyHandle};
+use crate::probe::SandboxProbe;
+use crate::synth::{Cache, Held, Instance, Plan, SynthError};
+use sandbox::{ExecRequest, ExecResult, Limits, RootfsSpec, Runtime, SandboxConfig, SandboxError};
+use std::time::Duration;
+
+#[derive(Debug, thiserror::Error)]
+pub enum LiveError {
+    #[error(transparent)]
+    Sandbox(#[from] SandboxError),
+    #[error(transparent)]
+    Synth(#[from] SynthError),
+    #[error("base rootfs `{base}`: {reason}")]
+    Base { base: String, reason: String },
+    #[error("start step of `{by}` failed (exit {code}): {stderr}")]
+    Start {
+        by: String,
+        code: i32,
+        stderr: String,
+    },
+    #[error("fault proxy: {0}")]
+    Proxy(String),
+}
+
+impl LiveError {
+    /// True when the failure is the infrastructure's (sandbox, cache), not the instance's.
+    pub fn is_infrastructure(&self) -> bool {
+        match self {
+            Self::Sandbox(e) => e.is_infrastructure(),
+            Self::Synth(SynthError::Cache { .. } | SynthError::Write { .. }) => true,
+            Self::Synth(SynthError::Sandbox(e)) => e.is_infrastructure(),
+            Self::Proxy(_) => true,
+            _ => false,
+        }
+    }
+}
+
+/// Resolve a plan's base and synthesize (or find in the cache) its instance.
+pub fn synthesize(rt: &Runtime, cache: &Cache, plan: &Plan) -> Result<Held, LiveError> {
+    let spec: RootfsSpec = plan
+        .base
+        .parse()
+        .map_err(|e: sandbox::layers::LayerError| LiveError::Base {
+            base: plan.base.clone(),
+            reason: e.to_string(),
+        })?;
+    let rootfs = rt.resolve(&spec)?;
+    Ok(cache.get_or_build(plan, &rootfs)?)
+}
+
+/// The sandbox configuration of an instance.
+pub fn sandbox_config(instance: &Instance) -> Result<SandboxConfig, LiveError> {
+    let base = SandboxConfig::default();
+    let spec: RootfsSpec =
+        instance
+            .plan
+            .base
+            .parse()
+            .map_err(|e: sandbox::layers::LayerError| LiveError::Base {
+                base: instance.plan.base.clone(),
+                reason: e.to_string(),
+            })?;
+    let r = &instance.plan.resources;
+    Ok(SandboxConfig {
+        rootfs: spec,
+        layers: vec![instance.layer.clone()],
+        limits: Limits {
+            memory_bytes: r.memory_bytes,
+            pids: r.pids,
+            cpus: r.cpus,
+        },
+        disk_bytes: instance.runtime.disk_bytes.unwrap_or(r.disk_bytes),
+        env: instance.runtime.apply_env(&base.env),
+        nofile: instance.runtime.nofile.unwrap_or(base.nofile),
+        ..base
+    })
+}
+
+/// An instance in its sandbox.
+pub struct Live {
+    pub sandbox: sandbox::Sandbox,
+    pub instance: Instance,
+    _held: Held,
+    _proxies: Vec<ProxyHandle>,
+    /// Working directory of commands (the task's, else `/root`).
+    pub cwd: String,
+    pub env: Vec<String>,
+}
+
+impl Live {
+    /// Create the instance's sandbox and start its first episode.
+    pub fn start(rt: &Runtime, held: Held) -> Result<Self, LiveError> {
+        let cfg = sandbox_config(&held.instance)?;
+        let sandbox = rt.create(&cfg)?;
+        let mut proxies = Vec::new();
+        for p in &held.instance.runtime.proxies {
+            proxies.push(
+                start_proxy(sandbox.init_pid(), p).map_err(|e| LiveError::Proxy(e.to_string()))?,
+            );
+        }
+        let instance = held.instance.clone();
+        let cwd = instance
+            .task
+            .as_ref()
+            .map_or_else(|| "/root".to_string(), |t| t.cwd.clone());
+        let mut live = Self {
+            sandbox,
+            instance,
+            _held: held,
+            _proxies: proxies,
+            cwd,
+            env: cfg.env,
+        };
+        live.run_start_steps()?;
+        Ok(live)
+    }
+
+    /// Start a new episode: incremental reset, then the start steps.
+    pub fn restart(&mut self) -> Result<(), LiveError> {
+        self.sandbox.reset()?;
+        self.run_start_steps()
+    }
+
+    fn run_start_steps(&mut self) -> Result<(), LiveError> {
+        for step in self.instance.runtime.start.clone() {
+            let mut req = ExecRequest::shell(step.shell.clone());
+            req.cwd = "/".into();
+            req.timeout_ms = 10_000;
+            req.output_cap = 64 << 10;
+            // Start steps run with a clean, known environment: the instance's perturbed
+            // variables are for the agent's commands.
+            req.env = Some(SandboxConfig::default().env);
+            let r = self.sandbox.exec(&req)?;
+            if !r.success() {
+                return Err(LiveError::Start {
+                    by: step.by,
+                    code: r.exit_code(),
+                    stderr: String::from_utf8_lossy(&r.stderr).trim().to_string(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Run a shell command as the agent would: the instance's environment, the current cwd.
+    pub fn run(&mut self, cmd: &str, timeout: Duration) -> Result<ExecResult, LiveError> {
+        let mut req = ExecRequest::shell(cmd);
+        req.cwd = self.cwd.clone();
+        req.env = Some(self.env.clone());
+        req.timeout_ms = timeout.as_millis() as u64;
+        Ok(self.sandbox.exec(&req)?)
+    }
+
+    /// Trusted reads of the sandbox (for verifiers).
+    pub fn probe(&mut self) -> SandboxProbe<'_> {
+        SandboxProbe {
+            sandbox: &mut self.sandbox,
+        }
+    }
+}

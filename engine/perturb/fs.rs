@@ -1,0 +1,7 @@
+//! TODO family
+
+use super::Perturbation;
+
+pub fn all() -> Vec<&'static dyn Perturbation> {
+    vec![]
+}

@@ -1,0 +1,284 @@
+//! The perturbation catalogue: named, parameterised faults that synthesis applies to an
+//! instance. A file per family: `fs` (filesystem), `bins` (binaries and packages), `procs`
+//! (processes and services), `net` (network, through a fault proxy), `time`, `envvars`
+//! (environment), and tool-output mutation in `crate::fuzz`.
+//!
+//! A perturbation writes into the instance's layer and runtime settings through
+//! [`crate::synth::Builder`]; it never touches the host. Randomness comes only from
+//! `Builder::rng(purpose)`, so an instance is a pure function of its plan.
+
+pub mod bins;
+pub mod envvars;
+pub mod fs;
+pub mod net;
+pub mod procs;
+pub mod time;
+
+use crate::synth::{Builder, SynthError};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+#[derive(Debug, thiserror::Error)]
+pub enum PerturbError {
+    #[error("unknown perturbation `{0}` (see `docs/environments.md` for the catalogue)")]
+    Unknown(String),
+    #[error("unknown parameter `{param}` (this perturbation takes: {known})")]
+    UnknownParam { param: String, known: String },
+    #[error("parameter `{param}`: {reason}")]
+    BadParam { param: String, reason: String },
+    #[error("not applicable here: {0}")]
+    NotApplicable(String),
+    #[error("bad perturbation spec `{spec}`: {reason}")]
+    BadSpec { spec: String, reason: String },
+    #[error(transparent)]
+    Synth(#[from] Box<SynthError>),
+}
+
+impl From<SynthError> for PerturbError {
+    fn from(e: SynthError) -> Self {
+        Self::Synth(Box::new(e))
+    }
+}
+
+/// A parameter value.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Value {
+    Bool(bool),
+    Int(i64),
+    Float(f64),
+    Str(String),
+}
+
+impl std::fmt::Display for Value {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Bool(b) => write!(f, "{b}"),
+            Self::Int(i) => write!(f, "{i}"),
+            Self::Float(x) => write!(f, "{x}"),
+            Self::Str(s) => f.write_str(s),
+        }
+    }
+}
+
+impl Value {
+    /// Parse a command-line value: integer, float, bool, else string.
+    pub fn parse(s: &str) -> Self {
+        if let Ok(i) = s.parse::<i64>() {
+            Self::Int(i)
+        } else if let Ok(x) = s.parse::<f64>() {
+            Self::Float(x)
+        } else if s == "true" || s == "false" {
+            Self::Bool(s == "true")
+        } else {
+            Self::Str(s.to_string())
+        }
+    }
+}
+
+/// Parameters by name (sorted, so plans hash deterministically).
+pub type Params = BTreeMap<String, Value>;
+
+/// The type and legal values of a parameter.
+#[derive(Debug, Clone, Copy)]
+pub enum Kind {
+    Int {
+        min: i64,
+        max: i64,
+    },
+    Float {
+        min: f64,
+        max: f64,
+    },
+    Bool,
+    /// Any string (a path, a tool name, ...).
+    Str,
+    /// One of these strings.
+    Choice(&'static [&'static str]),
+}
+
+/// One parameter of a perturbation.
+#[derive(Debug, Clone, Copy)]
+pub struct ParamSpec {
+    pub name: &'static str,
+    pub kind: Kind,
+    /// Used when the plan does not give the parameter.
+    pub default: &'static str,
+    /// What is realistic, in words (goes into the catalogue in `docs/environments.md`).
+    pub realistic: &'static str,
+    pub help: &'static str,
+}
+
+/// The families of the catalogue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Family {
+    Filesystem,
+    Binaries,
+    Processes,
+    Network,
+    Time,
+    Environment,
+    ToolOutput,
+}
+
+/// The description of a perturbation.
+#[derive(Debug)]
+pub struct Info {
+    pub name: &'static str,
+    pub family: Family,
+    pub summary: &'static str,
+    /// How it is done, in words.
+    pub mechanism: &'static str,
+    pub params: &'static [ParamSpec],
+}
+
+impl Info {
+    /// Check a plan's parameters and fill in the defaults.
+    pub fn check(&self, given: &Params) -> Result<Params, PerturbError> {
+        for k in given.keys() {
+            if !self.params.iter().any(|p| p.name == k) {
+                return Err(PerturbError::UnknownParam {
+                    param: k.clone(),
+                    known: self
+                        .params
+                        .iter()
+                        .map(|p| p.name)
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                });
+            }
+        }
+        let mut out = Params::new();
+        for spec in self.params {
+            let v = given
+                .get(spec.name)
+                .cloned()
+                .unwrap_or_else(|| Value::parse(spec.default));
+            let bad = |reason: String| PerturbError::BadParam {
+                param: spec.name.into(),
+                reason,
+            };
+            let v = match (spec.kind, v) {
+                (Kind::Int { min, max }, Value::Int(i)) => {
+                    if i < min || i > max {
+                        return Err(bad(format!("{i} is outside {min}..={max}")));
+                    }
+                    Value::Int(i)
+                }
+                (Kind::Float { min, max }, Value::Int(i)) if (min..=max).contains(&(i as f64)) => {
+                    Value::Float(i as f64)
+                }
+                (Kind::Float { min, max }, Value::Float(x)) => {
+                    if !(min..=max).contains(&x) {
+                        return Err(bad(format!("{x} is outside {min}..={max}")));
+                    }
+                    Value::Float(x)
+                }
+                (Kind::Bool, Value::Bool(b)) => Value::Bool(b),
+                (Kind::Str, v) => Value::Str(v.to_string()),
+                (Kind::Choice(cs), v) => {
+                    let s = v.to_string();
+                    if !cs.contains(&s.as_str()) {
+                        return Err(bad(format!("`{s}` is not one of {}", cs.join(", "))));
+                    }
+                    Value::Str(s)
+                }
+                (k, v) => return Err(bad(format!("`{v}` is not a {k:?}"))),
+            };
+            out.insert(spec.name.into(), v);
+        }
+        Ok(out)
+    }
+}
+
+/// Typed access to checked parameters (after [`Info::check`], every parameter is present
+/// with its declared type).
+pub trait ParamsExt {
+    fn int(&self, name: &str) -> i64;
+    fn float(&self, name: &str) -> f64;
+    fn str(&self, name: &str) -> &str;
+    fn flag(&self, name: &str) -> bool;
+}
+
+impl ParamsExt for Params {
+    fn int(&self, name: &str) -> i64 {
+        match self.get(name) {
+            Some(Value::Int(i)) => *i,
+            Some(Value::Float(x)) => *x as i64,
+            _ => 0,
+        }
+    }
+    fn float(&self, name: &str) -> f64 {
+        match self.get(name) {
+            Some(Value::Float(x)) => *x,
+            Some(Value::Int(i)) => *i as f64,
+            _ => 0.0,
+        }
+    }
+    fn str(&self, name: &str) -> &str {
+        match self.get(name) {
+            Some(Value::Str(s)) => s,
+            _ => "",
+        }
+    }
+    fn flag(&self, name: &str) -> bool {
+        matches!(self.get(name), Some(Value::Bool(true)))
+    }
+}
+
+/// A perturbation of the catalogue.
+pub trait Perturbation: Send + Sync {
+    fn info(&self) -> &'static Info;
+    /// Apply to the instance under construction; `purpose` seeds its randomness
+    /// (`b.rng(purpose)`). Returns what was done, in one line.
+    fn apply(
+        &self,
+        params: &Params,
+        purpose: &str,
+        b: &mut Builder,
+    ) -> Result<String, PerturbError>;
+}
+
+/// Every perturbation, in catalogue order.
+pub fn catalogue() -> Vec<&'static dyn Perturbation> {
+    let mut v: Vec<&'static dyn Perturbation> = Vec::new();
+    v.extend(fs::all());
+    v.extend(bins::all());
+    v.extend(procs::all());
+    v.extend(net::all());
+    v.extend(time::all());
+    v.extend(envvars::all());
+    v.extend(crate::fuzz::all());
+    v
+}
+
+pub fn get(name: &str) -> Option<&'static dyn Perturbation> {
+    catalogue().into_iter().find(|p| p.info().name == name)
+}
+
+/// Parse a command-line spec: `NAME` or `NAME:key=value,key=value`.
+pub fn parse_spec(spec: &str) -> Result<crate::synth::Chosen, PerturbError> {
+    let bad = |reason: &str| PerturbError::BadSpec {
+        spec: spec.into(),
+        reason: reason.into(),
+    };
+    let (name, rest) = spec.split_once(':').unwrap_or((spec, ""));
+    let name = name.trim();
+    if name.is_empty() {
+        return Err(bad("no perturbation name"));
+    }
+    let p = get(name).ok_or_else(|| PerturbError::Unknown(name.into()))?;
+    let mut params = Params::new();
+    for kv in rest.split(',').filter(|s| !s.trim().is_empty()) {
+        let (k, v) = kv
+            .split_once('=')
+            .ok_or_else(|| bad(&format!("`{kv}` is not key=value")))?;
+        params.insert(k.trim().to_string(), Value::parse(v.trim()));
+    }
+    let params = p.info().check(&params)?;
+    Ok(crate::synth::Chosen {
+        name: name.into(),
+        params,
+    })
+}

@@ -1,0 +1,204 @@
+//! Trusted reads of a sandbox's state, for verifiers and observations: files, directories and
+//! processes through the sandbox init's file requests (`openat2(RESOLVE_IN_ROOT)`, served by
+//! init, parsed here), and TCP through a thread of this process that joins the sandbox's
+//! network namespace. Nothing here runs a binary, a library or a `PATH` of the sandbox, so an
+//! agent that replaces `tar`, `ps` or `curl` cannot fool a verifier.
+
+use sandbox::protocol::{DirEntry, FileKind, FileStat};
+use sandbox::{SandboxError, SandboxOps};
+use std::io::{Read, Write};
+use std::time::Duration;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    #[error("sandbox: {0}")]
+    Sandbox(#[from] SandboxError),
+    #[error("joining the sandbox's network namespace: {0}")]
+    Netns(std::io::Error),
+    #[error("probe thread panicked")]
+    Thread,
+}
+
+/// A process inside the sandbox (pids as the sandbox sees them).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Proc {
+    pub pid: u32,
+    pub ppid: u32,
+    /// Kernel state letter (R, S, Z, ...).
+    pub state: char,
+    pub comm: String,
+    /// Arguments (empty for zombies and kernel-less entries).
+    pub cmdline: Vec<String>,
+    /// Total CPU time in clock ticks (utime + stime).
+    pub cpu_ticks: u64,
+}
+
+/// What verifiers may look at.
+pub trait Probe {
+    /// A file's bytes (at most `max`), or `None` when it does not exist or is not a file.
+    fn read(&mut self, path: &str, max: u64) -> Result<Option<Vec<u8>>, ProbeError>;
+    /// `lstat`, or `None` when absent.
+    fn stat(&mut self, path: &str) -> Result<Option<FileStat>, ProbeError>;
+    /// Directory entries, or `None` when absent or not a directory.
+    fn list(&mut self, path: &str) -> Result<Option<Vec<DirEntry>>, ProbeError>;
+    /// Every process but the sandbox's init and its zygote.
+    fn processes(&mut self) -> Result<Vec<Proc>, ProbeError>;
+    /// Send `request` to `127.0.0.1:port` inside the sandbox's network namespace and read the
+    /// reply until the peer closes or the timeout passes. `Ok(None)`: nothing listens.
+    fn tcp(
+        &mut self,
+        port: u16,
+        request: &[u8],
+        timeout: Duration,
+    ) -> Result<Option<Vec<u8>>, ProbeError>;
+}
+
+fn absent(e: &SandboxError) -> bool {
+    matches!(e, SandboxError::Request { kind, .. }
+        if matches!(kind, sandbox::protocol::FailureKind::NotFound | sandbox::protocol::FailureKind::Invalid))
+}
+
+/// Read the sandbox's `/proc` (its own procfs) through init.
+pub fn processes_of(ops: &mut dyn SandboxOps) -> Result<Vec<Proc>, ProbeError> {
+    let mut out = Vec::new();
+    let entries = match ops.list_dir("/proc") {
+        Ok(e) => e,
+        Err(e) if absent(&e) => return Ok(out),
+        Err(e) => return Err(e.into()),
+    };
+    // The zygote is init's fork without an exec: same command line, child of pid 1.
+    let init_cmdline = ops
+        .read_file("/proc/1/cmdline", 64 << 10)
+        .map(|(c, _)| c)
+        .unwrap_or_default();
+    for e in entries {
+        let Ok(pid) = e.name.parse::<u32>() else {
+            continue;
+        };
+        let stat = match ops.read_file(&format!("/proc/{pid}/stat"), 4096) {
+            Ok((s, _)) => String::from_utf8_lossy(&s).into_owned(),
+            Err(e) if absent(&e) => continue, // exited meanwhile
+            Err(e) => return Err(e.into()),
+        };
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+            continue;
+        };
+        let comm = stat[open + 1..close].to_string();
+        let f: Vec<&str> = stat[close + 1..].split_whitespace().collect();
+        let state = f.first().and_then(|s| s.chars().next()).unwrap_or('?');
+        let ppid = f.get(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+        let ticks = |i: usize| f.get(i).and_then(|s| s.parse::<u64>().ok()).unwrap_or(0);
+        let cpu_ticks = ticks(11) + ticks(12);
+        let raw = match ops.read_file(&format!("/proc/{pid}/cmdline"), 64 << 10) {
+            Ok((c, _)) => c,
+            Err(_) => Vec::new(),
+        };
+        if pid == 1 || (ppid == 1 && !raw.is_empty() && raw == init_cmdline) {
+            continue;
+        }
+        let cmdline = raw
+            .split(|b| *b == 0)
+            .filter(|a| !a.is_empty())
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        out.push(Proc {
+            pid,
+            ppid,
+            state,
+            comm,
+            cmdline,
+            cpu_ticks,
+        });
+    }
+    Ok(out)
+}
+
+/// Connect to `127.0.0.1:port` in the network namespace of `init_pid` on a fresh thread
+/// (`setns` changes only the calling thread's namespace), send, read the reply.
+pub fn tcp_in_netns(
+    init_pid: i32,
+    port: u16,
+    request: &[u8],
+    timeout: Duration,
+) -> Result<Option<Vec<u8>>, ProbeError> {
+    let ns_path = format!("/proc/{init_pid}/ns/net");
+    let request = request.to_vec();
+    let h = std::thread::spawn(move || -> Result<Option<Vec<u8>>, ProbeError> {
+        let ns = std::fs::File::open(&ns_path).map_err(ProbeError::Netns)?;
+        nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET)
+            .map_err(|e| ProbeError::Netns(e.into()))?;
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+        let mut s = match std::net::TcpStream::connect_timeout(&addr, timeout) {
+            Ok(s) => s,
+            Err(_) => return Ok(None),
+        };
+        let _ = s.set_read_timeout(Some(timeout));
+        let _ = s.set_write_timeout(Some(timeout));
+        if s.write_all(&request).is_err() {
+            return Ok(Some(Vec::new()));
+        }
+        let _ = s.shutdown(std::net::Shutdown::Write);
+        let mut buf = Vec::new();
+        let deadline = std::time::Instant::now() + timeout;
+        let mut chunk = [0u8; 16 << 10];
+        while std::time::Instant::now() < deadline && buf.len() < (4 << 20) {
+            match s.read(&mut chunk) {
+                Ok(0) => break,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                Err(_) => break,
+            }
+        }
+        Ok(Some(buf))
+    });
+    h.join().map_err(|_| ProbeError::Thread)?
+}
+
+/// A [`Probe`] over a live native sandbox.
+pub struct SandboxProbe<'a> {
+    pub sandbox: &'a mut sandbox::Sandbox,
+}
+
+impl Probe for SandboxProbe<'_> {
+    fn read(&mut self, path: &str, max: u64) -> Result<Option<Vec<u8>>, ProbeError> {
+        match self.sandbox.stat(path) {
+            Ok(st) if st.kind == FileKind::File => {}
+            Ok(_) => return Ok(None),
+            Err(e) if absent(&e) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        }
+        match SandboxOps::read_file(self.sandbox, path, max) {
+            Ok((d, _)) => Ok(Some(d)),
+            Err(e) if absent(&e) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    fn stat(&mut self, path: &str) -> Result<Option<FileStat>, ProbeError> {
+        match self.sandbox.stat(path) {
+            Ok(s) => Ok(Some(s)),
+            Err(e) if absent(&e) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    fn list(&mut self, path: &str) -> Result<Option<Vec<DirEntry>>, ProbeError> {
+        match self.sandbox.list_dir(path) {
+            Ok(s) => Ok(Some(s)),
+            Err(e) if absent(&e) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    fn processes(&mut self) -> Result<Vec<Proc>, ProbeError> {
+        processes_of(self.sandbox)
+    }
+
+    fn tcp(
+        &mut self,
+        port: u16,
+        request: &[u8],
+        timeout: Duration,
+    ) -> Result<Option<Vec<u8>>, ProbeError> {
+        tcp_in_netns(self.sandbox.init_pid(), port, request, timeout)
+    }
+}

@@ -1,0 +1,103 @@
+//! Task families: procedurally generated per seed, each with an instruction, a setup (files
+//! in the instance's layer, processes started at every episode start), a verifier on the final
+//! state that uses only trusted reads ([`crate::probe::Probe`]), an oracle solution, a discrete
+//! action catalogue for small policies, and hack trials that must score as failures.
+//! A file per task.
+
+use crate::probe::{Probe, ProbeError};
+use crate::synth::Builder;
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, thiserror::Error)]
+pub enum TaskError {
+    #[error("setup: {0}")]
+    Setup(String),
+    #[error(transparent)]
+    Synth(#[from] Box<crate::synth::SynthError>),
+}
+
+impl From<crate::synth::SynthError> for TaskError {
+    fn from(e: crate::synth::SynthError) -> Self {
+        Self::Synth(Box::new(e))
+    }
+}
+
+/// What a task's setup produced for one seed; stored in the instance manifest and handed to
+/// the verifier, the oracle and the environment.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TaskSetup {
+    pub task: String,
+    pub seed: u64,
+    /// What the agent is told (the only task text it sees).
+    pub instruction: String,
+    /// Working directory at the start of an episode.
+    pub cwd: String,
+    /// The discrete action catalogue (shell commands); free text is always accepted too.
+    pub actions: Vec<String>,
+    /// Words that make a command relevant to the task (for the "irrelevant command" penalty).
+    pub keywords: Vec<String>,
+    /// Step limit of an episode.
+    pub max_steps: u32,
+    /// Whatever the verifier and oracle need (expected contents, secrets, ports), never shown
+    /// to the agent.
+    pub facts: serde_json::Value,
+}
+
+/// The verifier's judgement.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Verdict {
+    pub success: bool,
+    /// Fraction of the goal's checks that pass (0..=1), for diagnostics.
+    pub progress: f64,
+    /// Why it failed (empty on success), one line per failed check.
+    pub reasons: Vec<String>,
+}
+
+impl Verdict {
+    /// From a list of (check passed, reason when it did not).
+    pub fn from_checks(checks: Vec<(bool, String)>) -> Self {
+        let n = checks.len().max(1) as f64;
+        let passed = checks.iter().filter(|c| c.0).count() as f64;
+        let reasons: Vec<String> = checks.into_iter().filter(|c| !c.0).map(|c| c.1).collect();
+        Self {
+            success: reasons.is_empty(),
+            progress: passed / n,
+            reasons,
+        }
+    }
+}
+
+/// A cheat that must not pass the verifier.
+#[derive(Debug, Clone)]
+pub struct HackTrial {
+    pub name: &'static str,
+    pub commands: Vec<String>,
+}
+
+pub trait Task: Send + Sync {
+    fn name(&self) -> &'static str;
+    /// One line for listings.
+    fn summary(&self) -> &'static str;
+    /// Build the world for a seed into the instance under construction.
+    fn setup(&self, seed: u64, b: &mut Builder) -> Result<TaskSetup, TaskError>;
+    /// Judge the final state through trusted reads only.
+    fn verify(&self, setup: &TaskSetup, probe: &mut dyn Probe) -> Result<Verdict, ProbeError>;
+    /// A solution as shell commands, robust to the faults the catalogue can inject that leave
+    /// the task solvable (absolute paths, fallbacks).
+    fn oracle(&self, setup: &TaskSetup) -> Vec<String>;
+    /// Cheats that must score as failures.
+    fn hack_trials(&self, setup: &TaskSetup) -> Vec<HackTrial>;
+}
+
+/// Every task family.
+pub fn all() -> Vec<&'static dyn Task> {
+    vec![]
+}
+
+pub fn names() -> Vec<&'static str> {
+    all().iter().map(|t| t.name()).collect()
+}
+
+pub fn get(name: &str) -> Option<&'static dyn Task> {
+    all().into_iter().find(|t| t.name() == name)
+}

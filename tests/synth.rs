@@ -1,0 +1,150 @@
+#![allow(clippy::unwrap_used)]
+//! Synthesis: layers written by the builder appear in a sandbox with overlay semantics, the
+//! bytes are deterministic, and the instance cache is content-addressed and bounded.
+
+mod common;
+
+use engine::synth::{BaseView, Builder, Cache, Origin, Plan, Resources};
+use sandbox::{ExecRequest, SandboxConfig};
+
+fn sh(sb: &mut sandbox::Sandbox, cmd: &str) -> (i32, String) {
+    let r = sb.exec(&ExecRequest::shell(cmd)).unwrap();
+    (
+        r.exit_code(),
+        String::from_utf8_lossy(&r.stdout).trim().to_string(),
+    )
+}
+
+fn tree_digest(dir: &std::path::Path) -> String {
+    let o = std::process::Command::new("sh")
+        .arg("-c")
+        .arg("find . -printf '%p %m %U %G %s %T@ %y\\n' | sort; find . -type f -print0 | sort -z | xargs -0 cat | sha256sum")
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+#[test]
+fn builder_layer_is_seen_in_a_sandbox_with_overlay_semantics() {
+    require_root!();
+    let rt = common::runtime();
+    let rootfs = rt.resolve(&sandbox::RootfsSpec::Host).unwrap();
+    let base = BaseView::new(&rootfs);
+    let mut b = Builder::new(&base, 7, Resources::default());
+    // Reads see the base through the host mask: /etc/shadow is hidden, /etc/passwd is not.
+    assert!(b.read("/etc/passwd").is_some());
+    assert!(b.read("/etc/shadow").is_none());
+    assert!(b.which("tar", engine::synth::DEFAULT_PATH).is_some());
+    b.write("/srv/app/config.ini", "a = 1\n", 0o640).unwrap();
+    b.remove("/usr/bin/tar").unwrap();
+    b.chmod("/usr/bin/gzip", 0o644).unwrap();
+    b.symlink("/usr/local/bin/tarx", "/bin/false").unwrap();
+    assert!(b.which("tar", engine::synth::DEFAULT_PATH).is_none() || b.exists("/bin/tar"));
+    assert_eq!(b.read("/srv/app/config.ini").unwrap(), b"a = 1\n");
+    assert!(b.list("/srv").contains(&"app".to_string()));
+    let tmp = tempfile::tempdir().unwrap();
+    // The layer must not be nested in `/` (a lower layer): put it on its own tmpfs.
+    nix::mount::mount(
+        Some("t"),
+        tmp.path(),
+        Some("tmpfs"),
+        nix::mount::MsFlags::empty(),
+        Some("size=16m"),
+    )
+    .unwrap();
+    let layer = tmp.path().join("layer");
+    let r = (|| {
+        b.layer.materialize(&layer, &base).unwrap();
+        let mut sb = rt
+            .create(&SandboxConfig {
+                layers: vec![layer.clone()],
+                ..SandboxConfig::default()
+            })
+            .unwrap();
+        let cfg = sh(
+            &mut sb,
+            "stat -c '%a %U' /srv/app/config.ini; cat /srv/app/config.ini",
+        );
+        let tar = sh(&mut sb, "test -e /usr/bin/tar; echo $?");
+        let gz = sh(&mut sb, "stat -c %a /usr/bin/gzip");
+        let ls = sh(&mut sb, "readlink /usr/local/bin/tarx");
+        let usr = sh(
+            &mut sb,
+            "stat -c %a /usr/bin; test -x /usr/bin/find && echo ok",
+        );
+        drop(sb);
+        (cfg, tar, gz, ls, usr)
+    })();
+    let _ = nix::mount::umount2(tmp.path(), nix::mount::MntFlags::MNT_DETACH);
+    let (cfg, tar, gz, ls, usr) = r;
+    assert_eq!(cfg.1, "640 root\na = 1");
+    assert_eq!(tar.1, "1");
+    assert_eq!(gz.1, "644");
+    assert_eq!(ls.1, "/bin/false");
+    assert_eq!(usr.1, "755\nok");
+}
+
+#[test]
+fn cache_is_content_addressed_deterministic_and_bounded() {
+    require_root!();
+    let rt = common::runtime();
+    let rootfs = rt.resolve(&sandbox::RootfsSpec::Host).unwrap();
+    let st = common::TempState::new();
+    let cache = Cache::open_with(st.path(), 2, 1 << 30).unwrap();
+    let plan = |seed| Plan {
+        task: None,
+        ..Plan::for_task("none", seed, vec![])
+    };
+    let a = cache.get_or_build(&plan(1), &rootfs).unwrap();
+    assert_eq!(a.origin, Origin::Built);
+    let a2 = cache.get_or_build(&plan(1), &rootfs).unwrap();
+    assert_eq!(a2.origin, Origin::Cached);
+    assert_eq!(a.instance.id, a2.instance.id);
+    let d1 = tree_digest(&a.instance.layer);
+    drop((a, a2));
+    let b = cache.get_or_build(&plan(2), &rootfs).unwrap();
+    assert_ne!(
+        b.instance.id,
+        engine::synth::instance_id(&plan(1), &rootfs.digest)
+    );
+    drop(b);
+    let _c = cache.get_or_build(&plan(3), &rootfs).unwrap();
+    // Bounded at 2 entries: the least recently used (seed 1) went.
+    let ids = cache.ids();
+    assert_eq!(ids.len(), 2, "{ids:?}");
+    assert!(!ids.contains(&engine::synth::instance_id(&plan(1), &rootfs.digest)));
+    // Rebuilt, it has the same bytes.
+    let a3 = cache.get_or_build(&plan(1), &rootfs).unwrap();
+    assert_eq!(a3.origin, Origin::Built);
+    assert_eq!(tree_digest(&a3.instance.layer), d1);
+}
+
+#[test]
+fn held_entries_are_not_evicted_and_concurrent_builds_agree() {
+    require_root!();
+    let rt = common::runtime();
+    let rootfs = rt.resolve(&sandbox::RootfsSpec::Host).unwrap();
+    let st = common::TempState::new();
+    let cache = Cache::open_with(st.path(), 1, 1 << 30).unwrap();
+    let plan = |seed| Plan {
+        task: None,
+        ..Plan::for_task("none", seed, vec![])
+    };
+    let held = cache.get_or_build(&plan(10), &rootfs).unwrap();
+    let _other = cache.get_or_build(&plan(11), &rootfs).unwrap();
+    assert!(held.instance.layer.is_dir(), "a held instance was evicted");
+    drop((held, _other));
+    let ids: Vec<String> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..4)
+            .map(|_| {
+                s.spawn(|| {
+                    let c = Cache::open_with(st.path(), 8, 1 << 30).unwrap();
+                    c.get_or_build(&plan(12), &rootfs).unwrap().instance.id
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert!(ids.windows(2).all(|w| w[0] == w[1]));
+}
