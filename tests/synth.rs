@@ -54,7 +54,7 @@ fn builder_layer_is_seen_in_a_sandbox_with_overlay_semantics() {
     )
     .unwrap();
     let layer = tmp.path().join("layer");
-    let r = (|| {
+    let r = {
         b.layer.materialize(&layer, &base).unwrap();
         let mut sb = rt
             .create(&SandboxConfig {
@@ -75,7 +75,7 @@ fn builder_layer_is_seen_in_a_sandbox_with_overlay_semantics() {
         );
         drop(sb);
         (cfg, tar, gz, ls, usr)
-    })();
+    };
     let _ = nix::mount::umount2(tmp.path(), nix::mount::MntFlags::MNT_DETACH);
     let (cfg, tar, gz, ls, usr) = r;
     assert_eq!(cfg.1, "640 root\na = 1");
