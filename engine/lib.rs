@@ -2,6 +2,9 @@
 //! command line is in `main.rs`.
 
 pub mod bench;
+pub mod bench_env;
+pub mod certify;
+pub mod env;
 pub mod experiment;
 pub mod fuzz;
 pub mod live;

@@ -25,6 +25,8 @@ pub enum LiveError {
     },
     #[error("fault proxy: {0}")]
     Proxy(String),
+    #[error("verifier: {0}")]
+    Probe(#[from] crate::probe::ProbeError),
 }
 
 impl LiveError {
@@ -34,7 +36,7 @@ impl LiveError {
             Self::Sandbox(e) => e.is_infrastructure(),
             Self::Synth(SynthError::Cache { .. } | SynthError::Write { .. }) => true,
             Self::Synth(SynthError::Sandbox(e)) => e.is_infrastructure(),
-            Self::Proxy(_) => true,
+            Self::Proxy(_) | Self::Probe(_) => true,
             _ => false,
         }
     }

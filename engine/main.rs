@@ -1,5 +1,6 @@
 //! The `engine` command line.
 
+mod env_cli;
 mod sandbox_cli;
 
 use clap::{Parser, Subcommand};
@@ -29,6 +30,33 @@ enum Cmd {
     /// Benchmarks.
     #[command(subcommand)]
     Bench(BenchCmd),
+    /// One episode of a task: a JSON line per step and a final line with `--json`.
+    Episode {
+        #[command(flatten)]
+        instance: env_cli::InstanceOpts,
+        /// Actions to take, one per line (`@N` = catalogue action N, else a shell command).
+        #[arg(long, conflicts_with = "agent")]
+        actions_file: Option<PathBuf>,
+        /// Built-in agent (default: random).
+        #[arg(long, value_enum)]
+        agent: Option<env_cli::Agent>,
+        /// Seed of the random agent.
+        #[arg(long, default_value_t = 0)]
+        agent_seed: u64,
+        /// Overrides the task's step limit.
+        #[arg(long)]
+        max_steps: Option<u32>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Play one episode of a task yourself, in the terminal.
+    Play {
+        #[command(flatten)]
+        instance: env_cli::InstanceOpts,
+    },
+    /// Task families.
+    #[command(subcommand)]
+    Task(TaskCmd),
     /// Remove what crashed runs left behind (also done at every start).
     Reap,
     /// PID 1 of a sandbox (internal).
@@ -52,7 +80,53 @@ enum SandboxCmd {
 }
 
 #[derive(Subcommand)]
+enum TaskCmd {
+    /// List the task families.
+    List,
+    /// Certify solvability: run the oracle under each perturbation and sampled combinations.
+    Check {
+        task: String,
+        /// `all` (every perturbation of the catalogue with default parameters) or `none`.
+        #[arg(long, default_value = "all")]
+        perturbations: String,
+        /// Also this perturbation (`NAME` or `NAME:key=value,...`; repeatable).
+        #[arg(long = "perturb", value_name = "SPEC")]
+        perturb: Vec<String>,
+        /// Seeds 1..=N of each instance.
+        #[arg(long, default_value_t = 1)]
+        seeds: u64,
+        /// Sampled combinations of two or three perturbations.
+        #[arg(long, default_value_t = 8)]
+        combos: usize,
+        #[arg(long, default_value_t = 2)]
+        workers: usize,
+        #[arg(long, default_value = "host")]
+        base: String,
+        /// A JSON line per instance.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand)]
 enum BenchCmd {
+    /// Environment steps/s (random and oracle agents, 1..N workers), setup, reset and
+    /// synthesis costs (keys documented in docs/environments.md).
+    Env {
+        #[arg(long, default_value = "archive-logs")]
+        task: String,
+        /// Instances synthesized for the synthesis and setup figures.
+        #[arg(long, default_value_t = 20)]
+        iterations: usize,
+        /// Worker counts to measure (comma-separated).
+        #[arg(long, value_delimiter = ',', default_value = "1,2")]
+        workers: Vec<usize>,
+        /// Seconds of each throughput measurement.
+        #[arg(long, default_value_t = 5.0)]
+        seconds: f64,
+        #[arg(long)]
+        json: bool,
+    },
     /// Sandbox latencies against the host's `sh -c true` measured in the same run.
     Sandbox {
         #[command(flatten)]
@@ -133,6 +207,64 @@ fn run(cmd: Cmd) -> anyhow::Result<i32> {
                 println!("{}", serde_json::to_string(&report)?);
             } else {
                 print!("{}", engine::bench::render(&report));
+            }
+            Ok(0)
+        }
+        Cmd::Episode {
+            instance,
+            actions_file,
+            agent,
+            agent_seed,
+            max_steps,
+            json,
+        } => env_cli::episode(
+            &instance,
+            actions_file.as_ref(),
+            agent,
+            agent_seed,
+            max_steps,
+            json,
+        ),
+        Cmd::Play { instance } => env_cli::play(&instance),
+        Cmd::Task(TaskCmd::List) => Ok(env_cli::task_list()),
+        Cmd::Task(TaskCmd::Check {
+            task,
+            perturbations,
+            perturb,
+            seeds,
+            combos,
+            workers,
+            base,
+            json,
+        }) => env_cli::task_check(
+            &task,
+            &base,
+            &perturbations,
+            &perturb,
+            seeds,
+            combos,
+            workers,
+            json,
+        ),
+        Cmd::Bench(BenchCmd::Env {
+            task,
+            iterations,
+            workers,
+            seconds,
+            json,
+        }) => {
+            let rt = sandbox_cli::runtime()?;
+            let opts = engine::bench_env::EnvBenchOpts {
+                task,
+                iterations: iterations.max(1),
+                workers,
+                seconds,
+            };
+            let report = engine::bench_env::run(&rt, &env_cli::cache()?, &opts)?;
+            if json {
+                println!("{}", serde_json::to_string(&report)?);
+            } else {
+                print!("{}", engine::bench_env::render(&report));
             }
             Ok(0)
         }

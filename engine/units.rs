@@ -37,6 +37,21 @@ pub fn parse_size(s: &str) -> Result<u64, UnitError> {
 }
 
 /// `500ms`, `10s`, `2m`, `1h`; a bare number is seconds.
+/// A byte count for people: `512 B`, `1.5 KiB`, `64.0 MiB`, `2.0 GiB`.
+pub fn format_size(bytes: u64) -> String {
+    const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
+    if bytes < 1024 {
+        return format!("{bytes} B");
+    }
+    let mut v = bytes as f64 / 1024.0;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    format!("{v:.1} {}", UNITS[u])
+}
+
 pub fn parse_duration(s: &str) -> Result<std::time::Duration, UnitError> {
     let t = s.trim();
     let split = t
@@ -83,5 +98,13 @@ mod tests {
         assert_eq!(parse_duration("3").unwrap().as_secs(), 3);
         assert!(parse_duration("soon").is_err());
         assert!(parse_duration("-1s").is_err());
+    }
+
+    #[test]
+    fn sizes_for_people() {
+        assert_eq!(format_size(512), "512 B");
+        assert_eq!(format_size(1536), "1.5 KiB");
+        assert_eq!(format_size(64 << 20), "64.0 MiB");
+        assert_eq!(format_size(3 << 30), "3.0 GiB");
     }
 }

@@ -1,0 +1,264 @@
+//! `engine bench env`: environment throughput and costs, with the sandbox's own `sh -c true`
+//! step measured in the same run as the baseline.
+//!
+//! JSON keys (times in milliseconds as `{median, p90, n}` summaries unless named otherwise):
+//! - `synth_cold`: synthesizing a new instance (task setup + perturbations + writing the layer)
+//!   into an empty cache; `synth_cached_us`: finding a cached instance (microseconds);
+//! - `setup`: a new instance's sandbox created and its first episode started;
+//! - `reset`: a new episode of the same instance (incremental reset + start steps);
+//! - `exec_sh_true`: `sh -c true` in the same kind of sandbox (the floor of one step);
+//! - `throughput`: for each agent (`random`, `oracle`) and worker count, env steps per second
+//!   over all workers, episodes, successes, and infrastructure failures.
+
+use crate::bench::Summary;
+use crate::env::{Action, Env, EnvConfig};
+use crate::synth::{Cache, Plan};
+use rand::{Rng, SeedableRng};
+use sandbox::Runtime;
+use serde::Serialize;
+use std::time::{Duration, Instant};
+
+#[derive(Debug, thiserror::Error)]
+pub enum BenchEnvError {
+    #[error(transparent)]
+    Env(#[from] crate::env::EnvError),
+    #[error(transparent)]
+    Live(#[from] crate::live::LiveError),
+    #[error(transparent)]
+    Synth(#[from] crate::synth::SynthError),
+    #[error(transparent)]
+    Sandbox(#[from] sandbox::SandboxError),
+    #[error("unknown task `{0}`")]
+    UnknownTask(String),
+    #[error("temporary cache: {0}")]
+    Temp(std::io::Error),
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Throughput {
+    pub agent: String,
+    pub workers: usize,
+    pub steps: u64,
+    pub episodes: u64,
+    pub successes: u64,
+    pub infra_failures: u64,
+    pub seconds: f64,
+    pub steps_per_s: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct EnvBenchReport {
+    pub task: String,
+    pub synth_cold: Summary,
+    pub synth_cached_us: Summary,
+    pub setup: Summary,
+    pub reset: Summary,
+    pub exec_sh_true: Summary,
+    pub throughput: Vec<Throughput>,
+}
+
+/// Options of the benchmark.
+#[derive(Debug, Clone)]
+pub struct EnvBenchOpts {
+    pub task: String,
+    pub iterations: usize,
+    pub workers: Vec<usize>,
+    pub seconds: f64,
+}
+
+fn ms(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1e3
+}
+
+/// A private state directory whose cache tmpfs is unmounted on drop.
+struct TempCache {
+    dir: tempfile::TempDir,
+}
+
+impl Drop for TempCache {
+    fn drop(&mut self) {
+        let _ = nix::mount::umount2(
+            &self.dir.path().join("instances"),
+            nix::mount::MntFlags::MNT_DETACH,
+        );
+    }
+}
+
+pub fn run(rt: &Runtime, cache: &Cache, o: &EnvBenchOpts) -> Result<EnvBenchReport, BenchEnvError> {
+    if crate::tasks::get(&o.task).is_none() {
+        return Err(BenchEnvError::UnknownTask(o.task.clone()));
+    }
+    let rootfs = rt.resolve(&sandbox::RootfsSpec::Host)?;
+    // Synthesis, cold (a fresh cache) and cached.
+    let tmp = TempCache {
+        dir: tempfile::tempdir().map_err(BenchEnvError::Temp)?,
+    };
+    let fresh = Cache::open(tmp.dir.path())?;
+    let plans: Vec<Plan> = (0..o.iterations as u64)
+        .map(|i| Plan::for_task(&o.task, 1_000 + i, vec![]))
+        .collect();
+    let mut cold = Vec::new();
+    for p in &plans {
+        let t = Instant::now();
+        drop(fresh.get_or_build(p, &rootfs)?);
+        cold.push(ms(t));
+    }
+    let mut cached = Vec::new();
+    for p in &plans {
+        let t = Instant::now();
+        drop(fresh.get_or_build(p, &rootfs)?);
+        cached.push(ms(t) * 1e3);
+    }
+    drop(fresh);
+    drop(tmp);
+    // Setup and reset of episodes.
+    let mut setup = Vec::new();
+    let mut reset = Vec::new();
+    let mut exec = Vec::new();
+    for p in plans.iter().take(o.iterations.clamp(1, 20)) {
+        let held = crate::live::synthesize(rt, cache, p)?;
+        let t = Instant::now();
+        let mut live = crate::live::Live::start(rt, held)?;
+        setup.push(ms(t));
+        for _ in 0..5 {
+            let r = live.run("touch /tmp/x /root/y", Duration::from_secs(5))?;
+            let _ = r;
+            let t = Instant::now();
+            live.restart()?;
+            reset.push(ms(t));
+            let t = Instant::now();
+            live.sandbox.exec(&sandbox::ExecRequest::shell("true"))?;
+            exec.push(ms(t));
+        }
+    }
+    let mut throughput = Vec::new();
+    for agent in ["random", "oracle"] {
+        for &w in &o.workers {
+            throughput.push(measure(rt, cache, &o.task, agent, w, o.seconds)?);
+        }
+    }
+    Ok(EnvBenchReport {
+        task: o.task.clone(),
+        synth_cold: Summary::of(cold),
+        synth_cached_us: Summary::of(cached),
+        setup: Summary::of(setup),
+        reset: Summary::of(reset),
+        exec_sh_true: Summary::of(exec),
+        throughput,
+    })
+}
+
+/// Steps per second of `workers` threads, each with its own env, for `seconds`.
+fn measure(
+    rt: &Runtime,
+    cache: &Cache,
+    task: &str,
+    agent: &str,
+    workers: usize,
+    seconds: f64,
+) -> Result<Throughput, BenchEnvError> {
+    let deadline = Duration::from_secs_f64(seconds);
+    let results: Vec<Result<(u64, u64, u64, u64), BenchEnvError>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..workers)
+            .map(|w| {
+                s.spawn(move || -> Result<(u64, u64, u64, u64), BenchEnvError> {
+                    let mut env = Env::new(rt.clone(), cache.clone(), EnvConfig::default())?;
+                    let plan = Plan::for_task(task, 1 + w as u64, vec![]);
+                    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(w as u64);
+                    // Warm: the instance synthesized and its sandbox created.
+                    env.reset(&plan)?;
+                    let (mut steps, mut episodes, mut wins, mut infra) = (0, 0, 0, 0);
+                    let t0 = Instant::now();
+                    while t0.elapsed() < deadline {
+                        env.reset(&plan)?;
+                        episodes += 1;
+                        let setup = env.task().cloned().ok_or(crate::env::EnvError::NoTask)?;
+                        let oracle: Vec<String> = if agent == "oracle" {
+                            crate::tasks::get(&setup.task)
+                                .map(|t| t.oracle(&setup))
+                                .unwrap_or_default()
+                        } else {
+                            Vec::new()
+                        };
+                        let mut i = 0;
+                        loop {
+                            let a = if agent == "oracle" {
+                                match oracle.get(i) {
+                                    Some(c) => Action::Command(c.clone()),
+                                    None => break,
+                                }
+                            } else {
+                                Action::Index(rng.gen_range(0..setup.actions.len().max(1)))
+                            };
+                            i += 1;
+                            let st = env.step(&a)?;
+                            steps += 1;
+                            if st.info.infra_failure {
+                                infra += 1;
+                            }
+                            if st.terminated {
+                                wins += 1;
+                            }
+                            if st.terminated || st.truncated || t0.elapsed() >= deadline {
+                                break;
+                            }
+                        }
+                    }
+                    Ok((steps, episodes, wins, infra))
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or(Err(BenchEnvError::UnknownTask("worker panicked".into())))
+            })
+            .collect()
+    });
+    let mut t = Throughput {
+        agent: agent.into(),
+        workers,
+        steps: 0,
+        episodes: 0,
+        successes: 0,
+        infra_failures: 0,
+        seconds,
+        steps_per_s: 0.0,
+    };
+    for r in results {
+        let (s, e, w, i) = r?;
+        t.steps += s;
+        t.episodes += e;
+        t.successes += w;
+        t.infra_failures += i;
+    }
+    t.steps_per_s = t.steps as f64 / seconds;
+    Ok(t)
+}
+
+/// A plain-text report.
+pub fn render(r: &EnvBenchReport) -> String {
+    use std::fmt::Write;
+    let mut s = String::new();
+    let row = |s: &mut String, name: &str, x: &Summary, unit: &str| {
+        let _ = writeln!(
+            s,
+            "{name:<28} median {:>9.3} {unit}  p90 {:>9.3} {unit}  n={}",
+            x.median, x.p90, x.n
+        );
+    };
+    let _ = writeln!(s, "task {}", r.task);
+    row(&mut s, "synthesis (cold)", &r.synth_cold, "ms");
+    row(&mut s, "synthesis (cached)", &r.synth_cached_us, "us");
+    row(&mut s, "setup (sandbox + start)", &r.setup, "ms");
+    row(&mut s, "reset (next episode)", &r.reset, "ms");
+    row(&mut s, "exec sh -c true (floor)", &r.exec_sh_true, "ms");
+    for t in &r.throughput {
+        let _ = writeln!(
+            s,
+            "{:<7} agent, {} worker(s): {:>7.0} steps/s  ({} steps, {} episodes, {} solved, {} infra failures)",
+            t.agent, t.workers, t.steps_per_s, t.steps, t.episodes, t.successes, t.infra_failures
+        );
+    }
+    s
+}

@@ -1,0 +1,350 @@
+//! Solvability certification: run a task's oracle in an instance and judge the result with the
+//! verifier. An instance the oracle cannot solve is never used for training (`Env` with
+//! `require_certified`, and the experiment loops, consult the certificate first).
+//!
+//! A certificate is stored beside the instance in the cache (`<id>.cert.json`): the instance id
+//! already covers the base digest, the plan, the seed and the catalogue version, so a
+//! certificate never outlives what it certifies.
+
+use crate::live::{Live, LiveError};
+use crate::perturb::{self, Perturbation};
+use crate::synth::{Cache, Chosen, Instance, Plan};
+use crate::tasks::{self, Verdict};
+use rand::seq::SliceRandom;
+use sandbox::Runtime;
+use serde::{Deserialize, Serialize};
+use std::time::{Duration, Instant};
+
+/// Wall-clock limit of one oracle command.
+pub const ORACLE_STEP_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The outcome of certifying one instance.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Certificate {
+    pub instance: String,
+    pub task: String,
+    pub seed: u64,
+    pub perturbations: Vec<String>,
+    /// The oracle reached the goal.
+    pub solvable: bool,
+    /// The goal held before the oracle ran (a broken task or a perturbation that solves it).
+    pub trivial: bool,
+    /// Why not solvable (the verifier's reasons or the failure), empty when solvable.
+    pub reason: String,
+    pub oracle_commands: usize,
+    /// Exit status of each oracle command.
+    pub exit_codes: Vec<i32>,
+    pub verdict: Option<Verdict>,
+    pub duration_ms: u64,
+}
+
+/// Certificates stored in an instance cache.
+#[derive(Debug, Clone)]
+pub struct Certificates {
+    cache: Cache,
+}
+
+impl Certificates {
+    pub fn new(cache: Cache) -> Self {
+        Self { cache }
+    }
+
+    fn path(&self, id: &str) -> std::path::PathBuf {
+        self.cache.dir().join(format!("{id}.cert.json"))
+    }
+
+    /// The stored certificate of an instance, if any.
+    pub fn get(&self, id: &str) -> Option<Certificate> {
+        let text = std::fs::read(self.path(id)).ok()?;
+        serde_json::from_slice(&text).ok()
+    }
+
+    /// The certificate of an instance, certifying it now if there is none.
+    pub fn get_or_check(
+        &self,
+        rt: &Runtime,
+        instance: &Instance,
+    ) -> Result<Certificate, LiveError> {
+        if let Some(c) = self.get(&instance.id) {
+            return Ok(c);
+        }
+        let held = self.cache.get_or_build(
+            &instance.plan,
+            &rt.resolve(&instance.plan.base.parse().map_err(
+                |e: sandbox::layers::LayerError| LiveError::Base {
+                    base: instance.plan.base.clone(),
+                    reason: e.to_string(),
+                },
+            )?)?,
+        )?;
+        let live = Live::start(rt, held)?;
+        let cert = run_oracle(live)?;
+        let tmp = self.path(&format!(".tmp-{}-{}", instance.id, std::process::id()));
+        if let Ok(json) = serde_json::to_vec_pretty(&cert) {
+            if std::fs::write(&tmp, json).is_ok() {
+                let _ = std::fs::rename(&tmp, self.path(&instance.id));
+            }
+        }
+        Ok(cert)
+    }
+}
+
+/// Run the oracle of the live instance's task and judge the result.
+pub fn run_oracle(mut live: Live) -> Result<Certificate, LiveError> {
+    let t0 = Instant::now();
+    let inst = live.instance.clone();
+    let mut cert = Certificate {
+        instance: inst.id.clone(),
+        task: String::new(),
+        seed: inst.plan.seed,
+        perturbations: inst.plan.perturbations.iter().map(describe).collect(),
+        solvable: false,
+        trivial: false,
+        reason: String::new(),
+        oracle_commands: 0,
+        exit_codes: Vec::new(),
+        verdict: None,
+        duration_ms: 0,
+    };
+    let Some(setup) = inst.task.clone() else {
+        cert.reason = "the instance has no task".into();
+        return Ok(cert);
+    };
+    cert.task = setup.task.clone();
+    let Some(task) = tasks::get(&setup.task) else {
+        cert.reason = format!("unknown task `{}`", setup.task);
+        return Ok(cert);
+    };
+    let verify = |live: &mut Live| -> Result<Verdict, LiveError> {
+        Ok(task.verify(&setup, &mut live.probe())?)
+    };
+    cert.trivial = verify(&mut live)?.success;
+    let commands = task.oracle(&setup);
+    cert.oracle_commands = commands.len();
+    live.cwd = setup.cwd.clone();
+    for c in &commands {
+        let r = live.run(c, ORACLE_STEP_TIMEOUT)?;
+        cert.exit_codes.push(r.exit_code());
+    }
+    let v = verify(&mut live)?;
+    cert.solvable = v.success && !cert.trivial;
+    cert.reason = if cert.trivial {
+        "the goal already holds before the oracle runs".into()
+    } else if v.success {
+        String::new()
+    } else {
+        v.reasons.join("; ")
+    };
+    cert.verdict = Some(v);
+    cert.duration_ms = t0.elapsed().as_millis() as u64;
+    Ok(cert)
+}
+
+/// `name` or `name:k=v,k=v`.
+pub fn describe(c: &Chosen) -> String {
+    if c.params.is_empty() {
+        return c.name.clone();
+    }
+    let kv: Vec<String> = c.params.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    format!("{}:{}", c.name, kv.join(","))
+}
+
+/// One row of a `task check` report.
+#[derive(Debug, Clone, Serialize)]
+pub struct CheckRow {
+    /// The perturbations of the instance (`none` for the unperturbed task).
+    pub perturbations: String,
+    pub seed: u64,
+    pub instance: Option<String>,
+    /// `solvable`, `unsolvable`, `trivial`, `not-applicable` or `error`.
+    pub status: String,
+    pub reason: String,
+    pub duration_ms: u64,
+}
+
+/// What `engine task check` runs: the unperturbed task, every perturbation of `singles`, and
+/// `combos` sampled combinations of two or three of them, each for `seeds` seeds.
+#[derive(Debug, Clone)]
+pub struct CheckSpec {
+    pub task: String,
+    pub base: String,
+    pub singles: Vec<Chosen>,
+    pub combos: usize,
+    pub seeds: Vec<u64>,
+    pub workers: usize,
+}
+
+/// Every perturbation of the catalogue with its default parameters.
+pub fn all_defaults() -> Vec<Chosen> {
+    perturb::catalogue()
+        .into_iter()
+        .filter_map(|p: &'static dyn Perturbation| {
+            let params = p.info().check(&Default::default()).ok()?;
+            Some(Chosen {
+                name: p.info().name.into(),
+                params,
+            })
+        })
+        .collect()
+}
+
+/// The plans a check covers, in report order.
+pub fn plans(spec: &CheckSpec) -> Vec<Plan> {
+    let mut sets: Vec<Vec<Chosen>> = vec![Vec::new()];
+    sets.extend(spec.singles.iter().map(|c| vec![c.clone()]));
+    let mut rng = crate::synth::rng_for(
+        spec.seeds.first().copied().unwrap_or(0),
+        "task-check-combos",
+    );
+    for _ in 0..spec.combos {
+        if spec.singles.len() < 2 {
+            break;
+        }
+        let k = if spec.singles.len() >= 3 && rand::Rng::gen_bool(&mut rng, 0.5) {
+            3
+        } else {
+            2
+        };
+        let mut pick: Vec<Chosen> = spec.singles.choose_multiple(&mut rng, k).cloned().collect();
+        pick.sort_by(|a, b| a.name.cmp(&b.name));
+        sets.push(pick);
+    }
+    let mut out = Vec::new();
+    for set in sets {
+        for &seed in &spec.seeds {
+            let mut p = Plan::for_task(&spec.task, seed, set.clone());
+            p.base = spec.base.clone();
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// Certify every plan of a check, on `workers` threads; rows in plan order.
+pub fn check(rt: &Runtime, cache: &Cache, spec: &CheckSpec) -> Vec<CheckRow> {
+    let plans = plans(spec);
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let rows = std::sync::Mutex::new(vec![None; plans.len()]);
+    let certs = Certificates::new(cache.clone());
+    std::thread::scope(|s| {
+        for _ in 0..spec.workers.max(1) {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(plan) = plans.get(i) else {
+                    break;
+                };
+                let row = check_one(rt, cache, &certs, plan);
+                if let Ok(mut g) = rows.lock() {
+                    g[i] = Some(row);
+                }
+            });
+        }
+    });
+    rows.into_inner()
+        .unwrap_or_default()
+        .into_iter()
+        .flatten()
+        .collect()
+}
+
+fn check_one(rt: &Runtime, cache: &Cache, certs: &Certificates, plan: &Plan) -> CheckRow {
+    let t0 = Instant::now();
+    let label = if plan.perturbations.is_empty() {
+        "none".to_string()
+    } else {
+        plan.perturbations
+            .iter()
+            .map(describe)
+            .collect::<Vec<_>>()
+            .join(" + ")
+    };
+    let mut row = CheckRow {
+        perturbations: label,
+        seed: plan.seed,
+        instance: None,
+        status: String::new(),
+        reason: String::new(),
+        duration_ms: 0,
+    };
+    let held = match crate::live::synthesize(rt, cache, plan) {
+        Ok(h) => h,
+        Err(LiveError::Synth(crate::synth::SynthError::Perturb {
+            source: perturb::PerturbError::NotApplicable(why),
+            ..
+        })) => {
+            row.status = "not-applicable".into();
+            row.reason = why;
+            return row;
+        }
+        Err(e) => {
+            row.status = "error".into();
+            row.reason = e.to_string();
+            return row;
+        }
+    };
+    row.instance = Some(held.instance.id.clone());
+    let instance = held.instance.clone();
+    drop(held);
+    match certs.get_or_check(rt, &instance) {
+        Ok(c) => {
+            row.status = if c.trivial {
+                "trivial"
+            } else if c.solvable {
+                "solvable"
+            } else {
+                "unsolvable"
+            }
+            .into();
+            row.reason = c.reason;
+        }
+        Err(e) => {
+            row.status = "error".into();
+            row.reason = e.to_string();
+        }
+    }
+    row.duration_ms = t0.elapsed().as_millis() as u64;
+    row
+}
+
+/// A plain-text table of a check.
+pub fn render(rows: &[CheckRow]) -> String {
+    use std::fmt::Write;
+    let w = rows
+        .iter()
+        .map(|r| r.perturbations.len())
+        .max()
+        .unwrap_or(4)
+        .clamp(4, 60);
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "{:<w$}  {:>4}  {:<14}  reason",
+        "perturbations", "seed", "status"
+    );
+    for r in rows {
+        let mut p = r.perturbations.clone();
+        if p.len() > w {
+            p.truncate(w - 1);
+            p.push('~');
+        }
+        let _ = writeln!(
+            s,
+            "{p:<w$}  {:>4}  {:<14}  {}",
+            r.seed,
+            r.status,
+            r.reason.lines().next().unwrap_or("")
+        );
+    }
+    let count = |st: &str| rows.iter().filter(|r| r.status == st).count();
+    let _ = writeln!(
+        s,
+        "{} instances: {} solvable, {} unsolvable, {} trivial, {} not applicable, {} errors",
+        rows.len(),
+        count("solvable"),
+        count("unsolvable"),
+        count("trivial"),
+        count("not-applicable"),
+        count("error")
+    );
+    s
+}

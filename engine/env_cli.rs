@@ -1,0 +1,346 @@
+//! `engine episode`, `engine play`, `engine task check|list`: the environment from the command
+//! line.
+
+use anyhow::{bail, Context};
+use engine::env::{Action, Env, EnvConfig, Step};
+use engine::synth::{Cache, Chosen, Plan};
+use rand::{Rng, SeedableRng};
+use std::io::{BufRead, Write};
+use std::path::{Path, PathBuf};
+
+/// Options shared by the commands that build an instance of a task.
+#[derive(clap::Args, Debug, Clone)]
+pub struct InstanceOpts {
+    /// Task family (`engine task list`).
+    #[arg(long)]
+    pub task: String,
+    /// Seed of the task's generation and of the instance.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// A perturbation: `NAME` or `NAME:key=value,key=value` (repeatable; see
+    /// docs/environments.md for the catalogue).
+    #[arg(long = "perturb", value_name = "SPEC")]
+    pub perturb: Vec<String>,
+    /// Base root filesystem: `host`, a directory, or `oci:PATH`.
+    #[arg(long, default_value = "host")]
+    pub base: String,
+}
+
+impl InstanceOpts {
+    pub fn plan(&self) -> anyhow::Result<Plan> {
+        if engine::tasks::get(&self.task).is_none() {
+            bail!(
+                "unknown task `{}` (known: {})",
+                self.task,
+                engine::tasks::names().join(", ")
+            );
+        }
+        let mut chosen = Vec::new();
+        for s in &self.perturb {
+            chosen.push(engine::perturb::parse_spec(s).with_context(|| format!("--perturb {s}"))?);
+        }
+        let mut p = Plan::for_task(&self.task, self.seed, chosen);
+        p.base = self.base.clone();
+        Ok(p)
+    }
+}
+
+/// Who acts in `engine episode`.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Agent {
+    /// The task's oracle solution.
+    Oracle,
+    /// Uniformly random catalogue actions.
+    Random,
+}
+
+pub fn cache() -> anyhow::Result<Cache> {
+    Ok(Cache::open(&sandbox::state::default_state_dir())?)
+}
+
+/// Parse an actions file: one action per line; `@N` is catalogue action N, anything else a
+/// shell command; blank lines and lines starting with `#` are skipped.
+pub fn read_actions(path: &Path) -> anyhow::Result<Vec<Action>> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading the actions file {}", path.display()))?;
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let l = line.trim();
+        if l.is_empty() || l.starts_with('#') {
+            continue;
+        }
+        if let Some(n) = l.strip_prefix('@') {
+            let idx: usize = n.trim().parse().map_err(|_| {
+                anyhow::anyhow!(
+                    "{}:{}: `{l}` is not a catalogue index (`@N` with N a number)",
+                    path.display(),
+                    i + 1
+                )
+            })?;
+            out.push(Action::Index(idx));
+        } else {
+            out.push(Action::Command(l.to_string()));
+        }
+    }
+    Ok(out)
+}
+
+fn step_line(n: u32, cmd: &str, s: &Step) -> serde_json::Value {
+    serde_json::json!({
+        "step": n,
+        "action": cmd,
+        "exit": s.observation.exit_code,
+        "reward": s.reward,
+        "terminated": s.terminated,
+        "truncated": s.truncated,
+        "done": s.terminated || s.truncated,
+        "timeout": s.info.timeout,
+        "dangerous": s.info.dangerous.is_some(),
+        "infra_failure": s.info.infra_failure,
+        "progress": s.info.progress,
+    })
+}
+
+/// `engine episode`: one episode, a JSON line per step and a final line (with `--json`).
+pub fn episode(
+    opts: &InstanceOpts,
+    actions_file: Option<&PathBuf>,
+    agent: Option<Agent>,
+    agent_seed: u64,
+    max_steps: Option<u32>,
+    json: bool,
+) -> anyhow::Result<i32> {
+    let plan = opts.plan()?;
+    let rt = crate::sandbox_cli::runtime()?;
+    let cfg = EnvConfig {
+        max_steps,
+        ..EnvConfig::default()
+    };
+    let mut env = Env::new(rt, cache()?, cfg)?;
+    let obs = env.reset(&plan)?;
+    let setup = env.task().cloned().context("the instance has no task")?;
+    if !json {
+        println!("{}", obs.text);
+    }
+    let mut script: std::collections::VecDeque<Action> = match (actions_file, agent) {
+        (Some(f), _) => read_actions(f)?.into(),
+        (None, Some(Agent::Oracle)) => engine::tasks::get(&setup.task)
+            .map(|t| t.oracle(&setup))
+            .unwrap_or_default()
+            .into_iter()
+            .map(Action::Command)
+            .collect(),
+        (None, Some(Agent::Random)) | (None, None) => Default::default(),
+    };
+    let random = actions_file.is_none() && agent != Some(Agent::Oracle);
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(agent_seed);
+    let mut last: Option<Step> = None;
+    let mut infra = false;
+    loop {
+        let action = if random {
+            if setup.actions.is_empty() {
+                break;
+            }
+            Action::Index(rng.gen_range(0..setup.actions.len()))
+        } else {
+            match script.pop_front() {
+                Some(a) => a,
+                None => break,
+            }
+        };
+        let cmd = env.command_of(&action)?;
+        let s = env.step(&action)?;
+        if json {
+            println!("{}", step_line(env.steps(), &cmd, &s));
+        } else {
+            println!("{}", s.observation.text);
+            println!("reward {:+.1}\n", s.reward);
+        }
+        infra |= s.info.infra_failure;
+        let done = s.terminated || s.truncated;
+        last = Some(s);
+        if done {
+            break;
+        }
+    }
+    let success = last.as_ref().is_some_and(|s| s.info.success);
+    let summary = serde_json::json!({
+        "success": success,
+        "return": env.episode_return(),
+        "steps": env.steps(),
+        "instance": env.instance_id(),
+        "task": setup.task,
+        "seed": setup.seed,
+        "infra_failure": infra,
+    });
+    if json {
+        println!("{summary}");
+    } else {
+        println!(
+            "episode over: success {success}, return {:.1}, {} steps, instance {}",
+            env.episode_return(),
+            env.steps(),
+            env.instance_id().unwrap_or("-")
+        );
+    }
+    Ok(if infra {
+        crate::sandbox_cli::EXIT_SANDBOX_FAILURE
+    } else {
+        0
+    })
+}
+
+/// `engine play`: a person plays one episode in the terminal.
+pub fn play(opts: &InstanceOpts) -> anyhow::Result<i32> {
+    let plan = opts.plan()?;
+    let rt = crate::sandbox_cli::runtime()?;
+    let mut env = Env::new(rt, cache()?, EnvConfig::default())?;
+    let obs = env.reset(&plan)?;
+    let setup = env.task().cloned().context("the instance has no task")?;
+    let mut out = std::io::stdout();
+    writeln!(out, "{}", obs.text)?;
+    writeln!(
+        out,
+        "Type shell commands. `:actions` lists the catalogue, `:N` runs catalogue action N, \
+         `:verify` asks the verifier, `:quit` ends.\n"
+    )?;
+    let stdin = std::io::stdin();
+    let mut lines = stdin.lock().lines();
+    loop {
+        write!(
+            out,
+            "{}$ ",
+            env.live().map(|l| l.cwd.clone()).unwrap_or_default()
+        )?;
+        out.flush()?;
+        let Some(line) = lines.next() else {
+            writeln!(out)?;
+            break;
+        };
+        let line = line?;
+        let l = line.trim();
+        let action = match l {
+            "" => continue,
+            ":quit" | ":q" => break,
+            ":actions" => {
+                for (i, a) in setup.actions.iter().enumerate() {
+                    writeln!(out, "  :{i:<3} {a}")?;
+                }
+                continue;
+            }
+            ":verify" => {
+                let v = env.verify()?;
+                writeln!(
+                    out,
+                    "verifier: {} ({:.0}% of checks pass){}",
+                    if v.success { "solved" } else { "not solved" },
+                    100.0 * v.progress,
+                    if v.reasons.is_empty() {
+                        String::new()
+                    } else {
+                        format!("\n  {}", v.reasons.join("\n  "))
+                    }
+                )?;
+                continue;
+            }
+            l if l.starts_with(':') => match l[1..].parse::<usize>() {
+                Ok(i) => Action::Index(i),
+                Err(_) => {
+                    writeln!(out, "unknown command {l}; try :actions, :N, :verify, :quit")?;
+                    continue;
+                }
+            },
+            l => Action::Command(l.to_string()),
+        };
+        let s = match env.step(&action) {
+            Ok(s) => s,
+            Err(e @ engine::env::EnvError::BadAction { .. }) => {
+                writeln!(out, "{e}")?;
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
+        writeln!(out, "{}", s.observation.text)?;
+        writeln!(
+            out,
+            "reward {:+.1}, return {:.1}",
+            s.reward,
+            env.episode_return()
+        )?;
+        if s.terminated {
+            writeln!(out, "Goal reached in {} steps. Well done.", env.steps())?;
+            break;
+        }
+        if s.truncated {
+            writeln!(
+                out,
+                "Episode over ({}).",
+                if s.info.infra_failure {
+                    "environment failure"
+                } else {
+                    "step limit"
+                }
+            )?;
+            break;
+        }
+    }
+    Ok(0)
+}
+
+/// `engine task check`.
+#[allow(clippy::too_many_arguments)]
+pub fn task_check(
+    task: &str,
+    base: &str,
+    perturbations: &str,
+    perturb: &[String],
+    seeds: u64,
+    combos: usize,
+    workers: usize,
+    json: bool,
+) -> anyhow::Result<i32> {
+    if engine::tasks::get(task).is_none() {
+        bail!(
+            "unknown task `{task}` (known: {})",
+            engine::tasks::names().join(", ")
+        );
+    }
+    let mut singles: Vec<Chosen> = match perturbations {
+        "all" => engine::certify::all_defaults(),
+        "none" => Vec::new(),
+        other => bail!("--perturbations {other}: expected `all` or `none` (use --perturb SPEC for specific ones)"),
+    };
+    for s in perturb {
+        singles.push(engine::perturb::parse_spec(s).with_context(|| format!("--perturb {s}"))?);
+    }
+    let spec = engine::certify::CheckSpec {
+        task: task.into(),
+        base: base.into(),
+        singles,
+        combos,
+        seeds: (1..=seeds.max(1)).collect(),
+        workers,
+    };
+    let rt = crate::sandbox_cli::runtime()?;
+    let rows = engine::certify::check(&rt, &cache()?, &spec);
+    if json {
+        for r in &rows {
+            println!("{}", serde_json::to_string(r)?);
+        }
+    } else {
+        print!("{}", engine::certify::render(&rows));
+    }
+    let errors = rows.iter().filter(|r| r.status == "error").count();
+    let unsolved_plain = rows
+        .iter()
+        .any(|r| r.perturbations == "none" && r.status != "solvable");
+    Ok(if errors > 0 || unsolved_plain { 1 } else { 0 })
+}
+
+/// `engine task list`.
+pub fn task_list() -> i32 {
+    for t in engine::tasks::all() {
+        println!("{:<18} {}", t.name(), t.summary());
+    }
+    0
+}

@@ -1,0 +1,197 @@
+#![allow(clippy::unwrap_used)]
+//! The Env API on a real task (`archive-logs`): rewards, termination, the step limit, cwd
+//! tracking, refused and runaway commands, output floods, infrastructure failures, and episodes
+//! that start clean.
+
+mod common;
+
+use engine::env::{Action, Env, EnvConfig, RewardMode};
+use engine::synth::Plan;
+
+const TASK: &str = "archive-logs";
+
+fn env(cfg: EnvConfig) -> Env {
+    Env::new(common::runtime(), common::cache(), cfg).unwrap()
+}
+
+fn cmd(s: &str) -> Action {
+    Action::Command(s.into())
+}
+
+#[test]
+fn oracle_reaches_the_goal_and_is_rewarded_once() {
+    require_root!();
+    let mut e = env(EnvConfig::default());
+    let plan = Plan::for_task(TASK, 3, vec![]);
+    let obs = e.reset(&plan).unwrap();
+    assert!(!obs.instruction.is_empty());
+    assert!(obs.text.contains(&obs.instruction));
+    assert!(obs.features.len() > 100);
+    let setup = e.task().unwrap().clone();
+    let oracle = engine::tasks::get(TASK).unwrap().oracle(&setup);
+    let mut last = None;
+    for c in &oracle {
+        let s = e.step(&cmd(c)).unwrap();
+        let done = s.terminated;
+        last = Some(s);
+        if done {
+            break;
+        }
+    }
+    let s = last.unwrap();
+    assert!(s.terminated, "{:?}", s.info);
+    assert!(s.info.success);
+    assert!(!s.truncated);
+    // +50 once, on the step that reached the goal.
+    assert!(s.reward >= 50.0 - 1.0 - 20.0 - 5.0, "reward {}", s.reward);
+    assert!(matches!(
+        e.step(&cmd("true")),
+        Err(engine::env::EnvError::EpisodeOver)
+    ));
+    // The next episode of the same instance starts unsolved, in the same sandbox.
+    let pid = e.live().unwrap().sandbox.init_pid();
+    e.reset(&plan).unwrap();
+    assert_eq!(
+        e.live().unwrap().sandbox.init_pid(),
+        pid,
+        "the sandbox was not reused"
+    );
+    assert!(!e.verify().unwrap().success);
+}
+
+#[test]
+fn shaped_rewards_follow_the_config() {
+    require_root!();
+    let mut e = env(EnvConfig::default());
+    e.reset(&Plan::for_task(TASK, 1, vec![])).unwrap();
+    // A successful relevant command: -1 + 10.
+    let s = e.step(&cmd("ls /")).unwrap();
+    assert_eq!(s.observation.exit_code, Some(0));
+    let expect = if s.info.irrelevant { 4.0 } else { 9.0 };
+    assert_eq!(s.reward, expect);
+    // A failing command: -1 - 20 (and -5 when irrelevant).
+    let s = e.step(&cmd("false")).unwrap();
+    assert_eq!(s.observation.exit_code, Some(1));
+    assert!(s.info.irrelevant);
+    assert_eq!(s.reward, -26.0);
+    // Sparse: nothing until the goal.
+    let mut cfg = EnvConfig::default();
+    cfg.reward.mode = RewardMode::Sparse;
+    let mut e = env(cfg);
+    e.reset(&Plan::for_task(TASK, 1, vec![])).unwrap();
+    assert_eq!(e.step(&cmd("false")).unwrap().reward, 0.0);
+}
+
+#[test]
+fn catalogue_actions_cwd_and_bad_indices() {
+    require_root!();
+    let mut e = env(EnvConfig::default());
+    e.reset(&Plan::for_task(TASK, 2, vec![])).unwrap();
+    let n = e.task().unwrap().actions.len();
+    assert!(n >= 4);
+    let s = e.step(&Action::Index(0)).unwrap();
+    assert_eq!(
+        s.observation.last_command.as_deref(),
+        Some(e.task().unwrap().actions[0].as_str())
+    );
+    match e.step(&Action::Index(n + 5)) {
+        Err(engine::env::EnvError::BadAction { index, count, .. }) => {
+            assert_eq!((index, count), (n + 5, n));
+        }
+        other => panic!("expected BadAction, got {other:?}"),
+    }
+    // cwd persists across steps, like a shell.
+    e.step(&cmd("mkdir -p /tmp/w && cd /tmp/w")).unwrap();
+    let s = e.step(&cmd("pwd")).unwrap();
+    assert_eq!(s.observation.stdout.trim(), "/tmp/w");
+    assert_eq!(s.observation.cwd, "/tmp/w");
+    // The marker never leaks into what the agent sees.
+    assert!(!s.observation.stderr.contains("envfactory-cwd"));
+    // A trailing comment does not swallow the epilogue.
+    let s = e.step(&cmd("cd / # go home")).unwrap();
+    assert_eq!(s.observation.cwd, "/");
+}
+
+#[test]
+fn dangerous_hanging_and_flooding_commands_end_their_step_cleanly() {
+    require_root!();
+    let mut e = env(EnvConfig {
+        step_timeout_ms: 300,
+        output_cap: 4096,
+        max_steps: Some(50),
+        ..EnvConfig::default()
+    });
+    e.reset(&Plan::for_task(TASK, 1, vec![])).unwrap();
+    let s = e.step(&cmd("rm -rf /")).unwrap();
+    assert!(s.info.dangerous.is_some());
+    assert!(s.observation.stderr.contains("refused"));
+    assert_eq!(
+        s.reward,
+        -1.0 - 20.0 - 5.0 + if s.info.irrelevant { 0.0 } else { 5.0 }
+    );
+    // The refused command did not run.
+    assert!(
+        e.step(&cmd("test -d /usr/bin"))
+            .unwrap()
+            .observation
+            .exit_code
+            == Some(0)
+    );
+    let s = e.step(&cmd("sleep 30")).unwrap();
+    assert!(s.info.timeout);
+    assert_eq!(s.observation.exit_code, Some(124));
+    assert!(s.observation.stderr.contains("timed out"));
+    let s = e.step(&cmd("yes flood")).unwrap();
+    assert!(s.info.timeout);
+    assert!(s.observation.stdout_truncated);
+    assert!(s.observation.stdout.len() <= e.config().observation_bytes);
+    // The env keeps working, and is not marked as failed infrastructure.
+    let s = e.step(&cmd("echo alive")).unwrap();
+    assert_eq!(s.observation.stdout.trim(), "alive");
+    assert!(!s.info.infra_failure);
+}
+
+#[test]
+fn a_wrecked_sandbox_is_an_infra_failure_and_the_next_episode_starts_clean() {
+    require_root!();
+    let mut e = env(EnvConfig::default());
+    let plan = Plan::for_task(TASK, 4, vec![]);
+    e.reset(&plan).unwrap();
+    // The agent wrecks its files: an agent failure, not infrastructure.
+    let s = e
+        .step(&cmd(
+            "rm -rf --one-file-system /srv /etc/passwd 2>/dev/null; echo done",
+        ))
+        .unwrap();
+    assert!(!s.info.infra_failure);
+    // The sandbox itself dies (from outside): infrastructure.
+    let pid = e.live().unwrap().sandbox.init_pid();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let s = e.step(&cmd("ls")).unwrap();
+    assert!(s.info.infra_failure, "{:?}", s.info);
+    assert!(s.truncated);
+    assert_eq!(s.reward, 0.0);
+    // Next episode: a fresh sandbox with the instance intact.
+    e.reset(&plan).unwrap();
+    assert_ne!(e.live().unwrap().sandbox.init_pid(), pid);
+    let s = e.step(&cmd("test -f /etc/passwd && echo ok")).unwrap();
+    assert_eq!(s.observation.stdout.trim(), "ok");
+}
+
+#[test]
+fn the_step_limit_truncates() {
+    require_root!();
+    let mut e = env(EnvConfig {
+        max_steps: Some(3),
+        ..EnvConfig::default()
+    });
+    e.reset(&Plan::for_task(TASK, 1, vec![])).unwrap();
+    assert!(!e.step(&cmd("true")).unwrap().truncated);
+    assert!(!e.step(&cmd("true")).unwrap().truncated);
+    let s = e.step(&cmd("true")).unwrap();
+    assert!(s.truncated && !s.terminated);
+}
