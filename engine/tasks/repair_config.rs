@@ -115,8 +115,11 @@ fn other_value(rng: &mut impl Rng, key: &str, old: &str) -> String {
     }
 }
 
+/// One `key = value` of a section: (section, key, value).
+pub type IniEntry = (String, String, String);
+
 /// Strictly parse the INI text: `Err(line, reason)` on the first syntax error.
-pub fn parse_strict(text: &[u8]) -> Result<Vec<(String, String, String)>, (usize, String)> {
+pub fn parse_strict(text: &[u8]) -> Result<Vec<IniEntry>, (usize, String)> {
     let text = std::str::from_utf8(text).map_err(|_| (0, "not UTF-8".to_string()))?;
     let ident = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_lowercase() || b == b'_');
     let mut out = Vec::new();
