@@ -71,6 +71,7 @@ fn exercise(name: &str) {
                 let _ = live.run(cmd, Duration::from_secs(30)).unwrap();
             }
             let v = task.verify(&setup, &mut live.probe()).unwrap();
+            eprintln!("{name} seed {seed} trial `{}`: {:?}", trial.name, v.reasons);
             assert!(
                 !v.success,
                 "{name} seed {seed}: hack trial `{}` passed",
@@ -107,6 +108,50 @@ fn archive_logs_oracle_survives_missing_tar_and_find() {
     }
     let v = task.verify(&setup, &mut live.probe()).unwrap();
     assert!(v.success, "{:?}", v.reasons);
+}
+
+/// The oracles use absolute paths and a clean environment: a `PATH` that finds only failing
+/// impostors of every tool they could call does not stop them.
+#[test]
+fn oracles_ignore_a_hostile_path() {
+    require_root!();
+    let rt = common::runtime();
+    let st = common::TempState::new();
+    let cache = engine::synth::Cache::open_with(st.path(), 16, 1 << 30).unwrap();
+    let tools = "tar find gzip rm perl python3 sh chmod chown kill pkill setpriv runuser env \
+                 printf mkdir cat id mv sleep head dd";
+    for task in engine::tasks::all() {
+        let plan = Plan::for_task(task.name(), 1, vec![]);
+        let held = synthesize(&rt, &cache, &plan).unwrap();
+        let setup = held.instance.task.clone().unwrap();
+        let mut live = Live::start(&rt, held).unwrap();
+        let r = live
+            .run(
+                &format!(
+                    "mkdir -p /opt/impostors && for t in {tools}; do \
+                     printf '#!/bin/sh\\necho impostor >&2\\nexit 1\\n' > /opt/impostors/$t; \
+                     chmod 755 /opt/impostors/$t; done"
+                ),
+                Duration::from_secs(10),
+            )
+            .unwrap();
+        assert!(r.success(), "{}", String::from_utf8_lossy(&r.stderr));
+        live.env.retain(|kv| !kv.starts_with("PATH="));
+        live.env.push("PATH=/opt/impostors".into());
+        let r = live.run("tar --version", Duration::from_secs(10)).unwrap();
+        assert!(!r.success() && String::from_utf8_lossy(&r.stderr).contains("impostor"));
+        for cmd in task.oracle(&setup) {
+            let r = live.run(&cmd, Duration::from_secs(60)).unwrap();
+            assert!(
+                r.success(),
+                "{}: {}",
+                task.name(),
+                String::from_utf8_lossy(&r.stderr)
+            );
+        }
+        let v = task.verify(&setup, &mut live.probe()).unwrap();
+        assert!(v.success, "{}: {:?}", task.name(), v.reasons);
+    }
 }
 
 #[test]

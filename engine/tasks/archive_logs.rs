@@ -5,7 +5,7 @@
 //!
 //! Member names are normalised: a leading `/` or `./` is dropped, so `srv/app/a.log`,
 //! `/srv/app/a.log` and `./srv/app/a.log` are the same member. Directory members are allowed;
-//! any other member (a decoy such as `notes.txt`, `x.log.gz`, `x.log.1`, a file inside a
+//! any other member (a decoy such as `notes.txt`, `x.log.gz`, `x.log.1`, `x.log.old`, a file inside a
 //! directory named `*.log`) fails the check, as does a `.log` member with wrong contents.
 
 use super::util::{self, facts, log_lines, pick, shq, CLEAN_ENV};
@@ -116,7 +116,7 @@ impl Task for ArchiveLogs {
                 0 => format!("{base}-{i}.log.gz"),
                 1 => format!("{base}-{i}.log.1"),
                 2 => format!("{base} notes {i}.txt"),
-                3 => format!("{base}-{i}.LOG"),
+                3 => format!("{base}-{i}.log.old"),
                 4 => format!("{base}-{i}.log.bak"),
                 _ => format!("README-{i}.md"),
             };

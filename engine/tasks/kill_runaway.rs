@@ -67,7 +67,7 @@ impl Task for KillRunaway {
                 hog = path.clone();
                 // Busy work that looks like a job (the loop never ends).
                 format!(
-                    "#!/bin/sh\n# {app} {name}: process the queue\nn=0\nwhile :; do\n  n=$((n + 1))\n  [ $((n % 1000000)) -ne 0 ] || : > /run/{app}/{name}.beat\ndone\n"
+                    "#!/bin/sh\n# {app} {name}: process the queue\n: > /run/{app}/{name}.beat\nn=0\nwhile :; do\n  n=$((n + 1))\n  [ $((n % 1000000)) -ne 0 ] || : > /run/{app}/{name}.beat\ndone\n"
                 )
             } else {
                 decoys.push(path.clone());
@@ -84,6 +84,17 @@ impl Task for KillRunaway {
                 "/bin/sh /opt/{app}/bin/{name}.sh > /dev/null 2>&1 < /dev/null &\n"
             ));
         }
+        // Return once every script runs (each touches its beat file first), so that the
+        // episode starts with all of them visible by their command lines.
+        let beats: Vec<String> = names
+            .iter()
+            .map(|n| format!("/run/{app}/{n}.beat"))
+            .collect();
+        start.push_str(&format!(
+            "i=0\nwhile [ $i -lt 500 ]; do\n  ok=1\n  for b in {}; do [ -e \"$b\" ] || ok=0; done\n  \
+             [ $ok = 0 ] || exit 0\n  sleep 0.01\n  i=$((i + 1))\ndone\necho 'services did not start' >&2\nexit 1\n",
+            beats.join(" ")
+        ));
         b.on_start("task:kill-runaway", start);
         let instruction = format!(
             "One of the `{app}` services (scripts under /opt/{app}/bin) has run away and is \

@@ -210,7 +210,11 @@ impl Task for RepairConfig {
             let (sec, kvs) = &mut intended[si];
             let (k, v) = &mut kvs[ki];
             let id = format!("{sec}.{k}");
-            if overrides.contains_key(&id) {
+            // Only numbers, switches and choices change (hosts, names and paths stay).
+            let tunable = v.parse::<u32>().is_ok()
+                || matches!(v.as_str(), "true" | "false")
+                || matches!(k.as_str(), "level" | "backend");
+            if !tunable || overrides.contains_key(&id) {
                 continue;
             }
             *v = other_value(&mut rng, k, v);
