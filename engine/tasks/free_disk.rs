@@ -47,15 +47,12 @@ impl Task for FreeDisk {
         let current = format!("/var/log/{app}/{app}.log");
         // The database is the largest file in sight (a trap for "delete the biggest file").
         let db_size = rng.gen_range(3 * MIB..5 * MIB) as usize;
-        let mut db_bytes = Vec::with_capacity(db_size);
+        // Pages of a seeded 64 KiB block after a header: cheap to generate and to hash.
+        let block: Vec<u8> = (0..64 << 10).map(|_| rng.gen::<u8>()).collect();
+        let mut db_bytes = Vec::with_capacity(db_size + block.len());
         db_bytes.extend_from_slice(b"SQLite format 3\0");
-        let mut x: u32 = rng.gen();
         while db_bytes.len() < db_size {
-            // A cheap deterministic filler (xorshift).
-            x ^= x << 13;
-            x ^= x >> 17;
-            x ^= x << 5;
-            db_bytes.extend_from_slice(&x.to_le_bytes());
+            db_bytes.extend_from_slice(&block);
         }
         db_bytes.truncate(db_size);
         let conf_text = format!(
@@ -104,7 +101,8 @@ impl Task for FreeDisk {
             let dir = path.rsplit_once('/').map_or("/", |(d, _)| d);
             let kib = size / 1024;
             fill.push_str(&format!(
-                "/bin/mkdir -p {dir} && {{ /usr/bin/head -c {size} /dev/zero > {p} 2>/dev/null || \
+                "/bin/mkdir -p {dir} && {{ /usr/bin/fallocate -l {size} {p} 2>/dev/null || \
+                 /usr/bin/head -c {size} /dev/zero > {p} 2>/dev/null || \
                  /bin/dd if=/dev/zero of={p} bs=1024 count={kib} 2>/dev/null || \
                  /usr/bin/perl -e 'print \"\\0\" x {size}' > {p}; }}\n",
                 p = shq(path)
