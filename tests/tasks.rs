@@ -180,9 +180,14 @@ fn fix_permissions() {
 }
 
 #[test]
+fn fix_path() {
+    exercise("fix-path");
+}
+
+#[test]
 fn every_task_is_registered_once() {
     let names = engine::tasks::names();
-    assert_eq!(names.len(), 6);
+    assert_eq!(names.len(), 7);
     for n in &names {
         assert_eq!(engine::tasks::get(n).unwrap().name(), *n);
     }

@@ -5,6 +5,7 @@
 //! A file per task.
 
 pub mod archive_logs;
+pub mod fix_path;
 pub mod fix_permissions;
 pub mod free_disk;
 pub mod kill_runaway;
@@ -106,6 +107,7 @@ pub fn all() -> Vec<&'static dyn Task> {
         &repair_config::RepairConfig,
         &kill_runaway::KillRunaway,
         &fix_permissions::FixPermissions,
+        &fix_path::FixPath,
     ]
 }
 
