@@ -520,10 +520,17 @@ impl Env {
             return true;
         }
         let lower = cmd.to_lowercase();
-        setup
-            .keywords
-            .iter()
-            .any(|k| lower.contains(&k.to_lowercase()))
+        let words: Vec<&str> = lower
+            .split(|c: char| !c.is_alphanumeric())
+            .filter(|w| !w.is_empty())
+            .collect();
+        // Whole words or word prefixes (`log` matches `logs`), never inside a word (`ls` is
+        // not in `false`).
+        setup.keywords.iter().any(|k| {
+            let k = k.to_lowercase();
+            words.iter().any(|w| w.starts_with(k.as_str()))
+                || (!k.chars().all(char::is_alphanumeric) && lower.contains(k.as_str()))
+        })
     }
 
     /// Run an agent command in the current cwd; the cwd it ends in becomes the next one.

@@ -201,3 +201,124 @@ fn bench_sandbox_json_has_the_documented_keys() {
     }
     assert!(v["ratios"]["exec_vs_host"].as_f64().unwrap() > 0.0);
 }
+
+fn json_lines(out: &[u8]) -> Vec<serde_json::Value> {
+    String::from_utf8_lossy(out)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON: {l}: {e}")))
+        .collect()
+}
+
+#[test]
+fn episode_with_the_oracle_prints_a_line_per_step_and_succeeds() {
+    if !is_root() {
+        return;
+    }
+    let o = engine()
+        .args(["episode", "--task", "archive-logs", "--seed", "5", "--agent", "oracle", "--json"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let lines = json_lines(&o.stdout);
+    let last = lines.last().unwrap();
+    assert_eq!(last["success"], true, "{last}");
+    assert_eq!(last["task"], "archive-logs");
+    assert!(last["instance"].as_str().unwrap().starts_with("i-"));
+    let steps = &lines[..lines.len() - 1];
+    assert_eq!(steps.len() as u64, last["steps"].as_u64().unwrap());
+    for (i, s) in steps.iter().enumerate() {
+        assert_eq!(s["step"], i as u64 + 1);
+        for k in ["action", "exit", "reward", "done"] {
+            assert!(s.get(k).is_some(), "{k} missing in {s}");
+        }
+    }
+    assert_eq!(steps.last().unwrap()["done"], true);
+}
+
+#[test]
+fn episode_from_an_actions_file_and_its_errors() {
+    if !is_root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("actions.txt");
+    std::fs::write(&f, "# a comment\n@0\necho hi\n").unwrap();
+    let o = engine()
+        .args(["episode", "--task", "archive-logs", "--json", "--actions-file"])
+        .arg(&f)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let lines = json_lines(&o.stdout);
+    assert_eq!(lines.len(), 3);
+    assert_eq!(lines[1]["action"], "echo hi");
+    assert_eq!(lines[2]["success"], false);
+    // A bad line names the file and line.
+    std::fs::write(&f, "ls\n@x\n").unwrap();
+    let o = engine()
+        .args(["episode", "--task", "archive-logs", "--actions-file"])
+        .arg(&f)
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("actions.txt:2"), "{err}");
+    // An unknown task or perturbation names what is known.
+    let o = engine().args(["episode", "--task", "nope"]).output().unwrap();
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("archive-logs"));
+    let o = engine()
+        .args(["episode", "--task", "archive-logs", "--perturb", "no-such-fault"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("no-such-fault"));
+}
+
+#[test]
+fn task_check_certifies_the_unperturbed_task_and_list_names_tasks() {
+    if !is_root() {
+        return;
+    }
+    let o = engine().args(["task", "list"]).output().unwrap();
+    assert!(o.status.success());
+    assert!(String::from_utf8_lossy(&o.stdout).contains("archive-logs"));
+    let o = engine()
+        .args([
+            "task", "check", "archive-logs", "--perturbations", "none", "--seeds", "2", "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let rows = json_lines(&o.stdout);
+    assert_eq!(rows.len(), 2);
+    for r in rows {
+        assert_eq!(r["status"], "solvable", "{r}");
+    }
+}
+
+#[test]
+fn play_reads_commands_from_the_terminal() {
+    if !is_root() {
+        return;
+    }
+    use std::io::Write;
+    let mut child = engine()
+        .args(["play", "--task", "archive-logs", "--seed", "2"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b":actions\necho played-here\n:verify\n:quit\n")
+        .unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert!(o.status.success());
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains(":0"), "{out}");
+    assert!(out.contains("played-here"), "{out}");
+    assert!(out.contains("verifier: not solved"), "{out}");
+}
