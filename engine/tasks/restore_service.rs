@@ -204,15 +204,12 @@ impl Task for RestoreService {
             instruction,
             cwd: "/root".into(),
             actions,
-            keywords: [
+            keywords: util::words(&[
                 "curl", "perl", "chmod", "mkdir", "sed", "cat", "ps", "ss", "port", "service",
                 "start", &app,
-            ]
-            .iter()
-            .map(|s| s.to_string())
-            .collect(),
+            ]),
             max_steps: 30,
-            facts: serde_json::to_value(Facts {
+            facts: util::to_facts(&Facts {
                 app,
                 port,
                 script,
@@ -221,8 +218,7 @@ impl Task for RestoreService {
                 log_dir,
                 secret,
                 faults,
-            })
-            .map_err(|e| TaskError::Setup(e.to_string()))?,
+            })?,
         })
     }
 
