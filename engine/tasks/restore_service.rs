@@ -187,7 +187,7 @@ impl Task for RestoreService {
             format!("cat {start}"),
             format!("sh {start}"),
             format!("ls -la /opt/{app} /etc/{app} {log_dir}"),
-            format!("perl {script} {conf}"),
+            format!("perl -c {script}"),
             format!("chmod +x {script}"),
             format!("mkdir -p {log_dir}"),
             format!("sed -i 's/^port = .*/port = {port}/' {conf}"),
