@@ -110,6 +110,43 @@ fn archive_logs_oracle_survives_missing_tar_and_find() {
     assert!(v.success, "{:?}", v.reasons);
 }
 
+/// A squatter on the service's port (the `port already taken` fault) does not stop the oracle.
+#[test]
+fn restore_service_oracle_evicts_a_squatter() {
+    require_root!();
+    let rt = common::runtime();
+    let st = common::TempState::new();
+    let cache = engine::synth::Cache::open_with(st.path(), 4, 1 << 30).unwrap();
+    let task = engine::tasks::get("restore-service").unwrap();
+    for seed in [1, 4] {
+        let held = synthesize(
+            &rt,
+            &cache,
+            &Plan::for_task("restore-service", seed, vec![]),
+        )
+        .unwrap();
+        let setup = held.instance.task.clone().unwrap();
+        let port = setup.facts["port"].as_u64().unwrap();
+        let mut live = Live::start(&rt, held).unwrap();
+        let r = live
+            .run(
+                &format!(
+                    "(python3 -m http.server {port} --bind 127.0.0.1 >/dev/null 2>&1 < /dev/null &); \
+                     for i in $(seq 100); do python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", {port}))' 2>/dev/null && exit 0; sleep 0.05; done; exit 1"
+                ),
+                Duration::from_secs(20),
+            )
+            .unwrap();
+        assert!(r.success(), "the squatter did not start");
+        for cmd in task.oracle(&setup) {
+            let r = live.run(&cmd, Duration::from_secs(60)).unwrap();
+            assert!(r.success(), "{}", String::from_utf8_lossy(&r.stderr));
+        }
+        let v = task.verify(&setup, &mut live.probe()).unwrap();
+        assert!(v.success, "{:?}", v.reasons);
+    }
+}
+
 /// The oracles use absolute paths and a clean environment: a `PATH` that finds only failing
 /// impostors of every tool they could call does not stop them.
 #[test]

@@ -169,13 +169,9 @@ impl Task for ArchiveLogs {
             instruction,
             cwd: root.clone(),
             actions,
-            keywords: ["tar", "log", "find", "gzip", "archive", app, "ls"]
-                .iter()
-                .map(|s| s.to_string())
-                .collect(),
+            keywords: util::words(&["tar", "log", "find", "gzip", "archive", app, "ls"]),
             max_steps: 30,
-            facts: serde_json::to_value(Facts { root, logs, decoys })
-                .map_err(|e| TaskError::Setup(e.to_string()))?,
+            facts: util::to_facts(&Facts { root, logs, decoys })?,
         })
     }
 

@@ -204,14 +204,11 @@ impl Task for FixPath {
             instruction,
             cwd: "/root".into(),
             actions,
-            keywords: [
+            keywords: util::words(&[
                 "path", "export", "which", "ls", "cat", "sed", "render", "nightly", "report", &app,
-            ]
-            .iter()
-            .map(|s| s.to_string())
-            .collect(),
+            ]),
             max_steps: 25,
-            facts: serde_json::to_value(Facts {
+            facts: util::to_facts(&Facts {
                 app,
                 job,
                 paths_env,
@@ -221,8 +218,7 @@ impl Task for FixPath {
                 new_dir,
                 stale_dir: stale.then_some(old_dir),
                 data: data_path,
-            })
-            .map_err(|e| TaskError::Setup(e.to_string()))?,
+            })?,
         })
     }
 
@@ -231,15 +227,12 @@ impl Task for FixPath {
             Ok(f) => f,
             Err(v) => return Ok(v),
         };
-        let got = util::file_hash(probe, &f.report, 1 << 20)?;
-        Ok(Verdict::from_checks(vec![(
-            got.as_deref() == Some(f.report_sha256.as_str()),
-            if got.is_none() {
-                format!("{} was not written", f.report)
-            } else {
-                format!("{} is not the current renderer's report", f.report)
-            },
-        )]))
+        Ok(Verdict::from_checks(vec![util::content_check(
+            probe,
+            &f.report,
+            &f.report_sha256,
+            1 << 20,
+        )?]))
     }
 
     fn oracle(&self, setup: &TaskSetup) -> Vec<String> {

@@ -196,14 +196,11 @@ impl Task for FixPermissions {
             instruction,
             cwd: format!("/opt/{app}"),
             actions,
-            keywords: [
+            keywords: util::words(&[
                 "chmod", "chown", "ls", "setpriv", "runuser", "deploy", "nobody", "id", &app,
-            ]
-            .iter()
-            .map(|s| s.to_string())
-            .collect(),
+            ]),
             max_steps: 25,
-            facts: serde_json::to_value(Facts {
+            facts: util::to_facts(&Facts {
                 app,
                 script,
                 release_dir,
@@ -212,8 +209,7 @@ impl Task for FixPermissions {
                 outputs,
                 parts,
                 faults,
-            })
-            .map_err(|e| TaskError::Setup(e.to_string()))?,
+            })?,
         })
     }
 
@@ -224,15 +220,7 @@ impl Task for FixPermissions {
         };
         let mut checks = Vec::new();
         for (path, want) in &f.outputs {
-            let got = util::file_hash(probe, path, 1 << 20)?;
-            checks.push((
-                got.as_deref() == Some(want.as_str()),
-                if got.is_none() {
-                    format!("{path} was not written")
-                } else {
-                    format!("{path} has the wrong contents")
-                },
-            ));
+            checks.push(util::content_check(probe, path, want, 1 << 20)?);
             let owner = probe.stat(path)?.map(|s| s.uid);
             checks.push((
                 owner == Some(NOBODY),

@@ -141,20 +141,16 @@ impl Task for FreeDisk {
             instruction,
             cwd: "/root".into(),
             actions,
-            keywords: [
+            keywords: util::words(&[
                 "df", "du", "rm", "find", "log", "cache", "crash", "tmp", "ls", app,
-            ]
-            .iter()
-            .map(|s| s.to_string())
-            .collect(),
+            ]),
             max_steps: 30,
-            facts: serde_json::to_value(Facts {
+            facts: util::to_facts(&Facts {
                 disk_bytes: DISK_BYTES,
                 threshold,
                 protected,
                 junk,
-            })
-            .map_err(|e| TaskError::Setup(e.to_string()))?,
+            })?,
         })
     }
 
@@ -179,15 +175,7 @@ impl Task for FreeDisk {
             None => checks.push((false, "the probe cannot measure disk usage".into())),
         }
         for (path, want) in &f.protected {
-            let got = util::file_hash(probe, path, 16 * MIB)?;
-            checks.push((
-                got.as_deref() == Some(want.as_str()),
-                if got.is_none() {
-                    format!("protected file {path} is gone")
-                } else {
-                    format!("protected file {path} was changed")
-                },
-            ));
+            checks.push(util::content_check(probe, path, want, 16 * MIB)?);
         }
         Ok(Verdict::from_checks(checks))
     }

@@ -119,13 +119,9 @@ impl Task for KillRunaway {
             instruction,
             cwd: "/root".into(),
             actions,
-            keywords: ["ps", "top", "kill", "pkill", "pgrep", "cpu", "proc", &app]
-                .iter()
-                .map(|s| s.to_string())
-                .collect(),
+            keywords: util::words(&["ps", "top", "kill", "pkill", "pgrep", "cpu", "proc", &app]),
             max_steps: 20,
-            facts: serde_json::to_value(Facts { app, hog, decoys })
-                .map_err(|e| TaskError::Setup(e.to_string()))?,
+            facts: util::to_facts(&Facts { app, hog, decoys })?,
         })
     }
 

@@ -322,20 +322,16 @@ impl Task for RepairConfig {
             instruction,
             cwd: format!("/etc/{app}"),
             actions,
-            keywords: ["cat", "cp", "sed", "diff", "ini", "check", "example", app]
-                .iter()
-                .map(|s| s.to_string())
-                .collect(),
+            keywords: util::words(&["cat", "cp", "sed", "diff", "ini", "check", "example", app]),
             max_steps: 30,
-            facts: serde_json::to_value(Facts {
+            facts: util::to_facts(&Facts {
                 path,
                 example,
                 intended_text,
                 intended: map,
                 overrides,
                 corruptions,
-            })
-            .map_err(|e| TaskError::Setup(e.to_string()))?,
+            })?,
         })
     }
 

@@ -187,7 +187,7 @@ impl Task for RestoreService {
             format!("cat {start}"),
             format!("sh {start}"),
             format!("ls -la /opt/{app} /etc/{app} {log_dir}"),
-            format!("perl {script} {conf}"),
+            format!("perl -c {script}"),
             format!("chmod +x {script}"),
             format!("mkdir -p {log_dir}"),
             format!("sed -i 's/^port = .*/port = {port}/' {conf}"),
@@ -204,15 +204,12 @@ impl Task for RestoreService {
             instruction,
             cwd: "/root".into(),
             actions,
-            keywords: [
+            keywords: util::words(&[
                 "curl", "perl", "chmod", "mkdir", "sed", "cat", "ps", "ss", "port", "service",
                 "start", &app,
-            ]
-            .iter()
-            .map(|s| s.to_string())
-            .collect(),
+            ]),
             max_steps: 30,
-            facts: serde_json::to_value(Facts {
+            facts: util::to_facts(&Facts {
                 app,
                 port,
                 script,
@@ -221,8 +218,7 @@ impl Task for RestoreService {
                 log_dir,
                 secret,
                 faults,
-            })
-            .map_err(|e| TaskError::Setup(e.to_string()))?,
+            })?,
         })
     }
 
@@ -273,9 +269,27 @@ impl Task for RestoreService {
         let Ok(f) = facts::<Facts>(setup) else {
             return vec![];
         };
+        // Whatever already listens on the port (a squatter) goes first: the sockets' inodes
+        // from /proc/net/tcp{,6}, their owners from /proc/PID/fd.
+        let evict = r#"my $port = shift; my %ino;
+for my $t ("/proc/net/tcp", "/proc/net/tcp6") {
+  open my $f, "<", $t or next; <$f>;
+  while (<$f>) { my @c = split; next unless $c[3] eq "0A";
+    my ($p) = $c[1] =~ /:([0-9A-F]+)$/; $ino{$c[9]} = 1 if hex($p) == $port }
+}
+exit 0 unless %ino; my @k;
+for my $d (glob "/proc/[0-9]*") {
+  my ($pid) = $d =~ /(\d+)$/; next if $pid == $$; opendir my $fd, "$d/fd" or next;
+  for (readdir $fd) { my $l = readlink("$d/fd/$_") // next;
+    if ($l =~ /^socket:\[(\d+)\]$/ && $ino{$1}) { push @k, $pid; last } }
+}
+kill 9, @k; select undef, undef, undef, 0.2; exit 0;"#;
         let script = format!(
-            "/bin/chmod 644 {conf} 2>/dev/null; printf %s {good} > {conf} && /bin/mkdir -p {log} && \
+            "/usr/bin/perl -e {evict} {port}; \
+             /bin/chmod 644 {conf} 2>/dev/null; printf %s {good} > {conf} && /bin/mkdir -p {log} && \
              /bin/chmod 755 {s} && ( /usr/bin/perl {s} {conf} >/dev/null 2>&1 < /dev/null & ) && {wait}",
+            evict = shq(evict),
+            port = f.port,
             conf = shq(&f.conf),
             good = shq(&f.good_conf),
             log = shq(&f.log_dir),

@@ -1,10 +1,11 @@
 //! Helpers shared by the task families: seeded choices, generated text, hashing, quoting and
 //! the verdict for unreadable facts.
 
-use super::{TaskSetup, Verdict};
+use super::{TaskError, TaskSetup, Verdict};
 use crate::probe::{Probe, ProbeError};
 use rand::Rng;
 use serde::de::DeserializeOwned;
+use serde::Serialize;
 use sha2::Digest;
 
 /// Application names the generators draw from.
@@ -76,11 +77,29 @@ pub fn facts<T: DeserializeOwned>(setup: &TaskSetup) -> Result<T, Verdict> {
     })
 }
 
-/// sha256 of a regular file through the probe (`None`: absent or not a regular file).
-pub fn file_hash(
+/// Facts as the JSON stored in [`TaskSetup::facts`].
+pub fn to_facts<T: Serialize>(facts: &T) -> Result<serde_json::Value, TaskError> {
+    serde_json::to_value(facts).map_err(|e| TaskError::Setup(format!("facts: {e}")))
+}
+
+/// Owned words (keywords of a setup).
+pub fn words(ws: &[&str]) -> Vec<String> {
+    ws.iter().map(|w| w.to_string()).collect()
+}
+
+/// A check that a regular file (read through the probe, at most `max` bytes) has the sha256
+/// `want`, with the reason when it does not.
+pub fn content_check(
     probe: &mut dyn Probe,
     path: &str,
+    want: &str,
     max: u64,
-) -> Result<Option<String>, ProbeError> {
-    Ok(probe.read(path, max)?.map(|d| sha256_hex(&d)))
+) -> Result<(bool, String), ProbeError> {
+    Ok(match probe.read(path, max)? {
+        None => (false, format!("{path} is missing or not a regular file")),
+        Some(d) => (
+            sha256_hex(&d) == want,
+            format!("{path} has the wrong contents"),
+        ),
+    })
 }
