@@ -277,10 +277,13 @@ impl Perturbation for InodeExhaustion {
             .unwrap_or("f");
         let inodes = b.runtime.disk_inodes.map_or(total, |n| n.min(total));
         b.runtime.disk_inodes = Some(inodes);
-        // `true >` rather than `: >`: a failed redirection of a special builtin would end the
-        // shell. The loop stops at the first ENOSPC, should anything else take inodes.
+        // A first file copies the directory and its parents up into the writable layer (they
+        // take inodes too) before the count. `true >` rather than `: >`: a failed redirection
+        // of a special builtin would end the shell. The loop stops at the first ENOSPC, should
+        // anything else take inodes.
         let shell = format!(
-            "cd {d} && n=$(( $(stat -f -c %d /) - {free} )) && i=0 && \
+            "cd {d} && true > .{prefix}0 && rm -f .{prefix}0 && \
+             n=$(( $(stat -f -c %d /) - {free} )) && i=0 && \
              while [ $i -lt $n ]; do true > {prefix}$i 2>/dev/null || break; i=$((i+1)); done",
             d = sh_quote(&target),
         );
