@@ -25,12 +25,6 @@ struct Out {
     err: String,
 }
 
-impl Out {
-    fn all(&self) -> String {
-        format!("{}{}", self.out, self.err)
-    }
-}
-
 impl std::fmt::Debug for Out {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(

@@ -51,13 +51,12 @@ fn read_only_paths_refuse_writes_by_root_and_stay_read_only_after_reset_and_roll
 fn a_read_only_path_that_does_not_exist_fails_the_sandbox_with_its_name() {
     require_root!();
     let rt = runtime();
-    let err = rt
-        .create(&sandbox::SandboxConfig {
-            readonly_paths: vec!["/no/such/dir".into()],
-            ..config()
-        })
-        .err()
-        .expect("a missing read-only path must fail");
+    let Err(err) = rt.create(&sandbox::SandboxConfig {
+        readonly_paths: vec!["/no/such/dir".into()],
+        ..config()
+    }) else {
+        panic!("a missing read-only path must fail");
+    };
     assert!(err.to_string().contains("/no/such/dir"), "{err}");
 }
 
