@@ -324,9 +324,15 @@ impl Perturbation for ToolShadowed {
                 ))
             })?;
         let mut rng = b.rng(purpose);
-        let message = match params.str("message") {
-            "" => broken_message(&tool, &mut rng),
-            m => m.to_string(),
+        let message = match (params.str("message"), params.int("exit_code")) {
+            // Exit 0: a plausible wrong result rather than an error.
+            ("", 0) => ["done", "OK", "0"]
+                .choose(&mut rng)
+                .copied()
+                .unwrap_or("done")
+                .to_string(),
+            ("", _) => broken_message(&tool, &mut rng),
+            (m, _) => m.to_string(),
         };
         let shadow = format!("{dir}/{tool}");
         b.write(

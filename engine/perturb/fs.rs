@@ -231,11 +231,11 @@ static INODE_EXHAUSTION: Info = Info {
         ParamSpec {
             name: "total",
             kind: Kind::Int {
-                min: 256,
+                min: 128,
                 max: 100_000,
             },
-            default: "2048",
-            realistic: "1024-8192 (more costs episode-start time: one file each)",
+            default: "512",
+            realistic: "512-4096 (each inode to fill costs about 50 µs at every episode start)",
             help: "inodes of the writable layer",
         },
         ParamSpec {
@@ -280,11 +280,12 @@ impl Perturbation for InodeExhaustion {
         // A first file copies the directory and its parents up into the writable layer (they
         // take inodes too) before the count. `true >` rather than `: >`: a failed redirection
         // of a special builtin would end the shell. The loop stops at the first ENOSPC, should
-        // anything else take inodes.
+        // anything else take inodes; its stderr is redirected once (per file, opening
+        // /dev/null would cost more than the file).
         let shell = format!(
             "cd {d} && true > .{prefix}0 && rm -f .{prefix}0 && \
              n=$(( $(stat -f -c %d /) - {free} )) && i=0 && \
-             while [ $i -lt $n ]; do true > {prefix}$i 2>/dev/null || break; i=$((i+1)); done",
+             {{ while [ $i -lt $n ]; do true > {prefix}$i || break; i=$((i+1)); done; }} 2>/dev/null",
             d = sh_quote(&target),
         );
         b.on_start(INODE_EXHAUSTION.name, shell);
