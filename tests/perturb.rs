@@ -543,6 +543,24 @@ fn port_taken_makes_binding_the_port_fail_with_eaddrinuse() {
 }
 
 #[test]
+fn port_taken_fails_the_episode_start_when_the_port_is_not_free() {
+    require_root!();
+    let rt = common::runtime();
+    let st = common::TempState::new();
+    let cache = Cache::open_with(st.path(), 8, 1 << 30).unwrap();
+    let plan = plan_of(&["port-taken:port=7070", "port-taken:port=7070"], 2);
+    let held = synthesize(&rt, &cache, &plan).unwrap();
+    let Err(e) = Live::start(&rt, held) else {
+        panic!("the second listener cannot bind");
+    };
+    let e = e.to_string();
+    assert!(
+        e.contains("port-taken") && e.contains("cannot bind port 7070: Address already in use"),
+        "{e}"
+    );
+}
+
+#[test]
 fn port_taken_starts_before_the_other_start_steps() {
     require_root!();
     let rt = common::runtime();

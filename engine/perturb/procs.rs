@@ -14,30 +14,30 @@ pub fn all() -> Vec<&'static dyn Perturbation> {
     vec![&ServiceDown, &CpuHog, &PortTaken, &Zombies, &FdLimit]
 }
 
-/// Perl that detaches: the parent exits 0 at once, the child leaves the command's pipes and
-/// names itself `$ARGV[0]` (argv and, through prctl, comm). The new session comes from
-/// `setsid -w` in front of perl ([`perl_cmd`]; it returns perl's status): loading perl's POSIX module would cost tens of
-/// milliseconds at every episode start.
-const PERL_DETACH: &str = "exit 0 if fork; open STDIN, '<', '/dev/null'; \
-    open STDOUT, '>', '/dev/null'; open STDERR, '>&', \\*STDOUT; $0 = shift @ARGV;";
+/// Perl that names itself `$ARGV[0]` (argv and, through prctl, comm; inherited by the
+/// children it forks next) and leaves the command's pipes. Every script forks its daemons and
+/// exits only once they are in place, so an episode starts with them running and named.
+const PERL_NAME_AND_QUIET: &str = "$0 = shift @ARGV; open STDIN, '<', '/dev/null'; \
+    open STDOUT, '>', '/dev/null'; open STDERR, '>&', \\*STDOUT;";
 
-/// The shell command that runs a perl script (which detaches with [`PERL_DETACH`]) in a new
-/// session, with `name` as its argument; not applicable without perl.
+/// The shell command that runs a perl script with `name` as its argument, in a new session
+/// when the base has `setsid` (`-w`: the step gets perl's exit status). Not applicable without
+/// perl. (perl's own POSIX::setsid would cost tens of milliseconds of module loading at every
+/// episode start.)
 fn perl_cmd(b: &Builder, who: &str, script: &str, name: &str) -> Result<String, PerturbError> {
     if b.which("perl", DEFAULT_PATH).is_none() {
         return Err(PerturbError::NotApplicable(format!(
             "{who} runs a perl one-liner and this base has no perl"
         )));
     }
-    let (prefix, script) = if b.which("setsid", DEFAULT_PATH).is_some() {
-        ("setsid -w ", script.to_string())
+    let prefix = if b.which("setsid", DEFAULT_PATH).is_some() {
+        "setsid -w "
     } else {
-        let s = script.replacen("exit 0 if fork;", "exit 0 if fork; POSIX::setsid();", 1);
-        ("", format!("use POSIX (); {s}"))
+        ""
     };
     Ok(format!(
         "{prefix}perl -e {} {}",
-        sh_quote(&script),
+        sh_quote(script),
         sh_quote(name)
     ))
 }
@@ -183,7 +183,10 @@ impl Perturbation for CpuHog {
         let name = proc_name(params, HOG_NAMES, &mut rng);
         let n = params.int("procs");
         // One perl forks the others (one start-up, not n).
-        let script = format!("{PERL_DETACH} for (2..{n}) {{ last unless fork; }} 1 while 1;");
+        let script = format!(
+            "{PERL_NAME_AND_QUIET} for (1..{n}) {{ defined(my $p = fork) or exit 1; \
+             $p or do {{ 1 while 1 }}; }} exit 0;"
+        );
         let shell = perl_cmd(b, CPU_HOG.name, &script, &name)?;
         b.on_start(CPU_HOG.name, shell);
         Ok(format!(
@@ -254,7 +257,9 @@ impl Perturbation for PortTaken {
              setsockopt($s, SOL_SOCKET, SO_REUSEADDR, 1); \
              bind($s, sockaddr_in({port}, INADDR_ANY)) \
              or die \"port-taken: cannot bind port {port}: $!\\n\"; \
-             listen($s, 16) or die \"port-taken: listen: $!\\n\"; {PERL_DETACH} \
+             listen($s, 16) or die \"port-taken: listen: $!\\n\"; \
+             defined(my $p = fork) or die \"port-taken: fork: $!\\n\"; exit 0 if $p; \
+             {PERL_NAME_AND_QUIET} \
              while (accept(my $c, $s)) {{ syswrite $c, \"HTTP/1.0 503 Service Unavailable\\r\\n\
              Content-Length: 0\\r\\n\\r\\n\"; close $c; }}"
         );
@@ -325,8 +330,13 @@ impl Perturbation for Zombies {
         let name = proc_name(params, REAPERLESS_NAMES, &mut rng);
         let count = params.int("count");
         let script = format!(
-            "{PERL_DETACH} for (1..{count}) {{ my $p = fork; exit 0 if defined $p && $p == 0; }} \
-             sleep 3600 while 1;"
+            "pipe(my $r, my $w) or exit 1; defined(my $h = fork) or exit 1; \
+             if ($h) {{ close $w; my $x = <$r>; exit 0; }} close $r; {PERL_NAME_AND_QUIET} \
+             my @k; for (1..{count}) {{ my $p = fork; exit 0 if defined $p && $p == 0; \
+             push @k, $p if $p; }} \
+             for my $p (@k) {{ for (1..2000) {{ open(my $f, '<', \"/proc/$p/stat\") or last; \
+             last if <$f> =~ /\\) Z /; select(undef, undef, undef, 0.001); }} }} \
+             close $w; sleep 3600 while 1;"
         );
         let shell = perl_cmd(b, ZOMBIES.name, &script, &name)?;
         b.on_start(ZOMBIES.name, shell);
