@@ -448,17 +448,9 @@ fn service_down_removes_the_declared_service_and_leaves_a_stale_pid_file() {
     let pidfile = String::from_utf8(b.read("/run/web.pid").unwrap()).unwrap();
     let stale: u32 = pidfile.trim().parse().unwrap();
     // In a sandbox: nothing listens, the pid file names no process, the other step ran.
-    let tmp = tempfile::tempdir().unwrap();
-    nix::mount::mount(
-        Some("t"),
-        tmp.path(),
-        Some("tmpfs"),
-        nix::mount::MsFlags::empty(),
-        Some("size=16m"),
-    )
-    .unwrap();
+    let tmp = common::Tmpfs::new();
     let layer = tmp.path().join("layer");
-    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+    {
         b.layer.materialize(&layer, &base).unwrap();
         let mut sb = rt
             .create(&sandbox::SandboxConfig {
@@ -490,10 +482,6 @@ fn service_down_removes_the_declared_service_and_leaves_a_stale_pid_file() {
                     .unwrap();
             assert_eq!(reply, None, "episode {episode}: nothing listens on 8089");
         }
-    }));
-    let _ = nix::mount::umount2(tmp.path(), nix::mount::MntFlags::MNT_DETACH);
-    if let Err(e) = result {
-        std::panic::resume_unwind(e);
     }
 }
 
@@ -901,7 +889,7 @@ fn the_same_plan_gives_the_same_instance_id_and_layer_bytes() {
         let st = common::TempState::new();
         let cache = Cache::open_with(st.path(), 8, 1 << 30).unwrap();
         let held = cache.get_or_build(&plan_of(&specs, seed), &rootfs).unwrap();
-        let digest = tree_digest(&held.instance.layer);
+        let digest = common::tree_digest(&held.instance.layer);
         let i = held.instance.clone();
         drop(held);
         (
@@ -917,16 +905,6 @@ fn the_same_plan_gives_the_same_instance_id_and_layer_bytes() {
     let c = build(12);
     assert_ne!(a.0, c.0);
     assert_ne!(a.3, c.3, "another seed chooses differently");
-}
-
-fn tree_digest(dir: &std::path::Path) -> String {
-    let o = std::process::Command::new("sh")
-        .arg("-c")
-        .arg("find . -printf '%p %m %U %G %s %T@ %y\\n' | sort; find . -type f -print0 | sort -z | xargs -0 cat | sha256sum")
-        .current_dir(dir)
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
 #[test]

@@ -4,7 +4,7 @@
 //! Also the path helpers the other families share ([`canonical`], [`sh_quote`]).
 
 use super::{Family, Info, Kind, ParamSpec, Params, ParamsExt, PerturbError, Perturbation};
-use crate::synth::{clean_path, Builder, Entry};
+use crate::synth::{clean_path, resolve_link, Builder, Entry};
 use rand::seq::SliceRandom;
 use rand::Rng;
 
@@ -37,28 +37,6 @@ fn link_target(b: &Builder, path: &str) -> Option<String> {
     }
 }
 
-/// Join a symlink's target to the link's directory and normalise `.` and `..` (lexically,
-/// never above `/`).
-fn join_link(link: &str, target: &str) -> String {
-    let joined = if target.starts_with('/') {
-        target.to_string()
-    } else {
-        let dir = link.rsplit_once('/').map_or("", |(d, _)| d);
-        format!("{dir}/{target}")
-    };
-    let mut parts: Vec<&str> = Vec::new();
-    for c in joined.split('/') {
-        match c {
-            "" | "." => {}
-            ".." => {
-                parts.pop();
-            }
-            c => parts.push(c),
-        }
-    }
-    format!("/{}", parts.join("/"))
-}
-
 /// Resolve the symlinks of a path inside the rootfs under construction, as the sandbox would:
 /// every directory component, and the last one too when `follow_last`. A missing component
 /// ends the resolution (the rest is appended as is). `None`: a symlink loop or a path that
@@ -85,7 +63,7 @@ pub(crate) fn canonical(b: &Builder, path: &str, follow_last: bool) -> Option<St
             match b.meta(&prefix) {
                 Some(m) if m.is_symlink => {
                     let t = link_target(b, &prefix)?;
-                    let mut next = join_link(&prefix, &t);
+                    let mut next = resolve_link(&prefix, &t);
                     for rest in &comps[i + 1..] {
                         next.push('/');
                         next.push_str(rest);
@@ -105,14 +83,19 @@ pub(crate) fn canonical(b: &Builder, path: &str, follow_last: bool) -> Option<St
     None
 }
 
-/// The canonical form of a path parameter, or a `BadParam` naming it.
-fn path_param(b: &Builder, params: &Params, name: &str) -> Result<String, PerturbError> {
+/// The canonical form of a path parameter (see [`canonical`]), or a `BadParam` naming it.
+fn path_param(
+    b: &Builder,
+    params: &Params,
+    name: &str,
+    follow_last: bool,
+) -> Result<String, PerturbError> {
     let raw = params.str(name);
     clean_path(raw).map_err(|e| PerturbError::BadParam {
         param: name.into(),
         reason: e.to_string(),
     })?;
-    canonical(b, raw, false).ok_or_else(|| PerturbError::BadParam {
+    canonical(b, raw, follow_last).ok_or_else(|| PerturbError::BadParam {
         param: name.into(),
         reason: format!("`{raw}` is a symbolic link loop"),
     })
@@ -174,7 +157,7 @@ impl Perturbation for DiskFill {
         purpose: &str,
         b: &mut Builder,
     ) -> Result<String, PerturbError> {
-        let target = path_param(b, params, "target")?;
+        let target = path_param(b, params, "target", false)?;
         match b.meta(&target) {
             Some(m) if !m.is_dir => {
                 return Err(PerturbError::BadParam {
@@ -267,7 +250,7 @@ impl Perturbation for InodeExhaustion {
                 reason: format!("{free} is over half of total ({total})"),
             });
         }
-        let target = path_param(b, params, "target")?;
+        let target = path_param(b, params, "target", false)?;
         if b.meta(&target).is_none() {
             b.mkdir(&target, 0o733)?;
         }
@@ -347,14 +330,7 @@ impl Perturbation for PermissionFlip {
                 reason: format!("`{raw}` is not an octal mode (0-7777)"),
             })?;
         let given = params.str("path");
-        clean_path(given).map_err(|e| PerturbError::BadParam {
-            param: "path".into(),
-            reason: e.to_string(),
-        })?;
-        let path = canonical(b, given, true).ok_or_else(|| PerturbError::BadParam {
-            param: "path".into(),
-            reason: format!("`{given}` is a symbolic link loop"),
-        })?;
+        let path = path_param(b, params, "path", true)?;
         let old = b
             .meta(&path)
             .ok_or_else(|| PerturbError::NotApplicable(format!("`{given}` does not exist")))?;
@@ -400,7 +376,7 @@ impl Perturbation for MissingFile {
         _purpose: &str,
         b: &mut Builder,
     ) -> Result<String, PerturbError> {
-        let path = path_param(b, params, "path")?;
+        let path = path_param(b, params, "path", false)?;
         let m = b.meta(&path).ok_or_else(|| {
             PerturbError::NotApplicable(format!("`{}` does not exist", params.str("path")))
         })?;
@@ -535,14 +511,7 @@ impl Perturbation for CorruptedConfig {
         b: &mut Builder,
     ) -> Result<String, PerturbError> {
         let given = params.str("path");
-        clean_path(given).map_err(|e| PerturbError::BadParam {
-            param: "path".into(),
-            reason: e.to_string(),
-        })?;
-        let path = canonical(b, given, true).ok_or_else(|| PerturbError::BadParam {
-            param: "path".into(),
-            reason: format!("`{given}` is a symbolic link loop"),
-        })?;
+        let path = path_param(b, params, "path", true)?;
         let meta = b
             .meta(&path)
             .filter(|m| !m.is_dir && !m.is_symlink)
@@ -719,15 +688,7 @@ impl Perturbation for ReadOnlyDir {
         _purpose: &str,
         b: &mut Builder,
     ) -> Result<String, PerturbError> {
-        let given = params.str("path");
-        clean_path(given).map_err(|e| PerturbError::BadParam {
-            param: "path".into(),
-            reason: e.to_string(),
-        })?;
-        let path = canonical(b, given, true).ok_or_else(|| PerturbError::BadParam {
-            param: "path".into(),
-            reason: format!("`{given}` is a symbolic link loop"),
-        })?;
+        let path = path_param(b, params, "path", true)?;
         let created = if b.meta(&path).is_none() {
             b.mkdir(&path, 0o755)?;
             " (created)"
