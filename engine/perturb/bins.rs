@@ -564,7 +564,11 @@ impl Perturbation for LibraryMissing {
         let mut dirs: Vec<String> = Vec::new();
         for top in ["/lib", "/usr/lib", "/lib64", "/usr/lib64", "/usr/local/lib"] {
             dirs.push(top.to_string());
-            for sub in b.list(top) {
+            // Listed at its canonical path: `/lib` is a symlink on merged-usr systems.
+            let Some(top) = canonical(b, top, true) else {
+                continue;
+            };
+            for sub in b.list(&top) {
                 if sub.ends_with("-linux-gnu") || sub.ends_with("-linux-gnueabihf") {
                     dirs.push(format!("{top}/{sub}"));
                 }

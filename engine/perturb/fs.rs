@@ -157,7 +157,7 @@ impl Perturbation for DiskFill {
         purpose: &str,
         b: &mut Builder,
     ) -> Result<String, PerturbError> {
-        let target = path_param(b, params, "target", false)?;
+        let target = path_param(b, params, "target", true)?;
         match b.meta(&target) {
             Some(m) if !m.is_dir => {
                 return Err(PerturbError::BadParam {
@@ -250,7 +250,7 @@ impl Perturbation for InodeExhaustion {
                 reason: format!("{free} is over half of total ({total})"),
             });
         }
-        let target = path_param(b, params, "target", false)?;
+        let target = path_param(b, params, "target", true)?;
         if b.meta(&target).is_none() {
             b.mkdir(&target, 0o733)?;
         }
@@ -697,5 +697,119 @@ impl Perturbation for ReadOnlyDir {
         };
         make_readonly(b, &path);
         Ok(format!("{path}{created} is mounted read-only"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::perturb::Value;
+    use crate::synth::{BaseView, Resources};
+
+    /// A small merged-usr root: /bin -> usr/bin, /lib -> /usr/lib (absolute), a loop.
+    fn root() -> tempfile::TempDir {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path();
+        std::fs::create_dir_all(p.join("usr/bin")).unwrap();
+        std::fs::create_dir_all(p.join("usr/lib")).unwrap();
+        std::fs::create_dir_all(p.join("etc")).unwrap();
+        std::fs::write(p.join("usr/bin/tool"), "#!/bin/sh\n").unwrap();
+        std::os::unix::fs::symlink("usr/bin", p.join("bin")).unwrap();
+        std::os::unix::fs::symlink("/usr/lib", p.join("lib")).unwrap();
+        std::os::unix::fs::symlink("b", p.join("etc/a")).unwrap();
+        std::os::unix::fs::symlink("a", p.join("etc/b")).unwrap();
+        std::os::unix::fs::symlink("../usr/bin/tool", p.join("etc/t")).unwrap();
+        std::fs::write(
+            p.join("etc/app.ini"),
+            "# app\n[main]\nport = 8080\nname = web\nworkers = 4\ndebug = no\n\n[db]\nhost = localhost\n",
+        )
+        .unwrap();
+        d
+    }
+
+    #[test]
+    fn canonical_resolves_symlinks_inside_the_root_and_stops_on_loops() {
+        let d = root();
+        let base = BaseView::from_dirs(vec![d.path().to_path_buf()]);
+        let b = Builder::new(&base, 1, Resources::default());
+        assert_eq!(canonical(&b, "/bin/tool", true).unwrap(), "/usr/bin/tool");
+        assert_eq!(canonical(&b, "/bin", false).unwrap(), "/bin");
+        assert_eq!(canonical(&b, "/bin", true).unwrap(), "/usr/bin");
+        // An absolute target is resolved in the root, not on the host.
+        assert_eq!(canonical(&b, "/lib/x.so", true).unwrap(), "/usr/lib/x.so");
+        assert_eq!(canonical(&b, "/etc/t", true).unwrap(), "/usr/bin/tool");
+        assert_eq!(canonical(&b, "/etc/t", false).unwrap(), "/etc/t");
+        assert_eq!(
+            canonical(&b, "/bin/missing/x", true).unwrap(),
+            "/usr/bin/missing/x"
+        );
+        assert!(canonical(&b, "/etc/a", true).is_none());
+        assert!(canonical(&b, "relative", true).is_none());
+    }
+
+    fn corrupt(how: &str, fraction: f64, seed: u64) -> (String, String) {
+        let d = root();
+        let base = BaseView::from_dirs(vec![d.path().to_path_buf()]);
+        let mut b = Builder::new(&base, seed, Resources::default());
+        let params: Params = [
+            ("path".to_string(), Value::Str("/etc/app.ini".into())),
+            ("how".to_string(), Value::Str(how.into())),
+            ("fraction".to_string(), Value::Float(fraction)),
+        ]
+        .into();
+        let params = CORRUPTED_CONFIG.check(&params).unwrap();
+        let what = CorruptedConfig.apply(&params, "c#0", &mut b).unwrap();
+        let out = String::from_utf8_lossy(&b.read("/etc/app.ini").unwrap()).into_owned();
+        (out, what)
+    }
+
+    const ORIG: &str =
+        "# app\n[main]\nport = 8080\nname = web\nworkers = 4\ndebug = no\n\n[db]\nhost = localhost\n";
+
+    #[test]
+    fn corrupted_config_damage_is_of_the_asked_kind_and_deterministic() {
+        let (t, what) = corrupt("truncate", 0.25, 1);
+        assert_eq!(
+            t.len(),
+            ORIG.len() - (ORIG.len() as f64 * 0.25).round() as usize
+        );
+        assert!(ORIG.starts_with(&t), "{what}");
+
+        let (g, what) = corrupt("garble", 0.5, 1);
+        assert_eq!(g.lines().count(), ORIG.lines().count(), "{what}");
+        assert_ne!(g, ORIG);
+        assert_eq!(corrupt("garble", 0.5, 1).0, g, "same seed, same damage");
+        assert_ne!(corrupt("garble", 0.5, 2).0, g, "another seed, other damage");
+
+        let (dk, what) = corrupt("duplicate-key", 0.4, 3);
+        // 5 key lines, 40%: 2 duplicates, each after its original, with another value.
+        assert_eq!(dk.lines().count(), ORIG.lines().count() + 2, "{what}");
+        for key in what.rsplit(": ").next().unwrap().split(", ") {
+            let vals: Vec<&str> = dk
+                .lines()
+                .filter(|l| l.split('=').next().unwrap().trim() == key)
+                .collect();
+            assert_eq!(vals.len(), 2, "{key}: {dk}");
+            assert_ne!(vals[0], vals[1], "{key}: {dk}");
+        }
+
+        let (bs, what) = corrupt("bad-syntax", 0.01, 4);
+        assert_eq!(bs.lines().count(), ORIG.lines().count(), "{what}");
+        let changed = bs.lines().zip(ORIG.lines()).filter(|(a, b)| a != b).count();
+        assert_eq!(changed, 1, "at least one line, and only that one: {bs}");
+    }
+
+    #[test]
+    fn key_lines_are_recognised_in_the_usual_shapes() {
+        assert_eq!(split_key_line("port = 80"), Some(("port ", "=", " 80")));
+        assert_eq!(split_key_line("host: db"), Some(("host", ":", " db")));
+        assert_eq!(
+            split_key_line("PASS_MAX_DAYS\t99999"),
+            Some(("PASS_MAX_DAYS", "", "\t99999"))
+        );
+        assert_eq!(split_key_line("# port = 80"), None);
+        assert_eq!(split_key_line("[section]"), None);
+        assert_eq!(split_key_line("   "), None);
     }
 }

@@ -41,12 +41,15 @@ const FAKETIME_LIB: &str = "faketime/libfaketime.so.1";
 fn find_libfaketime(b: &Builder) -> Option<String> {
     let mut dirs: Vec<String> = Vec::new();
     for top in ["/usr/lib", "/lib", "/usr/lib64", "/usr/local/lib"] {
-        for sub in b.list(top) {
+        let Some(top) = super::fs::canonical(b, top, true) else {
+            continue;
+        };
+        for sub in b.list(&top) {
             if sub.ends_with("-linux-gnu") || sub.ends_with("-linux-gnueabihf") {
                 dirs.push(format!("{top}/{sub}"));
             }
         }
-        dirs.push(top.to_string());
+        dirs.push(top);
     }
     dirs.into_iter()
         .map(|d| format!("{d}/{FAKETIME_LIB}"))
