@@ -148,6 +148,12 @@ pub struct RuntimeSettings {
     pub nofile: Option<u64>,
     /// Overrides the template's disk size.
     pub disk_bytes: Option<u64>,
+    /// Inodes of the writable layer (`None`: the tmpfs default).
+    #[serde(default)]
+    pub disk_inodes: Option<u64>,
+    /// Paths bound read-only over themselves in the sandbox (writes fail with EROFS).
+    #[serde(default)]
+    pub readonly: Vec<String>,
     pub start: Vec<StartStep>,
     pub proxies: Vec<ProxySpec>,
 }
@@ -844,7 +850,7 @@ impl<'a> Builder<'a> {
 pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 /// Resolve a symlink target relative to the link's directory (lexically).
-fn resolve_link(link: &str, target: &str) -> String {
+pub fn resolve_link(link: &str, target: &str) -> String {
     let joined = if target.starts_with('/') {
         target.to_string()
     } else {

@@ -56,3 +56,45 @@ impl Drop for TempState {
 pub fn cache() -> engine::synth::Cache {
     engine::synth::Cache::open(&sandbox::state::default_state_dir()).unwrap()
 }
+
+/// Names, modes, owners, sizes, times and types of a directory tree, and a hash of its file
+/// contents: equal digests mean equal trees.
+pub fn tree_digest(dir: &std::path::Path) -> String {
+    let o = std::process::Command::new("sh")
+        .arg("-c")
+        .arg("find . -printf '%p %m %U %G %s %T@ %y\\n' | sort; find . -type f -print0 | sort -z | xargs -0 cat | sha256sum")
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// A private tmpfs (for a layer: overlayfs refuses a layer nested in the host's `/`, which the
+/// `host` base uses as a layer), unmounted when dropped, by a panic too.
+pub struct Tmpfs {
+    dir: tempfile::TempDir,
+}
+
+impl Tmpfs {
+    pub fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        nix::mount::mount(
+            Some("t"),
+            dir.path(),
+            Some("tmpfs"),
+            nix::mount::MsFlags::empty(),
+            Some("size=16m"),
+        )
+        .unwrap();
+        Self { dir }
+    }
+    pub fn path(&self) -> &std::path::Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = nix::mount::umount2(self.dir.path(), nix::mount::MntFlags::MNT_DETACH);
+    }
+}
