@@ -9,4 +9,5 @@ pub mod perturb;
 pub mod probe;
 pub mod synth;
 pub mod tasks;
+pub mod template;
 pub mod units;
