@@ -3,6 +3,7 @@
 
 pub mod bench;
 pub mod experiment;
+pub mod fingerprint;
 pub mod fuzz;
 pub mod live;
 pub mod perturb;
