@@ -75,6 +75,8 @@ pub fn sandbox_config(instance: &Instance) -> Result<SandboxConfig, LiveError> {
             cpus: r.cpus,
         },
         disk_bytes: instance.runtime.disk_bytes.unwrap_or(r.disk_bytes),
+        disk_inodes: instance.runtime.disk_inodes,
+        readonly_paths: instance.runtime.readonly.clone(),
         env: instance.runtime.apply_env(&base.env),
         nofile: instance.runtime.nofile.unwrap_or(base.nofile),
         ..base

@@ -148,6 +148,12 @@ pub struct RuntimeSettings {
     pub nofile: Option<u64>,
     /// Overrides the template's disk size.
     pub disk_bytes: Option<u64>,
+    /// Inodes of the writable layer (`None`: the tmpfs default).
+    #[serde(default)]
+    pub disk_inodes: Option<u64>,
+    /// Paths bound read-only over themselves in the sandbox (writes fail with EROFS).
+    #[serde(default)]
+    pub readonly: Vec<String>,
     pub start: Vec<StartStep>,
     pub proxies: Vec<ProxySpec>,
 }

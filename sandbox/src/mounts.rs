@@ -112,6 +112,29 @@ pub const USERNS_OWNED: &[(&str, u32)] = &[
     ("mnt", 0o755),
 ];
 
+/// Size of the writable layer of an episode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Disk {
+    /// Bytes of the tmpfs (writing more gives ENOSPC).
+    pub bytes: u64,
+    /// Inodes available to the root's writable layer (creating more files gives ENOSPC);
+    /// `None`: the tmpfs default (half the host's pages).
+    pub inodes: Option<u64>,
+}
+
+impl Disk {
+    pub fn bytes(bytes: u64) -> Self {
+        Self {
+            bytes,
+            inodes: None,
+        }
+    }
+}
+
+/// Inodes of the episode tmpfs that the sandbox itself uses (its root, `upper`, `work`,
+/// `root`, [`USERNS_OWNED`]) and a margin, added to [`Disk::inodes`].
+pub const DISK_INODES_RESERVED: u64 = 16;
+
 /// Step 1: make every mount of the new namespace private (nothing propagates to the host),
 /// put a tmpfs on the sandbox's private directory and lay out its sub-directories.
 pub fn setup_private_dir(
@@ -276,11 +299,11 @@ pub fn mount_root(
     sys: &mut dyn Sys,
     layout: &Layout,
     lowers: &[String],
-    disk_bytes: u64,
+    disk: Disk,
     userns_root: Option<u32>,
 ) -> Result<(), MountError> {
-    mount_overlay(sys, layout, lowers, disk_bytes, userns_root)?;
-    bind_side_trees(sys, layout, disk_bytes)
+    mount_overlay(sys, layout, lowers, disk, userns_root)?;
+    bind_side_trees(sys, layout, disk.bytes)
 }
 
 /// The episode tmpfs and the overlay (the first half of [`mount_root`]).
@@ -288,16 +311,25 @@ pub fn mount_overlay(
     sys: &mut dyn Sys,
     layout: &Layout,
     lowers: &[String],
-    disk_bytes: u64,
+    disk: Disk,
     userns_root: Option<u32>,
 ) -> Result<(), MountError> {
     let opts = overlay_options(layout, lowers)?;
+    let mut tmpfs = format!("mode=0755,size={}", disk.bytes);
+    if let Some(n) = disk.inodes {
+        // The episode tmpfs's own directories (root, upper, work, the root's mount point and
+        // the user-namespace home directories) come out of the same count.
+        tmpfs.push_str(&format!(
+            ",nr_inodes={}",
+            n.saturating_add(DISK_INODES_RESERVED)
+        ));
+    }
     sys.mount(
         "upper",
         &layout.rw(),
         "tmpfs",
         MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-        &format!("mode=0755,size={disk_bytes}"),
+        &tmpfs,
     )?;
     sys.mkdir(&layout.upper(), 0o755)?;
     sys.mkdir(&layout.work(), 0o700)?;
@@ -351,6 +383,51 @@ pub fn bind_side_trees(
         &format!("mode=1777,size={disk_bytes}"),
     )?;
     Ok(())
+}
+
+/// After every root mount: bind each path (absolute, inside the root) read-only over itself,
+/// so writes under it fail with EROFS whatever the file modes say (root inside keeps
+/// CAP_DAC_OVERRIDE). `resolve` opens a path inside the root without following symlinks out
+/// of it and names it for `mount` (`/proc/self/fd/N`); it is called again after the bind, so
+/// the read-only remount reaches the new mount rather than the one it covers.
+pub fn bind_readonly(
+    sys: &mut dyn Sys,
+    paths: &[String],
+    resolve: &mut dyn FnMut(&str) -> Result<Resolved, SysError>,
+) -> Result<(), MountError> {
+    for p in paths {
+        let at = resolve(p)?;
+        let target = at.path.to_string_lossy().into_owned();
+        sys.mount(
+            &target,
+            &at.path,
+            "",
+            MsFlags::MS_BIND | MsFlags::MS_REC,
+            "",
+        )?;
+        drop(at);
+        let top = resolve(p)?;
+        sys.mount(
+            "",
+            &top.path,
+            "",
+            MsFlags::MS_BIND
+                | MsFlags::MS_REMOUNT
+                | MsFlags::MS_RDONLY
+                | MsFlags::MS_NOSUID
+                | MsFlags::MS_NODEV,
+            "",
+        )?;
+    }
+    Ok(())
+}
+
+/// A path resolved inside the root, named for `mount`; it holds what keeps the name valid (an
+/// `O_PATH` descriptor behind `/proc/self/fd/N`).
+#[derive(Debug)]
+pub struct Resolved {
+    pub path: PathBuf,
+    pub keep: Option<std::os::fd::OwnedFd>,
 }
 
 /// Undo [`mount_root`]: detach the episode's tmpfs with everything mounted under it (the
@@ -464,7 +541,7 @@ mod tests {
         let mut r = Recorder::default();
         let l = Layout::new("/s");
         let lowers = vec!["/store/b".to_string(), "/store/a".to_string()];
-        mount_root(&mut r, &l, &lowers, 64 << 20, None).unwrap();
+        mount_root(&mut r, &l, &lowers, Disk::bytes(64 << 20), None).unwrap();
         let t = targets(&r.ops);
         assert_eq!(
             t,
@@ -481,7 +558,10 @@ mod tests {
             ]
         );
         match &r.ops[0] {
-            Op::Mount { data, .. } => assert!(data.contains("size=67108864")),
+            Op::Mount { data, .. } => {
+                assert!(data.contains("size=67108864"), "{data}");
+                assert!(!data.contains("nr_inodes"), "{data}");
+            }
             _ => unreachable!(),
         }
         match &r.ops[4] {
@@ -503,7 +583,14 @@ mod tests {
     fn user_namespaced_roots_give_root_inside_its_home_and_scratch_dirs() {
         let mut r = Recorder::default();
         let l = Layout::new("/s");
-        mount_root(&mut r, &l, &["/a".into()], 1 << 20, Some(100_000)).unwrap();
+        mount_root(
+            &mut r,
+            &l,
+            &["/a".into()],
+            Disk::bytes(1 << 20),
+            Some(100_000),
+        )
+        .unwrap();
         let t = targets(&r.ops);
         let overlay = t
             .iter()
@@ -522,6 +609,64 @@ mod tests {
                 at < overlay,
                 "the upper layer is prepared before the overlay is mounted"
             );
+        }
+    }
+
+    #[test]
+    fn a_bounded_inode_count_goes_into_the_episode_tmpfs() {
+        let mut r = Recorder::default();
+        let l = Layout::new("/s");
+        let disk = Disk {
+            bytes: 1 << 20,
+            inodes: Some(100),
+        };
+        mount_overlay(&mut r, &l, &["/a".into()], disk, None).unwrap();
+        match &r.ops[0] {
+            Op::Mount { data, target, .. } => {
+                assert_eq!(target, Path::new("/s/ep"));
+                let want = format!("nr_inodes={}", 100 + DISK_INODES_RESERVED);
+                assert!(data.contains(&want), "{data}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn read_only_paths_are_bound_then_the_new_mount_is_remounted_read_only() {
+        let mut r = Recorder::default();
+        let mut n = 0;
+        let mut resolve = |p: &str| -> Result<Resolved, SysError> {
+            n += 1;
+            Ok(Resolved {
+                path: PathBuf::from(format!("/proc/self/fd/{n}{p}")),
+                keep: None,
+            })
+        };
+        bind_readonly(&mut r, &["/var/log".into()], &mut resolve).unwrap();
+        assert_eq!(r.ops.len(), 2, "{:?}", r.ops);
+        match (&r.ops[0], &r.ops[1]) {
+            (
+                Op::Mount {
+                    source,
+                    target,
+                    flags,
+                    ..
+                },
+                Op::Mount {
+                    target: t2,
+                    flags: f2,
+                    ..
+                },
+            ) => {
+                assert_eq!(source, "/proc/self/fd/1/var/log");
+                assert_eq!(target, Path::new("/proc/self/fd/1/var/log"));
+                assert!(flags.contains(MsFlags::MS_BIND));
+                assert!(!flags.contains(MsFlags::MS_RDONLY));
+                // Resolved again: the remount must reach the bind, not what it covers.
+                assert_eq!(t2, Path::new("/proc/self/fd/2/var/log"));
+                assert!(f2.contains(MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY));
+            }
+            other => panic!("{other:?}"),
         }
     }
 

@@ -129,6 +129,13 @@ pub struct SandboxConfig {
     pub limits: Limits,
     /// Size of the writable layer; writing more gives ENOSPC.
     pub disk_bytes: u64,
+    /// Inodes of the writable layer (`nr_inodes` of its tmpfs); creating more files gives
+    /// ENOSPC. `None`: the tmpfs default.
+    pub disk_inodes: Option<u64>,
+    /// Absolute paths inside the root that are bound read-only over themselves after every
+    /// root mount (creation, reset, rollback): writes under them fail with EROFS even for root
+    /// inside. Each must exist in the root filesystem (the sandbox fails to start otherwise).
+    pub readonly_paths: Vec<String>,
     pub hostname: String,
     pub env: Vec<String>,
     pub keep_caps: Vec<u8>,
@@ -158,6 +165,8 @@ impl Default for SandboxConfig {
                 cpus: 1.0,
             },
             disk_bytes: 64 << 20,
+            disk_inodes: None,
+            readonly_paths: Vec::new(),
             hostname: "sandbox".into(),
             env: vec![
                 "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into(),
@@ -438,6 +447,8 @@ impl Runtime {
                 .collect(),
             lowers: rootfs.lowers,
             disk_bytes: cfg.disk_bytes,
+            disk_inodes: cfg.disk_inodes,
+            readonly_paths: cfg.readonly_paths.clone(),
             hostname: cfg.hostname.clone(),
             env: cfg.env.clone(),
             keep_caps: cfg.keep_caps.clone(),

@@ -165,6 +165,12 @@ pub struct SetupPlan {
     pub lowers: Vec<String>,
     /// Size of the writable layer (tmpfs), bytes.
     pub disk_bytes: u64,
+    /// Inodes of the writable layer (`None`: the tmpfs default).
+    #[serde(default)]
+    pub disk_inodes: Option<u64>,
+    /// Paths inside the root bound read-only over themselves after every root mount.
+    #[serde(default)]
+    pub readonly_paths: Vec<String>,
     pub hostname: String,
     /// Default environment of commands.
     pub env: Vec<String>,

@@ -59,6 +59,11 @@ fn open_in_root(root: &OwnedFd, path: &str, flags: OFlag, mode: u32) -> Result<O
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
+/// An `O_PATH` descriptor of a path inside the root (symlinks resolved within it).
+pub(crate) fn open_path_in_root(root: &OwnedFd, path: &str) -> Result<OwnedFd, Errno> {
+    open_in_root(root, path, OFlag::O_PATH, 0)
+}
+
 /// Split an absolute sandbox path into its parent and last component.
 fn split(path: &str) -> Result<(&str, &str), Errno> {
     if !path.starts_with('/') {

@@ -25,7 +25,7 @@ use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// The fd on which init finds its control socket.
 pub const CONTROL_FD: i32 = 3;
@@ -185,10 +185,30 @@ impl Init {
         self.bind_side_trees()
     }
 
-    /// Bind the side trees into the root (see `mounts::bind_side_trees`).
+    /// Bind the side trees into the root (see `mounts::bind_side_trees`), then the read-only
+    /// paths over themselves (`mounts::bind_readonly`).
     fn bind_side_trees(&mut self) -> Result<(), InitError> {
         mounts::bind_side_trees(&mut RealSys, &self.layout, self.plan.disk_bytes)
-            .map_err(|e| InitError::Setup(e.to_string()))
+            .map_err(|e| InitError::Setup(e.to_string()))?;
+        if self.plan.readonly_paths.is_empty() {
+            return Ok(());
+        }
+        let root = self
+            .root_fd
+            .as_ref()
+            .ok_or_else(|| InitError::Setup("read-only paths: no root is mounted".into()))?;
+        let mut resolve = |p: &str| -> Result<mounts::Resolved, crate::sys::SysError> {
+            // Resolved inside the root (a symlink in the layers cannot lead out of it), then
+            // named through the descriptor for mount(2).
+            let fd = files::open_path_in_root(root, p)
+                .map_err(|e| crate::sys::SysError::new("openat2", Path::new(p), e))?;
+            Ok(mounts::Resolved {
+                path: PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd())),
+                keep: Some(fd),
+            })
+        };
+        mounts::bind_readonly(&mut RealSys, &self.plan.readonly_paths, &mut resolve)
+            .map_err(|e| InitError::Setup(format!("read-only paths: {e}")))
     }
 
     /// Mount the overlay root over `self.current` and prepare what each command needs of it.
@@ -197,7 +217,10 @@ impl Init {
             &mut RealSys,
             &self.layout,
             &self.current,
-            self.plan.disk_bytes,
+            mounts::Disk {
+                bytes: self.plan.disk_bytes,
+                inodes: self.plan.disk_inodes,
+            },
             self.plan.userns.map(|(base, _)| base),
         )
         .map_err(|e| InitError::Setup(e.to_string()))?;
