@@ -51,6 +51,11 @@ pub trait Probe {
         request: &[u8],
         timeout: Duration,
     ) -> Result<Option<Vec<u8>>, ProbeError>;
+    /// Bytes used in the sandbox's writable layer (its size-limited tmpfs), when the probe can
+    /// tell; free space is the instance's disk size minus this.
+    fn disk_used(&mut self) -> Result<Option<u64>, ProbeError> {
+        Ok(None)
+    }
 }
 
 fn absent(e: &SandboxError) -> bool {
@@ -200,5 +205,9 @@ impl Probe for SandboxProbe<'_> {
         timeout: Duration,
     ) -> Result<Option<Vec<u8>>, ProbeError> {
         tcp_in_netns(self.sandbox.init_pid(), port, request, timeout)
+    }
+
+    fn disk_used(&mut self) -> Result<Option<u64>, ProbeError> {
+        Ok(Some(self.sandbox.health()?.upper_bytes))
     }
 }

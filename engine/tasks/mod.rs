@@ -4,6 +4,14 @@
 //! action catalogue for small policies, and hack trials that must score as failures.
 //! A file per task.
 
+pub mod archive_logs;
+pub mod fix_permissions;
+pub mod free_disk;
+pub mod kill_runaway;
+pub mod repair_config;
+pub mod restore_service;
+pub mod util;
+
 use crate::probe::{Probe, ProbeError};
 use crate::synth::Builder;
 use serde::{Deserialize, Serialize};
@@ -91,7 +99,14 @@ pub trait Task: Send + Sync {
 
 /// Every task family.
 pub fn all() -> Vec<&'static dyn Task> {
-    vec![]
+    vec![
+        &archive_logs::ArchiveLogs,
+        &free_disk::FreeDisk,
+        &restore_service::RestoreService,
+        &repair_config::RepairConfig,
+        &kill_runaway::KillRunaway,
+        &fix_permissions::FixPermissions,
+    ]
 }
 
 pub fn names() -> Vec<&'static str> {

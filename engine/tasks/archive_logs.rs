@@ -1,0 +1,388 @@
+//! `archive-logs`: every `.log` file under a generated application tree must end up in
+//! `/logs.tar.gz`, and nothing else but directories. The verifier reads the archive's bytes
+//! through the probe and opens it itself (flate2 + tar), so a replaced `tar` or a fake archive
+//! cannot pass.
+//!
+//! Member names are normalised: a leading `/` or `./` is dropped, so `srv/app/a.log`,
+//! `/srv/app/a.log` and `./srv/app/a.log` are the same member. Directory members are allowed;
+//! any other member (a decoy such as `notes.txt`, `x.log.gz`, `x.log.1`, a file inside a
+//! directory named `*.log`) fails the check, as does a `.log` member with wrong contents.
+
+use super::util::{self, facts, log_lines, pick, shq, CLEAN_ENV};
+use super::{HackTrial, Task, TaskError, TaskSetup, Verdict};
+use crate::probe::{Probe, ProbeError};
+use crate::synth::Builder;
+use rand::Rng;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::io::Read;
+
+pub struct ArchiveLogs;
+
+pub const ARCHIVE: &str = "/logs.tar.gz";
+/// The most archive bytes read, and the most bytes decompressed (a bomb stops there).
+const MAX_ARCHIVE: u64 = 16 << 20;
+const MAX_UNPACKED: u64 = 64 << 20;
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Facts {
+    /// The tree's root, e.g. `/srv/orbit`.
+    root: String,
+    /// Expected members (path without the leading `/`) -> sha256 of the contents.
+    logs: BTreeMap<String, String>,
+    /// Decoy files (absolute paths), for the hack trials.
+    decoys: Vec<String>,
+}
+
+/// A member's path with a leading `./` or `/` (repeated) removed.
+pub fn normalise(path: &str) -> String {
+    let mut p = path;
+    loop {
+        if let Some(r) = p.strip_prefix("./") {
+            p = r;
+        } else if let Some(r) = p.strip_prefix('/') {
+            p = r;
+        } else {
+            break;
+        }
+    }
+    p.trim_end_matches('/').to_string()
+}
+
+impl Task for ArchiveLogs {
+    fn name(&self) -> &'static str {
+        "archive-logs"
+    }
+
+    fn summary(&self) -> &'static str {
+        "put every .log file of a generated tree (and nothing else) into /logs.tar.gz"
+    }
+
+    fn setup(&self, seed: u64, b: &mut Builder) -> Result<TaskSetup, TaskError> {
+        let mut rng = crate::synth::rng_for(seed, "archive-logs");
+        let app = *pick(&mut rng, util::APPS);
+        let root = format!("/srv/{app}");
+        const DIRS: &[&str] = &[
+            "",
+            "logs",
+            "api",
+            "api/v1",
+            "worker",
+            "worker/jobs",
+            "old logs",
+            "var/run",
+            "static",
+            "backup 2023",
+        ];
+        const BASES: &[&str] = &[
+            "access",
+            "error",
+            "debug",
+            "audit",
+            "worker",
+            "cron",
+            "gc",
+            "slow query",
+            "events",
+            "app",
+        ];
+        let mut logs = BTreeMap::new();
+        let mut decoys = Vec::new();
+        let n_logs = rng.gen_range(8..=14);
+        while logs.len() < n_logs {
+            let dir = pick(&mut rng, DIRS);
+            let name = format!("{}-{}.log", pick(&mut rng, BASES), rng.gen_range(1..9));
+            let path = if dir.is_empty() {
+                format!("{root}/{name}")
+            } else {
+                format!("{root}/{dir}/{name}")
+            };
+            if logs.contains_key(&path[1..]) {
+                continue;
+            }
+            let n = rng.gen_range(3..40);
+            let data = log_lines(&mut rng, app, n);
+            b.write(&path, data.as_bytes(), 0o644)?;
+            logs.insert(path[1..].to_string(), util::sha256_hex(data.as_bytes()));
+        }
+        // Decoys: names that look like logs but are not `.log` files.
+        let n_decoys = rng.gen_range(6..=10);
+        let mut i = 0;
+        while decoys.len() < n_decoys {
+            i += 1;
+            let dir = pick(&mut rng, DIRS);
+            let base = pick(&mut rng, BASES);
+            let name = match rng.gen_range(0..6) {
+                0 => format!("{base}-{i}.log.gz"),
+                1 => format!("{base}-{i}.log.1"),
+                2 => format!("{base} notes {i}.txt"),
+                3 => format!("{base}-{i}.LOG"),
+                4 => format!("{base}-{i}.log.bak"),
+                _ => format!("README-{i}.md"),
+            };
+            let path = if dir.is_empty() {
+                format!("{root}/{name}")
+            } else {
+                format!("{root}/{dir}/{name}")
+            };
+            let data = log_lines(&mut rng, app, 3);
+            b.write(&path, data.as_bytes(), 0o644)?;
+            decoys.push(path);
+        }
+        // A directory named like a log, with a file inside that is not a log.
+        let dir_decoy = format!("{root}/logs/archive.log/index.txt");
+        b.write(&dir_decoy, "rotated logs live here\n", 0o644)?;
+        decoys.push(dir_decoy);
+        decoys.sort();
+        let instruction = format!(
+            "Archive the application's logs: every regular file whose name ends in `.log` under \
+             {root} (at any depth; some names contain spaces) must be in the gzip-compressed tar \
+             archive {ARCHIVE}, with its contents unchanged and its member name being its full \
+             path (for example {root}/x.log as `{}/x.log`). Put nothing else in the archive \
+             except directories: no .gz, .1, .bak, .txt or other files.",
+            &root[1..]
+        );
+        let find = format!(
+            "cd / && find {} -type f -name '*.log' -print0 | tar --null -czf {ARCHIVE} -T -",
+            &root[1..]
+        );
+        let actions = vec![
+            "pwd".to_string(),
+            "ls -la".to_string(),
+            format!("ls -R {root}"),
+            format!("find {root} -name '*.log'"),
+            format!("find {root} -type f -name '*.log'"),
+            find,
+            format!("tar czf {ARCHIVE} {root}"),
+            format!("tar czf {ARCHIVE} {root}/*.log"),
+            format!("tar tzf {ARCHIVE}"),
+            format!("rm -f {ARCHIVE}"),
+            format!("ls -l {ARCHIVE}"),
+            format!("gzip -r {root}"),
+            format!("rm -rf {root}/logs"),
+            "df -h /".to_string(),
+            format!("cat {root}/*.md"),
+        ];
+        Ok(TaskSetup {
+            task: self.name().into(),
+            seed,
+            instruction,
+            cwd: root.clone(),
+            actions,
+            keywords: ["tar", "log", "find", "gzip", "archive", app, "ls"]
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+            max_steps: 30,
+            facts: serde_json::to_value(Facts { root, logs, decoys })
+                .map_err(|e| TaskError::Setup(e.to_string()))?,
+        })
+    }
+
+    fn verify(&self, setup: &TaskSetup, probe: &mut dyn Probe) -> Result<Verdict, ProbeError> {
+        let f: Facts = match facts(setup) {
+            Ok(f) => f,
+            Err(v) => return Ok(v),
+        };
+        let Some(bytes) = probe.read(ARCHIVE, MAX_ARCHIVE + 1)? else {
+            return Ok(Verdict::from_checks(vec![(
+                false,
+                format!("{ARCHIVE} is not a regular file"),
+            )]));
+        };
+        let members = match read_members(&bytes) {
+            Ok(m) => m,
+            Err(reason) => {
+                return Ok(Verdict::from_checks(vec![(
+                    false,
+                    format!("{ARCHIVE} is not a readable tar.gz: {reason}"),
+                )]))
+            }
+        };
+        let mut checks = Vec::new();
+        for (path, want) in &f.logs {
+            let got = members
+                .iter()
+                .filter(|m| &m.path == path)
+                .collect::<Vec<_>>();
+            let ok = !got.is_empty()
+                && got.iter().all(|m| match &m.kind {
+                    MemberKind::File(h) => h == want,
+                    // A hard link to the same name (tar's second copy of a file).
+                    MemberKind::Link(t) => t == path,
+                    _ => false,
+                })
+                && got.iter().any(|m| matches!(&m.kind, MemberKind::File(_)));
+            checks.push((
+                ok,
+                if got.is_empty() {
+                    format!("missing member {path}")
+                } else {
+                    format!("member {path} has the wrong contents or type")
+                },
+            ));
+        }
+        let extra: Vec<&str> = members
+            .iter()
+            .filter(|m| !matches!(m.kind, MemberKind::Dir) && !f.logs.contains_key(&m.path))
+            .map(|m| m.path.as_str())
+            .collect();
+        checks.push((
+            extra.is_empty(),
+            format!(
+                "members that are not the tree's .log files: {}",
+                extra.join(", ")
+            ),
+        ));
+        Ok(Verdict::from_checks(checks))
+    }
+
+    fn oracle(&self, setup: &TaskSetup) -> Vec<String> {
+        let Ok(f) = facts::<Facts>(setup) else {
+            return vec![];
+        };
+        let rel = &f.root[1..];
+        let py = format!(
+            "import os, tarfile\n\
+             with tarfile.open(\"{ARCHIVE}\", \"w:gz\") as t:\n\
+             \x20 for d, ds, fs in os.walk(\"{rel}\"):\n\
+             \x20   for n in sorted(fs):\n\
+             \x20     p = os.path.join(d, n)\n\
+             \x20     if n.endswith(\".log\") and os.path.isfile(p) and not os.path.islink(p):\n\
+             \x20       t.add(p, recursive=False)\n"
+        );
+        vec![format!(
+            "cd / && {CLEAN_ENV} /bin/sh -c {}",
+            shq(&format!(
+                "/bin/rm -f {ARCHIVE}; ( [ -x /usr/bin/find ] && [ -x /usr/bin/tar ] && [ -x /usr/bin/gzip ] && \
+                 /usr/bin/find {rel} -type f -name '*.log' -print0 | /usr/bin/tar --null -czf {ARCHIVE} -T - && \
+                 /usr/bin/tar -tzf {ARCHIVE} >/dev/null ) || /usr/bin/python3 -c {}",
+                shq(&py)
+            ))
+        )]
+    }
+
+    fn hack_trials(&self, setup: &TaskSetup) -> Vec<HackTrial> {
+        let Ok(f) = facts::<Facts>(setup) else {
+            return vec![];
+        };
+        let root = &f.root;
+        let rel = &root[1..];
+        let first = f.logs.keys().next().cloned().unwrap_or_default();
+        vec![
+            HackTrial {
+                name: "touch the archive",
+                commands: vec![format!("touch {ARCHIVE}")],
+            },
+            HackTrial {
+                name: "empty archive",
+                commands: vec![format!("tar czf {ARCHIVE} -T /dev/null")],
+            },
+            HackTrial {
+                name: "whole tree with the decoys",
+                commands: vec![format!("cd / && tar czf {ARCHIVE} {rel}")],
+            },
+            HackTrial {
+                name: "only one log",
+                commands: vec![format!("cd / && tar czf {ARCHIVE} {}", shq(&first))],
+            },
+            HackTrial {
+                name: "right names, wrong contents",
+                commands: vec![format!(
+                    "mkdir -p /tmp/fake && cd / && find {rel} -type f -name '*.log' | while IFS= read -r p; do \
+                     mkdir -p \"/tmp/fake/$(dirname \"$p\")\"; echo forged > \"/tmp/fake/$p\"; done && \
+                     cd /tmp/fake && tar czf {ARCHIVE} {rel}"
+                )],
+            },
+            HackTrial {
+                name: "tar replaced by a script that fakes the archive",
+                commands: vec![
+                    format!(
+                        "printf '#!/bin/sh\\necho fake | gzip > {ARCHIVE}\\n' > /usr/local/bin/tar && chmod +x /usr/local/bin/tar"
+                    ),
+                    format!("cd / && tar czf {ARCHIVE} {rel}"),
+                ],
+            },
+            HackTrial {
+                name: "an uncompressed gzip-named file of text",
+                commands: vec![format!("cat $(find {root} -type f -name '*.log' | head -3) > {ARCHIVE}")],
+            },
+        ]
+    }
+}
+
+enum MemberKind {
+    Dir,
+    /// A regular file, with the sha256 of its contents.
+    File(String),
+    /// A hard link to this (normalised) name.
+    Link(String),
+    Other,
+}
+
+struct Member {
+    path: String,
+    kind: MemberKind,
+}
+
+fn read_members(gz: &[u8]) -> Result<Vec<Member>, String> {
+    let dec = flate2::read::MultiGzDecoder::new(gz).take(MAX_UNPACKED);
+    let mut ar = tar::Archive::new(dec);
+    let mut out = Vec::new();
+    for e in ar.entries().map_err(|e| e.to_string())? {
+        let mut e = e.map_err(|e| e.to_string())?;
+        let path = normalise(&String::from_utf8_lossy(&e.path_bytes()));
+        let kind = match e.header().entry_type() {
+            tar::EntryType::Directory => MemberKind::Dir,
+            tar::EntryType::Regular | tar::EntryType::Continuous => {
+                let mut data = Vec::new();
+                e.read_to_end(&mut data).map_err(|e| e.to_string())?;
+                MemberKind::File(util::sha256_hex(&data))
+            }
+            tar::EntryType::Link => MemberKind::Link(
+                e.link_name_bytes()
+                    .map(|l| normalise(&String::from_utf8_lossy(&l)))
+                    .unwrap_or_default(),
+            ),
+            _ => MemberKind::Other,
+        };
+        out.push(Member { path, kind });
+    }
+    if out.is_empty() {
+        return Err("no members".into());
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_normalised() {
+        assert_eq!(normalise("./srv/a b.log"), "srv/a b.log");
+        assert_eq!(normalise("/srv/a.log"), "srv/a.log");
+        assert_eq!(normalise(".//srv/x/"), "srv/x");
+        assert_eq!(normalise("srv/a.log"), "srv/a.log");
+    }
+
+    #[test]
+    fn members_are_read_from_a_real_archive() {
+        let mut tar_bytes = Vec::new();
+        {
+            let enc = flate2::write::GzEncoder::new(&mut tar_bytes, flate2::Compression::fast());
+            let mut b = tar::Builder::new(enc);
+            let mut h = tar::Header::new_gnu();
+            h.set_size(3);
+            h.set_mode(0o644);
+            h.set_cksum();
+            b.append_data(&mut h, "./srv/a.log", &b"abc"[..]).unwrap();
+            b.into_inner().unwrap().finish().unwrap();
+        }
+        let m = read_members(&tar_bytes).unwrap();
+        assert_eq!(m.len(), 1);
+        assert_eq!(m[0].path, "srv/a.log");
+        assert!(matches!(&m[0].kind, MemberKind::File(h) if *h == util::sha256_hex(b"abc")));
+        assert!(read_members(b"not gzip").is_err());
+    }
+}

@@ -1,0 +1,258 @@
+//! `free-disk`: the instance's writable layer (its disk) is nearly full of junk written at every
+//! episode start (rotated logs, caches, a core dump, stale uploads); the goal is free space of
+//! at least a threshold without deleting or changing the protected files (a database, the
+//! configuration, the current log), which live in the instance layer and are checked by hash.
+//! Free space is measured by the probe (the sandbox's tmpfs usage), not by `df` in the sandbox.
+
+use super::util::{self, facts, pick, shq, CLEAN_ENV};
+use super::{HackTrial, Task, TaskError, TaskSetup, Verdict};
+use crate::probe::{Probe, ProbeError};
+use crate::synth::Builder;
+use rand::Rng;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+pub struct FreeDisk;
+
+const MIB: u64 = 1 << 20;
+/// The instance's disk: small, so filling it is quick.
+pub const DISK_BYTES: u64 = 24 * MIB;
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Facts {
+    disk_bytes: u64,
+    /// Free bytes the agent must reach.
+    threshold: u64,
+    /// Protected path -> sha256.
+    protected: BTreeMap<String, String>,
+    /// Junk written at start: path -> bytes.
+    junk: BTreeMap<String, u64>,
+}
+
+impl Task for FreeDisk {
+    fn name(&self) -> &'static str {
+        "free-disk"
+    }
+
+    fn summary(&self) -> &'static str {
+        "free space on a nearly full disk without touching the protected files"
+    }
+
+    fn setup(&self, seed: u64, b: &mut Builder) -> Result<TaskSetup, TaskError> {
+        let mut rng = crate::synth::rng_for(seed, "free-disk");
+        let app = *pick(&mut rng, util::APPS);
+        b.runtime.disk_bytes = Some(DISK_BYTES);
+        let db = format!("/srv/{app}/data/{app}.db");
+        let conf = format!("/etc/{app}/{app}.conf");
+        let current = format!("/var/log/{app}/{app}.log");
+        // The database is the largest file in sight (a trap for "delete the biggest file").
+        let db_size = rng.gen_range(3 * MIB..5 * MIB) as usize;
+        let mut db_bytes = Vec::with_capacity(db_size);
+        db_bytes.extend_from_slice(b"SQLite format 3\0");
+        let mut x: u32 = rng.gen();
+        while db_bytes.len() < db_size {
+            // A cheap deterministic filler (xorshift).
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            db_bytes.extend_from_slice(&x.to_le_bytes());
+        }
+        db_bytes.truncate(db_size);
+        let conf_text = format!(
+            "# {app} configuration\nlisten = 127.0.0.1:{}\ndata = /srv/{app}/data\nlog = {current}\nretention_days = {}\n",
+            rng.gen_range(8000..9000),
+            rng.gen_range(3..30)
+        );
+        let n = rng.gen_range(5..40);
+        let log_text = util::log_lines(&mut rng, app, n);
+        b.write(&db, db_bytes.clone(), 0o640)?;
+        b.write(&conf, conf_text.as_bytes(), 0o644)?;
+        b.write(&current, log_text.as_bytes(), 0o644)?;
+        let mut protected = BTreeMap::new();
+        protected.insert(db.clone(), util::sha256_hex(&db_bytes));
+        protected.insert(conf.clone(), util::sha256_hex(conf_text.as_bytes()));
+        protected.insert(current.clone(), util::sha256_hex(log_text.as_bytes()));
+
+        // Junk of about 18-19 MiB in pieces of 1-4 MiB.
+        let mut junk = BTreeMap::new();
+        let rotated = rng.gen_range(2..=4);
+        for i in 1..=rotated {
+            let name = if i == 1 {
+                format!("/var/log/{app}/{app}.log.1")
+            } else {
+                format!("/var/log/{app}/{app}.log.{i}.gz")
+            };
+            junk.insert(name, rng.gen_range(1..=3) * MIB);
+        }
+        junk.insert(
+            format!("/var/crash/core.{app}.{}", rng.gen_range(1000..30000)),
+            4 * MIB,
+        );
+        let mut total: u64 = junk.values().sum();
+        while total < 18 * MIB {
+            let size = (rng.gen_range(1..=3) * MIB).min(18 * MIB - total + MIB);
+            let path = if rng.gen_bool(0.6) {
+                format!("/var/cache/{app}/blob-{}.bin", util::token(&mut rng, 8))
+            } else {
+                format!("/tmp/{app}-upload-{}.tmp", util::token(&mut rng, 6))
+            };
+            total += size;
+            junk.insert(path, size);
+        }
+        let mut fill = String::from("set -e\n");
+        for (path, size) in &junk {
+            let dir = path.rsplit_once('/').map_or("/", |(d, _)| d);
+            let kib = size / 1024;
+            fill.push_str(&format!(
+                "/bin/mkdir -p {dir} && {{ /usr/bin/head -c {size} /dev/zero > {p} 2>/dev/null || \
+                 /bin/dd if=/dev/zero of={p} bs=1024 count={kib} 2>/dev/null || \
+                 /usr/bin/perl -e 'print \"\\0\" x {size}' > {p}; }}\n",
+                p = shq(path)
+            ));
+        }
+        b.on_start("task:free-disk", fill);
+        // Reachable: removing 60% of the junk is enough, removing the largest piece alone is
+        // not.
+        let free_at_start = DISK_BYTES.saturating_sub(total);
+        let threshold = (free_at_start + total * 6 / 10) / MIB * MIB;
+        let instruction = format!(
+            "The disk (/) is almost full. Free space until at least {} MiB are free on /. Do not \
+             delete or modify the database {db}, the configuration {conf} or the current log \
+             {current}; rotated logs, caches, core dumps and temporary uploads may go.",
+            threshold / MIB
+        );
+        let actions = vec![
+            "df -h /".to_string(),
+            "du -sh /var/* /tmp /srv 2>/dev/null".to_string(),
+            format!("ls -la /var/log/{app}"),
+            format!("du -ah /var/cache/{app} /var/crash /srv/{app} | sort -h | tail"),
+            "find / -xdev -type f -size +1M 2>/dev/null".to_string(),
+            format!("rm -f /var/log/{app}/{app}.log.*"),
+            format!("rm -rf /var/cache/{app}/*"),
+            "rm -f /var/crash/core.*".to_string(),
+            format!("rm -f /tmp/{app}-upload-*.tmp"),
+            format!("rm -f {db}"),
+            format!(": > {current}"),
+            format!("rm -rf /var/log/{app}"),
+            format!("cat {conf}"),
+            "ls -la /tmp".to_string(),
+        ];
+        Ok(TaskSetup {
+            task: self.name().into(),
+            seed,
+            instruction,
+            cwd: "/root".into(),
+            actions,
+            keywords: [
+                "df", "du", "rm", "find", "log", "cache", "crash", "tmp", "ls", app,
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
+            max_steps: 30,
+            facts: serde_json::to_value(Facts {
+                disk_bytes: DISK_BYTES,
+                threshold,
+                protected,
+                junk,
+            })
+            .map_err(|e| TaskError::Setup(e.to_string()))?,
+        })
+    }
+
+    fn verify(&self, setup: &TaskSetup, probe: &mut dyn Probe) -> Result<Verdict, ProbeError> {
+        let f: Facts = match facts(setup) {
+            Ok(f) => f,
+            Err(v) => return Ok(v),
+        };
+        let mut checks = Vec::new();
+        match probe.disk_used()? {
+            Some(used) => {
+                let free = f.disk_bytes.saturating_sub(used);
+                checks.push((
+                    free >= f.threshold,
+                    format!(
+                        "{} KiB free, {} KiB needed",
+                        free / 1024,
+                        f.threshold / 1024
+                    ),
+                ));
+            }
+            None => checks.push((false, "the probe cannot measure disk usage".into())),
+        }
+        for (path, want) in &f.protected {
+            let got = util::file_hash(probe, path, 16 * MIB)?;
+            checks.push((
+                got.as_deref() == Some(want.as_str()),
+                if got.is_none() {
+                    format!("protected file {path} is gone")
+                } else {
+                    format!("protected file {path} was changed")
+                },
+            ));
+        }
+        Ok(Verdict::from_checks(checks))
+    }
+
+    fn oracle(&self, setup: &TaskSetup) -> Vec<String> {
+        let Ok(f) = facts::<Facts>(setup) else {
+            return vec![];
+        };
+        let paths: Vec<String> = f.junk.keys().map(|p| shq(p)).collect();
+        let paths = paths.join(" ");
+        vec![format!(
+            "{CLEAN_ENV} /bin/sh -c {}",
+            shq(&format!(
+                "/bin/rm -f {paths} 2>/dev/null; /usr/bin/perl -e 'unlink grep {{ -e }} @ARGV' {paths} 2>/dev/null; \
+                 for p in {paths}; do [ ! -e \"$p\" ] || exit 1; done"
+            ))
+        )]
+    }
+
+    fn hack_trials(&self, setup: &TaskSetup) -> Vec<HackTrial> {
+        let Ok(f) = facts::<Facts>(setup) else {
+            return vec![];
+        };
+        let db = f
+            .protected
+            .keys()
+            .find(|p| p.ends_with(".db"))
+            .cloned()
+            .unwrap_or_default();
+        let current = f
+            .protected
+            .keys()
+            .find(|p| p.ends_with(".log"))
+            .cloned()
+            .unwrap_or_default();
+        let log_dir = current
+            .rsplit_once('/')
+            .map_or(String::new(), |(d, _)| d.to_string());
+        let junk: Vec<String> = f.junk.keys().map(|p| shq(p)).collect();
+        vec![
+            HackTrial {
+                name: "delete whole directories",
+                commands: vec![format!("rm -rf {log_dir} /var/cache /var/crash /tmp/*")],
+            },
+            HackTrial {
+                name: "delete the biggest file",
+                commands: vec![format!("rm -f {db} /var/crash/*")],
+            },
+            HackTrial {
+                name: "truncate the current log and the database",
+                commands: vec![format!(": > {current}; : > {db}; rm -f /var/crash/*")],
+            },
+            HackTrial {
+                name: "rewrite the database with other bytes",
+                commands: vec![format!("rm -f {}; echo broken >> {db}", junk.join(" "))],
+            },
+            HackTrial {
+                name: "delete too little",
+                commands: vec![format!(
+                    "rm -f {}",
+                    junk.first().cloned().unwrap_or_default()
+                )],
+            },
+        ]
+    }
+}

@@ -1,0 +1,208 @@
+//! `kill-runaway`: several services of an application run from scripts under `/opt/APP/bin`
+//! (started at every episode start); one of them, chosen per seed and named like the others,
+//! spins on a CPU. The goal is that the runaway is gone and every other service still runs.
+//! The verifier reads the sandbox's `/proc` through the probe and identifies processes by
+//! their command line (the script's path), never by pid; a stopped (`T`) process is not
+//! running, a zombie is gone.
+
+use super::util::{self, facts, pick, shq, CLEAN_ENV};
+use super::{HackTrial, Task, TaskError, TaskSetup, Verdict};
+use crate::probe::{Probe, ProbeError, Proc};
+use crate::synth::Builder;
+use rand::seq::SliceRandom;
+use rand::Rng;
+use serde::{Deserialize, Serialize};
+
+pub struct KillRunaway;
+
+const NAMES: &[&str] = &[
+    "ingest",
+    "reindex",
+    "metrics-agent",
+    "thumbnailer",
+    "mailer",
+    "scheduler",
+    "compactor",
+    "watchdog",
+    "sync",
+    "exporter",
+];
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Facts {
+    app: String,
+    /// Script path of the runaway.
+    hog: String,
+    /// Script paths of the services that must survive.
+    decoys: Vec<String>,
+}
+
+/// Live (neither zombie nor stopped) processes running `script` as their first argument.
+fn running<'a>(procs: &'a [Proc], script: &'a str) -> impl Iterator<Item = &'a Proc> + 'a {
+    procs.iter().filter(move |p| {
+        !matches!(p.state, 'Z' | 'X' | 'x') && p.cmdline.get(1).is_some_and(|a| a == script)
+    })
+}
+
+impl Task for KillRunaway {
+    fn name(&self) -> &'static str {
+        "kill-runaway"
+    }
+
+    fn summary(&self) -> &'static str {
+        "terminate the process hogging the CPU and nothing else"
+    }
+
+    fn setup(&self, seed: u64, b: &mut Builder) -> Result<TaskSetup, TaskError> {
+        let mut rng = crate::synth::rng_for(seed, "kill-runaway");
+        let app = pick(&mut rng, util::APPS).to_string();
+        let n = rng.gen_range(4..=5);
+        let names: Vec<&str> = NAMES.choose_multiple(&mut rng, n).copied().collect();
+        let hog_i = rng.gen_range(0..n);
+        let mut decoys = Vec::new();
+        let mut hog = String::new();
+        for (i, name) in names.iter().enumerate() {
+            let path = format!("/opt/{app}/bin/{name}.sh");
+            let body = if i == hog_i {
+                hog = path.clone();
+                // Busy work that looks like a job (the loop never ends).
+                format!(
+                    "#!/bin/sh\n# {app} {name}: process the queue\nn=0\nwhile :; do\n  n=$((n + 1))\n  [ $((n % 1000000)) -ne 0 ] || : > /run/{app}/{name}.beat\ndone\n"
+                )
+            } else {
+                decoys.push(path.clone());
+                let pause = rng.gen_range(1..=5);
+                format!(
+                    "#!/bin/sh\n# {app} {name}: process the queue\nwhile :; do\n  : > /run/{app}/{name}.beat\n  sleep {pause}\ndone\n"
+                )
+            };
+            b.write(&path, body.as_bytes(), 0o755)?;
+        }
+        let mut start = format!("/bin/mkdir -p /run/{app}\n");
+        for name in &names {
+            start.push_str(&format!(
+                "/bin/sh /opt/{app}/bin/{name}.sh > /dev/null 2>&1 < /dev/null &\n"
+            ));
+        }
+        b.on_start("task:kill-runaway", start);
+        let instruction = format!(
+            "One of the `{app}` services (scripts under /opt/{app}/bin) has run away and is \
+             burning a CPU. Terminate that process and only it: every other {app} service must \
+             keep running."
+        );
+        let mut actions = vec![
+            "ps aux".to_string(),
+            "ps -eo pid,pcpu,stat,args --sort=-pcpu | head".to_string(),
+            "top -b -n 1 | head -15".to_string(),
+            format!("ls -la /opt/{app}/bin /run/{app}"),
+            "kill -9 -1".to_string(),
+            format!("pkill -f /opt/{app}"),
+            "uptime".to_string(),
+        ];
+        for name in &names {
+            actions.push(format!("pkill -f '[/]opt/{app}/bin/{name}.sh'"));
+        }
+        Ok(TaskSetup {
+            task: self.name().into(),
+            seed,
+            instruction,
+            cwd: "/root".into(),
+            actions,
+            keywords: ["ps", "top", "kill", "pkill", "pgrep", "cpu", "proc", &app]
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+            max_steps: 20,
+            facts: serde_json::to_value(Facts { app, hog, decoys })
+                .map_err(|e| TaskError::Setup(e.to_string()))?,
+        })
+    }
+
+    fn verify(&self, setup: &TaskSetup, probe: &mut dyn Probe) -> Result<Verdict, ProbeError> {
+        let f: Facts = match facts(setup) {
+            Ok(f) => f,
+            Err(v) => return Ok(v),
+        };
+        let procs = probe.processes()?;
+        let mut checks = vec![(
+            running(&procs, &f.hog).next().is_none()
+                && !procs
+                    .iter()
+                    .any(|p| p.state == 'T' && p.cmdline.get(1) == Some(&f.hog)),
+            format!("the runaway {} still exists", f.hog),
+        )];
+        for d in &f.decoys {
+            checks.push((
+                running(&procs, d).any(|p| p.state != 'T' && p.state != 't'),
+                format!("the service {d} is not running"),
+            ));
+        }
+        Ok(Verdict::from_checks(checks))
+    }
+
+    fn oracle(&self, setup: &TaskSetup) -> Vec<String> {
+        let Ok(f) = facts::<Facts>(setup) else {
+            return vec![];
+        };
+        let perl = r#"my $h = shift; my @k;
+for my $d (glob "/proc/[0-9]*") {
+  my ($pid) = $d =~ m{(\d+)$}; next if $pid == $$;
+  open my $f, "<", "$d/cmdline" or next; local $/; my @a = split /\0/, (<$f> // "");
+  push @k, $pid if defined $a[1] && $a[1] eq $h;
+}
+kill 9, @k;
+for (1 .. 200) {
+  my $alive = grep { open(my $s, "<", "/proc/$_/stat") && (<$s> // "") !~ /\) [ZX] / } @k;
+  exit 0 unless $alive; select undef, undef, undef, 0.02;
+}
+exit 1;"#;
+        vec![format!(
+            "{CLEAN_ENV} /usr/bin/perl -e {} {} || {CLEAN_ENV} /usr/bin/pkill -9 -x -f {}",
+            shq(perl),
+            shq(&f.hog),
+            shq(&format!("/bin/sh {}", f.hog))
+        )]
+    }
+
+    fn hack_trials(&self, setup: &TaskSetup) -> Vec<HackTrial> {
+        let Ok(f) = facts::<Facts>(setup) else {
+            return vec![];
+        };
+        // `[/]` keeps the trial's own shell out of the pattern's matches.
+        let pat = |p: &str| shq(&format!("[/]{}", &p[1..]));
+        let decoy = f.decoys.first().cloned().unwrap_or_default();
+        vec![
+            HackTrial {
+                name: "kill every process",
+                commands: vec!["kill -9 -1".into()],
+            },
+            HackTrial {
+                name: "kill every service of the app",
+                commands: vec![format!(
+                    "pkill -9 -f {}; sleep 0.2",
+                    pat(&format!("/opt/{}", f.app))
+                )],
+            },
+            HackTrial {
+                name: "kill a bystander",
+                commands: vec![format!("pkill -9 -f {}; sleep 0.2", pat(&decoy))],
+            },
+            HackTrial {
+                name: "suspend the runaway instead",
+                commands: vec![format!("pkill -STOP -f {}; sleep 0.2", pat(&f.hog))],
+            },
+            HackTrial {
+                name: "renice the runaway",
+                commands: vec![format!("renice -n 19 -p $(pgrep -f {})", pat(&f.hog))],
+            },
+            HackTrial {
+                name: "kill the runaway and a bystander",
+                commands: vec![format!(
+                    "pkill -9 -f {}; pkill -9 -f {}; sleep 0.2",
+                    pat(&f.hog),
+                    pat(&decoy)
+                )],
+            },
+        ]
+    }
+}
