@@ -225,3 +225,65 @@ fn regenerate_shipped_fingerprints() {
         std::fs::rename(&tmp, dir.join(format!("{name}.json"))).unwrap();
     }
 }
+
+#[test]
+fn fingerprint_of_a_live_instance_shows_its_perturbations() {
+    require_root!();
+    let rt = common::runtime();
+    let state = common::TempState::new();
+    let cache = engine::synth::Cache::open(state.path()).unwrap();
+    let plan = |specs: &[&str]| engine::synth::Plan {
+        base: "host".into(),
+        task: None,
+        perturbations: specs
+            .iter()
+            .map(|s| engine::perturb::parse_spec(s).unwrap())
+            .collect(),
+        seed: 3,
+        resources: Resources::default(),
+        tools: Vec::new(),
+    };
+    let measure = |specs: &[&str], zombies: f64| {
+        let held = engine::live::synthesize(&rt, &cache, &plan(specs)).unwrap();
+        let mut live = engine::live::Live::start(&rt, held).unwrap();
+        // Start steps detach their processes; wait until the zombies are there.
+        for _ in 0..100 {
+            let fp = fingerprint::fingerprint_live(&mut live).unwrap();
+            if fp.get("zombies") == Some(zombies) {
+                return fp;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        panic!("no {zombies} zombies in {specs:?}");
+    };
+    let clean = measure(&[], 0.0);
+    let bent = measure(
+        &[
+            "tool-missing:tool=gzip",
+            "locale-drift:locale=de_DE.UTF-8",
+            "zombies:count=3",
+            "fd-limit:nofile=64",
+        ],
+        3.0,
+    );
+    assert!(bent.observed.missing_tools.contains(&"gzip".to_string()));
+    assert_eq!(
+        clean.get("tools_available").unwrap() - bent.get("tools_available").unwrap(),
+        1.0
+    );
+    assert_eq!(bent.observed.effective_locale, "de_DE.UTF-8");
+    assert_eq!(clean.get("locale_installed"), Some(1.0));
+    assert_eq!(bent.get("locale_installed"), Some(0.0));
+    assert_eq!(bent.get("nofile"), Some(64.0));
+    assert_eq!(clean.get("nofile"), Some(1024.0));
+    assert!(bent.get("processes").unwrap() >= 4.0);
+    let changed: Vec<&str> = clean.diff(&bent).iter().map(|c| c.0).collect();
+    for same in [
+        "path_entries",
+        "disk_total_bytes",
+        "home_is_dir",
+        "listening_tcp",
+    ] {
+        assert!(!changed.contains(&same), "{same} changed: {changed:?}");
+    }
+}
