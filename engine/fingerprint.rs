@@ -680,32 +680,11 @@ fn resolve(
             Err(e) => return Err(e.into()),
         };
         match (st.kind, st.symlink_target) {
-            (FileKind::Symlink, Some(t)) => cur = join_link(&cur, &t),
+            (FileKind::Symlink, Some(t)) => cur = crate::synth::resolve_link(&cur, &t),
             (kind, _) => return Ok(Some((cur, kind))),
         }
     }
     Ok(None)
-}
-
-/// The path a symlink at `link` with target `target` points to (lexically).
-fn join_link(link: &str, target: &str) -> String {
-    let joined = if target.starts_with('/') {
-        target.to_string()
-    } else {
-        let dir = link.rsplit_once('/').map_or("", |(d, _)| d);
-        format!("{dir}/{target}")
-    };
-    let mut parts: Vec<&str> = Vec::new();
-    for c in joined.split('/') {
-        match c {
-            "" | "." => {}
-            ".." => {
-                parts.pop();
-            }
-            c => parts.push(c),
-        }
-    }
-    format!("/{}", parts.join("/"))
 }
 
 /// The first PATH directory holding an executable `tool`: (directory, resolved file).
@@ -793,12 +772,6 @@ mod tests {
         assert_eq!(listening_ports(tcp), vec![8080]);
         let status = "Package: tar\nStatus: install ok installed\nEssential: yes\n\nPackage: vim\nStatus: deinstall ok config-files\n\nPackage: curl\nStatus: install ok installed\n";
         assert_eq!(dpkg_status(status), (2, vec!["tar".to_string()]));
-        assert_eq!(
-            join_link("/usr/bin/awk", "/etc/alternatives/awk"),
-            "/etc/alternatives/awk"
-        );
-        assert_eq!(join_link("/bin/sh", "dash"), "/bin/dash");
-        assert_eq!(join_link("/usr/bin/x", "../lib/y"), "/usr/lib/y");
         assert_eq!(norm_locale("en_US.UTF-8"), "en_us.utf8");
         assert!(utc_now().ends_with('Z') && utc_now().len() == 20);
     }

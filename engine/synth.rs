@@ -850,7 +850,7 @@ impl<'a> Builder<'a> {
 pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 /// Resolve a symlink target relative to the link's directory (lexically).
-fn resolve_link(link: &str, target: &str) -> String {
+pub fn resolve_link(link: &str, target: &str) -> String {
     let joined = if target.starts_with('/') {
         target.to_string()
     } else {

@@ -1286,173 +1286,246 @@ perturbation_space:
         assert!(matches!(&tm.params["tool"], Value::Str(s) if s == "gzip" || s == "find"));
     }
 
-    fn expect_err(
-        r: Result<Template, TemplateError>,
-        kind: ErrorKind,
-        line: usize,
-        key: &str,
-    ) -> String {
-        let e = r.unwrap_err();
-        let msg = e.to_string();
-        assert_eq!(e.kind(), Some(kind), "{msg}");
-        assert_eq!(e.line(), Some(line), "{msg}");
-        if kind != ErrorKind::Syntax {
-            assert_eq!(e.key(), Some(key), "{msg}");
-            assert!(msg.contains(&format!("key `{key}`")), "{msg}");
-        }
-        assert!(msg.starts_with("t."), "{msg}");
-        assert!(msg.contains(&format!(":{line}:")), "{msg}");
-        msg
-    }
-
     #[test]
     fn every_error_names_file_line_key_and_reason() {
-        // TOML
-        let m = expect_err(
-            toml(&TOML.replace("probability = 0.3", "probability = 1.5")),
-            ErrorKind::OutOfRange,
-            11,
-            "perturbation_space[0].probability",
-        );
-        assert!(m.contains("outside [0, 1]"), "{m}");
-        expect_err(
-            toml(&TOML.replace("tools = [\"tar\"]", "toolz = [\"tar\"]")),
-            ErrorKind::UnknownKey,
-            6,
-            "base_environment.toolz",
-        );
-        expect_err(
-            toml(&TOML.replace("probability = 0.3", "probability = \"high\"")),
-            ErrorKind::WrongType,
-            11,
-            "perturbation_space[0].probability",
-        );
-        let m = expect_err(
-            toml(&TOML.replace("name = \"tool-missing\"", "name = \"tool-gone\"")),
-            ErrorKind::UnknownPerturbation,
-            10,
-            "perturbation_space[0].name",
-        );
-        assert!(m.contains("tool-gone") && m.contains("tool-missing"), "{m}");
-        let m = expect_err(
-            toml(&TOML.replace("tool = [", "tools = [")),
-            ErrorKind::UnknownParam,
-            13,
-            "perturbation_space[0].params.tools",
-        );
-        assert!(m.contains("it takes: tool"), "{m}");
-        let m = expect_err(
-            toml(&TOML.replace("[1, 2, 3]", "[1, 99, 3]")),
-            ErrorKind::BadParam,
-            16,
-            "perturbation_space[1].params.free_pct[1]",
-        );
-        assert!(m.contains("99 is outside 0..=50"), "{m}");
-        expect_err(
-            toml(&TOML.replace("mode = \"sparse\"", "mode = \"thin\"")),
-            ErrorKind::BadParam,
-            16,
-            "perturbation_space[1].params.mode",
-        );
-        let m = expect_err(
-            toml(&TOML.replace("task = \"archive-logs\"", "task = \"archive\"")),
-            ErrorKind::UnknownTask,
-            3,
-            "template.task",
-        );
-        assert!(m.contains("known: archive-logs"), "{m}");
-        let m = expect_err(
-            toml(&TOML.replace("\"128M\"", "\"128Q\"")),
-            ErrorKind::BadSize,
-            7,
-            "base_environment.memory",
-        );
-        assert!(m.contains("not a size"), "{m}");
-        expect_err(
-            toml(&TOML.replace("rootfs = \"host\"", "rootfs = \"/no/such/dir\"")),
-            ErrorKind::BadRootfs,
-            5,
-            "base_environment.rootfs",
-        );
-        expect_err(
-            toml(&TOML.replace("name = \"t\"\n", "")),
-            ErrorKind::MissingKey,
-            1,
-            "template.name",
-        );
-        expect_err(
-            toml(&TOML.replace("[base_environment]", "[base_environment\n")),
-            ErrorKind::Syntax,
-            4,
-            "",
-        );
-        // YAML
-        expect_err(
-            yaml(&YAML.replace("probability: 0.3", "probability: -0.1")),
-            ErrorKind::OutOfRange,
-            11,
-            "perturbation_space[0].probability",
-        );
-        expect_err(
-            yaml(&YAML.replace("  tools: [tar]", "  toolz: [tar]")),
-            ErrorKind::UnknownKey,
-            6,
-            "base_environment.toolz",
-        );
-        expect_err(
-            yaml(&YAML.replace("probability: 0.3", "probability: [1]")),
-            ErrorKind::WrongType,
-            11,
-            "perturbation_space[0].probability",
-        );
-        expect_err(
-            yaml(&YAML.replace("- name: tool-missing", "- name: tool-gone")),
-            ErrorKind::UnknownPerturbation,
-            10,
-            "perturbation_space[0].name",
-        );
-        expect_err(
-            yaml(&YAML.replace("tool: [", "tools: [")),
-            ErrorKind::UnknownParam,
-            13,
-            "perturbation_space[0].params.tools",
-        );
-        expect_err(
-            yaml(&YAML.replace("[1, 2, 3]", "[1, 2, 300]")),
-            ErrorKind::BadParam,
-            16,
-            "perturbation_space[1].params.free_pct[2]",
-        );
-        expect_err(
-            yaml(&YAML.replace("task: archive-logs", "task: nope")),
-            ErrorKind::UnknownTask,
-            3,
-            "template.task",
-        );
-        expect_err(
-            yaml(&YAML.replace("disk: 1048576", "disk: lots")),
-            ErrorKind::BadSize,
-            8,
-            "base_environment.disk",
-        );
-        expect_err(
-            yaml(&YAML.replace("  rootfs: host", "  rootfs: /no/such/dir")),
-            ErrorKind::BadRootfs,
-            5,
-            "base_environment.rootfs",
-        );
-        expect_err(
-            yaml(&YAML.replace("  - name: disk-fill\n", "  - probability: 1\n")),
-            ErrorKind::MissingKey,
-            14,
-            "perturbation_space[1].name",
-        );
-        expect_err(
-            yaml(&YAML.replace("  tools: [tar]", "  tools: [tar")),
-            ErrorKind::Syntax,
-            7,
-            "",
-        );
+        use ErrorKind::*;
+        // (format, replace, with, kind, line, key, part of the reason)
+        let cases: &[(Format, &str, &str, ErrorKind, usize, &str, &str)] = &[
+            (
+                Format::Toml,
+                "probability = 0.3",
+                "probability = 1.5",
+                OutOfRange,
+                11,
+                "perturbation_space[0].probability",
+                "outside [0, 1]",
+            ),
+            (
+                Format::Toml,
+                "tools = [\"tar\"]",
+                "toolz = [\"tar\"]",
+                UnknownKey,
+                6,
+                "base_environment.toolz",
+                "unknown key",
+            ),
+            (
+                Format::Toml,
+                "probability = 0.3",
+                "probability = \"high\"",
+                WrongType,
+                11,
+                "perturbation_space[0].probability",
+                "expected a number",
+            ),
+            (
+                Format::Toml,
+                "name = \"tool-missing\"",
+                "name = \"tool-gone\"",
+                UnknownPerturbation,
+                10,
+                "perturbation_space[0].name",
+                "`tool-gone` (known: tool-missing",
+            ),
+            (
+                Format::Toml,
+                "tool = [",
+                "tools = [",
+                UnknownParam,
+                13,
+                "perturbation_space[0].params.tools",
+                "it takes: tool",
+            ),
+            (
+                Format::Toml,
+                "[1, 2, 3]",
+                "[1, 99, 3]",
+                BadParam,
+                16,
+                "perturbation_space[1].params.free_pct[1]",
+                "99 is outside 0..=50",
+            ),
+            (
+                Format::Toml,
+                "mode = \"sparse\"",
+                "mode = \"thin\"",
+                BadParam,
+                16,
+                "perturbation_space[1].params.mode",
+                "`thin` is not one of",
+            ),
+            (
+                Format::Toml,
+                "task = \"archive-logs\"",
+                "task = \"archive\"",
+                UnknownTask,
+                3,
+                "template.task",
+                "known: archive-logs",
+            ),
+            (
+                Format::Toml,
+                "\"128M\"",
+                "\"128Q\"",
+                BadSize,
+                7,
+                "base_environment.memory",
+                "not a size",
+            ),
+            (
+                Format::Toml,
+                "rootfs = \"host\"",
+                "rootfs = \"/no/such/dir\"",
+                BadRootfs,
+                5,
+                "base_environment.rootfs",
+                "/no/such/dir",
+            ),
+            (
+                Format::Toml,
+                "name = \"t\"\n",
+                "",
+                MissingKey,
+                1,
+                "template.name",
+                "missing",
+            ),
+            (
+                Format::Toml,
+                "[base_environment]",
+                "[base_environment\n",
+                Syntax,
+                4,
+                "",
+                "",
+            ),
+            (
+                Format::Yaml,
+                "probability: 0.3",
+                "probability: -0.1",
+                OutOfRange,
+                11,
+                "perturbation_space[0].probability",
+                "outside [0, 1]",
+            ),
+            (
+                Format::Yaml,
+                "  tools: [tar]",
+                "  toolz: [tar]",
+                UnknownKey,
+                6,
+                "base_environment.toolz",
+                "unknown key",
+            ),
+            (
+                Format::Yaml,
+                "probability: 0.3",
+                "probability: [1]",
+                WrongType,
+                11,
+                "perturbation_space[0].probability",
+                "found a list",
+            ),
+            (
+                Format::Yaml,
+                "- name: tool-missing",
+                "- name: tool-gone",
+                UnknownPerturbation,
+                10,
+                "perturbation_space[0].name",
+                "`tool-gone`",
+            ),
+            (
+                Format::Yaml,
+                "tool: [",
+                "tools: [",
+                UnknownParam,
+                13,
+                "perturbation_space[0].params.tools",
+                "no parameter `tools`",
+            ),
+            (
+                Format::Yaml,
+                "[1, 2, 3]",
+                "[1, 2, 300]",
+                BadParam,
+                16,
+                "perturbation_space[1].params.free_pct[2]",
+                "300 is outside",
+            ),
+            (
+                Format::Yaml,
+                "task: archive-logs",
+                "task: nope",
+                UnknownTask,
+                3,
+                "template.task",
+                "unknown task `nope`",
+            ),
+            (
+                Format::Yaml,
+                "disk: 1048576",
+                "disk: lots",
+                BadSize,
+                8,
+                "base_environment.disk",
+                "not a size",
+            ),
+            (
+                Format::Yaml,
+                "  rootfs: host",
+                "  rootfs: /no/such/dir",
+                BadRootfs,
+                5,
+                "base_environment.rootfs",
+                "/no/such/dir",
+            ),
+            (
+                Format::Yaml,
+                "  - name: disk-fill\n",
+                "  - probability: 1\n",
+                MissingKey,
+                14,
+                "perturbation_space[1].name",
+                "missing",
+            ),
+            (
+                Format::Yaml,
+                "  tools: [tar]",
+                "  tools: [tar",
+                Syntax,
+                7,
+                "",
+                "",
+            ),
+        ];
+        for (format, from, to, kind, line, key, reason) in cases {
+            let (good, r) = match format {
+                Format::Toml => (TOML, toml(&TOML.replacen(from, to, 1))),
+                Format::Yaml => (YAML, yaml(&YAML.replacen(from, to, 1))),
+            };
+            assert!(good.contains(from), "{from}");
+            let e = r.unwrap_err();
+            let msg = e.to_string();
+            assert_eq!(e.kind(), Some(*kind), "{msg}");
+            assert_eq!(e.line(), Some(*line), "{msg}");
+            assert!(
+                msg.starts_with(&format!(
+                    "t.{}:{line}:",
+                    if *format == Format::Toml {
+                        "toml"
+                    } else {
+                        "yaml"
+                    }
+                )),
+                "{msg}"
+            );
+            assert!(msg.contains(reason), "{msg}");
+            if *kind != Syntax {
+                assert_eq!(e.key(), Some(*key), "{msg}");
+                assert!(msg.contains(&format!("key `{key}`")), "{msg}");
+            }
+        }
     }
 
     #[test]
