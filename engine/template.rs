@@ -1529,6 +1529,25 @@ perturbation_space:
     }
 
     #[test]
+    fn columns_point_at_the_value() {
+        let col = |r: Result<Template, TemplateError>| match r.unwrap_err() {
+            TemplateError::Invalid { column, .. } => column,
+            e => panic!("{e}"),
+        };
+        // `probability = 1.5` / `    probability: 1.5`: the value starts at column 15 / 18.
+        assert_eq!(
+            col(toml(
+                &TOML.replace("probability = 0.3", "probability = 1.5")
+            )),
+            15
+        );
+        assert_eq!(
+            col(yaml(&YAML.replace("probability: 0.3", "probability: 1.5"))),
+            18
+        );
+    }
+
+    #[test]
     fn yaml_scalars_follow_the_core_schema() {
         use yaml_rust2::scanner::TScalarStyle::{DoubleQuoted, Plain};
         assert_eq!(yaml_scalar("12".into(), Plain), V::Int(12));

@@ -195,7 +195,33 @@ fn templates_synthesize_into_cached_instances() {
     assert_eq!(json["instances"][2]["id"], first[2].id.as_str());
     assert_eq!(json["instances"][2]["seed"], 12);
     let text = template::synth_text(&t, &again);
+    eprintln!("{}{}", template::synth_text(&t, &first), text);
     for s in &first {
         assert!(text.contains(&s.id), "{text}");
+    }
+}
+
+#[test]
+fn shipped_templates_synthesize_and_start_on_the_host() {
+    require_root!();
+    let rt = common::runtime();
+    let state = common::TempState::new();
+    let cache = engine::synth::Cache::open(state.path()).unwrap();
+    for name in ["archive-logs.toml", "ops-mix.toml"] {
+        let t = Template::load(&templates_dir().join(name)).unwrap();
+        // Sixteen seeds: together they apply most entries of the space, each one for real.
+        let mut applied = std::collections::BTreeSet::new();
+        for s in template::synthesize(&rt, &cache, &t, 0, 16).unwrap() {
+            let held = cache.lookup(&s.id).unwrap().unwrap();
+            let live = engine::live::Live::start(&rt, held)
+                .unwrap_or_else(|e| panic!("{name} seed {}: {e}\n{:?}", s.seed, s.applied));
+            drop(live);
+            applied.extend(s.plan.perturbations.iter().map(|c| c.name.clone()));
+        }
+        eprintln!("{name}: {applied:?}");
+        assert!(
+            applied.len() * 3 >= t.space.len() * 2,
+            "{name}: only {applied:?}"
+        );
     }
 }
