@@ -101,8 +101,12 @@ pub const FEATURES: &[(&str, &str)] = &[
     ("resolv_conf_exists", "1 when /etc/resolv.conf is a file"),
     ("resolv_nameservers", "nameserver lines in /etc/resolv.conf"),
     (
+        "resolv_bad_lines",
+        "lines of /etc/resolv.conf that the resolver would not understand",
+    ),
+    (
         "resolv_valid",
-        "1 when there is a nameserver and every one is an IP address",
+        "1 when there is a nameserver and no bad line",
     ),
     ("env_vars", "variables in the environment"),
     ("env_nonstandard", "variables outside the usual login set"),
@@ -418,24 +422,17 @@ pub fn measure(ops: &mut dyn SandboxOps, env: &[String]) -> Result<Fingerprint, 
     });
     match read_text(ops, "/etc/resolv.conf")? {
         Some(t) => {
+            let (ns, bad) = resolv_conf(&t);
             put("resolv_conf_exists", b(true));
-            let ns: Vec<String> = t
-                .lines()
-                .filter_map(|l| {
-                    let mut w = l.split_whitespace();
-                    (w.next() == Some("nameserver")).then(|| w.next().unwrap_or("").to_string())
-                })
-                .collect();
             put("resolv_nameservers", Some(ns.len() as f64));
-            put(
-                "resolv_valid",
-                b(!ns.is_empty() && ns.iter().all(|n| n.parse::<std::net::IpAddr>().is_ok())),
-            );
+            put("resolv_bad_lines", Some(bad as f64));
+            put("resolv_valid", b(!ns.is_empty() && bad == 0));
             obs.nameservers = ns;
         }
         None => {
             put("resolv_conf_exists", b(false));
             put("resolv_nameservers", Some(0.0));
+            put("resolv_bad_lines", Some(0.0));
             put("resolv_valid", b(false));
         }
     }
@@ -756,6 +753,48 @@ pub fn dpkg_status(status: &str) -> (usize, Vec<String>) {
     (installed, essential)
 }
 
+/// The nameservers of a resolv.conf and the count of lines the resolver would not
+/// understand (unknown keyword, a nameserver that is not one IP address, a malformed option,
+/// control characters).
+pub fn resolv_conf(text: &str) -> (Vec<String>, usize) {
+    let mut ns = Vec::new();
+    let mut bad = 0;
+    for line in text.lines() {
+        let l = line.trim();
+        if l.is_empty() || l.starts_with('#') || l.starts_with(';') {
+            continue;
+        }
+        let w: Vec<&str> = l.split_whitespace().collect();
+        let ok = !l.chars().any(|c| c.is_control() && c != '\t')
+            && match w[0] {
+                "nameserver" => {
+                    let ok = w.len() == 2 && w[1].parse::<std::net::IpAddr>().is_ok();
+                    if ok {
+                        ns.push(w[1].to_string());
+                    }
+                    ok
+                }
+                "search" | "domain" | "sortlist" => w.len() >= 2,
+                "options" => {
+                    w.len() >= 2
+                        && w[1..].iter().all(|o| match o.split_once(':') {
+                            None => o.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'-'),
+                            Some((k, n)) => {
+                                !k.is_empty()
+                                    && !n.is_empty()
+                                    && n.bytes().all(|c| c.is_ascii_digit())
+                            }
+                        })
+                }
+                _ => false,
+            };
+        if !ok {
+            bad += 1;
+        }
+    }
+    (ns, bad)
+}
+
 /// `en_US.UTF-8` and `en_US.utf8` are the same locale.
 fn norm_locale(l: &str) -> String {
     l.to_ascii_lowercase().replace("utf-8", "utf8")
@@ -773,6 +812,20 @@ mod tests {
         let status = "Package: tar\nStatus: install ok installed\nEssential: yes\n\nPackage: vim\nStatus: deinstall ok config-files\n\nPackage: curl\nStatus: install ok installed\n";
         assert_eq!(dpkg_status(status), (2, vec!["tar".to_string()]));
         assert_eq!(norm_locale("en_US.UTF-8"), "en_us.utf8");
+        let ok = "# generated\nnameserver 10.0.0.2\nnameserver ::1\nsearch corp\noptions ndots:2 rotate edns0\n";
+        assert_eq!(resolv_conf(ok), (vec!["10.0.0.2".into(), "::1".into()], 0));
+        for bad in [
+            "nameserver\n",
+            "nameserver 256.1.1.1\n",
+            "namesever 127.0.0.53\n",
+            "nameserver 1.1.1.1 8.8.8.8\n",
+            "options ndots:abc\n",
+            "<<<<<<< HEAD\n",
+            "search\x00corp\n",
+            "nameserver: 8.8.8.8\n",
+        ] {
+            assert_eq!(resolv_conf(bad).1, 1, "{bad:?}");
+        }
         assert!(utc_now().ends_with('Z') && utc_now().len() == 20);
     }
 

@@ -263,6 +263,7 @@ fn fingerprint_of_a_live_instance_shows_its_perturbations() {
             "locale-drift:locale=de_DE.UTF-8",
             "zombies:count=3",
             "fd-limit:nofile=64",
+            "dns-broken:how=garbage",
         ],
         3.0,
     );
@@ -277,6 +278,8 @@ fn fingerprint_of_a_live_instance_shows_its_perturbations() {
     assert_eq!(bent.get("nofile"), Some(64.0));
     assert_eq!(clean.get("nofile"), Some(1024.0));
     assert!(bent.get("processes").unwrap() >= 4.0);
+    assert_eq!(clean.get("resolv_valid"), Some(1.0));
+    assert_eq!(bent.get("resolv_valid"), Some(0.0));
     let changed: Vec<&str> = clean.diff(&bent).iter().map(|c| c.0).collect();
     for same in [
         "path_entries",
