@@ -45,6 +45,9 @@ pub enum ErrorKind {
     UnknownTask,
     BadSize,
     BadRootfs,
+    DuplicateKey,
+    /// A tool of `base_environment.tools` is not on the base's PATH (checked against the base).
+    MissingTool,
 }
 
 /// Errors of loading a template.
@@ -72,6 +75,12 @@ pub enum TemplateError {
         key: String,
         kind: ErrorKind,
         reason: String,
+    },
+    #[error("{file}: synthesizing seed {seed}: {source}")]
+    Synthesis {
+        file: PathBuf,
+        seed: u64,
+        source: Box<crate::live::LiveError>,
     },
 }
 
@@ -146,6 +155,9 @@ pub struct BaseEnvironment {
     pub rootfs: String,
     pub tools: Vec<String>,
     pub resources: Resources,
+    /// Where each tool is named, for errors.
+    #[serde(skip)]
+    tool_pos: Vec<Pos>,
 }
 
 /// A validated template.
@@ -262,6 +274,29 @@ impl Template {
         }
     }
 
+    /// Check that every tool of `base_environment.tools` is on the base's default PATH.
+    pub fn check_tools(&self, base: &synth::BaseView) -> Result<(), TemplateError> {
+        let b = synth::Builder::new(base, 0, self.base.resources.clone());
+        for (i, tool) in self.base.tools.iter().enumerate() {
+            if b.which(tool, synth::DEFAULT_PATH).is_none() {
+                let pos = self.base.tool_pos.get(i).copied().unwrap_or_default();
+                return Err(TemplateError::Invalid {
+                    file: self.file.clone(),
+                    line: pos.line,
+                    column: pos.col,
+                    key: format!("base_environment.tools[{i}]"),
+                    kind: ErrorKind::MissingTool,
+                    reason: format!(
+                        "the base `{}` has no `{tool}` on {}",
+                        self.base.rootfs,
+                        synth::DEFAULT_PATH
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+
     /// The plans of seeds `seed, seed+1, ..., seed+count-1`.
     pub fn sample_many(&self, seed: u64, count: u64) -> Vec<Plan> {
         (0..count)
@@ -288,18 +323,39 @@ pub struct Synthesized {
     pub ms: f64,
 }
 
-/// Synthesize (or find in the cache) the instances of seeds `seed..seed+count`.
+/// Synthesize (or find in the cache) the instances of seeds `seed..seed+count`, after
+/// checking the template's tools against its base.
 pub fn synthesize(
     rt: &sandbox::Runtime,
     cache: &synth::Cache,
     t: &Template,
     seed: u64,
     count: u64,
-) -> Result<Vec<Synthesized>, crate::live::LiveError> {
+) -> Result<Vec<Synthesized>, TemplateError> {
+    let fail = |seed: u64, e: crate::live::LiveError| TemplateError::Synthesis {
+        file: t.file.clone(),
+        seed,
+        source: Box::new(e),
+    };
+    let spec: sandbox::RootfsSpec =
+        t.base
+            .rootfs
+            .parse()
+            .map_err(|e: sandbox::layers::LayerError| {
+                fail(
+                    seed,
+                    crate::live::LiveError::Base {
+                        base: t.base.rootfs.clone(),
+                        reason: e.to_string(),
+                    },
+                )
+            })?;
+    let rootfs = rt.resolve(&spec).map_err(|e| fail(seed, e.into()))?;
+    t.check_tools(&synth::BaseView::new(&rootfs))?;
     let mut out = Vec::new();
     for plan in t.sample_many(seed, count) {
         let start = std::time::Instant::now();
-        let held = crate::live::synthesize(rt, cache, &plan)?;
+        let held = crate::live::synthesize(rt, cache, &plan).map_err(|e| fail(plan.seed, e))?;
         let ms = start.elapsed().as_secs_f64() * 1e3;
         tracing::debug!(template = %t.name, seed = plan.seed, instance = %held.instance.id, ms, "synthesized");
         out.push(Synthesized {
@@ -746,7 +802,10 @@ impl Validator<'_> {
             pos: node.pos,
             entries,
         };
-        for (k, kp, _) in entries {
+        for (i, (k, kp, _)) in entries.iter().enumerate() {
+            if entries[..i].iter().any(|e| e.0 == *k) {
+                return Err(self.err(*kp, &t.path(k), ErrorKind::DuplicateKey, "given twice"));
+            }
             if !allowed.contains(&k.as_str()) {
                 return Err(self.err(
                     *kp,
@@ -870,6 +929,7 @@ impl Validator<'_> {
             None => BaseEnvironment {
                 rootfs: "host".into(),
                 tools: Vec::new(),
+                tool_pos: Vec::new(),
                 resources: Resources::default(),
             },
         };
@@ -914,6 +974,7 @@ impl Validator<'_> {
             return Err(self.err(pos, &t.path("rootfs"), ErrorKind::BadRootfs, e.to_string()));
         }
         let mut tools = Vec::new();
+        let mut tool_pos = Vec::new();
         if let Some(tn) = t.get("tools") {
             let V::Seq(items) = &tn.v else {
                 return Err(self.err(
@@ -931,7 +992,8 @@ impl Validator<'_> {
                             && !s.contains('/')
                             && !s.contains(char::is_whitespace) =>
                     {
-                        tools.push(s.clone())
+                        tools.push(s.clone());
+                        tool_pos.push(it.pos);
                     }
                     V::Str(s) => {
                         return Err(self.err(
@@ -994,6 +1056,7 @@ impl Validator<'_> {
         Ok(BaseEnvironment {
             rootfs,
             tools,
+            tool_pos,
             resources: Resources {
                 cpus,
                 memory_bytes,
@@ -1497,6 +1560,15 @@ perturbation_space:
                 7,
                 "",
                 "",
+            ),
+            (
+                Format::Yaml,
+                "  disk: 1048576",
+                "  disk: 1048576\n  memory: 1G",
+                DuplicateKey,
+                9,
+                "base_environment.memory",
+                "given twice",
             ),
         ];
         for (format, from, to, kind, line, key, reason) in cases {

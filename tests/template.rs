@@ -225,3 +225,25 @@ fn shipped_templates_synthesize_and_start_on_the_host() {
         );
     }
 }
+
+#[test]
+fn a_tool_the_base_lacks_is_named_with_its_line() {
+    require_root!();
+    let rt = common::runtime();
+    let state = common::TempState::new();
+    let cache = engine::synth::Cache::open(state.path()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("t.toml");
+    std::fs::write(
+        &file,
+        "[template]\nname = \"t\"\n[base_environment]\ntools = [\"tar\",\n  \"no-such-tool-xyz\"]\n",
+    )
+    .unwrap();
+    let t = Template::load(&file).unwrap();
+    let e = template::synthesize(&rt, &cache, &t, 0, 1).unwrap_err();
+    assert_eq!(e.kind(), Some(ErrorKind::MissingTool), "{e}");
+    assert_eq!(e.line(), Some(5), "{e}");
+    assert_eq!(e.key(), Some("base_environment.tools[1]"), "{e}");
+    assert!(e.to_string().contains("no `no-such-tool-xyz`"), "{e}");
+    assert!(cache.ids().is_empty());
+}
