@@ -39,7 +39,10 @@ fn host() -> (sandbox::Runtime, Fingerprint) {
     let rt = common::runtime();
     let start = std::time::Instant::now();
     let fp = fingerprint::fingerprint_rootfs(&rt, &sandbox::RootfsSpec::Host).unwrap();
-    eprintln!("host fingerprint (sandbox creation included) in {:?}", start.elapsed());
+    eprintln!(
+        "host fingerprint (sandbox creation included) in {:?}",
+        start.elapsed()
+    );
     (rt, fp)
 }
 
@@ -291,4 +294,21 @@ fn fingerprint_of_a_live_instance_shows_its_perturbations() {
     ] {
         assert!(!changed.contains(&same), "{same} changed: {changed:?}");
     }
+}
+
+#[test]
+fn dpkg_verify_can_be_skipped() {
+    require_root!();
+    let rt = common::runtime();
+    let mut sb = rt.create(&SandboxConfig::default()).unwrap();
+    let opts = fingerprint::Options { dpkg_verify: false };
+    let fp = fingerprint::measure_with(&mut sb, &SandboxConfig::default().env, opts).unwrap();
+    assert_eq!(fp.get("dpkg_verify_failures"), None);
+    assert!(fp.get("dpkg_packages").unwrap() > 50.0);
+    let i = FEATURES
+        .iter()
+        .position(|f| f.0 == "dpkg_verify_failures")
+        .unwrap();
+    assert_eq!(fp.vector[i], -1.0);
+    assert!(fp.notes.iter().any(|n| n.contains("skipped")));
 }
