@@ -127,6 +127,9 @@ impl Live {
     /// Start a new episode: incremental reset, then the start steps.
     pub fn restart(&mut self) -> Result<(), LiveError> {
         self.sandbox.reset()?;
+        for p in &self._proxies {
+            p.new_episode();
+        }
         self.run_start_steps()
     }
 

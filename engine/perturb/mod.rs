@@ -28,6 +28,8 @@ pub enum PerturbError {
     BadParam { param: String, reason: String },
     #[error("not applicable here: {0}")]
     NotApplicable(String),
+    #[error("fault proxy on port {port}: {reason}")]
+    Proxy { port: u16, reason: String },
     #[error("bad perturbation spec `{spec}`: {reason}")]
     BadSpec { spec: String, reason: String },
     #[error(transparent)]
