@@ -57,6 +57,30 @@ enum Cmd {
     /// Task families.
     #[command(subcommand)]
     Task(TaskCmd),
+    /// Synthesize instances of a template (TOML or YAML) and print their ids and applied plans.
+    Synth {
+        template: PathBuf,
+        /// First seed.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Instances (seeds seed..seed+count).
+        #[arg(long, default_value_t = 1)]
+        count: u64,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Measure an environment's feature vector (disk, PATH, packages, tools, services, clock,
+    /// locale, ...); `--shipped NAME` prints a shipped reference fingerprint instead.
+    Fingerprint {
+        /// `host`, a directory, or `oci:PATH`.
+        #[arg(long, default_value = "host")]
+        rootfs: String,
+        /// A shipped fingerprint (`host-debian12`, `debootstrap-bookworm-minbase`).
+        #[arg(long, conflicts_with = "rootfs")]
+        shipped: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
     /// Remove what crashed runs left behind (also done at every start).
     Reap,
     /// PID 1 of a sandbox (internal).
@@ -265,6 +289,46 @@ fn run(cmd: Cmd) -> anyhow::Result<i32> {
                 println!("{}", serde_json::to_string(&report)?);
             } else {
                 print!("{}", engine::bench_env::render(&report));
+            }
+            Ok(0)
+        }
+        Cmd::Synth {
+            template,
+            seed,
+            count,
+            json,
+        } => {
+            let t = engine::template::Template::load(&template)?;
+            let rt = sandbox_cli::runtime()?;
+            let items =
+                engine::template::synthesize(&rt, &env_cli::cache()?, &t, seed, count.max(1))?;
+            if json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&engine::template::synth_report(&t, &items))?
+                );
+            } else {
+                print!("{}", engine::template::synth_text(&t, &items));
+            }
+            Ok(0)
+        }
+        Cmd::Fingerprint {
+            rootfs,
+            shipped,
+            json,
+        } => {
+            let fp = match shipped {
+                Some(name) => engine::fingerprint::shipped_fingerprint(&name)?,
+                None => {
+                    let spec: sandbox::RootfsSpec = rootfs.parse()?;
+                    let rt = sandbox_cli::runtime()?;
+                    engine::fingerprint::fingerprint_rootfs(&rt, &spec)?
+                }
+            };
+            if json {
+                println!("{}", serde_json::to_string_pretty(&fp)?);
+            } else {
+                print!("{}", fp.text());
             }
             Ok(0)
         }
