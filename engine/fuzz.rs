@@ -296,6 +296,9 @@ if ($pid == 0) {
 }
 close $ow; close $ew if $ew;
 $SIG{PIPE} = 'IGNORE';
+# Signals meant for the tool (timeout, kill, Ctrl-C) reach it.
+my %SIGNAME = (1 => 'HUP', 2 => 'INT', 3 => 'QUIT', 10 => 'USR1', 12 => 'USR2', 14 => 'ALRM', 15 => 'TERM');
+for my $name (values %SIGNAME) { $SIG{$name} = sub { kill $name, $pid; }; }
 my %fh = (out => $or);
 $fh{err} = $er if $er;
 my %broken;
@@ -562,10 +565,17 @@ while (%fh) {
     }
 }
 out('out', $_) for ($M eq 'columns' ? columns_mutate(@held) : ());
-waitpid($pid, 0);
-my $st = $?;
+my $st = 0;
+while (1) {
+    my $w = waitpid($pid, 0);
+    if ($w == $pid) { $st = $?; last; }
+    next if $w == -1 && $!{EINTR};
+    $st = 127 << 8;
+    last;
+}
 if ($st & 127) {
-    $SIG{PIPE} = 'DEFAULT';
+    # Die of the tool's signal.
+    $SIG{$_} = 'DEFAULT' for 'PIPE', values %SIGNAME;
     kill $st & 127, $$;
     exit 128 + ($st & 127);
 }

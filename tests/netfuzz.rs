@@ -411,6 +411,13 @@ fn header_adds_banner_lines_and_keeps_status_effect_and_stdin() {
     let lines: Vec<&str> = t.stdout.lines().collect();
     assert_eq!(lines.len(), 2 + 2 + 2, "{}", t.stdout);
     assert_eq!(&lines[2..], ["big", "small", "big", "small"]);
+    // Signals reach the tool: `timeout` ends the real `sleep`, and sees it die of SIGTERM.
+    let t = mutated(
+        "output-mutation:tool=sleep,mutation=header",
+        1,
+        "timeout -s TERM 1 sleep 30; echo \"rc=$?\"; /usr/bin/ps -eo args= | grep -cx 'sleep 30'",
+    );
+    assert!(t.stdout.ends_with("rc=124\n0\n"), "{}", t.stdout);
     // stdin passes through.
     let c = mutated(
         "output-mutation:tool=cat,mutation=crlf",
