@@ -11,6 +11,8 @@
 //! `stderr-interleave` (some stdout lines go to stderr), `truncate` (only the first lines),
 //! `localized-numbers` (decimal commas, thousands separators). Every choice comes from the
 //! seed and the output itself, so the same command prints the same mutated bytes every time.
+//! Output into a regular file is data, not an observation: when its stdout is a file, the shim
+//! runs the tool unchanged. Shell builtins (`echo`, `printf`, `test`, ...) cannot be shimmed.
 
 use crate::perturb::{
     Family, Info, Kind, ParamSpec, Params, ParamsExt, PerturbError, Perturbation,
@@ -32,6 +34,8 @@ pub enum FuzzError {
     },
     #[error("the base has no /usr/bin/perl or /bin/perl to run the shim")]
     NoPerl,
+    #[error("`{0}` is a shell builtin: the shell never runs a shim for it")]
+    Builtin(String),
 }
 
 impl From<FuzzError> for PerturbError {
@@ -66,6 +70,14 @@ fn tools_for(mutation: &str) -> Option<&'static [&'static str]> {
         _ => None,
     }
 }
+
+/// Commands that POSIX shells (dash, bash) run as builtins whatever the `PATH` says.
+const BUILTINS: &[&str] = &[
+    "[", "alias", "bg", "break", "cd", "command", "continue", "echo", "eval", "exec", "exit",
+    "export", "false", "fg", "getopts", "hash", "jobs", "kill", "printf", "pwd", "read",
+    "readonly", "return", "set", "shift", "test", "times", "trap", "true", "type", "ulimit",
+    "umask", "unalias", "unset", "wait",
+];
 
 /// Where the shims keep the tools they shadow when the tool itself was in the shim's place.
 pub const REAL_DIR: &str = "/usr/local/lib/envfactory/real";
@@ -183,6 +195,9 @@ impl Perturbation for OutputMutation {
         if !valid_tool(&tool) {
             return Err(FuzzError::BadTool(tool).into());
         }
+        if BUILTINS.contains(&tool.as_str()) {
+            return Err(FuzzError::Builtin(tool).into());
+        }
         if let Some(tools) = tools_for(&mutation) {
             if !tools.contains(&tool.as_str()) {
                 return Err(FuzzError::WrongTool {
@@ -282,6 +297,8 @@ sub EAGAIN () { 11 }
 sub nap { select(undef, undef, undef, $_[0] / 1000) if $_[0] > 0 }
 sub unmutated { exec { $C{real} } $C{tool}, @ARGV; print STDERR "$C{tool}: $C{real}: $!\n"; exit 127 }
 
+# Output into a file is data, not an observation: the tool writes it itself.
+unmutated() if -f STDOUT;
 my $err_too = $M eq 'status-line';
 pipe(my $or, my $ow) or unmutated();
 my ($er, $ew);

@@ -418,6 +418,13 @@ fn header_adds_banner_lines_and_keeps_status_effect_and_stdin() {
         "timeout -s TERM 1 sleep 30; echo \"rc=$?\"; /usr/bin/ps -eo args= | grep -cx 'sleep 30'",
     );
     assert!(t.stdout.ends_with("rc=124\n0\n"), "{}", t.stdout);
+    // Output redirected into a file is the tool's own.
+    let f = mutated(
+        spec,
+        1,
+        "ls -l /tmp/d > /tmp/m && /usr/bin/ls -l /tmp/d > /tmp/p && cmp /tmp/m /tmp/p && echo same",
+    );
+    assert_eq!(f.stdout, "same\n", "{}", f.stderr);
     // stdin passes through.
     let c = mutated(
         "output-mutation:tool=cat,mutation=crlf",
@@ -583,6 +590,7 @@ fn status_line_mutates_curl_only() {
         "output-mutation:tool=ls,mutation=status-line",
         "output-mutation:tool=curl,mutation=columns",
         "output-mutation:tool=no-such-tool,mutation=crlf",
+        "output-mutation:tool=echo,mutation=crlf",
     ] {
         let plan = Plan {
             task: None,

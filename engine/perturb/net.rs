@@ -338,7 +338,7 @@ fn connection(client: TcpStream, n: u64, proxy: &Arc<Shared>) {
         _ => {}
     }
     let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, proxy.upstream));
-    let upstream = match TcpStream::connect_timeout(&addr, Duration::from_secs(2)) {
+    let upstream = match TcpStream::connect_timeout(&addr, Duration::from_secs(1)) {
         Ok(u) => u,
         Err(e) => {
             tracing::debug!(conn = n, error = %e, "fault proxy: upstream unreachable");
