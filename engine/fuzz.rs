@@ -605,6 +605,84 @@ exit($st >> 8);
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::synth::{BaseView, Resources};
+
+    fn base_with(files: &[(&str, u32)]) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        for (p, mode) in files {
+            let host = dir.path().join(&p[1..]);
+            std::fs::create_dir_all(host.parent().unwrap()).unwrap();
+            std::fs::write(&host, format!("binary {p}")).unwrap();
+            std::fs::set_permissions(&host, std::os::unix::fs::PermissionsExt::from_mode(*mode))
+                .unwrap();
+        }
+        dir
+    }
+
+    fn apply(b: &mut Builder, spec: &str, i: usize) -> Result<String, PerturbError> {
+        let c = crate::perturb::parse_spec(spec)?;
+        OutputMutation.apply(&c.params, &format!("output-mutation#{i}"), b)
+    }
+
+    fn shim_real(b: &Builder, path: &str) -> String {
+        let s = String::from_utf8(b.read(path).unwrap()).unwrap();
+        let l = s
+            .lines()
+            .find(|l| l.trim_start().starts_with("real =>"))
+            .unwrap();
+        l.split('\'').nth(1).unwrap().to_string()
+    }
+
+    #[test]
+    fn shims_find_the_real_tool_and_stack() {
+        let dir = base_with(&[("/usr/bin/perl", 0o755), ("/usr/bin/ls", 0o755)]);
+        let base = BaseView::from_dirs(vec![dir.path().to_path_buf()]);
+        let mut b = Builder::new(&base, 1, Resources::default());
+        apply(&mut b, "output-mutation:tool=ls,mutation=crlf", 0).unwrap();
+        let shim = b.read("/usr/local/bin/ls").unwrap();
+        assert!(shim.starts_with(b"#!/usr/bin/perl\n"));
+        assert_eq!(b.meta("/usr/local/bin/ls").unwrap().mode, 0o755);
+        assert_eq!(shim_real(&b, "/usr/local/bin/ls"), "/usr/bin/ls");
+        // A second mutation of the same tool runs the first shim, kept aside.
+        apply(&mut b, "output-mutation:tool=ls,mutation=header", 1).unwrap();
+        assert_eq!(
+            shim_real(&b, "/usr/local/bin/ls"),
+            format!("{REAL_DIR}/ls.0")
+        );
+        assert_eq!(b.read(&format!("{REAL_DIR}/ls.0")).unwrap(), shim);
+        // Deterministic bytes.
+        let mut again = Builder::new(&base, 1, Resources::default());
+        apply(&mut again, "output-mutation:tool=ls,mutation=crlf", 0).unwrap();
+        assert_eq!(again.read("/usr/local/bin/ls").unwrap(), shim);
+    }
+
+    #[test]
+    fn refusals_are_not_applicable_or_bad_params() {
+        let dir = base_with(&[("/usr/bin/perl", 0o755), ("/usr/bin/ls", 0o755)]);
+        let base = BaseView::from_dirs(vec![dir.path().to_path_buf()]);
+        let mut b = Builder::new(&base, 1, Resources::default());
+        for spec in [
+            "output-mutation:tool=ls,mutation=status-line",
+            "output-mutation:tool=tar,mutation=crlf",
+            "output-mutation:tool=echo,mutation=crlf",
+        ] {
+            assert!(
+                matches!(apply(&mut b, spec, 0), Err(PerturbError::NotApplicable(_))),
+                "{spec}"
+            );
+        }
+        assert!(matches!(
+            apply(&mut b, "output-mutation:tool=../ls,mutation=crlf", 0),
+            Err(PerturbError::BadParam { .. })
+        ));
+        let no_perl = base_with(&[("/usr/bin/ls", 0o755)]);
+        let base = BaseView::from_dirs(vec![no_perl.path().to_path_buf()]);
+        let mut b = Builder::new(&base, 1, Resources::default());
+        assert!(matches!(
+            apply(&mut b, "output-mutation:tool=ls,mutation=crlf", 0),
+            Err(PerturbError::NotApplicable(_))
+        ));
+    }
 
     #[test]
     fn tool_names_and_perl_strings() {
