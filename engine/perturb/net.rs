@@ -51,6 +51,11 @@ pub struct Toxics {
     pub reset_after_bytes: u64,
 }
 
+/// The front port clients use by default (the `port` parameter's default).
+pub const FRONT_PORT: u16 = 8080;
+/// The port a task's service listens on by default (the `upstream` parameter's default).
+pub const SERVICE_PORT: u16 = 18080;
+
 /// A proxy that only forwards (no toxics): a task's front port.
 pub fn plain_forward(port: u16, upstream: u16) -> ProxySpec {
     ProxySpec {
@@ -537,6 +542,10 @@ fn with_proxy(
             proxies.len() - 1
         }
     };
+    if proxies[i].toxics.seed == 0 {
+        // A task's plain forward has no seed yet: the first fault gives it one.
+        proxies[i].toxics.seed = seed;
+    }
     f(&mut proxies[i].toxics);
     Ok(format!(
         "proxy 127.0.0.1:{port} -> {upstream}: {:?}",
@@ -896,6 +905,18 @@ mod tests {
             apply(&mut b, "net-loss:port=80,upstream=80", 4),
             Err(PerturbError::BadParam { .. })
         ));
+        // A task's plain forward takes the first fault's seed.
+        let mut fwd = Builder::new(&base, 1, Resources::default());
+        fwd.runtime
+            .proxies
+            .push(plain_forward(FRONT_PORT, SERVICE_PORT));
+        apply(&mut fwd, "net-loss", 0).unwrap();
+        assert_eq!(fwd.runtime.proxies.len(), 1);
+        let want = fwd.rng("net-loss#0").next_u64();
+        assert_eq!(fwd.runtime.proxies[0].toxics.seed, want);
+        assert_ne!(want, 0);
+        assert_eq!(PORT.default, FRONT_PORT.to_string());
+        assert_eq!(UPSTREAM.default, SERVICE_PORT.to_string());
         // The same plan gives the same seeds.
         let mut again = Builder::new(&base, 1, Resources::default());
         apply(
