@@ -336,3 +336,267 @@ fn dns_broken_breaks_name_resolution_in_each_way() {
         "1"
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// Tool-output mutation
+// ---------------------------------------------------------------------------------------------
+
+/// Files with fixed sizes and times, so every instance lists the same bytes.
+const FIXTURE: &str = "mkdir -p /tmp/d/sub && head -c 123456 /dev/zero > /tmp/d/big && \
+     echo hi > /tmp/d/small && for i in $(seq 1 40); do echo $i > /tmp/d/f$i.txt; done && \
+     touch -h -d '2024-01-02 03:04:05' /tmp/d/* /tmp/d";
+
+/// `cmd` under an output mutation (a fresh instance), and `plain` (the unshimmed tool, same
+/// instance).
+fn mutated(spec: &str, seed: u64, cmd: &str) -> Out {
+    let mut env = start(&[spec], seed);
+    assert_eq!(run(&mut env, FIXTURE).code, 0);
+    run(&mut env, cmd)
+}
+
+fn plain(cmd: &str) -> Out {
+    let mut env = start(&[], 1);
+    assert_eq!(run(&mut env, FIXTURE).code, 0);
+    run(&mut env, cmd)
+}
+
+/// The same seed prints the same bytes (in two instances); some other seed prints others.
+fn assert_seeded(spec: &str, cmd: &str) {
+    let a = mutated(spec, 1, cmd);
+    let b = mutated(spec, 1, cmd);
+    assert_eq!(
+        (&a.stdout, &a.stderr),
+        (&b.stdout, &b.stderr),
+        "{spec}: same seed"
+    );
+    let differs = (2..12).any(|s| {
+        let o = mutated(spec, s, cmd);
+        (o.stdout, o.stderr) != (a.stdout.clone(), a.stderr.clone())
+    });
+    assert!(differs, "{spec}: no seed in 2..12 changes the output");
+}
+
+fn tokens(l: &str) -> Vec<String> {
+    let mut t: Vec<String> = l.split_whitespace().map(str::to_string).collect();
+    t.sort();
+    t
+}
+
+#[test]
+fn header_adds_banner_lines_and_keeps_status_effect_and_stdin() {
+    require_root!();
+    let spec = "output-mutation:tool=ls,mutation=header";
+    let p = plain("ls -l /tmp/d");
+    let m = mutated(spec, 1, "ls -l /tmp/d");
+    assert_eq!(m.code, 0);
+    assert!(m.stdout.ends_with(&p.stdout), "{}", m.stdout);
+    let extra = m.stdout.lines().count() - p.stdout.lines().count();
+    assert!((1..=3).contains(&extra), "{extra} banner lines");
+    assert_seeded(spec, "ls -l /tmp/d");
+    // Exit status and error output of the real tool.
+    let e = mutated(spec, 1, "ls /nonexistent");
+    assert_eq!(e.code, 2);
+    assert!(
+        e.stderr.contains("No such file or directory"),
+        "{}",
+        e.stderr
+    );
+    // The effect: tar still writes its archive while its listing is mutated.
+    let t = mutated(
+        "output-mutation:tool=tar,mutation=header,lines=2",
+        1,
+        "tar -cvf /tmp/a.tar -C /tmp/d big small && /usr/bin/tar -tf /tmp/a.tar",
+    );
+    assert_eq!(t.code, 0, "{}", t.stderr);
+    let lines: Vec<&str> = t.stdout.lines().collect();
+    assert_eq!(lines.len(), 2 + 2 + 2, "{}", t.stdout);
+    assert_eq!(&lines[2..], ["big", "small", "big", "small"]);
+    // Signals reach the tool: `timeout` ends the real `sleep`, and sees it die of SIGTERM.
+    let t = mutated(
+        "output-mutation:tool=sleep,mutation=header",
+        1,
+        "timeout -s TERM 1 sleep 30; echo \"rc=$?\"; /usr/bin/ps -eo args= | grep -cx 'sleep 30'",
+    );
+    assert!(t.stdout.ends_with("rc=124\n0\n"), "{}", t.stdout);
+    // Output redirected into a file is the tool's own.
+    let f = mutated(
+        spec,
+        1,
+        "ls -l /tmp/d > /tmp/m && /usr/bin/ls -l /tmp/d > /tmp/p && cmp /tmp/m /tmp/p && echo same",
+    );
+    assert_eq!(f.stdout, "same\n", "{}", f.stderr);
+    // stdin passes through.
+    let c = mutated(
+        "output-mutation:tool=cat,mutation=crlf",
+        1,
+        "printf 'a\\nb\\n' | cat",
+    );
+    assert_eq!(c.stdout, "a\r\nb\r\n");
+}
+
+#[test]
+fn crlf_truncate_and_localized_numbers() {
+    require_root!();
+    let p = plain("ls -l /tmp/d");
+    let m = mutated("output-mutation:tool=ls,mutation=crlf", 1, "ls -l /tmp/d");
+    assert_eq!(m.stdout, p.stdout.replace('\n', "\r\n"));
+    assert_seeded(
+        "output-mutation:tool=ls,mutation=crlf,crlf_share=0.5",
+        "ls -l /tmp/d",
+    );
+
+    let m = mutated(
+        "output-mutation:tool=ls,mutation=truncate,keep_lines=3",
+        1,
+        "ls -l /tmp/d; echo \"rc=$?\" >&2",
+    );
+    let first3: String = p.stdout.lines().take(3).map(|l| format!("{l}\n")).collect();
+    assert_eq!(m.stdout, first3);
+    assert_eq!(m.stderr.trim(), "rc=0");
+    assert_seeded("output-mutation:tool=ls,mutation=truncate", "ls -l /tmp/d");
+
+    let m = mutated(
+        "output-mutation:tool=ls,mutation=localized-numbers,style=de",
+        1,
+        "ls -l /tmp/d",
+    );
+    assert!(p.stdout.contains(" 123456 "));
+    assert_eq!(m.stdout, p.stdout.replace(" 123456 ", " 123.456 "));
+    let m = mutated(
+        "output-mutation:tool=du,mutation=localized-numbers,style=fr",
+        1,
+        "du -b /tmp/d/big",
+    );
+    assert_eq!(m.stdout, "123\u{202f}456\t/tmp/d/big\n");
+    assert_seeded(
+        "output-mutation:tool=ls,mutation=localized-numbers",
+        "ls -l /tmp/d",
+    );
+}
+
+#[test]
+fn stderr_interleave_moves_lines_and_delay_only_delays() {
+    require_root!();
+    let cmd = "ls -1 /tmp/d";
+    let spec = "output-mutation:tool=ls,mutation=stderr-interleave,share=0.5";
+    let p = plain(cmd);
+    let m = mutated(spec, 1, cmd);
+    let (out, err): (Vec<&str>, Vec<&str>) =
+        (m.stdout.lines().collect(), m.stderr.lines().collect());
+    assert!(!out.is_empty() && !err.is_empty(), "both streams get lines");
+    let mut all: Vec<&str> = out.iter().chain(err.iter()).copied().collect();
+    all.sort();
+    let mut want: Vec<&str> = p.stdout.lines().collect();
+    want.sort();
+    assert_eq!(all, want, "every line is printed once, on one of the two");
+    assert_seeded(spec, cmd);
+
+    let t0 = Instant::now();
+    let m = mutated(
+        "output-mutation:tool=ls,mutation=delay,delay_ms=800",
+        1,
+        cmd,
+    );
+    assert!(t0.elapsed() >= Duration::from_millis(800));
+    assert_eq!(m.stdout, p.stdout, "delay changes no byte");
+}
+
+#[test]
+fn columns_reorder_and_rename_tables_consistently() {
+    require_root!();
+    let p = plain("ls -l /tmp/d");
+    let spec = "output-mutation:tool=ls,mutation=columns";
+    let m = mutated(spec, 1, "ls -l /tmp/d");
+    let (pl, ml): (Vec<&str>, Vec<&str>) = (p.stdout.lines().collect(), m.stdout.lines().collect());
+    assert_eq!(pl.len(), ml.len());
+    assert_eq!(pl[0], ml[0], "the `total` line stays");
+    for (a, b) in pl.iter().zip(&ml).skip(1) {
+        assert_ne!(a, b);
+        assert_eq!(tokens(a), tokens(b), "same fields, other order");
+        assert_eq!(
+            a.split_whitespace().last(),
+            b.split_whitespace().last(),
+            "name last"
+        );
+    }
+    // Rows keep one column order: the date (the same in every row) is at one index.
+    let idx: Vec<usize> = ml[1..]
+        .iter()
+        .map(|m| m.split_whitespace().position(|t| t == "Jan").unwrap())
+        .collect();
+    assert!(idx.windows(2).all(|w| w[0] == w[1]), "{idx:?}");
+    assert_seeded(spec, "ls -l /tmp/d");
+
+    let cmd = "df -k / /tmp";
+    let pd = plain(cmd);
+    let md = mutated(
+        "output-mutation:tool=df,mutation=columns,columns=rename",
+        1,
+        cmd,
+    );
+    let (ph, mh) = (
+        pd.stdout.lines().next().unwrap(),
+        md.stdout.lines().next().unwrap(),
+    );
+    assert_ne!(ph, mh, "renamed header");
+    assert_eq!(pd.stdout.lines().count(), md.stdout.lines().count());
+    let md = mutated(
+        "output-mutation:tool=ps,mutation=columns",
+        1,
+        "ps -o pid,ppid,args",
+    );
+    let head: Vec<&str> = md
+        .stdout
+        .lines()
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .collect();
+    assert_eq!(head.len(), 3);
+    assert_ne!(head, ["PID", "PPID", "COMMAND"], "{}", md.stdout);
+    assert!(md.stdout.contains("ps -o pid,ppid,args"), "{}", md.stdout);
+}
+
+#[test]
+fn status_line_mutates_curl_only() {
+    require_root!();
+    let cmd = format!(
+        "({}\n) >/dev/null && curl -si http://127.0.0.1:{UPSTREAM}/ && echo && \
+         curl -sv -o /dev/null http://127.0.0.1:{UPSTREAM}/ 2>&1 | grep '^< HTTP'",
+        server_cmd()
+    );
+    let spec = "output-mutation:tool=curl,mutation=status-line";
+    let m = mutated(spec, 1, &cmd);
+    assert_eq!(m.code, 0, "{}", m.stderr);
+    let lines: Vec<&str> = m.stdout.split('\n').collect();
+    assert_ne!(lines[0], "HTTP/1.0 200 OK\r", "{}", m.stdout);
+    assert!(lines[0].contains("200"), "the status code stays");
+    assert!(
+        m.stdout.contains("\r\n\r\nhello"),
+        "the body stays: {}",
+        m.stdout
+    );
+    let v = m.stdout.lines().last().unwrap();
+    assert!(
+        v.starts_with("< ") && v != "< HTTP/1.0 200 OK\r",
+        "verbose too: {v}"
+    );
+    assert_seeded(spec, &cmd);
+    // Tool-specific mutations refuse other tools at synthesis.
+    let rt = common::runtime();
+    let state = common::TempState::new();
+    let cache = Cache::open(state.path()).unwrap();
+    for s in [
+        "output-mutation:tool=ls,mutation=status-line",
+        "output-mutation:tool=curl,mutation=columns",
+        "output-mutation:tool=no-such-tool,mutation=crlf",
+        "output-mutation:tool=echo,mutation=crlf",
+    ] {
+        let plan = Plan {
+            task: None,
+            ..Plan::for_task("none", 1, vec![parse_spec(s).unwrap()])
+        };
+        let e = synthesize(&rt, &cache, &plan).err().unwrap();
+        assert!(e.to_string().contains("not applicable"), "{s}: {e}");
+    }
+}

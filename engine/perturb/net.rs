@@ -51,6 +51,11 @@ pub struct Toxics {
     pub reset_after_bytes: u64,
 }
 
+/// The front port clients use by default (the `port` parameter's default).
+pub const FRONT_PORT: u16 = 8080;
+/// The port a task's service listens on by default (the `upstream` parameter's default).
+pub const SERVICE_PORT: u16 = 18080;
+
 /// A proxy that only forwards (no toxics): a task's front port.
 pub fn plain_forward(port: u16, upstream: u16) -> ProxySpec {
     ProxySpec {
@@ -338,7 +343,7 @@ fn connection(client: TcpStream, n: u64, proxy: &Arc<Shared>) {
         _ => {}
     }
     let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, proxy.upstream));
-    let upstream = match TcpStream::connect_timeout(&addr, Duration::from_secs(2)) {
+    let upstream = match TcpStream::connect_timeout(&addr, Duration::from_secs(1)) {
         Ok(u) => u,
         Err(e) => {
             tracing::debug!(conn = n, error = %e, "fault proxy: upstream unreachable");
@@ -537,6 +542,10 @@ fn with_proxy(
             proxies.len() - 1
         }
     };
+    if proxies[i].toxics.seed == 0 {
+        // A task's plain forward has no seed yet: the first fault gives it one.
+        proxies[i].toxics.seed = seed;
+    }
     f(&mut proxies[i].toxics);
     Ok(format!(
         "proxy 127.0.0.1:{port} -> {upstream}: {:?}",
@@ -860,6 +869,85 @@ pub fn all() -> Vec<&'static dyn Perturbation> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::synth::{BaseView, Resources};
+
+    fn apply(b: &mut Builder, spec: &str, i: usize) -> Result<String, PerturbError> {
+        let c = super::super::parse_spec(spec)?;
+        let p = super::super::get(&c.name).ok_or(PerturbError::Unknown(c.name.clone()))?;
+        p.apply(&c.params, &format!("{}#{i}", c.name), b)
+    }
+
+    #[test]
+    fn perturbations_on_one_port_merge_into_one_proxy() {
+        let base = BaseView::from_dirs(vec![]);
+        let mut b = Builder::new(&base, 1, Resources::default());
+        apply(
+            &mut b,
+            "net-latency:port=80,upstream=8080,ms=100,jitter_ms=5",
+            0,
+        )
+        .unwrap();
+        apply(&mut b, "net-loss:port=80,upstream=8080,drop=0.25", 1).unwrap();
+        apply(&mut b, "net-reset:port=81,upstream=8080,probability=0.5", 2).unwrap();
+        let p = b.runtime.proxies.clone();
+        assert_eq!(p.len(), 2);
+        let t = &p[0].toxics;
+        assert_eq!(
+            (t.latency_ms, t.jitter_ms, t.drop_probability),
+            (100, 5, 0.25)
+        );
+        assert_ne!(t.seed, p[1].toxics.seed);
+        assert!(matches!(
+            apply(&mut b, "net-loss:port=80,upstream=9090", 3),
+            Err(PerturbError::BadParam { .. })
+        ));
+        assert!(matches!(
+            apply(&mut b, "net-loss:port=80,upstream=80", 4),
+            Err(PerturbError::BadParam { .. })
+        ));
+        // A task's plain forward takes the first fault's seed.
+        let mut fwd = Builder::new(&base, 1, Resources::default());
+        fwd.runtime
+            .proxies
+            .push(plain_forward(FRONT_PORT, SERVICE_PORT));
+        apply(&mut fwd, "net-loss", 0).unwrap();
+        assert_eq!(fwd.runtime.proxies.len(), 1);
+        let want = fwd.rng("net-loss#0").next_u64();
+        assert_eq!(fwd.runtime.proxies[0].toxics.seed, want);
+        assert_ne!(want, 0);
+        assert_eq!(PORT.default, FRONT_PORT.to_string());
+        assert_eq!(UPSTREAM.default, SERVICE_PORT.to_string());
+        // The same plan gives the same seeds.
+        let mut again = Builder::new(&base, 1, Resources::default());
+        apply(
+            &mut again,
+            "net-latency:port=80,upstream=8080,ms=100,jitter_ms=5",
+            0,
+        )
+        .unwrap();
+        assert_eq!(again.runtime.proxies[0].toxics.seed, t.seed);
+    }
+
+    #[test]
+    fn wrong_hosts_remaps_only_the_name() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("etc")).unwrap();
+        std::fs::write(
+            dir.path().join("etc/hosts"),
+            "127.0.0.1 localhost box\n::1 localhost ip6-localhost\n10.0.0.5 db # the db\n",
+        )
+        .unwrap();
+        let base = BaseView::from_dirs(vec![dir.path().to_path_buf()]);
+        let mut b = Builder::new(&base, 1, Resources::default());
+        apply(&mut b, "dns-broken:how=wrong-hosts", 0).unwrap();
+        let hosts = String::from_utf8(b.read("/etc/hosts").unwrap()).unwrap();
+        let lines: Vec<&str> = hosts.lines().collect();
+        assert_eq!(lines[0], "127.0.0.1\tbox");
+        assert_eq!(lines[1], "::1\tip6-localhost");
+        assert_eq!(lines[2], "10.0.0.5 db # the db");
+        assert!(lines[3].starts_with("127.0.") && lines[3].ends_with("\tlocalhost"));
+        assert_eq!(lines.len(), 4);
+    }
 
     #[test]
     fn fates_follow_the_probabilities_and_the_seed() {
