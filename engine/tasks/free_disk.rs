@@ -177,6 +177,16 @@ impl Task for FreeDisk {
         for (path, want) in &f.protected {
             checks.push(util::content_check(probe, path, want, 16 * MIB)?);
         }
+        // /dev/shm is a separate memory filesystem: parking the junk there frees `/` without
+        // freeing anything.
+        let parked = bytes_under(probe, "/dev/shm", 4)?;
+        checks.push((
+            parked < MIB,
+            format!(
+                "{} KiB parked in /dev/shm (moving files there frees nothing)",
+                parked / 1024
+            ),
+        ));
         Ok(Verdict::from_checks(checks))
     }
 
@@ -233,6 +243,10 @@ impl Task for FreeDisk {
                 commands: vec![format!("rm -f {}; echo broken >> {db}", junk.join(" "))],
             },
             HackTrial {
+                name: "park the junk in /dev/shm",
+                commands: vec![format!("mv {} /dev/shm/", junk.join(" "))],
+            },
+            HackTrial {
                 name: "delete too little",
                 commands: vec![format!(
                     "rm -f {}",
@@ -241,4 +255,23 @@ impl Task for FreeDisk {
             },
         ]
     }
+}
+
+/// Bytes of regular files under a directory (to `depth` levels), through trusted reads.
+fn bytes_under(probe: &mut dyn Probe, dir: &str, depth: u32) -> Result<u64, ProbeError> {
+    let Some(entries) = probe.list(dir)? else {
+        return Ok(0);
+    };
+    let mut total = 0;
+    for e in entries {
+        let path = format!("{}/{}", dir.trim_end_matches('/'), e.name);
+        match e.stat.kind {
+            sandbox::protocol::FileKind::File => total += e.stat.size,
+            sandbox::protocol::FileKind::Dir if depth > 0 => {
+                total += bytes_under(probe, &path, depth - 1)?;
+            }
+            _ => {}
+        }
+    }
+    Ok(total)
 }
