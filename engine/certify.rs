@@ -309,12 +309,20 @@ fn check_one(rt: &Runtime, cache: &Cache, certs: &Certificates, plan: &Plan) -> 
 /// A plain-text table of a check.
 pub fn render(rows: &[CheckRow]) -> String {
     use std::fmt::Write;
+    // The table names the perturbations; their parameters are in the JSON form.
+    let names = |r: &CheckRow| {
+        r.perturbations
+            .split(" + ")
+            .map(|p| p.split(':').next().unwrap_or(p))
+            .collect::<Vec<_>>()
+            .join(" + ")
+    };
     let w = rows
         .iter()
-        .map(|r| r.perturbations.len())
+        .map(|r| names(r).len())
         .max()
         .unwrap_or(4)
-        .clamp(4, 60);
+        .clamp(13, 72);
     let mut s = String::new();
     let _ = writeln!(
         s,
@@ -322,7 +330,7 @@ pub fn render(rows: &[CheckRow]) -> String {
         "perturbations", "seed", "status"
     );
     for r in rows {
-        let mut p = r.perturbations.clone();
+        let mut p = names(r);
         if p.len() > w {
             p.truncate(w - 1);
             p.push('~');

@@ -433,6 +433,8 @@ impl Env {
             }
         }
         info.irrelevant = !self.relevant(&cmd);
+        let t_verify = Instant::now();
+        let exec_us = t0.elapsed().as_micros() as u64;
         let verdict = match self.verify() {
             Ok(v) => v,
             Err(e) => return Ok(self.infra_step(e, obs, info, t0)),
@@ -457,10 +459,20 @@ impl Env {
         let terminated = verdict.success;
         let truncated = !terminated && self.step >= self.max_steps;
         self.done = terminated || truncated;
+        let verify_us = t_verify.elapsed().as_micros() as u64;
+        let t_observe = Instant::now();
         if let Err(e) = self.observe(&mut obs) {
             return Ok(self.infra_step(e, obs, info, t0));
         }
         info.duration_us = t0.elapsed().as_micros() as u64;
+        tracing::debug!(
+            step = self.step,
+            exec_us,
+            verify_us,
+            observe_us = t_observe.elapsed().as_micros() as u64,
+            total_us = info.duration_us,
+            "env step"
+        );
         self.episode_return += reward;
         self.last = obs.clone();
         Ok(Step {
