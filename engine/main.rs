@@ -57,6 +57,9 @@ enum Cmd {
     /// Task families.
     #[command(subcommand)]
     Task(TaskCmd),
+    /// The perturbation catalogue.
+    #[command(subcommand)]
+    Perturb(PerturbCmd),
     /// Synthesize instances of a template (TOML or YAML) and print their ids and applied plans.
     Synth {
         template: PathBuf,
@@ -100,6 +103,16 @@ enum SandboxCmd {
         timeout: String,
         #[arg(last = true, required = true)]
         cmd: Vec<String>,
+    },
+}
+
+#[derive(Subcommand)]
+enum PerturbCmd {
+    /// List every perturbation with its parameters, defaults and realistic ranges.
+    List {
+        /// A Markdown table (as in docs/environments.md).
+        #[arg(long)]
+        markdown: bool,
     },
 }
 
@@ -251,6 +264,14 @@ fn run(cmd: Cmd) -> anyhow::Result<i32> {
         ),
         Cmd::Play { instance } => env_cli::play(&instance),
         Cmd::Task(TaskCmd::List) => Ok(env_cli::task_list()),
+        Cmd::Perturb(PerturbCmd::List { markdown }) => {
+            if markdown {
+                print!("{}", engine::perturb::catalogue_markdown());
+            } else {
+                print!("{}", engine::perturb::catalogue_text());
+            }
+            Ok(0)
+        }
         Cmd::Task(TaskCmd::Check {
             task,
             perturbations,

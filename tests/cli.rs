@@ -353,3 +353,32 @@ fn play_reads_commands_from_the_terminal() {
     assert!(out.contains("played-here"), "{out}");
     assert!(out.contains("verifier: not solved"), "{out}");
 }
+
+/// `docs/environments.md` embeds the catalogue and the task list as the engine prints them.
+#[test]
+fn environments_doc_tables_are_current() {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/environments.md"))
+        .unwrap();
+    let between = |a: &str, b: &str| {
+        let i = doc.find(a).unwrap() + a.len();
+        let j = doc.find(b).unwrap();
+        doc[i..j].trim().to_string()
+    };
+    let o = engine()
+        .args(["perturb", "list", "--markdown"])
+        .output()
+        .unwrap();
+    assert!(o.status.success());
+    assert_eq!(
+        between("<!-- catalogue:begin -->", "<!-- catalogue:end -->"),
+        String::from_utf8_lossy(&o.stdout).trim(),
+        "docs/environments.md: regenerate the catalogue with `engine perturb list --markdown`"
+    );
+    let tasks = between("<!-- tasks:begin -->", "<!-- tasks:end -->");
+    for t in engine::tasks::names() {
+        assert!(
+            tasks.contains(&format!("`{t}`")),
+            "task {t} missing in docs/environments.md"
+        );
+    }
+}

@@ -284,3 +284,59 @@ pub fn parse_spec(spec: &str) -> Result<crate::synth::Chosen, PerturbError> {
         params,
     })
 }
+
+/// The catalogue as a Markdown table (name, family, parameters with defaults, summary): what
+/// `engine perturb list --markdown` prints and `docs/environments.md` embeds.
+pub fn catalogue_markdown() -> String {
+    use std::fmt::Write;
+    let mut s = String::from(
+        "| name | family | parameters (default) | what it does |\n|---|---|---|---|\n",
+    );
+    for p in catalogue() {
+        let i = p.info();
+        let params: Vec<String> = i
+            .params
+            .iter()
+            .map(|p| {
+                if p.default.is_empty() {
+                    format!("`{}`", p.name)
+                } else {
+                    format!("`{}` ({})", p.name, p.default)
+                }
+            })
+            .collect();
+        let family = serde_json::to_value(i.family)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_default();
+        let _ = writeln!(
+            s,
+            "| `{}` | {} | {} | {} |",
+            i.name,
+            family,
+            params.join(", "),
+            i.summary.replace('|', "\\|").replace('\n', " ")
+        );
+    }
+    s
+}
+
+/// The catalogue as text, one perturbation per block.
+pub fn catalogue_text() -> String {
+    use std::fmt::Write;
+    let mut s = String::new();
+    for p in catalogue() {
+        let i = p.info();
+        let _ = writeln!(s, "{:<18} {:?}: {}", i.name, i.family, i.summary);
+        for p in i.params {
+            let _ = writeln!(
+                s,
+                "    {:<12} default {:<12} realistic: {}",
+                p.name,
+                if p.default.is_empty() { "-" } else { p.default },
+                p.realistic
+            );
+        }
+    }
+    s
+}
