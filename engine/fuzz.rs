@@ -11,8 +11,10 @@
 //! `stderr-interleave` (some stdout lines go to stderr), `truncate` (only the first lines),
 //! `localized-numbers` (decimal commas, thousands separators). Every choice comes from the
 //! seed and the output itself, so the same command prints the same mutated bytes every time.
-//! Output into a regular file is data, not an observation: when its stdout is a file, the shim
-//! runs the tool unchanged. Shell builtins (`echo`, `printf`, `test`, ...) cannot be shimmed.
+//! Only output bound for the observation channel is mutated: the shim mutates when its stdout
+//! is the command's own stdout (the pipe the sandbox reads, as the session leader holds it);
+//! output into a file, into another program (`tool | gzip`) or into `$(...)` is data, and the
+//! shim runs the tool unchanged. Shell builtins (`echo`, `printf`, `test`, ...) cannot be shimmed.
 
 use crate::perturb::{
     Family, Info, Kind, ParamSpec, Params, ParamsExt, PerturbError, Perturbation,
@@ -297,8 +299,21 @@ sub EAGAIN () { 11 }
 sub nap { select(undef, undef, undef, $_[0] / 1000) if $_[0] > 0 }
 sub unmutated { exec { $C{real} } $C{tool}, @ARGV; print STDERR "$C{tool}: $C{real}: $!\n"; exit 127 }
 
-# Output into a file is data, not an observation: the tool writes it itself.
-unmutated() if -f STDOUT;
+# Output is an observation only when it goes where the command's own output goes (the pipe the
+# sandbox reads, the session leader's stdout). Into a file, another program or `$(...)` it is
+# data, and the tool writes it itself: a mutation never changes a tool's effect.
+sub observed {
+    my @me = stat(STDOUT) or return 0;
+    open(my $st, '<', '/proc/self/stat') or return 0;
+    my $l = <$st>; close $st;
+    $l =~ s/^.*\)\s+//;
+    my $sid = (split ' ', $l)[3];
+    my @lead = stat("/proc/$sid/fd/1") or return 0;
+    return $me[0] == $lead[0] && $me[1] == $lead[1];
+}
+# (A shell may point its own stdout at a redirection's file while it runs the command, so a
+# regular file is checked first.)
+unmutated() if -f STDOUT || !observed();
 my $err_too = $M eq 'status-line';
 pipe(my $or, my $ow) or unmutated();
 my ($er, $ew);

@@ -425,6 +425,20 @@ fn header_adds_banner_lines_and_keeps_status_effect_and_stdin() {
         "ls -l /tmp/d > /tmp/m && /usr/bin/ls -l /tmp/d > /tmp/p && cmp /tmp/m /tmp/p && echo same",
     );
     assert_eq!(f.stdout, "same\n", "{}", f.stderr);
+    // Output piped into another program is data too: an archive streamed through a shimmed
+    // `tar` into gzip stays valid, and `ls | cat` prints what `ls` prints.
+    let z = mutated(
+        "output-mutation:tool=tar,mutation=header,lines=2",
+        1,
+        "tar -cf - -C /tmp/d big small | gzip > /tmp/z.tgz && /usr/bin/tar -tzf /tmp/z.tgz",
+    );
+    assert_eq!(z.stdout, "big\nsmall\n", "{}", z.stderr);
+    let p = mutated(
+        spec,
+        1,
+        "ls -l /tmp/d | cat > /tmp/q; /usr/bin/ls -l /tmp/d | cmp - /tmp/q && echo same",
+    );
+    assert_eq!(p.stdout, "same\n", "{}", p.stderr);
     // stdin passes through.
     let c = mutated(
         "output-mutation:tool=cat,mutation=crlf",
