@@ -215,7 +215,16 @@ fn episode_with_the_oracle_prints_a_line_per_step_and_succeeds() {
         return;
     }
     let o = engine()
-        .args(["episode", "--task", "archive-logs", "--seed", "5", "--agent", "oracle", "--json"])
+        .args([
+            "episode",
+            "--task",
+            "archive-logs",
+            "--seed",
+            "5",
+            "--agent",
+            "oracle",
+            "--json",
+        ])
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
@@ -244,7 +253,13 @@ fn episode_from_an_actions_file_and_its_errors() {
     let f = dir.path().join("actions.txt");
     std::fs::write(&f, "# a comment\n@0\necho hi\n").unwrap();
     let o = engine()
-        .args(["episode", "--task", "archive-logs", "--json", "--actions-file"])
+        .args([
+            "episode",
+            "--task",
+            "archive-logs",
+            "--json",
+            "--actions-file",
+        ])
         .arg(&f)
         .output()
         .unwrap();
@@ -264,11 +279,20 @@ fn episode_from_an_actions_file_and_its_errors() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("actions.txt:2"), "{err}");
     // An unknown task or perturbation names what is known.
-    let o = engine().args(["episode", "--task", "nope"]).output().unwrap();
+    let o = engine()
+        .args(["episode", "--task", "nope"])
+        .output()
+        .unwrap();
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("archive-logs"));
     let o = engine()
-        .args(["episode", "--task", "archive-logs", "--perturb", "no-such-fault"])
+        .args([
+            "episode",
+            "--task",
+            "archive-logs",
+            "--perturb",
+            "no-such-fault",
+        ])
         .output()
         .unwrap();
     assert!(!o.status.success());
@@ -285,7 +309,14 @@ fn task_check_certifies_the_unperturbed_task_and_list_names_tasks() {
     assert!(String::from_utf8_lossy(&o.stdout).contains("archive-logs"));
     let o = engine()
         .args([
-            "task", "check", "archive-logs", "--perturbations", "none", "--seeds", "2", "--json",
+            "task",
+            "check",
+            "archive-logs",
+            "--perturbations",
+            "none",
+            "--seeds",
+            "2",
+            "--json",
         ])
         .output()
         .unwrap();
