@@ -1002,6 +1002,17 @@ count = [1, 3]
     }
 
     #[test]
+    fn the_shipped_experiment_loads_from_the_project_root() {
+        let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("experiments/rarl.toml");
+        let e = Experiment::load(&file).unwrap();
+        assert_eq!(e.experiment.name, "rarl");
+        assert_eq!(e.task(), "archive-logs");
+        assert!(e.template.is_some());
+        assert!(e.environment.require_certified);
+        assert_eq!(e.reward, RewardConfig::default());
+    }
+
+    #[test]
     fn intervals_use_student_t() {
         let i = Interval::of(&[1.0, 2.0, 3.0]);
         assert_eq!(i.mean, 2.0);
