@@ -16,7 +16,9 @@
 
 use crate::certify;
 use crate::env::{Action, Env, EnvConfig, EnvError, RewardConfig};
-use crate::synth::{Cache, Plan};
+use crate::live::LiveError;
+use crate::perturb::PerturbError;
+use crate::synth::{Cache, Plan, SynthError};
 use crate::template::{Template, TemplateError};
 use rand::Rng;
 use sandbox::Runtime;
@@ -404,6 +406,9 @@ pub struct EpisodeRecord {
     pub infra: bool,
     /// The instance is not certified solvable: never run.
     pub skipped_uncertified: bool,
+    /// The plan cannot be built (a sampled perturbation does not apply, e.g. it shadows a tool
+    /// another one removed): never run.
+    pub skipped_not_applicable: bool,
     /// Wall time of `Env::reset` (synthesis, certification and sandbox start when the instance
     /// is new; the incremental reset and start steps otherwise).
     pub reset_ms: Option<f64>,
@@ -416,13 +421,15 @@ pub struct SeedResult {
     pub seed: u64,
     pub episodes: usize,
     pub skipped_uncertified: usize,
+    pub skipped_not_applicable: usize,
     pub infra_failures: usize,
     pub successes: usize,
     pub steps: u64,
     pub seconds: f64,
     /// Env steps over the seed's wall time (resets and certification included).
     pub steps_per_s: f64,
-    /// Over the episodes that ran without infrastructure failure (null when none did).
+    /// Over the episodes that ran (not skipped) without infrastructure failure (null when
+    /// none did).
     pub success_rate: f64,
     pub mean_return: f64,
     pub reset_ms_median: f64,
@@ -511,6 +518,7 @@ fn episode(
         steps: 0,
         infra: false,
         skipped_uncertified: false,
+        skipped_not_applicable: false,
         reset_ms: None,
         error: None,
     };
@@ -522,6 +530,15 @@ fn episode(
             rec.instance = Some(id);
             rec.skipped_uncertified = true;
             rec.error = Some(reason);
+            return rec;
+        }
+        Err(EnvError::Live(LiveError::Synth(SynthError::Perturb {
+            name,
+            source: PerturbError::NotApplicable(why),
+        }))) => {
+            tracing::debug!(seed, episode = index, perturbation = %name, reason = %why, "skipped: not applicable");
+            rec.skipped_not_applicable = true;
+            rec.error = Some(format!("perturbation `{name}`: not applicable: {why}"));
             return rec;
         }
         Err(e) => {
@@ -634,7 +651,7 @@ fn run_seed(
 pub fn summarize(seed: u64, records: &[EpisodeRecord], seconds: f64) -> SeedResult {
     let valid: Vec<&EpisodeRecord> = records
         .iter()
-        .filter(|r| !r.infra && !r.skipped_uncertified)
+        .filter(|r| !r.infra && !r.skipped_uncertified && !r.skipped_not_applicable)
         .collect();
     let steps: u64 = records.iter().map(|r| u64::from(r.steps)).sum();
     let successes = valid.iter().filter(|r| r.success).count();
@@ -643,6 +660,7 @@ pub fn summarize(seed: u64, records: &[EpisodeRecord], seconds: f64) -> SeedResu
         seed,
         episodes: records.len(),
         skipped_uncertified: records.iter().filter(|r| r.skipped_uncertified).count(),
+        skipped_not_applicable: records.iter().filter(|r| r.skipped_not_applicable).count(),
         infra_failures: records.iter().filter(|r| r.infra).count(),
         successes,
         steps,
@@ -970,6 +988,7 @@ count = [1, 3]
             steps,
             infra,
             skipped_uncertified: skipped,
+            skipped_not_applicable: false,
             reset_ms: (!skipped).then_some(2.0),
             error: None,
         }
@@ -984,10 +1003,16 @@ count = [1, 3]
                 rec(false, -10.0, 5, false, false),
                 rec(false, 0.0, 2, true, false),
                 rec(false, 0.0, 0, false, true),
+                EpisodeRecord {
+                    skipped_not_applicable: true,
+                    reset_ms: None,
+                    ..rec(false, 0.0, 0, false, false)
+                },
             ],
             2.0,
         );
-        assert_eq!(r.episodes, 4);
+        assert_eq!(r.episodes, 5);
+        assert_eq!(r.skipped_not_applicable, 1);
         assert_eq!(r.infra_failures, 1);
         assert_eq!(r.skipped_uncertified, 1);
         assert_eq!(r.steps, 10);

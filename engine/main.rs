@@ -198,7 +198,7 @@ fn run(cmd: Cmd) -> anyhow::Result<i32> {
             let rt = sandbox_cli::runtime()?;
             let (report, path) = engine::experiment::run(&exp, &rt, &env_cli::cache()?)?;
             println!(
-                "{}: task {}{}, agent {:?}, {} episodes per seed on {} workers",
+                "{}: task {}{}, agent {}, {} episodes per seed on {} workers",
                 report.name,
                 report.task,
                 report
@@ -206,16 +206,20 @@ fn run(cmd: Cmd) -> anyhow::Result<i32> {
                     .as_ref()
                     .map(|t| format!(" (template {})", t.display()))
                     .unwrap_or_default(),
-                report.agent,
+                match report.agent {
+                    engine::experiment::Agent::Random => "random",
+                    engine::experiment::Agent::Oracle => "oracle",
+                },
                 report.episodes_per_seed,
                 report.workers
             );
             for s in &report.seeds {
                 println!(
-                    "seed {:>4}: {} episodes ({} uncertified, {} infra), {} steps, {:.0} steps/s, success {:.2}, return {:.1}, reset {:.2} ms",
+                    "seed {:>4}: {} episodes ({} uncertified, {} not applicable, {} infra), {} steps, {:.0} steps/s, success {:.2}, return {:.1}, reset {:.2} ms",
                     s.seed,
                     s.episodes,
                     s.skipped_uncertified,
+                    s.skipped_not_applicable,
                     s.infra_failures,
                     s.steps,
                     s.steps_per_s,
