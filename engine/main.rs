@@ -209,22 +209,52 @@ fn run(cmd: Cmd) -> anyhow::Result<i32> {
         Cmd::Run { experiment } => {
             let exp = engine::experiment::Experiment::load(&experiment)?;
             let rt = sandbox_cli::runtime()?;
-            let (report, path) = engine::experiment::run(&exp, &experiment, &rt)?;
+            let (report, path) = engine::experiment::run(&exp, &rt, &env_cli::cache()?)?;
+            println!(
+                "{}: task {}{}, agent {}, {} episodes per seed on {} workers",
+                report.name,
+                report.task,
+                report
+                    .template
+                    .as_ref()
+                    .map(|t| format!(" (template {})", t.display()))
+                    .unwrap_or_default(),
+                match report.agent {
+                    engine::experiment::Agent::Random => "random",
+                    engine::experiment::Agent::Oracle => "oracle",
+                },
+                report.episodes_per_seed,
+                report.workers
+            );
             for s in &report.seeds {
                 println!(
-                    "seed {:>4}: {} episodes, {} steps ({} failed, {} infra), {:.0} steps/s, reset {:.2} ms",
-                    s.seed, s.episodes, s.steps, s.failed_steps, s.infra_failures, s.steps_per_s, s.reset_ms_median
+                    "seed {:>4}: {} episodes ({} uncertified, {} not applicable, {} infra), {} steps, {:.0} steps/s, success {:.2}, return {:.1}, reset {:.2} ms",
+                    s.seed,
+                    s.episodes,
+                    s.skipped_uncertified,
+                    s.skipped_not_applicable,
+                    s.infra_failures,
+                    s.steps,
+                    s.steps_per_s,
+                    s.success_rate,
+                    s.mean_return,
+                    s.reset_ms_median
                 );
             }
             println!(
-                "{}: {:.0} ± {:.0} steps/s, reset {:.2} ± {:.2} ms (mean ± 95% CI over {} seeds); report: {}",
+                "{}: {:.0} ± {:.0} steps/s, success {:.2} ± {:.2}, return {:.1} ± {:.1}, reset {:.2} ± {:.2} ms (mean ± 95% CI over {} seeds); report: {}, episodes: {}",
                 report.name,
                 report.steps_per_s.mean,
                 report.steps_per_s.ci95,
+                report.success_rate.mean,
+                report.success_rate.ci95,
+                report.mean_return.mean,
+                report.mean_return.ci95,
                 report.reset_ms.mean,
                 report.reset_ms.ci95,
                 report.seeds.len(),
-                path.display()
+                path.display(),
+                report.episodes_file.display()
             );
             Ok(0)
         }

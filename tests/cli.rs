@@ -136,11 +136,22 @@ fn run_executes_an_experiment_and_writes_a_report() {
     }
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("exp.toml");
+    let read_json = |p: &std::path::Path| -> serde_json::Value {
+        serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap()
+    };
+    let episodes = |name: &str| -> Vec<serde_json::Value> {
+        let text = std::fs::read_to_string(dir.path().join(name).join("episodes.jsonl")).unwrap();
+        text.lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+
+    // The oracle on the unperturbed task solves every episode.
     std::fs::write(
         &cfg,
         format!(
-            "[experiment]\nname = \"smoke\"\nseeds = [1, 2]\nout_dir = \"{}\"\n[sandbox]\nworkers = 2\n\
-             [episodes]\ncount = 4\nsteps = [\"echo {{seed}}-{{episode}} > /root/x\", \"test -s /root/x\"]\n",
+            "[experiment]\nname = \"oracle\"\nseeds = [1, 2]\nout_dir = \"{}\"\n\
+             [environment]\ntask = \"archive-logs\"\nepisodes = 3\nworkers = 2\nagent = \"oracle\"\n",
             dir.path().display()
         ),
     )
@@ -150,20 +161,120 @@ fn run_executes_an_experiment_and_writes_a_report() {
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let report: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(dir.path().join("smoke/report.json")).unwrap())
-            .unwrap();
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(
+        stdout.lines().filter(|l| l.starts_with("seed")).count(),
+        2,
+        "{stdout}"
+    );
+    assert!(stdout.contains("(mean ± 95% CI over 2 seeds)"), "{stdout}");
+    let report = read_json(&dir.path().join("oracle/report.json"));
+    for key in [
+        "name",
+        "task",
+        "agent",
+        "workers",
+        "episodes_per_seed",
+        "require_certified",
+        "reward",
+        "seeds",
+        "steps_per_s",
+        "success_rate",
+        "mean_return",
+        "reset_ms",
+        "episodes_file",
+    ] {
+        assert!(report.get(key).is_some(), "report lacks {key}: {report}");
+    }
+    assert_eq!(report["task"], "archive-logs");
     let seeds = report["seeds"].as_array().unwrap();
     assert_eq!(seeds.len(), 2);
     for s in seeds {
-        assert_eq!(s["steps"], 8);
-        assert_eq!(s["failed_steps"], 0);
+        for key in [
+            "episodes",
+            "skipped_uncertified",
+            "infra_failures",
+            "steps",
+            "steps_per_s",
+            "success_rate",
+            "mean_return",
+            "reset_ms_median",
+        ] {
+            assert!(s.get(key).is_some(), "seed lacks {key}: {s}");
+        }
+        assert_eq!(s["episodes"], 3);
+        assert_eq!(s["skipped_uncertified"], 0);
         assert_eq!(s["infra_failures"], 0);
+        assert_eq!(s["success_rate"], 1.0, "{s}");
+        assert!(s["steps"].as_u64().unwrap() >= 3);
+        // Each success earns the goal bonus: the mean return is positive.
+        assert!(s["mean_return"].as_f64().unwrap() > 0.0, "{s}");
+        assert!(s["reset_ms_median"].as_f64().unwrap() > 0.0);
     }
+    assert_eq!(report["success_rate"]["mean"], 1.0);
     assert!(report["steps_per_s"]["mean"].as_f64().unwrap() > 0.0);
+    let eps = episodes("oracle");
+    assert_eq!(eps.len(), 6);
+    for e in &eps {
+        assert_eq!(e["success"], true, "{e}");
+        assert_eq!(e["infra"], false, "{e}");
+        assert!(e["instance"].as_str().unwrap().starts_with("i-"), "{e}");
+        assert_eq!(e["perturbations"].as_array().unwrap().len(), 0);
+    }
+    // Every episode is its own instance.
+    let ids: std::collections::BTreeSet<&str> = eps
+        .iter()
+        .map(|e| e["instance"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids.len(), 6);
+
+    // The random agent on the archive-logs template: domain randomisation, certified instances.
+    let template = concat!(env!("CARGO_MANIFEST_DIR"), "/templates/archive-logs.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[experiment]\nname = \"random\"\nseeds = [1, 2]\nout_dir = \"{}\"\n\
+             [environment]\ntemplate = \"{template}\"\nepisodes = 4\nworkers = 2\nmax_steps = 4\n\
+             [reward]\nmode = \"sparse\"\n",
+            dir.path().display()
+        ),
+    )
+    .unwrap();
+    let o = engine()
+        .args(["run", cfg.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let report = read_json(&dir.path().join("random/report.json"));
+    assert_eq!(report["agent"], "random");
+    assert_eq!(report["reward"]["mode"], "sparse");
+    for s in report["seeds"].as_array().unwrap() {
+        assert_eq!(s["episodes"], 4);
+        let rate = s["success_rate"].as_f64();
+        // Null only when every episode was skipped or failed.
+        if let Some(r) = rate {
+            assert!((0.0..=1.0).contains(&r), "{s}");
+        }
+    }
+    let eps = episodes("random");
+    assert_eq!(eps.len(), 8);
+    for e in &eps {
+        let skipped = e["skipped_uncertified"].as_bool().unwrap()
+            || e["skipped_not_applicable"].as_bool().unwrap();
+        let steps = e["steps"].as_u64().unwrap();
+        assert!(steps <= 4, "{e}");
+        if skipped {
+            assert_eq!(steps, 0, "a skipped instance is never run: {e}");
+        }
+        let r = e["return"].as_f64().unwrap();
+        assert!(r == 0.0 || r == 50.0, "sparse return: {e}");
+    }
+    // The plans come from the template: seed * 1_000_003 + episode.
+    assert_eq!(eps[0]["plan_seed"], 1_000_003);
+    assert_eq!(eps[7]["plan_seed"], 2 * 1_000_003 + 3);
 
     // A broken config names the file, line and key.
-    std::fs::write(&cfg, "[experiment]\nname = \"x\"\nseeds = [1]\nbogus = 1\n[episodes]\ncount = 1\nsteps = [\"true\"]\n").unwrap();
+    std::fs::write(&cfg, "[experiment]\nname = \"x\"\nseeds = [1]\nbogus = 1\n[environment]\ntask = \"archive-logs\"\nepisodes = 1\n").unwrap();
     let o = engine()
         .args(["run", cfg.to_str().unwrap()])
         .output()
@@ -171,6 +282,17 @@ fn run_executes_an_experiment_and_writes_a_report() {
     assert!(!o.status.success());
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("exp.toml:4:1: unknown field `bogus`"), "{err}");
+    std::fs::write(&cfg, "[experiment]\nname = \"x\"\nseeds = [1]\n[environment]\ntemplate = \"nowhere.toml\"\nepisodes = 1\n").unwrap();
+    let o = engine()
+        .args(["run", cfg.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("exp.toml:5:1: key `environment.template`: no template file at"),
+        "{err}"
+    );
 }
 
 #[test]
