@@ -6,9 +6,11 @@
 //!   into an empty cache; `synth_cached_us`: finding a cached instance (microseconds);
 //! - `setup`: a new instance's sandbox created and its first episode started;
 //! - `reset`: a new episode of the same instance (incremental reset + start steps);
-//! - `exec_sh_true`: `sh -c true` in the same kind of sandbox (the floor of one step);
-//! - `throughput`: for each agent (`random`, `oracle`) and worker count, env steps per second
-//!   over all workers, episodes, successes, and infrastructure failures.
+//! - `exec_sh_true`: `sh -c true` in the same kind of sandbox, first command of an episode
+//!   (the floor of one step); `host_sh_true`: the same forked on the host (baseline);
+//! - `throughput`: for each agent and worker count, steps per second over all workers,
+//!   episodes, successes, and infrastructure failures. Agents: `raw-exec` (the random agent's
+//!   commands sent straight to the sandbox, no Env: the ceiling), `random`, `oracle`.
 
 use crate::bench::Summary;
 use crate::env::{Action, Env, EnvConfig};
@@ -54,6 +56,8 @@ pub struct EnvBenchReport {
     pub setup: Summary,
     pub reset: Summary,
     pub exec_sh_true: Summary,
+    /// `sh -c true` forked by this process on the host, measured in the same run.
+    pub host_sh_true: Summary,
     pub throughput: Vec<Throughput>,
 }
 
@@ -131,7 +135,22 @@ pub fn run(rt: &Runtime, cache: &Cache, o: &EnvBenchOpts) -> Result<EnvBenchRepo
             exec.push(ms(t));
         }
     }
+    let mut host = Vec::new();
+    for _ in 0..50 {
+        let t = Instant::now();
+        let ok = std::process::Command::new("/bin/sh")
+            .args(["-c", "true"])
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        if ok {
+            host.push(ms(t));
+        }
+    }
     let mut throughput = Vec::new();
+    for &w in &o.workers {
+        throughput.push(measure_raw(rt, cache, &o.task, w, o.seconds)?);
+    }
     for agent in ["random", "oracle"] {
         for &w in &o.workers {
             throughput.push(measure(rt, cache, &o.task, agent, w, o.seconds)?);
@@ -144,7 +163,68 @@ pub fn run(rt: &Runtime, cache: &Cache, o: &EnvBenchOpts) -> Result<EnvBenchRepo
         setup: Summary::of(setup),
         reset: Summary::of(reset),
         exec_sh_true: Summary::of(exec),
+        host_sh_true: Summary::of(host),
         throughput,
+    })
+}
+
+/// The ceiling: the random agent's commands run straight through the sandbox (no Env: no cwd
+/// tracking, verifier, observation or reward), an episode reset every `max_steps` commands.
+fn measure_raw(
+    rt: &Runtime,
+    cache: &Cache,
+    task: &str,
+    workers: usize,
+    seconds: f64,
+) -> Result<Throughput, BenchEnvError> {
+    let deadline = Duration::from_secs_f64(seconds);
+    let results: Vec<Result<u64, BenchEnvError>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..workers)
+            .map(|w| {
+                s.spawn(move || -> Result<u64, BenchEnvError> {
+                    let plan = Plan::for_task(task, 1 + w as u64, vec![]);
+                    let held = crate::live::synthesize(rt, cache, &plan)?;
+                    let mut live = crate::live::Live::start(rt, held)?;
+                    let setup = live
+                        .instance
+                        .task
+                        .clone()
+                        .ok_or(crate::env::EnvError::NoTask)?;
+                    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(w as u64);
+                    let mut steps = 0u64;
+                    let t0 = Instant::now();
+                    while t0.elapsed() < deadline {
+                        let a = &setup.actions[rng.gen_range(0..setup.actions.len().max(1))];
+                        live.run(a, Duration::from_secs(10))?;
+                        steps += 1;
+                        if steps % u64::from(setup.max_steps.max(1)) == 0 {
+                            live.restart()?;
+                        }
+                    }
+                    Ok(steps)
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or(Err(BenchEnvError::UnknownTask("worker panicked".into())))
+            })
+            .collect()
+    });
+    let mut steps = 0;
+    for r in results {
+        steps += r?;
+    }
+    Ok(Throughput {
+        agent: "raw-exec".into(),
+        workers,
+        steps,
+        episodes: 0,
+        successes: 0,
+        infra_failures: 0,
+        seconds,
+        steps_per_s: steps as f64 / seconds,
     })
 }
 
@@ -253,6 +333,7 @@ pub fn render(r: &EnvBenchReport) -> String {
     row(&mut s, "setup (sandbox + start)", &r.setup, "ms");
     row(&mut s, "reset (next episode)", &r.reset, "ms");
     row(&mut s, "exec sh -c true (floor)", &r.exec_sh_true, "ms");
+    row(&mut s, "host sh -c true (baseline)", &r.host_sh_true, "ms");
     for t in &r.throughput {
         let _ = writeln!(
             s,
