@@ -197,7 +197,7 @@ fn measure_raw(
                         let a = &setup.actions[rng.gen_range(0..setup.actions.len().max(1))];
                         live.run(a, Duration::from_secs(10))?;
                         steps += 1;
-                        if steps % u64::from(setup.max_steps.max(1)) == 0 {
+                        if steps.is_multiple_of(u64::from(setup.max_steps.max(1))) {
                             live.restart()?;
                         }
                     }
