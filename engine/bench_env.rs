@@ -32,8 +32,6 @@ pub enum BenchEnvError {
     Sandbox(#[from] sandbox::SandboxError),
     #[error("unknown task `{0}`")]
     UnknownTask(String),
-    #[error("temporary cache: {0}")]
-    Temp(std::io::Error),
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -74,30 +72,13 @@ fn ms(t: Instant) -> f64 {
     t.elapsed().as_secs_f64() * 1e3
 }
 
-/// A private state directory whose cache tmpfs is unmounted on drop.
-struct TempCache {
-    dir: tempfile::TempDir,
-}
-
-impl Drop for TempCache {
-    fn drop(&mut self) {
-        let _ = nix::mount::umount2(
-            &self.dir.path().join("instances"),
-            nix::mount::MntFlags::MNT_DETACH,
-        );
-    }
-}
-
 pub fn run(rt: &Runtime, cache: &Cache, o: &EnvBenchOpts) -> Result<EnvBenchReport, BenchEnvError> {
     if crate::tasks::get(&o.task).is_none() {
         return Err(BenchEnvError::UnknownTask(o.task.clone()));
     }
     let rootfs = rt.resolve(&sandbox::RootfsSpec::Host)?;
     // Synthesis, cold (a fresh cache) and cached.
-    let tmp = TempCache {
-        dir: tempfile::tempdir().map_err(BenchEnvError::Temp)?,
-    };
-    let fresh = Cache::open(tmp.dir.path())?;
+    let fresh = Cache::temporary()?;
     let plans: Vec<Plan> = (0..o.iterations as u64)
         .map(|i| Plan::for_task(&o.task, 1_000 + i, vec![]))
         .collect();
@@ -114,7 +95,6 @@ pub fn run(rt: &Runtime, cache: &Cache, o: &EnvBenchOpts) -> Result<EnvBenchRepo
         cached.push(ms(t) * 1e3);
     }
     drop(fresh);
-    drop(tmp);
     // Setup and reset of episodes.
     let mut setup = Vec::new();
     let mut reset = Vec::new();

@@ -85,7 +85,11 @@ enum Cmd {
         json: bool,
     },
     /// Remove what crashed runs left behind (also done at every start).
-    Reap,
+    Reap {
+        /// Also unmount and drop the instance cache (synthesized instances, certificates).
+        #[arg(long)]
+        cache: bool,
+    },
     /// PID 1 of a sandbox (internal).
     #[command(name = "__sandbox-init", hide = true)]
     SandboxInit,
@@ -383,10 +387,13 @@ fn run(cmd: Cmd) -> anyhow::Result<i32> {
             }
             Ok(0)
         }
-        Cmd::Reap => {
+        Cmd::Reap { cache } => {
             // Creating a runtime reaps; dropping it removes its own (empty) run.
             let rt = sandbox_cli::runtime()?;
             println!("reaped; state directory {}", rt.state_dir().display());
+            if cache && engine::synth::remove_cache(rt.state_dir())? {
+                println!("instance cache removed");
+            }
             Ok(0)
         }
     }

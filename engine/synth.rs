@@ -942,6 +942,38 @@ pub struct Cache {
     dir: PathBuf,
     max_entries: usize,
     max_bytes: u64,
+    /// Set for a temporary cache: its tmpfs and directory go with the last clone.
+    _temporary: Option<std::sync::Arc<TemporaryDir>>,
+}
+
+/// The state directory of a temporary cache; unmounts the cache's tmpfs when dropped.
+#[derive(Debug)]
+struct TemporaryDir {
+    dir: tempfile::TempDir,
+}
+
+impl Drop for TemporaryDir {
+    fn drop(&mut self) {
+        let _ = nix::mount::umount2(
+            &self.dir.path().join("instances"),
+            nix::mount::MntFlags::MNT_DETACH,
+        );
+    }
+}
+
+/// Unmount and forget the instance cache of a state directory (`engine reap --cache`).
+/// Returns whether a cache was mounted there.
+pub fn remove_cache(state: &Path) -> Result<bool, SynthError> {
+    let dir = state.join("instances");
+    if !is_mountpoint(&dir) {
+        return Ok(false);
+    }
+    nix::mount::umount2(&dir, nix::mount::MntFlags::MNT_DETACH).map_err(|e| SynthError::Cache {
+        path: dir.clone(),
+        source: e.into(),
+    })?;
+    let _ = std::fs::remove_dir(&dir);
+    Ok(true)
 }
 
 /// Where a synthesis came from.
@@ -995,7 +1027,21 @@ impl Cache {
             dir,
             max_entries,
             max_bytes,
+            _temporary: None,
         })
+    }
+
+    /// A private, empty cache in a temporary directory: its tmpfs is unmounted and the
+    /// directory removed when the last clone is dropped (tests, benchmarks).
+    pub fn temporary() -> Result<Self, SynthError> {
+        let dir = tempfile::tempdir().map_err(|source| SynthError::Cache {
+            path: std::env::temp_dir(),
+            source,
+        })?;
+        let guard = std::sync::Arc::new(TemporaryDir { dir });
+        let mut c = Self::open(guard.dir.path())?;
+        c._temporary = Some(guard);
+        Ok(c)
     }
 
     pub fn dir(&self) -> &Path {

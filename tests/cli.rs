@@ -7,6 +7,34 @@ fn engine() -> Command {
     Command::new(env!("CARGO_BIN_EXE_engine"))
 }
 
+/// A private state directory for commands that use the instance cache: its tmpfs is unmounted
+/// when the test ends, so no test leaves a mount behind.
+struct State {
+    dir: tempfile::TempDir,
+}
+
+impl State {
+    fn new() -> Self {
+        Self {
+            dir: tempfile::tempdir().unwrap(),
+        }
+    }
+    fn engine(&self) -> Command {
+        let mut c = engine();
+        c.env("ENVFACTORY_STATE", self.dir.path());
+        c
+    }
+}
+
+impl Drop for State {
+    fn drop(&mut self) {
+        let _ = nix::mount::umount2(
+            &self.dir.path().join("instances"),
+            nix::mount::MntFlags::MNT_DETACH,
+        );
+    }
+}
+
 fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() == 0 }
@@ -131,6 +159,7 @@ fn bad_options_and_rootfs_get_clear_errors_and_leave_nothing() {
 
 #[test]
 fn run_executes_an_experiment_and_writes_a_report() {
+    let st = State::new();
     if !is_root() {
         return;
     }
@@ -156,7 +185,8 @@ fn run_executes_an_experiment_and_writes_a_report() {
         ),
     )
     .unwrap();
-    let o = engine()
+    let o = st
+        .engine()
         .args(["run", cfg.to_str().unwrap()])
         .output()
         .unwrap();
@@ -240,7 +270,8 @@ fn run_executes_an_experiment_and_writes_a_report() {
         ),
     )
     .unwrap();
-    let o = engine()
+    let o = st
+        .engine()
         .args(["run", cfg.to_str().unwrap()])
         .output()
         .unwrap();
@@ -275,7 +306,8 @@ fn run_executes_an_experiment_and_writes_a_report() {
 
     // A broken config names the file, line and key.
     std::fs::write(&cfg, "[experiment]\nname = \"x\"\nseeds = [1]\nbogus = 1\n[environment]\ntask = \"archive-logs\"\nepisodes = 1\n").unwrap();
-    let o = engine()
+    let o = st
+        .engine()
         .args(["run", cfg.to_str().unwrap()])
         .output()
         .unwrap();
@@ -283,7 +315,8 @@ fn run_executes_an_experiment_and_writes_a_report() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("exp.toml:4:1: unknown field `bogus`"), "{err}");
     std::fs::write(&cfg, "[experiment]\nname = \"x\"\nseeds = [1]\n[environment]\ntemplate = \"nowhere.toml\"\nepisodes = 1\n").unwrap();
-    let o = engine()
+    let o = st
+        .engine()
         .args(["run", cfg.to_str().unwrap()])
         .output()
         .unwrap();
@@ -333,10 +366,12 @@ fn json_lines(out: &[u8]) -> Vec<serde_json::Value> {
 
 #[test]
 fn episode_with_the_oracle_prints_a_line_per_step_and_succeeds() {
+    let st = State::new();
     if !is_root() {
         return;
     }
-    let o = engine()
+    let o = st
+        .engine()
         .args([
             "episode",
             "--task",
@@ -368,13 +403,15 @@ fn episode_with_the_oracle_prints_a_line_per_step_and_succeeds() {
 
 #[test]
 fn episode_from_an_actions_file_and_its_errors() {
+    let st = State::new();
     if !is_root() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
     let f = dir.path().join("actions.txt");
     std::fs::write(&f, "# a comment\n@0\necho hi\n").unwrap();
-    let o = engine()
+    let o = st
+        .engine()
         .args([
             "episode",
             "--task",
@@ -392,7 +429,8 @@ fn episode_from_an_actions_file_and_its_errors() {
     assert_eq!(lines[2]["success"], false);
     // A bad line names the file and line.
     std::fs::write(&f, "ls\n@x\n").unwrap();
-    let o = engine()
+    let o = st
+        .engine()
         .args(["episode", "--task", "archive-logs", "--actions-file"])
         .arg(&f)
         .output()
@@ -401,13 +439,15 @@ fn episode_from_an_actions_file_and_its_errors() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("actions.txt:2"), "{err}");
     // An unknown task or perturbation names what is known.
-    let o = engine()
+    let o = st
+        .engine()
         .args(["episode", "--task", "nope"])
         .output()
         .unwrap();
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("archive-logs"));
-    let o = engine()
+    let o = st
+        .engine()
         .args([
             "episode",
             "--task",
@@ -423,13 +463,15 @@ fn episode_from_an_actions_file_and_its_errors() {
 
 #[test]
 fn task_check_certifies_the_unperturbed_task_and_list_names_tasks() {
+    let st = State::new();
     if !is_root() {
         return;
     }
-    let o = engine().args(["task", "list"]).output().unwrap();
+    let o = st.engine().args(["task", "list"]).output().unwrap();
     assert!(o.status.success());
     assert!(String::from_utf8_lossy(&o.stdout).contains("archive-logs"));
-    let o = engine()
+    let o = st
+        .engine()
         .args([
             "task",
             "check",
@@ -452,11 +494,13 @@ fn task_check_certifies_the_unperturbed_task_and_list_names_tasks() {
 
 #[test]
 fn play_reads_commands_from_the_terminal() {
+    let st = State::new();
     if !is_root() {
         return;
     }
     use std::io::Write;
-    let mut child = engine()
+    let mut child = st
+        .engine()
         .args(["play", "--task", "archive-logs", "--seed", "2"])
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())

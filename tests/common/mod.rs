@@ -52,9 +52,9 @@ impl Drop for TempState {
     }
 }
 
-/// The shared instance cache of the default state directory.
+/// A private instance cache, removed (tmpfs unmounted) with its last clone.
 pub fn cache() -> engine::synth::Cache {
-    engine::synth::Cache::open(&sandbox::state::default_state_dir()).unwrap()
+    engine::synth::Cache::temporary().unwrap()
 }
 
 /// Names, modes, owners, sizes, times and types of a directory tree, and a hash of its file
