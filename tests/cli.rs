@@ -548,3 +548,92 @@ fn environments_doc_tables_are_current() {
         );
     }
 }
+
+#[test]
+fn synth_prints_ids_and_plans_and_is_reproducible() {
+    if !is_root() {
+        return;
+    }
+    let st = State::new();
+    let run = || {
+        let o = st
+            .engine()
+            .args([
+                "synth",
+                "templates/archive-logs.yaml",
+                "--seed",
+                "11",
+                "--count",
+                "3",
+                "--json",
+            ])
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap()
+    };
+    let a = run();
+    let b = run();
+    let ids = |v: &serde_json::Value| -> Vec<String> {
+        v["instances"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i["id"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(ids(&a).len(), 3);
+    assert_eq!(ids(&a), ids(&b), "same template and seeds, same instances");
+    assert_eq!(a["instances"][0]["origin"], "Built");
+    assert_eq!(b["instances"][0]["origin"], "Cached");
+    assert_eq!(a["instances"][0]["seed"], 11);
+    // A broken template names the file, line and key.
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("bad.toml");
+    std::fs::write(
+        &f,
+        "[template]\nname = \"x\"\n[base_environment]\nrootfs = \"host\"\n[[perturbation_space]]\nname = \"tool-missing\"\nprobability = 1.5\n",
+    )
+    .unwrap();
+    let o = st.engine().arg("synth").arg(&f).output().unwrap();
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("bad.toml:7"), "{err}");
+    assert!(err.contains("probability"), "{err}");
+}
+
+#[test]
+fn fingerprint_of_the_host_and_the_shipped_references() {
+    let o = engine()
+        .args([
+            "fingerprint",
+            "--shipped",
+            "debootstrap-bookworm-minbase",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let shipped: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    if !is_root() {
+        return;
+    }
+    let o = engine().args(["fingerprint", "--json"]).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let host: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    // The same schema, and the host has more packages than a minbase rootfs.
+    let keys =
+        |v: &serde_json::Value| -> Vec<String> { v.as_object().unwrap().keys().cloned().collect() };
+    assert_eq!(keys(&host), keys(&shipped));
+    assert_eq!(
+        keys(&host["features"]),
+        keys(&shipped["features"]),
+        "same features"
+    );
+    let pkgs = |v: &serde_json::Value| v["features"]["dpkg_packages"].as_f64().unwrap();
+    assert!(
+        pkgs(&host) > pkgs(&shipped),
+        "the host has more packages than minbase"
+    );
+}
