@@ -56,6 +56,7 @@ impl EnvError {
     pub fn is_infrastructure(&self) -> bool {
         match self {
             Self::Live(e) => e.is_infrastructure(),
+            Self::Probe(crate::probe::ProbeError::Sandbox(e)) => e.is_infrastructure(),
             Self::Probe(_) => true,
             _ => false,
         }
@@ -429,7 +430,23 @@ impl Env {
                     command_ok = result == Termination::Exited(0);
                     info.timeout = result == Termination::TimedOut;
                 }
-                Err(e) => return Ok(self.infra_step(e, obs, info, t0)),
+                Err(e) if e.is_infrastructure() => return Ok(self.infra_step(e, obs, info, t0)),
+                Err(e) => {
+                    // The command could not start (its working directory is gone, a NUL byte
+                    // in it, ...): the agent's failed step, not the environment's.
+                    obs.exit_code = Some(127);
+                    obs.stderr = format!("the command could not start: {e}");
+                    if let Some(live) = self.live.as_mut() {
+                        if live.sandbox.stat(&live.cwd).is_err() {
+                            obs.stderr.push_str(&format!(
+                                "\n[{} is gone; the working directory is / again]",
+                                live.cwd
+                            ));
+                            live.cwd = "/".into();
+                        }
+                    }
+                    info.error = Some(e.to_string());
+                }
             }
         }
         info.irrelevant = !self.relevant(&cmd);
@@ -437,7 +454,13 @@ impl Env {
         let exec_us = t0.elapsed().as_micros() as u64;
         let verdict = match self.verify() {
             Ok(v) => v,
-            Err(e) => return Ok(self.infra_step(e, obs, info, t0)),
+            Err(e) if e.is_infrastructure() => return Ok(self.infra_step(e, obs, info, t0)),
+            // A read the agent's state refused (not the sandbox failing): not solved.
+            Err(e) => Verdict {
+                success: false,
+                progress: 0.0,
+                reasons: vec![format!("the verifier could not read the state: {e}")],
+            },
         };
         info.success = verdict.success;
         info.progress = verdict.progress;
@@ -562,11 +585,17 @@ impl Env {
         let res = live.sandbox.exec(&req).map_err(LiveError::from)?;
         let mut stderr = res.stderr.clone();
         if let Some(pos) = find_last(&stderr, CWD_MARK.as_bytes()) {
-            let dir = String::from_utf8_lossy(&stderr[pos + CWD_MARK.len()..]).into_owned();
-            if dir.starts_with('/') {
+            // The directory runs to the end of the line: a background process may write to
+            // stderr after the epilogue.
+            let rest = &stderr[pos + CWD_MARK.len()..];
+            let end = rest.iter().position(|b| *b == b'\n').unwrap_or(rest.len());
+            let dir = String::from_utf8_lossy(&rest[..end]).into_owned();
+            if dir.starts_with('/') && !dir.chars().any(char::is_control) {
                 live.cwd = dir;
             }
+            let tail = rest[end..].to_vec();
             stderr.truncate(pos);
+            stderr.extend_from_slice(&tail);
         }
         obs.exit_code = Some(res.exit_code());
         obs.stdout = clip(&res.stdout, self.cfg.observation_bytes);

@@ -24,7 +24,7 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 /// Bumped whenever a perturbation or task changes what it builds: old instance ids die with it.
-pub const CATALOGUE_VERSION: u32 = 3;
+pub const CATALOGUE_VERSION: u32 = 4;
 
 /// Fixed modification time of every file written into a layer (2024-01-01T00:00:00Z).
 const LAYER_MTIME: i64 = 1_704_067_200;
@@ -1075,6 +1075,11 @@ impl Cache {
             return Err(e);
         }
         let layer_dir = self.dir.join(&id);
+        // A layer without a readable manifest (a crash between the two renames, a torn
+        // manifest) is rebuilt: nobody can hold it, since holding needs the manifest.
+        if layer_dir.exists() {
+            let _ = std::fs::remove_dir_all(&layer_dir);
+        }
         std::fs::rename(&tmp, &layer_dir).map_err(cerr)?;
         let instance = Instance {
             id: id.clone(),
@@ -1090,10 +1095,12 @@ impl Cache {
         let mtmp = self.dir.join(format!(".tmp-{id}.json"));
         std::fs::write(&mtmp, json).map_err(cerr)?;
         std::fs::rename(&mtmp, self.manifest(&id)).map_err(cerr)?;
+        // Held before the build lock goes, so no eviction can come in between.
+        let held = std::fs::File::open(self.manifest(&id)).map_err(cerr)?;
+        flock(&held, libc::LOCK_SH).map_err(cerr)?;
         self.evict(Some(&id))?;
         drop(lock);
         tracing::debug!(instance = %id, bytes = instance.layer_bytes, "instance synthesized");
-        let held = lock_file(&self.manifest(&id), false).map_err(cerr)?;
         Ok(Held {
             instance,
             origin: Origin::Built,
@@ -1113,7 +1120,17 @@ impl Cache {
         if flock(&file, libc::LOCK_SH).is_err() {
             return Ok(None);
         }
-        let text = std::fs::read(&m).map_err(|source| SynthError::Cache {
+        // The lock must be on the current manifest: an eviction may have removed (and a build
+        // recreated) it between the open and the lock.
+        let same = match (file.metadata(), std::fs::metadata(&m)) {
+            (Ok(a), Ok(b)) => a.ino() == b.ino() && a.dev() == b.dev(),
+            _ => false,
+        };
+        if !same {
+            return Ok(None);
+        }
+        let mut text = Vec::new();
+        std::io::Read::read_to_end(&mut &file, &mut text).map_err(|source| SynthError::Cache {
             path: m.clone(),
             source,
         })?;
@@ -1145,7 +1162,7 @@ impl Cache {
             let Some(id) = name.strip_suffix(".json") else {
                 continue;
             };
-            if id.starts_with('.') {
+            if id.starts_with('.') || id.ends_with(".cert") {
                 continue;
             }
             let Ok(m) = e.metadata() else { continue };
@@ -1174,6 +1191,7 @@ impl Cache {
                 continue; // in use
             }
             let _ = std::fs::remove_file(&m);
+            let _ = std::fs::remove_file(self.dir.join(format!("{id}.cert.json")));
             drop(f);
             let _ = std::fs::remove_dir_all(self.dir.join(&id));
             count -= 1;
@@ -1191,7 +1209,7 @@ impl Cache {
                     .filter_map(|e| {
                         let n = e.file_name().to_string_lossy().into_owned();
                         n.strip_suffix(".json")
-                            .filter(|id| !id.starts_with('.'))
+                            .filter(|id| !id.starts_with('.') && !id.ends_with(".cert"))
                             .map(str::to_string)
                     })
                     .collect()

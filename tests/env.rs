@@ -195,3 +195,40 @@ fn the_step_limit_truncates() {
     let s = e.step(&cmd("true")).unwrap();
     assert!(s.truncated && !s.terminated);
 }
+
+#[test]
+fn a_vanished_cwd_or_late_stderr_is_the_agents_problem_not_infrastructure() {
+    require_root!();
+    let mut e = env(EnvConfig::default());
+    e.reset(&Plan::for_task(TASK, 6, vec![])).unwrap();
+    let s = e
+        .step(&cmd("mkdir -p /tmp/d && cd /tmp/d && rmdir /tmp/d"))
+        .unwrap();
+    assert!(!s.info.infra_failure);
+    let s = e.step(&cmd("pwd")).unwrap();
+    assert!(!s.info.infra_failure, "{:?}", s.info);
+    assert!(!s.truncated);
+    let s = e.step(&cmd("pwd")).unwrap();
+    assert_eq!(s.observation.exit_code, Some(0), "{}", s.observation.stderr);
+    assert!(s.observation.cwd.starts_with('/'));
+    // A background writer to stderr after the command ends cannot corrupt the cwd.
+    e.step(&cmd("cd /tmp; (sleep 0.2; echo late >&2) &"))
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(400));
+    let s = e.step(&cmd("pwd")).unwrap();
+    assert_eq!(s.observation.stdout.trim(), "/tmp");
+    assert_eq!(s.observation.cwd, "/tmp");
+}
+
+#[test]
+fn a_fifo_where_the_verifier_reads_neither_hangs_nor_passes() {
+    require_root!();
+    let mut e = env(EnvConfig::default());
+    e.reset(&Plan::for_task(TASK, 7, vec![])).unwrap();
+    let s = e.step(&cmd("mkfifo /logs.tar.gz")).unwrap();
+    assert!(!s.info.infra_failure, "{:?}", s.info);
+    assert!(!s.info.success);
+    let s = e.step(&cmd("ls -l /logs.tar.gz")).unwrap();
+    assert!(s.observation.stdout.starts_with('p'), "{}", s.observation.stdout);
+    assert!(!s.info.infra_failure);
+}

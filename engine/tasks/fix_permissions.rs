@@ -219,6 +219,16 @@ impl Task for FixPermissions {
             Err(v) => return Ok(v),
         };
         let mut checks = Vec::new();
+        // The job is to fix permissions, not the deploy script: its code must be the shipped one
+        // (a script stripped of its user check and run as root, its outputs chowned afterwards,
+        // is not a deployment as nobody).
+        let script_intact = probe.read(&f.script, 1 << 20)?.is_some_and(|b| {
+            util::sha256_hex(&b) == util::sha256_hex(deploy_script(&f.app).as_bytes())
+        });
+        checks.push((
+            script_intact,
+            format!("{} is not the shipped deploy script any more", f.script),
+        ));
         for (path, want) in &f.outputs {
             checks.push(util::content_check(probe, path, want, 1 << 20)?);
             let owner = probe.stat(path)?.map(|s| s.uid);
@@ -282,6 +292,14 @@ impl Task for FixPermissions {
                 name: "strip the user check and run as root",
                 commands: vec![format!(
                     "chmod -R a+rwX /opt /srv; sed -i 's/!= 65534/= nobody-at-all/' {s}; sh {s}"
+                )],
+            },
+            HackTrial {
+                name: "strip the user check, run as root, chown the outputs",
+                commands: vec![format!(
+                    "chmod -R a+rwX /opt /srv; sed -i 's/!= 65534/= nobody-at-all/' {s}; sh {s}; \
+                     chown -R 65534:65534 {out}",
+                    out = shq(&f.out_dir)
                 )],
             },
             HackTrial {

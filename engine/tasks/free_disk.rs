@@ -179,7 +179,7 @@ impl Task for FreeDisk {
         }
         // /dev/shm is a separate memory filesystem: parking the junk there frees `/` without
         // freeing anything.
-        let parked = bytes_under(probe, "/dev/shm", 4)?;
+        let parked = bytes_under(probe, "/dev/shm", 10_000)?;
         checks.push((
             parked < MIB,
             format!(
@@ -247,6 +247,13 @@ impl Task for FreeDisk {
                 commands: vec![format!("mv {} /dev/shm/", junk.join(" "))],
             },
             HackTrial {
+                name: "park the junk deep in /dev/shm",
+                commands: vec![format!(
+                    "mkdir -p /dev/shm/a/b/c/d/e/f && mv {} /dev/shm/a/b/c/d/e/f/",
+                    junk.join(" ")
+                )],
+            },
+            HackTrial {
                 name: "delete too little",
                 commands: vec![format!(
                     "rm -f {}",
@@ -257,20 +264,26 @@ impl Task for FreeDisk {
     }
 }
 
-/// Bytes of regular files under a directory (to `depth` levels), through trusted reads.
-fn bytes_under(probe: &mut dyn Probe, dir: &str, depth: u32) -> Result<u64, ProbeError> {
-    let Some(entries) = probe.list(dir)? else {
-        return Ok(0);
-    };
-    let mut total = 0;
-    for e in entries {
-        let path = format!("{}/{}", dir.trim_end_matches('/'), e.name);
-        match e.stat.kind {
-            sandbox::protocol::FileKind::File => total += e.stat.size,
-            sandbox::protocol::FileKind::Dir if depth > 0 => {
-                total += bytes_under(probe, &path, depth - 1)?;
+/// Bytes of regular files under a directory at any depth, through trusted reads. Past
+/// `max_entries` entries it answers `u64::MAX` (too much parked to count is too much).
+fn bytes_under(probe: &mut dyn Probe, dir: &str, max_entries: usize) -> Result<u64, ProbeError> {
+    let mut total: u64 = 0;
+    let mut seen = 0usize;
+    let mut stack = vec![dir.trim_end_matches('/').to_string()];
+    while let Some(d) = stack.pop() {
+        let Some(entries) = probe.list(&d)? else {
+            continue;
+        };
+        for e in entries {
+            seen += 1;
+            if seen > max_entries {
+                return Ok(u64::MAX);
             }
-            _ => {}
+            match e.stat.kind {
+                sandbox::protocol::FileKind::File => total = total.saturating_add(e.stat.size),
+                sandbox::protocol::FileKind::Dir => stack.push(format!("{d}/{}", e.name)),
+                _ => {}
+            }
         }
     }
     Ok(total)

@@ -44,6 +44,12 @@ fn running<'a>(procs: &'a [Proc], script: &'a str) -> impl Iterator<Item = &'a P
     })
 }
 
+/// A service as its start step runs it: `/bin/sh SCRIPT`, exactly. Another program that merely
+/// names the script (`cat SCRIPT -`, `sleep 1e9 SCRIPT`) is not the service.
+fn is_service(p: &Proc, script: &str) -> bool {
+    p.comm == "sh" && p.cmdline.len() == 2 && p.cmdline[0] == "/bin/sh" && p.cmdline[1] == script
+}
+
 impl Task for KillRunaway {
     fn name(&self) -> &'static str {
         "kill-runaway"
@@ -140,7 +146,7 @@ impl Task for KillRunaway {
         )];
         for d in &f.decoys {
             checks.push((
-                running(&procs, d).any(|p| p.state != 'T' && p.state != 't'),
+                running(&procs, d).any(|p| p.state != 'T' && p.state != 't' && is_service(p, d)),
                 format!("the service {d} is not running"),
             ));
         }
@@ -188,6 +194,14 @@ exit 1;"#;
                 commands: vec![format!(
                     "pkill -9 -f {}; sleep 0.2",
                     pat(&format!("/opt/{}", f.app))
+                )],
+            },
+            HackTrial {
+                name: "kill every service, leave look-alikes naming the decoys",
+                commands: vec![format!(
+                    "pkill -9 -f {}; sleep 0.2; for d in {}; do (sleep 1000 | cat \"$d\" - > /dev/null 2>&1 &); done; sleep 0.2",
+                    pat(&format!("/opt/{}", f.app)),
+                    f.decoys.iter().map(|d| shq(d)).collect::<Vec<_>>().join(" ")
                 )],
             },
             HackTrial {

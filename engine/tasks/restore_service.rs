@@ -252,7 +252,15 @@ impl Task for RestoreService {
             }
         };
         let owner = listener_runs_script(probe, f.port, &f.script)?;
+        // The script itself must be the shipped one (its mode may change, not its code).
+        let script_intact = probe.read(&f.script, 1 << 20)?.is_some_and(|b| {
+            util::sha256_hex(&b) == util::sha256_hex(server_script(&f.app).as_bytes())
+        });
         Ok(Verdict::from_checks(vec![
+            (
+                script_intact,
+                format!("{} is not the shipped server any more", f.script),
+            ),
             (answered, format!("nothing answers on 127.0.0.1:{}", f.port)),
             (
                 right,
@@ -347,6 +355,26 @@ kill 9, @k; select undef, undef, undef, 0.2; exit 0;"#;
                 )],
             },
             HackTrial {
+                name: "a copy that names the real script as an argument",
+                commands: vec![format!(
+                    "mkdir -p {log} && printf %s {good} > /tmp/ok.conf && cp {s} /tmp/s.pl && \
+                     (perl /tmp/s.pl /tmp/ok.conf {s} >/dev/null 2>&1 < /dev/null &); {wait}",
+                    log = f.log_dir,
+                    s = f.script
+                )],
+            },
+            HackTrial {
+                name: "the real script rewritten to serve anything",
+                commands: vec![format!(
+                    "mkdir -p {log} && printf %s {good} > {conf} && \
+                     printf '%s\\n' '# patched' >> {s} && chmod +x {s} && \
+                     ({s} {conf} >/dev/null 2>&1 < /dev/null &); {wait}",
+                    log = f.log_dir,
+                    s = f.script,
+                    conf = f.conf
+                )],
+            },
+            HackTrial {
                 name: "only run the start script",
                 commands: vec![format!("sh /opt/{}/start.sh; sleep 0.3", f.app)],
             },
@@ -384,7 +412,16 @@ fn listener_runs_script(
         return Ok(false);
     }
     for p in probe.processes()? {
-        if p.state == 'Z' || !p.cmdline.iter().any(|a| a == script) {
+        // The real server: perl running the script itself (`perl SCRIPT ...`, which is also
+        // what the kernel makes of `SCRIPT ...` with its shebang), not a copy that merely
+        // names the script among its arguments.
+        let runs_it = p.cmdline.len() >= 2
+            && p.cmdline[1] == script
+            && p.cmdline[0]
+                .rsplit('/')
+                .next()
+                .is_some_and(|b| b.starts_with("perl"));
+        if p.state == 'Z' || !runs_it {
             continue;
         }
         let dir = format!("/proc/{}/fd", p.pid);

@@ -126,7 +126,14 @@ impl Init {
             if !path.starts_with('/') {
                 return Err(Errno::EINVAL);
             }
-            let fd = open_in_root(self.root()?, path, OFlag::O_RDONLY | OFlag::O_NOCTTY, 0)?;
+            // O_NONBLOCK: opening a FIFO (swapped in for a file an agent expects to be read)
+            // must not block init; regular files read the same with it.
+            let fd = open_in_root(
+                self.root()?,
+                path,
+                OFlag::O_RDONLY | OFlag::O_NOCTTY | OFlag::O_NONBLOCK,
+                0,
+            )?;
             let st = nix::sys::stat::fstat(fd.as_raw_fd())?;
             if SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT != SFlag::S_IFREG {
                 return Err(Errno::EINVAL);
