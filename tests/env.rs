@@ -229,6 +229,10 @@ fn a_fifo_where_the_verifier_reads_neither_hangs_nor_passes() {
     assert!(!s.info.infra_failure, "{:?}", s.info);
     assert!(!s.info.success);
     let s = e.step(&cmd("ls -l /logs.tar.gz")).unwrap();
-    assert!(s.observation.stdout.starts_with('p'), "{}", s.observation.stdout);
+    assert!(
+        s.observation.stdout.starts_with('p'),
+        "{}",
+        s.observation.stdout
+    );
     assert!(!s.info.infra_failure);
 }

@@ -356,3 +356,21 @@ fn capabilities_are_dropped_and_no_new_privs_is_set() {
     assert_eq!(field("NoNewPrivs:"), "1");
     assert_eq!(field("Seccomp:"), "2", "a seccomp filter is installed");
 }
+
+/// Regression: an agent that kills every process it can (the zygote included), repeatedly,
+/// right after episode starts, never makes a later command fail to start.
+#[test]
+fn killing_everything_including_the_zygote_never_breaks_the_next_command() {
+    require_root!();
+    let mut sb = runtime().create(&small()).unwrap();
+    for i in 0..20 {
+        let _ = sb.exec(&ExecRequest::shell("kill -9 -1")).unwrap();
+        if i % 2 == 0 {
+            sb.reset().unwrap();
+            // Killed again before the prestarted zygote may even be ready.
+            let _ = sb.exec(&ExecRequest::shell("kill -9 -1")).unwrap();
+        }
+        let r = sb.exec(&ExecRequest::shell("echo alive")).unwrap();
+        assert_eq!(r.stdout, b"alive\n", "round {i}: {r:?}");
+    }
+}

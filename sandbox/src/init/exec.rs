@@ -53,12 +53,14 @@ impl Init {
             let fds = [&in_r, &out_w, &err_w, &st_w];
             spawned = match self.zygote() {
                 Ok(z) => z.spawn(&argv, &env, &req.cwd, fds),
-                Err(e) => return internal(e),
+                // It died before it was ready (killed while it confined itself).
+                Err(e) => Err(e),
             };
             if spawned.is_ok() {
                 break;
             }
-            // The zygote died (an agent may kill it): start a new one and try once more.
+            // The zygote died (an agent may kill it at any time): start a new one and try once
+            // more.
             if let Some(z) = self.zygote.take() {
                 let _ = nix::sys::signal::kill(
                     nix::unistd::Pid::from_raw(z.pid),
