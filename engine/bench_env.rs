@@ -32,6 +32,8 @@ pub enum BenchEnvError {
     Sandbox(#[from] sandbox::SandboxError),
     #[error("unknown task `{0}`")]
     UnknownTask(String),
+    #[error("a benchmark worker panicked")]
+    WorkerPanicked,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -148,131 +150,21 @@ pub fn run(rt: &Runtime, cache: &Cache, o: &EnvBenchOpts) -> Result<EnvBenchRepo
     })
 }
 
-/// The ceiling: the random agent's commands run straight through the sandbox (no Env: no cwd
-/// tracking, verifier, observation or reward), an episode reset every `max_steps` commands.
-fn measure_raw(
-    rt: &Runtime,
-    cache: &Cache,
-    task: &str,
-    workers: usize,
-    seconds: f64,
-) -> Result<Throughput, BenchEnvError> {
-    let deadline = Duration::from_secs_f64(seconds);
-    let results: Vec<Result<u64, BenchEnvError>> = std::thread::scope(|s| {
-        let hs: Vec<_> = (0..workers)
-            .map(|w| {
-                s.spawn(move || -> Result<u64, BenchEnvError> {
-                    let plan = Plan::for_task(task, 1 + w as u64, vec![]);
-                    let held = crate::live::synthesize(rt, cache, &plan)?;
-                    let mut live = crate::live::Live::start(rt, held)?;
-                    let setup = live
-                        .instance
-                        .task
-                        .clone()
-                        .ok_or(crate::env::EnvError::NoTask)?;
-                    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(w as u64);
-                    let mut steps = 0u64;
-                    let t0 = Instant::now();
-                    while t0.elapsed() < deadline {
-                        let a = &setup.actions[rng.gen_range(0..setup.actions.len().max(1))];
-                        live.run(a, Duration::from_secs(10))?;
-                        steps += 1;
-                        if steps.is_multiple_of(u64::from(setup.max_steps.max(1))) {
-                            live.restart()?;
-                        }
-                    }
-                    Ok(steps)
-                })
-            })
-            .collect();
-        hs.into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or(Err(BenchEnvError::UnknownTask("worker panicked".into())))
-            })
-            .collect()
-    });
-    let mut steps = 0;
-    for r in results {
-        steps += r?;
-    }
-    Ok(Throughput {
-        agent: "raw-exec".into(),
-        workers,
-        steps,
-        episodes: 0,
-        successes: 0,
-        infra_failures: 0,
-        seconds,
-        steps_per_s: steps as f64 / seconds,
-    })
-}
+/// Counts of one worker: steps, episodes, successes, infrastructure failures.
+type Counts = (u64, u64, u64, u64);
 
-/// Steps per second of `workers` threads, each with its own env, for `seconds`.
-fn measure(
-    rt: &Runtime,
-    cache: &Cache,
-    task: &str,
+/// Run `work(worker)` on `workers` threads and sum their counts into a throughput figure.
+fn on_workers(
     agent: &str,
     workers: usize,
     seconds: f64,
+    work: impl Fn(usize) -> Result<Counts, BenchEnvError> + Sync,
 ) -> Result<Throughput, BenchEnvError> {
-    let deadline = Duration::from_secs_f64(seconds);
-    let results: Vec<Result<(u64, u64, u64, u64), BenchEnvError>> = std::thread::scope(|s| {
-        let hs: Vec<_> = (0..workers)
-            .map(|w| {
-                s.spawn(move || -> Result<(u64, u64, u64, u64), BenchEnvError> {
-                    let mut env = Env::new(rt.clone(), cache.clone(), EnvConfig::default())?;
-                    let plan = Plan::for_task(task, 1 + w as u64, vec![]);
-                    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(w as u64);
-                    // Warm: the instance synthesized and its sandbox created.
-                    env.reset(&plan)?;
-                    let (mut steps, mut episodes, mut wins, mut infra) = (0, 0, 0, 0);
-                    let t0 = Instant::now();
-                    while t0.elapsed() < deadline {
-                        env.reset(&plan)?;
-                        episodes += 1;
-                        let setup = env.task().cloned().ok_or(crate::env::EnvError::NoTask)?;
-                        let oracle: Vec<String> = if agent == "oracle" {
-                            crate::tasks::get(&setup.task)
-                                .map(|t| t.oracle(&setup))
-                                .unwrap_or_default()
-                        } else {
-                            Vec::new()
-                        };
-                        let mut i = 0;
-                        loop {
-                            let a = if agent == "oracle" {
-                                match oracle.get(i) {
-                                    Some(c) => Action::Command(c.clone()),
-                                    None => break,
-                                }
-                            } else {
-                                Action::Index(rng.gen_range(0..setup.actions.len().max(1)))
-                            };
-                            i += 1;
-                            let st = env.step(&a)?;
-                            steps += 1;
-                            if st.info.infra_failure {
-                                infra += 1;
-                            }
-                            if st.terminated {
-                                wins += 1;
-                            }
-                            if st.terminated || st.truncated || t0.elapsed() >= deadline {
-                                break;
-                            }
-                        }
-                    }
-                    Ok((steps, episodes, wins, infra))
-                })
-            })
-            .collect();
+    let work = &work;
+    let results: Vec<Result<Counts, BenchEnvError>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..workers).map(|w| s.spawn(move || work(w))).collect();
         hs.into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or(Err(BenchEnvError::UnknownTask("worker panicked".into())))
-            })
+            .map(|h| h.join().unwrap_or(Err(BenchEnvError::WorkerPanicked)))
             .collect()
     });
     let mut t = Throughput {
@@ -294,6 +186,97 @@ fn measure(
     }
     t.steps_per_s = t.steps as f64 / seconds;
     Ok(t)
+}
+
+/// The ceiling: the random agent's commands run straight through the sandbox (no Env: no cwd
+/// tracking, verifier, observation or reward), an episode reset every `max_steps` commands.
+fn measure_raw(
+    rt: &Runtime,
+    cache: &Cache,
+    task: &str,
+    workers: usize,
+    seconds: f64,
+) -> Result<Throughput, BenchEnvError> {
+    let deadline = Duration::from_secs_f64(seconds);
+    on_workers("raw-exec", workers, seconds, |w| {
+        let plan = Plan::for_task(task, 1 + w as u64, vec![]);
+        let held = crate::live::synthesize(rt, cache, &plan)?;
+        let mut live = crate::live::Live::start(rt, held)?;
+        let setup = live
+            .instance
+            .task
+            .clone()
+            .ok_or(crate::env::EnvError::NoTask)?;
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(w as u64);
+        let mut steps = 0u64;
+        let t0 = Instant::now();
+        while t0.elapsed() < deadline {
+            let a = &setup.actions[rng.gen_range(0..setup.actions.len().max(1))];
+            live.run(a, Duration::from_secs(10))?;
+            steps += 1;
+            if steps.is_multiple_of(u64::from(setup.max_steps.max(1))) {
+                live.restart()?;
+            }
+        }
+        Ok((steps, 0, 0, 0))
+    })
+}
+
+/// Steps per second of `workers` threads, each with its own env, for `seconds`.
+fn measure(
+    rt: &Runtime,
+    cache: &Cache,
+    task: &str,
+    agent: &str,
+    workers: usize,
+    seconds: f64,
+) -> Result<Throughput, BenchEnvError> {
+    let deadline = Duration::from_secs_f64(seconds);
+    on_workers(agent, workers, seconds, |w| {
+        let mut env = Env::new(rt.clone(), cache.clone(), EnvConfig::default())?;
+        let plan = Plan::for_task(task, 1 + w as u64, vec![]);
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(w as u64);
+        // Warm: the instance synthesized and its sandbox created.
+        env.reset(&plan)?;
+        let (mut steps, mut episodes, mut wins, mut infra) = (0, 0, 0, 0);
+        let t0 = Instant::now();
+        while t0.elapsed() < deadline {
+            env.reset(&plan)?;
+            episodes += 1;
+            let setup = env.task().cloned().ok_or(crate::env::EnvError::NoTask)?;
+            let oracle: Vec<String> = if agent == "oracle" {
+                crate::tasks::get(&setup.task)
+                    .map(|t| t.oracle(&setup))
+                    .unwrap_or_default()
+            } else {
+                Vec::new()
+            };
+            let mut i = 0;
+            loop {
+                let a = if agent == "oracle" {
+                    match oracle.get(i) {
+                        Some(c) => Action::Command(c.clone()),
+                        None => break,
+                    }
+                } else {
+                    Action::Index(rng.gen_range(0..setup.actions.len().max(1)))
+                };
+                i += 1;
+                let st = env.step(&a)?;
+                steps += 1;
+                if st.info.infra_failure {
+                    infra += 1;
+                }
+                if st.terminated {
+                    wins += 1;
+                }
+                if st.terminated || st.truncated || t0.elapsed() >= deadline {
+                    break;
+                }
+            }
+        }
+        Ok((steps, episodes, wins, infra))
+    })
 }
 
 /// A plain-text report.

@@ -68,15 +68,7 @@ impl Certificates {
         if let Some(c) = self.get(&instance.id) {
             return Ok(c);
         }
-        let held = self.cache.get_or_build(
-            &instance.plan,
-            &rt.resolve(&instance.plan.base.parse().map_err(
-                |e: sandbox::layers::LayerError| LiveError::Base {
-                    base: instance.plan.base.clone(),
-                    reason: e.to_string(),
-                },
-            )?)?,
-        )?;
+        let held = crate::live::synthesize(rt, &self.cache, &instance.plan)?;
         let live = Live::start(rt, held)?;
         let cert = run_oracle(live)?;
         let tmp = self.path(&format!(".tmp-{}-{}", instance.id, std::process::id()));

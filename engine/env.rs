@@ -21,7 +21,7 @@ use crate::tasks::{self, TaskSetup, Verdict};
 use policies::encoder::{Encoder, HashedTextConfig, HashedTextEncoder, Observation as EncObs};
 use sandbox::{Runtime, Termination};
 use serde::{Deserialize, Serialize};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 #[derive(Debug, thiserror::Error)]
 pub enum EnvError {
@@ -735,11 +735,6 @@ fn find_last(hay: &[u8], needle: &[u8]) -> Option<usize> {
     (0..=hay.len() - needle.len())
         .rev()
         .find(|&i| &hay[i..i + needle.len()] == needle)
-}
-
-/// A timeout for tests and tools that drive an env directly.
-pub fn default_step_timeout() -> Duration {
-    Duration::from_millis(EnvConfig::default().step_timeout_ms)
 }
 
 #[cfg(test)]

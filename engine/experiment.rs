@@ -699,16 +699,7 @@ pub fn run(
     let cfg = exp.env_config()?;
     if let Some(t) = &exp.template {
         // The template's tools must exist in its base before any instance is built.
-        let spec: sandbox::RootfsSpec =
-            t.base
-                .rootfs
-                .parse()
-                .map_err(
-                    |e: sandbox::layers::LayerError| crate::live::LiveError::Base {
-                        base: t.base.rootfs.clone(),
-                        reason: e.to_string(),
-                    },
-                )?;
+        let spec = crate::live::base_spec(&t.base.rootfs)?;
         let rootfs = rt.resolve(&spec).map_err(crate::live::LiveError::from)?;
         t.check_tools(&crate::synth::BaseView::new(&rootfs))?;
     }

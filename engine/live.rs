@@ -42,31 +42,25 @@ impl LiveError {
     }
 }
 
+/// A plan's base rootfs source (`host`, a directory, `oci:PATH`).
+pub fn base_spec(base: &str) -> Result<RootfsSpec, LiveError> {
+    base.parse()
+        .map_err(|e: sandbox::layers::LayerError| LiveError::Base {
+            base: base.to_string(),
+            reason: e.to_string(),
+        })
+}
+
 /// Resolve a plan's base and synthesize (or find in the cache) its instance.
 pub fn synthesize(rt: &Runtime, cache: &Cache, plan: &Plan) -> Result<Held, LiveError> {
-    let spec: RootfsSpec = plan
-        .base
-        .parse()
-        .map_err(|e: sandbox::layers::LayerError| LiveError::Base {
-            base: plan.base.clone(),
-            reason: e.to_string(),
-        })?;
-    let rootfs = rt.resolve(&spec)?;
+    let rootfs = rt.resolve(&base_spec(&plan.base)?)?;
     Ok(cache.get_or_build(plan, &rootfs)?)
 }
 
 /// The sandbox configuration of an instance.
 pub fn sandbox_config(instance: &Instance) -> Result<SandboxConfig, LiveError> {
     let base = SandboxConfig::default();
-    let spec: RootfsSpec =
-        instance
-            .plan
-            .base
-            .parse()
-            .map_err(|e: sandbox::layers::LayerError| LiveError::Base {
-                base: instance.plan.base.clone(),
-                reason: e.to_string(),
-            })?;
+    let spec = base_spec(&instance.plan.base)?;
     let r = &instance.plan.resources;
     Ok(SandboxConfig {
         rootfs: spec,

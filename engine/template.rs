@@ -337,19 +337,7 @@ pub fn synthesize(
         seed,
         source: Box::new(e),
     };
-    let spec: sandbox::RootfsSpec =
-        t.base
-            .rootfs
-            .parse()
-            .map_err(|e: sandbox::layers::LayerError| {
-                fail(
-                    seed,
-                    crate::live::LiveError::Base {
-                        base: t.base.rootfs.clone(),
-                        reason: e.to_string(),
-                    },
-                )
-            })?;
+    let spec = crate::live::base_spec(&t.base.rootfs).map_err(|e| fail(seed, e))?;
     let rootfs = rt.resolve(&spec).map_err(|e| fail(seed, e.into()))?;
     t.check_tools(&synth::BaseView::new(&rootfs))?;
     let mut out = Vec::new();
