@@ -42,21 +42,30 @@ fn open_in_root(root: &OwnedFd, path: &str, flags: OFlag, mode: u32) -> Result<O
         0
     };
     how.resolve = libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS;
-    // SAFETY: valid descriptor, NUL-terminated path and an open_how of the size we pass.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_openat2,
-            root.as_raw_fd(),
-            c.as_ptr(),
-            &how as *const libc::open_how,
-            std::mem::size_of::<libc::open_how>(),
-        )
-    };
-    if fd < 0 {
-        return Err(Errno::last());
+    // With RESOLVE_IN_ROOT the kernel answers EAGAIN when a mount or rename anywhere raced a
+    // `..` step of the lookup (other sandboxes mount all the time); openat2(2) says to retry.
+    let mut tries = 0;
+    loop {
+        // SAFETY: valid descriptor, NUL-terminated path and an open_how of the size we pass.
+        let fd = unsafe {
+            libc::syscall(
+                libc::SYS_openat2,
+                root.as_raw_fd(),
+                c.as_ptr(),
+                &how as *const libc::open_how,
+                std::mem::size_of::<libc::open_how>(),
+            )
+        };
+        if fd >= 0 {
+            // SAFETY: the kernel returned a fresh descriptor.
+            return Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) });
+        }
+        let e = Errno::last();
+        tries += 1;
+        if e != Errno::EAGAIN || tries >= 64 {
+            return Err(e);
+        }
     }
-    // SAFETY: the kernel returned a fresh descriptor.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
 /// An `O_PATH` descriptor of a path inside the root (symlinks resolved within it).
