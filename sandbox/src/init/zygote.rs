@@ -247,16 +247,26 @@ fn serve_one(sock: &mut UnixStream) -> Result<(), ()> {
     }
     let mut body = vec![0u8; u32::from_le_bytes(len) as usize];
     sock.read_exact(&mut body).map_err(|_| ())?;
-    let reply = match (rmp_serde::from_slice::<Spawn>(&body), fds.len()) {
+    let (reply, go) = match (rmp_serde::from_slice::<Spawn>(&body), fds.len()) {
         (Ok(spawn), 4) => spawn_command(&spawn, &fds),
-        _ => -libc::EINVAL,
+        _ => (-libc::EINVAL, None),
     };
     drop(fds);
-    sock.write_all(&reply.to_le_bytes()).map_err(|_| ())
+    let sent = sock.write_all(&reply.to_le_bytes());
+    // Only now may the command run: had it run first, it could kill this zygote (`kill -9 -1`)
+    // before init learnt its pid, and init would start it a second time.
+    if let Some(go) = go {
+        if sent.is_ok() {
+            let _ = nix::unistd::write(&go, &[1]);
+        }
+    }
+    sent.map_err(|_| ())
 }
 
-/// Clone the command (as a sibling: its parent is init) and exec it there.
-fn spawn_command(spawn: &Spawn, fds: &[OwnedFd]) -> i32 {
+/// Clone the command (as a sibling: its parent is init) and exec it there once the zygote
+/// writes to the returned "go" pipe (after init has the pid); without that byte the command
+/// exits 127 unrun.
+fn spawn_command(spawn: &Spawn, fds: &[OwnedFd]) -> (i32, Option<OwnedFd>) {
     let cstr = |v: &[String]| -> Option<Vec<CString>> {
         v.iter().map(|s| CString::new(s.as_bytes()).ok()).collect()
     };
@@ -265,12 +275,15 @@ fn spawn_command(spawn: &Spawn, fds: &[OwnedFd]) -> i32 {
         cstr(&spawn.env),
         CString::new(spawn.cwd.as_bytes()),
     ) else {
-        return -libc::EINVAL;
+        return (-libc::EINVAL, None);
     };
     let Some(arg0) = spawn.argv.first() else {
-        return -libc::EINVAL;
+        return (-libc::EINVAL, None);
     };
     let programs = candidates(arg0, &spawn.env);
+    let Ok((go_r, go_w)) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC) else {
+        return (-errno(), None);
+    };
     // SAFETY: a fork-like clone in a single-threaded process; the child execs or _exits.
     let pid = unsafe {
         libc::syscall(
@@ -283,12 +296,27 @@ fn spawn_command(spawn: &Spawn, fds: &[OwnedFd]) -> i32 {
         )
     };
     if pid < 0 {
-        return -errno();
+        return (-errno(), None);
     }
     if pid > 0 {
-        return pid as i32;
+        drop(go_r);
+        return (pid as i32, Some(go_w));
     }
-    // The command.
+    // The command: wait for the go (EOF means the zygote died before init had our pid).
+    drop(go_w);
+    let mut go = [0u8; 1];
+    let got = loop {
+        // SAFETY: reading one byte into a stack buffer from our own pipe.
+        let n = unsafe { libc::read(go_r.as_raw_fd(), go.as_mut_ptr().cast(), 1) };
+        if n >= 0 || errno() != libc::EINTR {
+            break n;
+        }
+    };
+    if got != 1 {
+        // SAFETY: leaving the child without unwinding.
+        unsafe { libc::_exit(127) }
+    }
+    drop(go_r);
     let status = fds[3].as_raw_fd();
     let fail = |stage: Stage, e: i32| -> ! {
         let msg = [stage as u8, (e & 0xff) as u8, ((e >> 8) & 0xff) as u8];
