@@ -61,13 +61,17 @@ pub fn is_alive(record: &str) -> Option<i32> {
     (start_time(pid) == Some(t)).then_some(pid)
 }
 
-/// A fresh run id: time and pid, unique on this machine.
+/// A fresh run id: time, a per-process counter and the pid, unique on this machine.
 pub fn new_run_id() -> String {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos())
         .unwrap_or(0);
-    format!("r{:x}-{}", nanos, std::process::id())
+    // Two runtimes of one process may start within the clock's resolution: a counter keeps
+    // their ids apart (the pid stays last: the reaper reads it there).
+    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("r{:x}-{}-{}", nanos, seq, std::process::id())
 }
 
 /// Create `<state>/runs/<run>` with its owner record. The directory appears atomically with
