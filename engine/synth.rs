@@ -1098,6 +1098,10 @@ impl Cache {
         // Held before the build lock goes, so no eviction can come in between.
         let held = std::fs::File::open(self.manifest(&id)).map_err(cerr)?;
         flock(&held, libc::LOCK_SH).map_err(cerr)?;
+        // Use time on the fine clock, as `lookup` does: the mtime a write leaves comes from
+        // the kernel's coarse clock (a jiffy behind), which could rank this new entry older
+        // than one looked up a moment before it.
+        touch(&held);
         self.evict(Some(&id))?;
         drop(lock);
         tracing::debug!(instance = %id, bytes = instance.layer_bytes, "instance synthesized");
@@ -1141,8 +1145,7 @@ impl Cache {
         if !instance.layer.is_dir() {
             return Ok(None);
         }
-        // Least recently used = oldest manifest mtime.
-        let _ = file.set_modified(std::time::SystemTime::now());
+        touch(&file);
         Ok(Some(Held {
             instance,
             origin: Origin::Cached,
@@ -1218,6 +1221,12 @@ impl Cache {
         v.sort();
         v
     }
+}
+
+/// Mark a manifest as used now. Least recently used = oldest manifest mtime; a failure only
+/// makes the entry look older, which is harmless.
+fn touch(manifest: &std::fs::File) {
+    let _ = manifest.set_modified(std::time::SystemTime::now());
 }
 
 fn dir_bytes(p: &Path) -> u64 {
