@@ -24,7 +24,7 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 /// Bumped whenever a perturbation or task changes what it builds: old instance ids die with it.
-pub const CATALOGUE_VERSION: u32 = 4;
+pub const CATALOGUE_VERSION: u32 = 5;
 
 /// Fixed modification time of every file written into a layer (2024-01-01T00:00:00Z).
 const LAYER_MTIME: i64 = 1_704_067_200;

@@ -147,6 +147,67 @@ fn restore_service_oracle_evicts_a_squatter() {
     }
 }
 
+/// `restore-service` follows the fault proxy's port convention: network perturbations with
+/// their default ports land on its front proxy (the agent's view slows down, the service is
+/// reached directly by the verifier), and `port-taken`'s default squats the service's own port,
+/// which the oracle then clears.
+#[test]
+fn restore_service_front_takes_network_faults_and_port_taken_squats_its_port() {
+    require_root!();
+    let rt = common::runtime();
+    let st = common::TempState::new();
+    let cache = engine::synth::Cache::open_with(st.path(), 4, 1 << 30).unwrap();
+    let task = engine::tasks::get("restore-service").unwrap();
+    let chosen = ["net-latency:ms=400", "port-taken"]
+        .iter()
+        .map(|s| engine::perturb::parse_spec(s).unwrap())
+        .collect();
+    let plan = Plan::for_task("restore-service", 2, chosen);
+    let held = synthesize(&rt, &cache, &plan).unwrap();
+    // One proxy: the task's front, carrying the latency.
+    let proxies = &held.instance.runtime.proxies;
+    assert_eq!(proxies.len(), 1, "{proxies:?}");
+    assert_eq!(
+        (proxies[0].listen_port, proxies[0].upstream_port),
+        (8080, 18080)
+    );
+    assert_eq!(proxies[0].toxics.latency_ms, 400);
+    let setup = held.instance.task.clone().unwrap();
+    assert_eq!(setup.facts["port"].as_u64(), Some(18080));
+    assert!(setup.instruction.contains("http://127.0.0.1:8080/"));
+    let mut live = Live::start(&rt, held).unwrap();
+    // The squatter answers 503 on the service port through the front.
+    let r = live
+        .run(
+            "curl -s -m 5 http://127.0.0.1:8080/",
+            Duration::from_secs(10),
+        )
+        .unwrap();
+    assert!(
+        !String::from_utf8_lossy(&r.stdout).contains("token="),
+        "solved before the start: {}",
+        String::from_utf8_lossy(&r.stdout)
+    );
+    for cmd in task.oracle(&setup) {
+        let r = live.run(&cmd, Duration::from_secs(60)).unwrap();
+        assert!(r.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    }
+    let v = task.verify(&setup, &mut live.probe()).unwrap();
+    assert!(v.success, "{:?}", v.reasons);
+    // Through the front, the real service answers, and a request pays the latency both ways.
+    let t0 = std::time::Instant::now();
+    let r = live
+        .run(
+            "curl -s -m 10 'http://127.0.0.1:8080/status?nonce=abc'",
+            Duration::from_secs(15),
+        )
+        .unwrap();
+    let took = t0.elapsed();
+    let out = String::from_utf8_lossy(&r.stdout).into_owned();
+    assert!(out.contains(" ok\ntoken="), "{out}");
+    assert!(took >= Duration::from_millis(800), "no latency: {took:?}");
+}
+
 /// The oracles use absolute paths and a clean environment: a `PATH` that finds only failing
 /// impostors of every tool they could call does not stop them.
 #[test]

@@ -213,8 +213,9 @@ static PORT_TAKEN: Info = Info {
         ParamSpec {
             name: "port",
             kind: Kind::Int { min: 1, max: 65535 },
-            default: "8080",
-            realistic: "the task service's port (80, 8080, 5432, 6379)",
+            default: "18080",
+            realistic: "the task service's own port (18080 by the proxy convention; 80, \
+                        5432, 6379)",
             help: "TCP port",
         },
         ParamSpec {
