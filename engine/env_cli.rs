@@ -120,7 +120,7 @@ pub fn episode(
     let obs = env.reset(&plan)?;
     let setup = env.task().cloned().context("the instance has no task")?;
     if !json {
-        println!("{}", obs.text);
+        outln!("{}", obs.text);
     }
     let mut script: std::collections::VecDeque<Action> = match (actions_file, agent) {
         (Some(f), _) => read_actions(f)?.into(),
@@ -151,10 +151,10 @@ pub fn episode(
         let cmd = env.command_of(&action)?;
         let s = env.step(&action)?;
         if json {
-            println!("{}", step_line(env.steps(), &cmd, &s));
+            outln!("{}", step_line(env.steps(), &cmd, &s));
         } else {
-            println!("{}", s.observation.text);
-            println!("reward {:+.1}\n", s.reward);
+            outln!("{}", s.observation.text);
+            outln!("reward {:+.1}\n", s.reward);
         }
         infra |= s.info.infra_failure;
         let done = s.terminated || s.truncated;
@@ -174,9 +174,9 @@ pub fn episode(
         "infra_failure": infra,
     });
     if json {
-        println!("{summary}");
+        outln!("{summary}");
     } else {
-        println!(
+        outln!(
             "episode over: success {success}, return {:.1}, {} steps, instance {}",
             env.episode_return(),
             env.steps(),
@@ -325,10 +325,10 @@ pub fn task_check(
     let rows = engine::certify::check(&rt, &cache()?, &spec);
     if json {
         for r in &rows {
-            println!("{}", serde_json::to_string(r)?);
+            outln!("{}", serde_json::to_string(r)?);
         }
     } else {
-        print!("{}", engine::certify::render(&rows));
+        out!("{}", engine::certify::render(&rows));
     }
     let errors = rows.iter().filter(|r| r.status == "error").count();
     let unsolved_plain = rows
@@ -340,7 +340,7 @@ pub fn task_check(
 /// `engine task list`.
 pub fn task_list() -> i32 {
     for t in engine::tasks::all() {
-        println!("{:<18} {}", t.name(), t.summary());
+        outln!("{:<18} {}", t.name(), t.summary());
     }
     0
 }

@@ -1,5 +1,7 @@
 //! The `engine` command line.
 
+#[macro_use]
+mod cli_out;
 mod env_cli;
 mod sandbox_cli;
 
@@ -214,7 +216,7 @@ fn run(cmd: Cmd) -> anyhow::Result<i32> {
             let exp = engine::experiment::Experiment::load(&experiment)?;
             let rt = sandbox_cli::runtime()?;
             let (report, path) = engine::experiment::run(&exp, &rt, &env_cli::cache()?)?;
-            println!(
+            outln!(
                 "{}: task {}{}, agent {}, {} episodes per seed on {} workers",
                 report.name,
                 report.task,
@@ -231,7 +233,7 @@ fn run(cmd: Cmd) -> anyhow::Result<i32> {
                 report.workers
             );
             for s in &report.seeds {
-                println!(
+                outln!(
                     "seed {:>4}: {} episodes ({} uncertified, {} not applicable, {} infra), {} steps, {:.0} steps/s, success {:.2}, return {:.1}, reset {:.2} ms",
                     s.seed,
                     s.episodes,
@@ -245,7 +247,7 @@ fn run(cmd: Cmd) -> anyhow::Result<i32> {
                     s.reset_ms_median
                 );
             }
-            println!(
+            outln!(
                 "{}: {:.0} ± {:.0} steps/s, success {:.2} ± {:.2}, return {:.1} ± {:.1}, reset {:.2} ± {:.2} ms (mean ± 95% CI over {} seeds); report: {}, episodes: {}",
                 report.name,
                 report.steps_per_s.mean,
@@ -275,9 +277,9 @@ fn run(cmd: Cmd) -> anyhow::Result<i32> {
             let rt = sandbox_cli::runtime()?;
             let report = engine::bench::sandbox_bench(&rt, &cfg, iterations, concurrent)?;
             if json {
-                println!("{}", serde_json::to_string(&report)?);
+                outln!("{}", serde_json::to_string(&report)?);
             } else {
-                print!("{}", engine::bench::render(&report));
+                out!("{}", engine::bench::render(&report));
             }
             Ok(0)
         }
@@ -300,9 +302,9 @@ fn run(cmd: Cmd) -> anyhow::Result<i32> {
         Cmd::Task(TaskCmd::List) => Ok(env_cli::task_list()),
         Cmd::Perturb(PerturbCmd::List { markdown }) => {
             if markdown {
-                print!("{}", engine::perturb::catalogue_markdown());
+                out!("{}", engine::perturb::catalogue_markdown());
             } else {
-                print!("{}", engine::perturb::catalogue_text());
+                out!("{}", engine::perturb::catalogue_text());
             }
             Ok(0)
         }
@@ -341,9 +343,9 @@ fn run(cmd: Cmd) -> anyhow::Result<i32> {
             };
             let report = engine::bench_env::run(&rt, &env_cli::cache()?, &opts)?;
             if json {
-                println!("{}", serde_json::to_string(&report)?);
+                outln!("{}", serde_json::to_string(&report)?);
             } else {
-                print!("{}", engine::bench_env::render(&report));
+                out!("{}", engine::bench_env::render(&report));
             }
             Ok(0)
         }
@@ -358,12 +360,12 @@ fn run(cmd: Cmd) -> anyhow::Result<i32> {
             let items =
                 engine::template::synthesize(&rt, &env_cli::cache()?, &t, seed, count.max(1))?;
             if json {
-                println!(
+                outln!(
                     "{}",
                     serde_json::to_string_pretty(&engine::template::synth_report(&t, &items))?
                 );
             } else {
-                print!("{}", engine::template::synth_text(&t, &items));
+                out!("{}", engine::template::synth_text(&t, &items));
             }
             Ok(0)
         }
@@ -381,18 +383,18 @@ fn run(cmd: Cmd) -> anyhow::Result<i32> {
                 }
             };
             if json {
-                println!("{}", serde_json::to_string_pretty(&fp)?);
+                outln!("{}", serde_json::to_string_pretty(&fp)?);
             } else {
-                print!("{}", fp.text());
+                out!("{}", fp.text());
             }
             Ok(0)
         }
         Cmd::Reap { cache } => {
             // Creating a runtime reaps; dropping it removes its own (empty) run.
             let rt = sandbox_cli::runtime()?;
-            println!("reaped; state directory {}", rt.state_dir().display());
+            outln!("reaped; state directory {}", rt.state_dir().display());
             if cache && engine::synth::remove_cache(rt.state_dir())? {
-                println!("instance cache removed");
+                outln!("instance cache removed");
             }
             Ok(0)
         }

@@ -401,6 +401,48 @@ fn episode_with_the_oracle_prints_a_line_per_step_and_succeeds() {
     assert_eq!(steps.last().unwrap()["done"], true);
 }
 
+/// `engine episode ... | head -1`: the reader goes away after one line; the episode still ends
+/// normally (no panic on the broken pipe) and tears its sandbox down.
+#[test]
+fn a_closed_stdout_stops_the_output_not_the_cleanup() {
+    use std::io::BufRead;
+    let st = State::new();
+    if !is_root() {
+        return;
+    }
+    let mut child = st
+        .engine()
+        .args([
+            "episode",
+            "--task",
+            "archive-logs",
+            "--seed",
+            "3",
+            "--agent",
+            "random",
+            "--json",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    assert!(first.contains("\"step\":1"), "{first}");
+    // The reader is dropped here: every later line meets a closed pipe.
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{:?}: {err}", o.status);
+    assert!(!err.contains("panicked"), "{err}");
+    let runs = st.dir.path().join("runs");
+    let left: Vec<_> = std::fs::read_dir(&runs)
+        .map(|rd| rd.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "run directories left behind: {left:?}");
+}
+
 #[test]
 fn episode_from_an_actions_file_and_its_errors() {
     let st = State::new();
