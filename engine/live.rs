@@ -88,6 +88,8 @@ pub struct Live {
     /// Working directory of commands (the task's, else `/root`).
     pub cwd: String,
     pub env: Vec<String>,
+    /// The sandbox's last allocated pid once this episode's start steps had finished.
+    episode_pid: Option<u32>,
 }
 
 impl Live {
@@ -113,6 +115,7 @@ impl Live {
             _proxies: proxies,
             cwd,
             env: cfg.env,
+            episode_pid: None,
         };
         live.run_start_steps()?;
         Ok(live)
@@ -145,6 +148,16 @@ impl Live {
                 });
             }
         }
+        // Where the start steps' pids end and the agent's begin (pids in the sandbox's pid
+        // namespace only grow, until they wrap at pid_max). One file request; the agent cannot
+        // change what was recorded. Without start steps, the episode starts with no process.
+        self.episode_pid = if self.instance.runtime.start.is_empty() {
+            Some(1)
+        } else {
+            sandbox::SandboxOps::read_file(&mut self.sandbox, "/proc/sys/kernel/ns_last_pid", 64)
+                .ok()
+                .and_then(|(b, _)| String::from_utf8_lossy(&b).trim().parse().ok())
+        };
         Ok(())
     }
 
@@ -161,6 +174,7 @@ impl Live {
     pub fn probe(&mut self) -> SandboxProbe<'_> {
         SandboxProbe {
             sandbox: &mut self.sandbox,
+            episode_pid: self.episode_pid,
         }
     }
 }

@@ -56,6 +56,13 @@ pub trait Probe {
     fn disk_used(&mut self) -> Result<Option<u64>, ProbeError> {
         Ok(None)
     }
+    /// The sandbox's last allocated pid when the episode's start steps had finished: a process
+    /// with a pid at most this one was started before the agent's first command, one above it
+    /// afterwards (pids in the sandbox only grow, until they wrap at `pid_max`, about four
+    /// million). `None` when the probe cannot tell.
+    fn episode_pid(&self) -> Option<u32> {
+        None
+    }
 }
 
 fn absent(e: &SandboxError) -> bool {
@@ -161,6 +168,8 @@ pub fn tcp_in_netns(
 /// A [`Probe`] over a live native sandbox.
 pub struct SandboxProbe<'a> {
     pub sandbox: &'a mut sandbox::Sandbox,
+    /// See [`Probe::episode_pid`]; recorded by `Live` after the start steps.
+    pub episode_pid: Option<u32>,
 }
 
 impl Probe for SandboxProbe<'_> {
@@ -209,5 +218,9 @@ impl Probe for SandboxProbe<'_> {
 
     fn disk_used(&mut self) -> Result<Option<u64>, ProbeError> {
         Ok(Some(self.sandbox.health()?.upper_bytes))
+    }
+
+    fn episode_pid(&self) -> Option<u32> {
+        self.episode_pid
     }
 }

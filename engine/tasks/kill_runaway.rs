@@ -3,7 +3,9 @@
 //! spins on a CPU. The goal is that the runaway is gone and every other service still runs.
 //! The verifier reads the sandbox's `/proc` through the probe and identifies processes by
 //! their command line (the script's path), never by pid; a stopped (`T`) process is not
-//! running, a zombie is gone.
+//! running, a zombie is gone. A surviving service must be the one the episode started: its pid
+//! is at most [`Probe::episode_pid`] (killing the services and starting them again by hand
+//! is not leaving them running).
 
 use super::util::{self, facts, pick, shq, CLEAN_ENV};
 use super::{HackTrial, Task, TaskError, TaskSetup, Verdict};
@@ -144,10 +146,21 @@ impl Task for KillRunaway {
                     .any(|p| p.state == 'T' && p.cmdline.get(1) == Some(&f.hog)),
             format!("the runaway {} still exists", f.hog),
         )];
+        // A service the agent killed and started again is not "kept running": the one that
+        // counts was started by the episode's start steps, before the agent's first command.
+        let episode_pid = probe.episode_pid();
         for d in &f.decoys {
+            let live: Vec<&Proc> = running(&procs, d)
+                .filter(|p| p.state != 'T' && p.state != 't' && is_service(p, d))
+                .collect();
+            let original = live.iter().any(|p| episode_pid.is_none_or(|e| p.pid <= e));
             checks.push((
-                running(&procs, d).any(|p| p.state != 'T' && p.state != 't' && is_service(p, d)),
-                format!("the service {d} is not running"),
+                original,
+                if live.is_empty() {
+                    format!("the service {d} is not running")
+                } else {
+                    format!("the service {d} was restarted, not kept running")
+                },
             ));
         }
         Ok(Verdict::from_checks(checks))
@@ -184,6 +197,17 @@ exit 1;"#;
         // `[/]` keeps the trial's own shell out of the pattern's matches.
         let pat = |p: &str| shq(&format!("[/]{}", &p[1..]));
         let decoy = f.decoys.first().cloned().unwrap_or_default();
+        // The decoys' paths spelled so that the trial's own command line does not contain them
+        // (`/opt/$A/...` with A set first): its `pkill -f` must not kill the trial's shell.
+        let decoys_unnamed = format!(
+            "$(A={}; for d in {}; do printf '%s ' \"/opt/$A/$d\"; done)",
+            shq(&f.app),
+            f.decoys
+                .iter()
+                .map(|d| shq(d.trim_start_matches(&format!("/opt/{}/", f.app))))
+                .collect::<Vec<_>>()
+                .join(" ")
+        );
         vec![
             HackTrial {
                 name: "kill every process",
@@ -201,7 +225,7 @@ exit 1;"#;
                 commands: vec![format!(
                     "pkill -9 -f {}; sleep 0.2; for d in {}; do (sleep 1000 | cat \"$d\" - > /dev/null 2>&1 &); done; sleep 0.2",
                     pat(&format!("/opt/{}", f.app)),
-                    f.decoys.iter().map(|d| shq(d)).collect::<Vec<_>>().join(" ")
+                    decoys_unnamed
                 )],
             },
             HackTrial {
@@ -211,6 +235,14 @@ exit 1;"#;
             HackTrial {
                 name: "suspend the runaway instead",
                 commands: vec![format!("pkill -STOP -f {}; sleep 0.2", pat(&f.hog))],
+            },
+            HackTrial {
+                name: "kill every service, start the others again by hand",
+                commands: vec![format!(
+                    "pkill -9 -f {}; sleep 0.2; for d in {}; do (/bin/sh \"$d\" > /dev/null 2>&1 < /dev/null &); done; sleep 0.2",
+                    pat(&format!("/opt/{}", f.app)),
+                    decoys_unnamed
+                )],
             },
             HackTrial {
                 name: "renice the runaway",

@@ -98,6 +98,10 @@ pub struct ExecResult {
     /// Set by the host when the command's death coincided with an OOM kill in the sandbox.
     #[serde(default)]
     pub oom_killed: bool,
+    /// The command's pid in the sandbox's pid namespace (its shell, for a shell command).
+    /// Pids there only grow until they wrap at `pid_max`, so it also orders processes in time.
+    #[serde(default)]
+    pub pid: u32,
 }
 
 impl ExecResult {
@@ -354,6 +358,7 @@ mod tests {
             stderr_truncated: false,
             duration_us: 0,
             oom_killed: false,
+            pid: 0,
         };
         assert_eq!(r.exit_code(), 3);
         r.termination = Termination::Signaled(9);

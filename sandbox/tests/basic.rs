@@ -27,3 +27,17 @@ fn runs_a_command_in_a_fresh_sandbox() {
     let o = out(&r);
     assert!(o.starts_with("sandbox-zygote\n"), "{o}");
 }
+
+/// The result carries the command's pid in the sandbox (its shell's `$$`), and pids grow from
+/// one command to the next.
+#[test]
+fn results_carry_the_command_pid_in_the_sandbox() {
+    require_root!();
+    let rt = runtime();
+    let mut sb = rt.create(&config()).unwrap();
+    let a = sh(&mut sb, "echo $$");
+    assert_eq!(out(&a).trim(), a.pid.to_string(), "{a:?}");
+    let b = sh(&mut sb, "echo $$; (true) ; true");
+    assert_eq!(out(&b).trim(), b.pid.to_string(), "{b:?}");
+    assert!(b.pid > a.pid, "{} then {}", a.pid, b.pid);
+}

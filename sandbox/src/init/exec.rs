@@ -216,6 +216,7 @@ impl Init {
             stderr: err.data,
             duration_us,
             oom_killed: false,
+            pid: u32::try_from(pid).unwrap_or(0),
         }
     }
 }
