@@ -69,8 +69,17 @@ impl Certificates {
             return Ok(c);
         }
         let held = crate::live::synthesize(rt, &self.cache, &instance.plan)?;
-        let live = Live::start(rt, held)?;
-        let cert = run_oracle(live)?;
+        let cert = match Live::start(rt, held) {
+            Ok(live) => run_oracle(live)?,
+            // A perturbation that breaks the task's own start (a read-only directory the task
+            // writes its junk into) makes an instance nobody can train on: unsolvable, with
+            // the reason, rather than an infrastructure error. Without perturbations a failing
+            // start step is a bug of the task and stays an error.
+            Err(e @ LiveError::Start { .. }) if !instance.plan.perturbations.is_empty() => {
+                cannot_start(instance, &e)
+            }
+            Err(e) => return Err(e),
+        };
         let tmp = self.path(&format!(".tmp-{}-{}", instance.id, std::process::id()));
         if let Ok(json) = serde_json::to_vec_pretty(&cert) {
             if std::fs::write(&tmp, json).is_ok() {
@@ -81,13 +90,11 @@ impl Certificates {
     }
 }
 
-/// Run the oracle of the live instance's task and judge the result.
-pub fn run_oracle(mut live: Live) -> Result<Certificate, LiveError> {
-    let t0 = Instant::now();
-    let inst = live.instance.clone();
-    let mut cert = Certificate {
+/// A certificate of `inst` saying nothing yet (not solvable, no reason).
+fn blank(inst: &Instance) -> Certificate {
+    Certificate {
         instance: inst.id.clone(),
-        task: String::new(),
+        task: inst.task.as_ref().map(|t| t.task.clone()).unwrap_or_default(),
         seed: inst.plan.seed,
         perturbations: inst.plan.perturbations.iter().map(describe).collect(),
         solvable: false,
@@ -97,7 +104,22 @@ pub fn run_oracle(mut live: Live) -> Result<Certificate, LiveError> {
         exit_codes: Vec::new(),
         verdict: None,
         duration_ms: 0,
-    };
+    }
+}
+
+/// The certificate of an instance whose start steps fail.
+fn cannot_start(inst: &Instance, e: &LiveError) -> Certificate {
+    Certificate {
+        reason: format!("the instance does not start: {e}"),
+        ..blank(inst)
+    }
+}
+
+/// Run the oracle of the live instance's task and judge the result.
+pub fn run_oracle(mut live: Live) -> Result<Certificate, LiveError> {
+    let t0 = Instant::now();
+    let inst = live.instance.clone();
+    let mut cert = blank(&inst);
     let Some(setup) = inst.task.clone() else {
         cert.reason = "the instance has no task".into();
         return Ok(cert);
@@ -155,7 +177,8 @@ pub struct CheckRow {
 }
 
 /// What `engine task check` runs: the unperturbed task, every perturbation of `singles`, and
-/// `combos` sampled combinations of two or three of them, each for `seeds` seeds.
+/// `combos` sampled combinations of two or three of the singles that applied, each for `seeds`
+/// seeds.
 #[derive(Debug, Clone)]
 pub struct CheckSpec {
     pub task: String,
@@ -180,27 +203,37 @@ pub fn all_defaults() -> Vec<Chosen> {
         .collect()
 }
 
-/// The plans a check covers, in report order.
-pub fn plans(spec: &CheckSpec) -> Vec<Plan> {
+/// The plans of a check without combinations: the unperturbed task, then each single.
+fn single_plans(spec: &CheckSpec) -> Vec<Plan> {
     let mut sets: Vec<Vec<Chosen>> = vec![Vec::new()];
     sets.extend(spec.singles.iter().map(|c| vec![c.clone()]));
+    plans_of(spec, sets)
+}
+
+/// `combos` sampled combinations of two or three of `pool` (seeded by the first seed).
+fn combo_plans(spec: &CheckSpec, pool: &[Chosen]) -> Vec<Plan> {
+    let mut sets = Vec::new();
     let mut rng = crate::synth::rng_for(
         spec.seeds.first().copied().unwrap_or(0),
         "task-check-combos",
     );
     for _ in 0..spec.combos {
-        if spec.singles.len() < 2 {
+        if pool.len() < 2 {
             break;
         }
-        let k = if spec.singles.len() >= 3 && rand::Rng::gen_bool(&mut rng, 0.5) {
+        let k = if pool.len() >= 3 && rand::Rng::gen_bool(&mut rng, 0.5) {
             3
         } else {
             2
         };
-        let mut pick: Vec<Chosen> = spec.singles.choose_multiple(&mut rng, k).cloned().collect();
+        let mut pick: Vec<Chosen> = pool.choose_multiple(&mut rng, k).cloned().collect();
         pick.sort_by(|a, b| a.name.cmp(&b.name));
         sets.push(pick);
     }
+    plans_of(spec, sets)
+}
+
+fn plans_of(spec: &CheckSpec, sets: Vec<Vec<Chosen>>) -> Vec<Plan> {
     let mut out = Vec::new();
     for set in sets {
         for &seed in &spec.seeds {
@@ -212,20 +245,50 @@ pub fn plans(spec: &CheckSpec) -> Vec<Plan> {
     out
 }
 
-/// Certify every plan of a check, on `workers` threads; rows in plan order.
+/// Certify the unperturbed task and every single perturbation, then `combos` combinations
+/// drawn from the singles that applied to this task and base (a combination with a
+/// perturbation that cannot apply would only repeat "not applicable"). Rows in that order.
 pub fn check(rt: &Runtime, cache: &Cache, spec: &CheckSpec) -> Vec<CheckRow> {
-    let plans = plans(spec);
+    let certs = Certificates::new(cache.clone());
+    let singles = single_plans(spec);
+    let mut rows = check_all(rt, cache, &certs, &singles, spec.workers);
+    // A single applies when it applied for at least one seed.
+    let n = spec.seeds.len().max(1);
+    let pool: Vec<Chosen> = spec
+        .singles
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| {
+            rows.iter()
+                .skip(n * (i + 1))
+                .take(n)
+                .any(|r| r.status != "not-applicable")
+        })
+        .map(|(_, c)| c.clone())
+        .collect();
+    let combos = combo_plans(spec, &pool);
+    rows.extend(check_all(rt, cache, &certs, &combos, spec.workers));
+    rows
+}
+
+/// Certify `plans` on `workers` threads; rows in plan order.
+fn check_all(
+    rt: &Runtime,
+    cache: &Cache,
+    certs: &Certificates,
+    plans: &[Plan],
+    workers: usize,
+) -> Vec<CheckRow> {
     let next = std::sync::atomic::AtomicUsize::new(0);
     let rows = std::sync::Mutex::new(vec![None; plans.len()]);
-    let certs = Certificates::new(cache.clone());
     std::thread::scope(|s| {
-        for _ in 0..spec.workers.max(1) {
+        for _ in 0..workers.max(1) {
             s.spawn(|| loop {
                 let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let Some(plan) = plans.get(i) else {
                     break;
                 };
-                let row = check_one(rt, cache, &certs, plan);
+                let row = check_one(rt, cache, certs, plan);
                 if let Ok(mut g) = rows.lock() {
                     g[i] = Some(row);
                 }

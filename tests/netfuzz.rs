@@ -290,6 +290,62 @@ fn plain_forward_forwards_and_a_taken_port_is_an_error() {
     assert_eq!(proxy_threads(), 0);
 }
 
+/// With a task, a network fault applies only to a front the task declared: on a task with no
+/// network service it is "not applicable" (it would carry no traffic), on restore-service it
+/// joins the task's front; certification then draws its combinations from the singles that
+/// applied.
+#[test]
+fn network_faults_apply_only_to_a_task_front() {
+    require_root!();
+    let rt = common::runtime();
+    let state = common::TempState::new();
+    let cache = Cache::open(state.path()).unwrap();
+    let net = parse_spec("net-reset:probability=0.5").unwrap();
+    let e = synthesize(
+        &rt,
+        &cache,
+        &Plan::for_task("archive-logs", 1, vec![net.clone()]),
+    )
+    .err()
+    .unwrap();
+    assert!(
+        e.to_string().contains("not applicable") && e.to_string().contains("archive-logs"),
+        "{e}"
+    );
+    let held = synthesize(
+        &rt,
+        &cache,
+        &Plan::for_task("restore-service", 1, vec![net]),
+    )
+    .unwrap();
+    let p = &held.instance.runtime.proxies;
+    assert_eq!(p.len(), 1, "{p:?}");
+    assert!((p[0].toxics.reset_probability - 0.5).abs() < 1e-9);
+    drop(held);
+
+    let singles: Vec<Chosen> = ["net-latency", "tool-missing:tool=gzip", "path-trim"]
+        .iter()
+        .map(|s| parse_spec(s).unwrap())
+        .collect();
+    let spec = engine::certify::CheckSpec {
+        task: "archive-logs".into(),
+        base: "host".into(),
+        singles,
+        combos: 3,
+        seeds: vec![1],
+        workers: 2,
+    };
+    let rows = engine::certify::check(&rt, &cache, &spec);
+    assert_eq!(rows.len(), 1 + 3 + 3, "{rows:?}");
+    assert_eq!(rows[1].status, "not-applicable", "{rows:?}");
+    for r in &rows[4..] {
+        assert!(
+            !r.perturbations.contains("net-latency") && r.status != "not-applicable",
+            "a combination drew an inapplicable single: {r:?}"
+        );
+    }
+}
+
 #[test]
 fn dns_broken_breaks_name_resolution_in_each_way() {
     require_root!();

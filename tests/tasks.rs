@@ -208,6 +208,36 @@ fn restore_service_front_takes_network_faults_and_port_taken_squats_its_port() {
     assert!(took >= Duration::from_millis(800), "no latency: {took:?}");
 }
 
+/// A perturbation that breaks the task's own start (a read-only `/var/log`, where free-disk
+/// writes its junk) certifies as unsolvable with the reason, not as an error, so `Env` refuses
+/// the instance as uncertified instead of counting an infrastructure failure.
+#[test]
+fn an_instance_that_cannot_start_is_certified_unsolvable() {
+    require_root!();
+    let rt = common::runtime();
+    let st = common::TempState::new();
+    let cache = engine::synth::Cache::open_with(st.path(), 8, 1 << 30).unwrap();
+    let spec = engine::certify::CheckSpec {
+        task: "free-disk".into(),
+        base: "host".into(),
+        singles: vec![engine::perturb::parse_spec("read-only-dir:path=/var/log").unwrap()],
+        combos: 0,
+        seeds: vec![1],
+        workers: 1,
+    };
+    let rows = engine::certify::check(&rt, &cache, &spec);
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    assert_eq!(rows[0].status, "solvable", "{rows:?}");
+    assert_eq!(rows[1].status, "unsolvable", "{rows:?}");
+    assert!(
+        rows[1].reason.contains("does not start") && rows[1].reason.contains("Read-only"),
+        "{rows:?}"
+    );
+    // The certificate is stored: asking again gives the same verdict without a sandbox.
+    let rows2 = engine::certify::check(&rt, &cache, &spec);
+    assert_eq!(rows2[1].status, "unsolvable");
+}
+
 /// The oracles use absolute paths and a clean environment: a `PATH` that finds only failing
 /// impostors of every tool they could call does not stop them.
 #[test]

@@ -6,7 +6,9 @@
 //! The port convention: a task's service listens on `upstream`; clients (the agent, the task's
 //! instruction) use `port`. A network perturbation puts a faulty proxy on `port`; a task that
 //! wants a front port without faults asks for [`plain_forward`]. Several network
-//! perturbations on the same `port` merge into one proxy.
+//! perturbations on the same `port` merge into one proxy. In an instance with a task, a
+//! network perturbation applies only to a front the task declared (else it is not
+//! applicable: the proxy would carry no traffic); without a task, to any port.
 //!
 //! The proxy is host-side threads: a listener thread joins the sandbox's network namespace
 //! (`setns` changes only the calling thread; threads it spawns inherit its namespaces), binds
@@ -519,6 +521,18 @@ fn with_proxy(
             param: "upstream".into(),
             reason: format!("equals `port` ({port}): the proxy would forward to itself"),
         });
+    }
+    // With a task, a fault must land on traffic the task has: a front the task declared.
+    // Anywhere else the proxy would carry nothing, and "solvable under net-latency" would
+    // be a claim about a fault that never happened.
+    if let Some(task) = &b.task {
+        if !b.runtime.proxies.iter().any(|p| p.listen_port == port) {
+            return Err(PerturbError::NotApplicable(format!(
+                "the task `{}` has no service behind 127.0.0.1:{port}: a fault proxy there \
+                 would carry no traffic",
+                task.task
+            )));
+        }
     }
     let seed = b.rng(purpose).next_u64();
     let proxies = &mut b.runtime.proxies;
