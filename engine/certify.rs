@@ -94,7 +94,11 @@ impl Certificates {
 fn blank(inst: &Instance) -> Certificate {
     Certificate {
         instance: inst.id.clone(),
-        task: inst.task.as_ref().map(|t| t.task.clone()).unwrap_or_default(),
+        task: inst
+            .task
+            .as_ref()
+            .map(|t| t.task.clone())
+            .unwrap_or_default(),
         seed: inst.plan.seed,
         perturbations: inst.plan.perturbations.iter().map(describe).collect(),
         solvable: false,

@@ -23,8 +23,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-/// Bumped whenever a perturbation or task changes what it builds: old instance ids die with it.
-pub const CATALOGUE_VERSION: u32 = 5;
+/// Bumped whenever a perturbation or task changes what it builds, or a task's oracle or
+/// verifier changes: old instance ids die with it, and so do their certificates.
+pub const CATALOGUE_VERSION: u32 = 6;
 
 /// Fixed modification time of every file written into a layer (2024-01-01T00:00:00Z).
 const LAYER_MTIME: i64 = 1_704_067_200;

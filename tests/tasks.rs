@@ -238,6 +238,34 @@ fn an_instance_that_cannot_start_is_certified_unsolvable() {
     assert_eq!(rows2[1].status, "unsolvable");
 }
 
+/// The jobs of fix-path and fix-permissions call `mv`; with `libacl.so.1` gone it cannot run,
+/// and the oracles give the job a working one: those instances stay solvable.
+#[test]
+fn oracles_finish_the_job_when_mv_cannot_load_its_library() {
+    require_root!();
+    let rt = common::runtime();
+    let st = common::TempState::new();
+    let cache = engine::synth::Cache::open_with(st.path(), 8, 1 << 30).unwrap();
+    for task in ["fix-path", "fix-permissions"] {
+        let spec = engine::certify::CheckSpec {
+            task: task.into(),
+            base: "host".into(),
+            singles: vec![
+                engine::perturb::parse_spec("library-missing:library=libacl.so.1").unwrap(),
+            ],
+            combos: 0,
+            seeds: vec![2],
+            workers: 1,
+        };
+        let rows = engine::certify::check(&rt, &cache, &spec);
+        assert_eq!(rows.len(), 2, "{rows:?}");
+        assert!(
+            rows.iter().all(|r| r.status == "solvable"),
+            "{task}: {rows:?}"
+        );
+    }
+}
+
 /// The oracles use absolute paths and a clean environment: a `PATH` that finds only failing
 /// impostors of every tool they could call does not stop them.
 #[test]

@@ -239,10 +239,13 @@ impl Task for FixPath {
         let Ok(f) = facts::<Facts>(setup) else {
             return vec![];
         };
+        // The job's `mv` may be broken (a missing library): a working one goes into
+        // /usr/local/bin, which the good PATH searches before /usr/bin.
         let script = format!(
-            "/bin/chmod 644 {env} 2>/dev/null; printf %s {good} > {env} && {job}",
+            "/bin/chmod 644 {env} 2>/dev/null; printf %s {good} > {env} && {mv} && {job}",
             env = shq(&f.paths_env),
             good = shq(&f.good_paths_env),
+            mv = util::working_mv("/usr/local/bin"),
             job = shq(&f.job),
         );
         vec![format!("cd / && {CLEAN_ENV} /bin/sh -c {}", shq(&script))]

@@ -244,6 +244,8 @@ impl Task for FixPermissions {
         let Ok(f) = facts::<Facts>(setup) else {
             return vec![];
         };
+        const MV_DIR: &str = "/run/oracle-bin";
+        let mv = util::working_mv(MV_DIR);
         let s = shq(&f.script);
         let parts: Vec<String> = f.parts.iter().map(|p| shq(p)).collect();
         let fix = format!(
@@ -255,8 +257,11 @@ impl Task for FixPermissions {
             out = shq(&f.out_dir),
             parts = parts.join(" "),
         );
+        // The deploy's `mv` may be broken (a missing library): a working one in a directory
+        // of its own, first on the deploy's PATH only when it was needed.
         let run = format!(
-            "/usr/bin/setpriv --reuid={NOBODY} --regid={NOBODY} --clear-groups {s} || \
+            "{mv} && {{ [ ! -x {MV_DIR}/mv ] || PATH={MV_DIR}:$PATH; }} && \
+             /usr/bin/setpriv --reuid={NOBODY} --regid={NOBODY} --clear-groups {s} || \
              /usr/sbin/runuser -u nobody -- {s} || \
              /usr/bin/perl -e '$( = {NOBODY}; $) = \"{NOBODY} {NOBODY}\"; $< = $> = {NOBODY}; exec @ARGV' {s}"
         );
