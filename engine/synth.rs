@@ -1155,6 +1155,10 @@ impl Cache {
     }
 
     /// Remove least recently used entries until the bounds hold; held entries and `keep` stay.
+    /// A hold is a `flock` on the manifest's open file description, which a process forked by
+    /// another thread shares until it execs (the sandbox's clone of its init): for that moment
+    /// the entry counts as held and the next oldest goes instead, so under concurrency the order
+    /// is least-recently-used but for entries being held or just released.
     fn evict(&self, keep: Option<&str>) -> Result<(), SynthError> {
         let mut entries: Vec<(std::time::SystemTime, String, u64)> = Vec::new();
         let rd = std::fs::read_dir(&self.dir).map_err(|source| SynthError::Cache {

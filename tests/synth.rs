@@ -7,6 +7,16 @@ mod common;
 use engine::synth::{BaseView, Builder, Cache, Origin, Plan, Resources};
 use sandbox::{ExecRequest, SandboxConfig};
 
+/// The tests of this file run one at a time. A cache entry's hold is a `flock` on its
+/// manifest's open file description, which a process forked meanwhile shares until it execs
+/// or exits; eviction then skips the entry as held (the safe direction). A sandbox created by
+/// a parallel test would make the exact LRU order asserted here flaky (seen in CI).
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn sh(sb: &mut sandbox::Sandbox, cmd: &str) -> (i32, String) {
     let r = sb.exec(&ExecRequest::shell(cmd)).unwrap();
     (
@@ -28,6 +38,7 @@ fn tree_digest(dir: &std::path::Path) -> String {
 #[test]
 fn builder_layer_is_seen_in_a_sandbox_with_overlay_semantics() {
     require_root!();
+    let _serial = serial();
     let rt = common::runtime();
     let rootfs = rt.resolve(&sandbox::RootfsSpec::Host).unwrap();
     let base = BaseView::new(&rootfs);
@@ -88,6 +99,7 @@ fn builder_layer_is_seen_in_a_sandbox_with_overlay_semantics() {
 #[test]
 fn cache_is_content_addressed_deterministic_and_bounded() {
     require_root!();
+    let _serial = serial();
     let rt = common::runtime();
     let rootfs = rt.resolve(&sandbox::RootfsSpec::Host).unwrap();
     let st = common::TempState::new();
@@ -123,6 +135,7 @@ fn cache_is_content_addressed_deterministic_and_bounded() {
 #[test]
 fn held_entries_are_not_evicted_and_concurrent_builds_agree() {
     require_root!();
+    let _serial = serial();
     let rt = common::runtime();
     let rootfs = rt.resolve(&sandbox::RootfsSpec::Host).unwrap();
     let st = common::TempState::new();
