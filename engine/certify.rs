@@ -68,17 +68,28 @@ impl Certificates {
         if let Some(c) = self.get(&instance.id) {
             return Ok(c);
         }
-        let held = crate::live::synthesize(rt, &self.cache, &instance.plan)?;
-        let cert = match Live::start(rt, held) {
-            Ok(live) => run_oracle(live)?,
-            // A perturbation that breaks the task's own start (a read-only directory the task
-            // writes its junk into) makes an instance nobody can train on: unsolvable, with
-            // the reason, rather than an infrastructure error. Without perturbations a failing
-            // start step is a bug of the task and stays an error.
-            Err(e @ LiveError::Start { .. }) if !instance.plan.perturbations.is_empty() => {
-                cannot_start(instance, &e)
+        // A perturbation that breaks the task's own start (a read-only directory the task
+        // writes its junk into) makes an instance nobody can train on: unsolvable, with the
+        // reason, rather than an infrastructure error. Only a start step that exits with a
+        // status of its own (not a timeout or a signal), twice in a row, counts: a failure
+        // that load or chance caused is returned as an error and not stored. Without
+        // perturbations a failing start step is a bug of the task and stays an error.
+        let deterministic = |e: &LiveError| {
+            matches!(e, LiveError::Start { code, .. } if (1..124).contains(code))
+                && !instance.plan.perturbations.is_empty()
+        };
+        let mut attempt = 0;
+        let cert = loop {
+            attempt += 1;
+            let held = crate::live::synthesize(rt, &self.cache, &instance.plan)?;
+            match Live::start(rt, held) {
+                Ok(live) => break run_oracle(live)?,
+                Err(e) if deterministic(&e) && attempt == 2 => break cannot_start(instance, &e),
+                Err(e) if deterministic(&e) => {
+                    tracing::debug!(instance = %instance.id, error = %e, "start failed; once more");
+                }
+                Err(e) => return Err(e),
             }
-            Err(e) => return Err(e),
         };
         let tmp = self.path(&format!(".tmp-{}-{}", instance.id, std::process::id()));
         if let Ok(json) = serde_json::to_vec_pretty(&cert) {

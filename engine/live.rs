@@ -88,8 +88,9 @@ pub struct Live {
     /// Working directory of commands (the task's, else `/root`).
     pub cwd: String,
     pub env: Vec<String>,
-    /// The sandbox's last allocated pid once this episode's start steps had finished.
-    episode_pid: Option<u32>,
+    /// The processes alive once this episode's start steps had finished, when the instance
+    /// asks for them (`RuntimeSettings::record_start_processes`).
+    start_processes: Option<std::collections::BTreeSet<(u32, u64)>>,
 }
 
 impl Live {
@@ -115,7 +116,7 @@ impl Live {
             _proxies: proxies,
             cwd,
             env: cfg.env,
-            episode_pid: None,
+            start_processes: None,
         };
         live.run_start_steps()?;
         Ok(live)
@@ -148,16 +149,14 @@ impl Live {
                 });
             }
         }
-        // Where the start steps' pids end and the agent's begin (pids in the sandbox's pid
-        // namespace only grow, until they wrap at pid_max). One file request; the agent cannot
-        // change what was recorded. Without start steps, the episode starts with no process.
-        self.episode_pid = if self.instance.runtime.start.is_empty() {
-            Some(1)
-        } else {
-            sandbox::SandboxOps::read_file(&mut self.sandbox, "/proc/sys/kernel/ns_last_pid", 64)
-                .ok()
-                .and_then(|(b, _)| String::from_utf8_lossy(&b).trim().parse().ok())
-        };
+        // Which processes the episode started, before the agent's first command: (pid, start
+        // time) pairs, read through init. A failure fails the start (a verifier that needs
+        // them must not run without them).
+        self.start_processes = None;
+        if self.instance.runtime.record_start_processes {
+            let procs = crate::probe::processes_of(&mut self.sandbox)?;
+            self.start_processes = Some(procs.iter().map(|p| (p.pid, p.start_ticks)).collect());
+        }
         Ok(())
     }
 
@@ -174,7 +173,7 @@ impl Live {
     pub fn probe(&mut self) -> SandboxProbe<'_> {
         SandboxProbe {
             sandbox: &mut self.sandbox,
-            episode_pid: self.episode_pid,
+            start_processes: self.start_processes.as_ref(),
         }
     }
 }

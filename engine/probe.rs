@@ -6,6 +6,7 @@
 
 use sandbox::protocol::{DirEntry, FileKind, FileStat};
 use sandbox::{SandboxError, SandboxOps};
+use std::collections::BTreeSet;
 use std::io::{Read, Write};
 use std::time::Duration;
 
@@ -31,6 +32,10 @@ pub struct Proc {
     pub cmdline: Vec<String>,
     /// Total CPU time in clock ticks (utime + stime).
     pub cpu_ticks: u64,
+    /// When the process started, in clock ticks since boot (`/proc/PID/stat` field 22).
+    /// With the pid it names one process for good: pids are reused after a wrap, start
+    /// times cannot be set by anyone.
+    pub start_ticks: u64,
 }
 
 /// What verifiers may look at.
@@ -56,11 +61,10 @@ pub trait Probe {
     fn disk_used(&mut self) -> Result<Option<u64>, ProbeError> {
         Ok(None)
     }
-    /// The sandbox's last allocated pid when the episode's start steps had finished: a process
-    /// with a pid at most this one was started before the agent's first command, one above it
-    /// afterwards (pids in the sandbox only grow, until they wrap at `pid_max`, about four
-    /// million). `None` when the probe cannot tell.
-    fn episode_pid(&self) -> Option<u32> {
+    /// The processes alive when the episode's start steps had finished, as `(pid,
+    /// start_ticks)` pairs: a process is one of them only if both match. Recorded for
+    /// instances that ask (`RuntimeSettings::record_start_processes`); `None` otherwise.
+    fn start_processes(&self) -> Option<&BTreeSet<(u32, u64)>> {
         None
     }
 }
@@ -101,6 +105,7 @@ pub fn processes_of(ops: &mut dyn SandboxOps) -> Result<Vec<Proc>, ProbeError> {
         let ppid = f.get(1).and_then(|s| s.parse().ok()).unwrap_or(0);
         let ticks = |i: usize| f.get(i).and_then(|s| s.parse::<u64>().ok()).unwrap_or(0);
         let cpu_ticks = ticks(11) + ticks(12);
+        let start_ticks = ticks(19);
         let raw = match ops.read_file(&format!("/proc/{pid}/cmdline"), 64 << 10) {
             Ok((c, _)) => c,
             Err(_) => Vec::new(),
@@ -120,6 +125,7 @@ pub fn processes_of(ops: &mut dyn SandboxOps) -> Result<Vec<Proc>, ProbeError> {
             comm,
             cmdline,
             cpu_ticks,
+            start_ticks,
         });
     }
     Ok(out)
@@ -168,8 +174,8 @@ pub fn tcp_in_netns(
 /// A [`Probe`] over a live native sandbox.
 pub struct SandboxProbe<'a> {
     pub sandbox: &'a mut sandbox::Sandbox,
-    /// See [`Probe::episode_pid`]; recorded by `Live` after the start steps.
-    pub episode_pid: Option<u32>,
+    /// See [`Probe::start_processes`]; recorded by `Live` after the start steps.
+    pub start_processes: Option<&'a BTreeSet<(u32, u64)>>,
 }
 
 impl Probe for SandboxProbe<'_> {
@@ -220,7 +226,7 @@ impl Probe for SandboxProbe<'_> {
         Ok(Some(self.sandbox.health()?.upper_bytes))
     }
 
-    fn episode_pid(&self) -> Option<u32> {
-        self.episode_pid
+    fn start_processes(&self) -> Option<&BTreeSet<(u32, u64)>> {
+        self.start_processes
     }
 }

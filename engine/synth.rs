@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 
 /// Bumped whenever a perturbation or task changes what it builds, or a task's oracle or
 /// verifier changes: old instance ids die with it, and so do their certificates.
-pub const CATALOGUE_VERSION: u32 = 6;
+pub const CATALOGUE_VERSION: u32 = 7;
 
 /// Fixed modification time of every file written into a layer (2024-01-01T00:00:00Z).
 const LAYER_MTIME: i64 = 1_704_067_200;
@@ -157,6 +157,10 @@ pub struct RuntimeSettings {
     pub readonly: Vec<String>,
     pub start: Vec<StartStep>,
     pub proxies: Vec<ProxySpec>,
+    /// Record the processes alive after the start steps at each episode start
+    /// (`Probe::start_processes`), for verifiers that must tell them from later ones.
+    #[serde(default)]
+    pub record_start_processes: bool,
 }
 
 impl RuntimeSettings {

@@ -258,9 +258,10 @@ impl Task for FixPermissions {
             parts = parts.join(" "),
         );
         // The deploy's `mv` may be broken (a missing library): a working one in a directory
-        // of its own, first on the deploy's PATH only when it was needed.
+        // of its own, first on the deploy's PATH only when it was needed. Whether that worked
+        // or not, the deploy runs next (`;`, not `&&`).
         let run = format!(
-            "{mv} && {{ [ ! -x {MV_DIR}/mv ] || PATH={MV_DIR}:$PATH; }} && \
+            "{mv}; {{ [ ! -x {MV_DIR}/mv ] || PATH={MV_DIR}:$PATH; }}; \
              /usr/bin/setpriv --reuid={NOBODY} --regid={NOBODY} --clear-groups {s} || \
              /usr/sbin/runuser -u nobody -- {s} || \
              /usr/bin/perl -e '$( = {NOBODY}; $) = \"{NOBODY} {NOBODY}\"; $< = $> = {NOBODY}; exec @ARGV' {s}"

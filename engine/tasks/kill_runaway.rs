@@ -3,9 +3,9 @@
 //! spins on a CPU. The goal is that the runaway is gone and every other service still runs.
 //! The verifier reads the sandbox's `/proc` through the probe and identifies processes by
 //! their command line (the script's path), never by pid; a stopped (`T`) process is not
-//! running, a zombie is gone. A surviving service must be the one the episode started: its pid
-//! is at most [`Probe::episode_pid`] (killing the services and starting them again by hand
-//! is not leaving them running).
+//! running, a zombie is gone. A surviving service must be the very process the episode started:
+//! its (pid, start time) pair is among [`Probe::start_processes`] (killing the services and
+//! starting them again by hand is not leaving them running).
 
 use super::util::{self, facts, pick, shq, CLEAN_ENV};
 use super::{HackTrial, Task, TaskError, TaskSetup, Verdict};
@@ -104,6 +104,7 @@ impl Task for KillRunaway {
             beats.join(" ")
         ));
         b.on_start("task:kill-runaway", start);
+        b.runtime.record_start_processes = true;
         let instruction = format!(
             "One of the `{app}` services (scripts under /opt/{app}/bin) has run away and is \
              burning a CPU. Terminate that process and only it: every other {app} service must \
@@ -147,17 +148,23 @@ impl Task for KillRunaway {
             format!("the runaway {} still exists", f.hog),
         )];
         // A service the agent killed and started again is not "kept running": the one that
-        // counts was started by the episode's start steps, before the agent's first command.
-        let episode_pid = probe.episode_pid();
+        // counts is a process the episode's start steps left, the same pid with the same start
+        // time (a pid alone could come round again after a wrap). Without the record, no
+        // service can be shown to be the original: fail closed.
+        let originals = probe.start_processes();
         for d in &f.decoys {
             let live: Vec<&Proc> = running(&procs, d)
                 .filter(|p| p.state != 'T' && p.state != 't' && is_service(p, d))
                 .collect();
-            let original = live.iter().any(|p| episode_pid.is_none_or(|e| p.pid <= e));
+            let original = live
+                .iter()
+                .any(|p| originals.is_some_and(|o| o.contains(&(p.pid, p.start_ticks))));
             checks.push((
                 original,
                 if live.is_empty() {
                     format!("the service {d} is not running")
+                } else if originals.is_none() {
+                    format!("the service {d} runs, but the episode's processes were not recorded")
                 } else {
                     format!("the service {d} was restarted, not kept running")
                 },
@@ -257,5 +264,94 @@ exit 1;"#;
                 )],
             },
         ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sandbox::protocol::{DirEntry, FileStat};
+    use std::collections::BTreeSet;
+    use std::time::Duration;
+
+    /// A probe that shows fixed processes and a fixed record of the episode's start.
+    struct Fake {
+        procs: Vec<Proc>,
+        start: Option<BTreeSet<(u32, u64)>>,
+    }
+
+    impl Probe for Fake {
+        fn read(&mut self, _: &str, _: u64) -> Result<Option<Vec<u8>>, ProbeError> {
+            Ok(None)
+        }
+        fn stat(&mut self, _: &str) -> Result<Option<FileStat>, ProbeError> {
+            Ok(None)
+        }
+        fn list(&mut self, _: &str) -> Result<Option<Vec<DirEntry>>, ProbeError> {
+            Ok(None)
+        }
+        fn processes(&mut self) -> Result<Vec<Proc>, ProbeError> {
+            Ok(self.procs.clone())
+        }
+        fn tcp(&mut self, _: u16, _: &[u8], _: Duration) -> Result<Option<Vec<u8>>, ProbeError> {
+            Ok(None)
+        }
+        fn start_processes(&self) -> Option<&BTreeSet<(u32, u64)>> {
+            self.start.as_ref()
+        }
+    }
+
+    fn service(pid: u32, script: &str, start_ticks: u64) -> Proc {
+        Proc {
+            pid,
+            ppid: 1,
+            state: 'S',
+            comm: "sh".into(),
+            cmdline: vec!["/bin/sh".into(), script.into()],
+            cpu_ticks: 0,
+            start_ticks,
+        }
+    }
+
+    fn setup() -> TaskSetup {
+        TaskSetup {
+            task: "kill-runaway".into(),
+            seed: 1,
+            instruction: String::new(),
+            cwd: "/root".into(),
+            actions: vec![],
+            keywords: vec![],
+            max_steps: 20,
+            facts: serde_json::json!({
+                "app": "orbit",
+                "hog": "/opt/orbit/bin/sync.sh",
+                "decoys": ["/opt/orbit/bin/mailer.sh"],
+            }),
+        }
+    }
+
+    #[test]
+    fn a_service_counts_only_as_the_process_the_episode_started() {
+        let decoy = "/opt/orbit/bin/mailer.sh";
+        let record: BTreeSet<(u32, u64)> = [(40, 1000), (41, 1000)].into();
+        let verdict = |procs: Vec<Proc>, start: Option<BTreeSet<(u32, u64)>>| {
+            KillRunaway
+                .verify(&setup(), &mut Fake { procs, start })
+                .unwrap()
+        };
+        // The original, runaway gone: solved.
+        let v = verdict(vec![service(41, decoy, 1000)], Some(record.clone()));
+        assert!(v.success, "{:?}", v.reasons);
+        // Restarted by hand, even on the original pid after a wrap: a later start time.
+        let v = verdict(vec![service(41, decoy, 5000)], Some(record.clone()));
+        assert!(!v.success);
+        assert!(v.reasons[0].contains("restarted"), "{:?}", v.reasons);
+        // Restarted on a pid the episode never had.
+        let v = verdict(vec![service(90, decoy, 1000)], Some(record));
+        assert!(!v.success);
+        // No record: fail closed.
+        let v = verdict(vec![service(41, decoy, 1000)], None);
+        assert!(!v.success);
+        assert!(v.reasons[0].contains("not recorded"), "{:?}", v.reasons);
     }
 }

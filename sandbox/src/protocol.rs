@@ -99,7 +99,6 @@ pub struct ExecResult {
     #[serde(default)]
     pub oom_killed: bool,
     /// The command's pid in the sandbox's pid namespace (its shell, for a shell command).
-    /// Pids there only grow until they wrap at `pid_max`, so it also orders processes in time.
     #[serde(default)]
     pub pid: u32,
 }
