@@ -4,7 +4,7 @@
 //! network namespace. Nothing here runs a binary, a library or a `PATH` of the sandbox, so an
 //! agent that replaces `tar`, `ps` or `curl` cannot fool a verifier.
 
-use sandbox::protocol::{DirEntry, FileKind, FileStat};
+use sandbox::protocol::{DirEntry, FileStat};
 use sandbox::{SandboxError, SandboxOps};
 use std::collections::BTreeSet;
 use std::io::{Read, Write};
@@ -180,13 +180,8 @@ pub struct SandboxProbe<'a> {
 
 impl Probe for SandboxProbe<'_> {
     fn read(&mut self, path: &str, max: u64) -> Result<Option<Vec<u8>>, ProbeError> {
-        match self.sandbox.stat(path) {
-            Ok(st) if st.kind == FileKind::File => {}
-            Ok(_) => return Ok(None),
-            Err(e) if absent(&e) => return Ok(None),
-            Err(e) => return Err(e.into()),
-        }
-        match SandboxOps::read_file(self.sandbox, path, max) {
+        // One request: a final symlink or a non-regular file is `Invalid`, i.e. not a file.
+        match self.sandbox.read_file_nofollow(path, max) {
             Ok((d, _)) => Ok(Some(d)),
             Err(e) if absent(&e) => Ok(None),
             Err(e) => Err(e.into()),

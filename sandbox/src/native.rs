@@ -722,10 +722,31 @@ impl Sandbox {
         path: &str,
         max_bytes: u64,
     ) -> Result<(Vec<u8>, bool), SandboxError> {
+        self.read_file_with(path, max_bytes, false)
+    }
+
+    /// [`Self::read_file`] of a regular file that is not a symlink itself (a final symlink is
+    /// an `Invalid` failure; symlinks on the way still resolve inside the root). One request,
+    /// where `stat` then `read_file` would be two and racy.
+    pub fn read_file_nofollow(
+        &mut self,
+        path: &str,
+        max_bytes: u64,
+    ) -> Result<(Vec<u8>, bool), SandboxError> {
+        self.read_file_with(path, max_bytes, true)
+    }
+
+    fn read_file_with(
+        &mut self,
+        path: &str,
+        max_bytes: u64,
+        nofollow: bool,
+    ) -> Result<(Vec<u8>, bool), SandboxError> {
         match self.call(
             Request::ReadFile {
                 path: path.into(),
                 max_bytes,
+                nofollow,
             },
             CONTROL_TIMEOUT,
         )? {

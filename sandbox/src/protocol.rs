@@ -198,6 +198,9 @@ pub enum Request {
     ReadFile {
         path: String,
         max_bytes: u64,
+        /// Refuse a final symlink (`O_NOFOLLOW`) instead of following it (in the root).
+        #[serde(default)]
+        nofollow: bool,
     },
     WriteFile {
         path: String,

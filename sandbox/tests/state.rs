@@ -138,6 +138,35 @@ fn file_requests_work_without_forking_and_stay_inside_the_root() {
     assert!(!err.is_infrastructure());
     let err = sb.read_file("relative", 1).unwrap_err();
     assert!(!err.is_infrastructure(), "{err}");
+
+    // The no-follow read: a regular file reads, a final symlink to it does not, a symlink on
+    // the way still resolves (in the root), and a directory or a FIFO is not a file.
+    assert_eq!(
+        sb.read_file_nofollow("/root/hello.txt", 100).unwrap().0,
+        b"hi there"
+    );
+    let invalid = |e: sandbox::SandboxError| {
+        matches!(
+            e,
+            sandbox::SandboxError::Request {
+                kind: sandbox::protocol::FailureKind::Invalid,
+                ..
+            }
+        )
+    };
+    assert_eq!(sb.read_file("/root/ln", 100).unwrap().0, b"hi there");
+    assert!(invalid(sb.read_file_nofollow("/root/ln", 100).unwrap_err()));
+    assert!(sh(&mut sb, "ln -s /root /lnroot && mkfifo /root/fifo").success());
+    assert_eq!(
+        sb.read_file_nofollow("/lnroot/hello.txt", 100).unwrap().0,
+        b"hi there"
+    );
+    assert!(invalid(
+        sb.read_file_nofollow("/root/sub", 100).unwrap_err()
+    ));
+    assert!(invalid(
+        sb.read_file_nofollow("/root/fifo", 100).unwrap_err()
+    ));
 }
 
 #[test]

@@ -130,17 +130,23 @@ impl Init {
         self.root_fd.as_ref().ok_or(Errno::ESTALE)
     }
 
-    pub(super) fn read_file(&mut self, path: &str, max: u64) -> Response {
+    pub(super) fn read_file(&mut self, path: &str, max: u64, nofollow: bool) -> Response {
         let r = (|| {
             if !path.starts_with('/') {
                 return Err(Errno::EINVAL);
             }
             // O_NONBLOCK: opening a FIFO (swapped in for a file an agent expects to be read)
             // must not block init; regular files read the same with it.
+            // O_NOFOLLOW: a final symlink is ELOOP, reported as "not a regular file".
+            let follow = if nofollow {
+                OFlag::O_NOFOLLOW
+            } else {
+                OFlag::empty()
+            };
             let fd = open_in_root(
                 self.root()?,
                 path,
-                OFlag::O_RDONLY | OFlag::O_NOCTTY | OFlag::O_NONBLOCK,
+                OFlag::O_RDONLY | OFlag::O_NOCTTY | OFlag::O_NONBLOCK | follow,
                 0,
             )?;
             let st = nix::sys::stat::fstat(fd.as_raw_fd())?;

@@ -314,7 +314,11 @@ impl Init {
                 message: "the sandbox is already set up".into(),
             },
             Request::Exec(e) => self.exec(&e),
-            Request::ReadFile { path, max_bytes } => self.read_file(&path, max_bytes),
+            Request::ReadFile {
+                path,
+                max_bytes,
+                nofollow,
+            } => self.read_file(&path, max_bytes, nofollow),
             Request::WriteFile { path, data, mode } => self.write_file(&path, &data, mode),
             Request::Stat { path } => self.stat(&path),
             Request::ListDir { path } => self.list_dir(&path),
