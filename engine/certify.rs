@@ -267,18 +267,15 @@ pub fn check(rt: &Runtime, cache: &Cache, spec: &CheckSpec) -> Vec<CheckRow> {
     let certs = Certificates::new(cache.clone());
     let singles = single_plans(spec);
     let mut rows = check_all(rt, cache, &certs, &singles, spec.workers);
-    // A single applies when it applied for at least one seed.
+    // Rows come per set (the unperturbed task, then each single), one per seed; a single
+    // applies when it applied for at least one seed.
     let n = spec.seeds.len().max(1);
-    let pool: Vec<Chosen> = spec
-        .singles
-        .iter()
-        .enumerate()
-        .filter(|(i, _)| {
-            rows.iter()
-                .skip(n * (i + 1))
-                .take(n)
-                .any(|r| r.status != "not-applicable")
-        })
+    let pool: Vec<Chosen> = rows
+        .get(n..)
+        .unwrap_or_default()
+        .chunks(n)
+        .zip(&spec.singles)
+        .filter(|(rs, _)| rs.iter().any(|r| r.status != "not-applicable"))
         .map(|(_, c)| c.clone())
         .collect();
     let combos = combo_plans(spec, &pool);

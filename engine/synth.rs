@@ -959,10 +959,7 @@ struct TemporaryDir {
 
 impl Drop for TemporaryDir {
     fn drop(&mut self) {
-        let _ = nix::mount::umount2(
-            &self.dir.path().join("instances"),
-            nix::mount::MntFlags::MNT_DETACH,
-        );
+        let _ = remove_cache(self.dir.path());
     }
 }
 

@@ -1,43 +1,21 @@
 #![allow(clippy::unwrap_used)]
 //! End-to-end tests of the `engine` command line (run as root, like CI).
 
+mod common;
+
+use common::{is_root, TempState as State};
 use std::process::Command;
 
 fn engine() -> Command {
     Command::new(env!("CARGO_BIN_EXE_engine"))
 }
 
-/// A private state directory for commands that use the instance cache: its tmpfs is unmounted
-/// when the test ends, so no test leaves a mount behind.
-struct State {
-    dir: tempfile::TempDir,
-}
-
-impl State {
-    fn new() -> Self {
-        Self {
-            dir: tempfile::tempdir().unwrap(),
-        }
-    }
-    fn engine(&self) -> Command {
-        let mut c = engine();
-        c.env("ENVFACTORY_STATE", self.dir.path());
-        c
-    }
-}
-
-impl Drop for State {
-    fn drop(&mut self) {
-        let _ = nix::mount::umount2(
-            &self.dir.path().join("instances"),
-            nix::mount::MntFlags::MNT_DETACH,
-        );
-    }
-}
-
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
+/// `engine` over a private state directory: its instance cache (a tmpfs) is unmounted when
+/// `st` drops, so no test leaves a mount behind.
+fn engine_in(st: &State) -> Command {
+    let mut c = engine();
+    c.env("ENVFACTORY_STATE", st.path());
+    c
 }
 
 #[test]
@@ -185,8 +163,7 @@ fn run_executes_an_experiment_and_writes_a_report() {
         ),
     )
     .unwrap();
-    let o = st
-        .engine()
+    let o = engine_in(&st)
         .args(["run", cfg.to_str().unwrap()])
         .output()
         .unwrap();
@@ -270,8 +247,7 @@ fn run_executes_an_experiment_and_writes_a_report() {
         ),
     )
     .unwrap();
-    let o = st
-        .engine()
+    let o = engine_in(&st)
         .args(["run", cfg.to_str().unwrap()])
         .output()
         .unwrap();
@@ -306,8 +282,7 @@ fn run_executes_an_experiment_and_writes_a_report() {
 
     // A broken config names the file, line and key.
     std::fs::write(&cfg, "[experiment]\nname = \"x\"\nseeds = [1]\nbogus = 1\n[environment]\ntask = \"archive-logs\"\nepisodes = 1\n").unwrap();
-    let o = st
-        .engine()
+    let o = engine_in(&st)
         .args(["run", cfg.to_str().unwrap()])
         .output()
         .unwrap();
@@ -315,8 +290,7 @@ fn run_executes_an_experiment_and_writes_a_report() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("exp.toml:4:1: unknown field `bogus`"), "{err}");
     std::fs::write(&cfg, "[experiment]\nname = \"x\"\nseeds = [1]\n[environment]\ntemplate = \"nowhere.toml\"\nepisodes = 1\n").unwrap();
-    let o = st
-        .engine()
+    let o = engine_in(&st)
         .args(["run", cfg.to_str().unwrap()])
         .output()
         .unwrap();
@@ -370,8 +344,7 @@ fn episode_with_the_oracle_prints_a_line_per_step_and_succeeds() {
     if !is_root() {
         return;
     }
-    let o = st
-        .engine()
+    let o = engine_in(&st)
         .args([
             "episode",
             "--task",
@@ -410,8 +383,7 @@ fn a_closed_stdout_stops_the_output_not_the_cleanup() {
     if !is_root() {
         return;
     }
-    let mut child = st
-        .engine()
+    let mut child = engine_in(&st)
         .args([
             "episode",
             "--task",
@@ -452,8 +424,7 @@ fn episode_from_an_actions_file_and_its_errors() {
     let dir = tempfile::tempdir().unwrap();
     let f = dir.path().join("actions.txt");
     std::fs::write(&f, "# a comment\n@0\necho hi\n").unwrap();
-    let o = st
-        .engine()
+    let o = engine_in(&st)
         .args([
             "episode",
             "--task",
@@ -471,8 +442,7 @@ fn episode_from_an_actions_file_and_its_errors() {
     assert_eq!(lines[2]["success"], false);
     // A bad line names the file and line.
     std::fs::write(&f, "ls\n@x\n").unwrap();
-    let o = st
-        .engine()
+    let o = engine_in(&st)
         .args(["episode", "--task", "archive-logs", "--actions-file"])
         .arg(&f)
         .output()
@@ -481,15 +451,13 @@ fn episode_from_an_actions_file_and_its_errors() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("actions.txt:2"), "{err}");
     // An unknown task or perturbation names what is known.
-    let o = st
-        .engine()
+    let o = engine_in(&st)
         .args(["episode", "--task", "nope"])
         .output()
         .unwrap();
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("archive-logs"));
-    let o = st
-        .engine()
+    let o = engine_in(&st)
         .args([
             "episode",
             "--task",
@@ -509,11 +477,10 @@ fn task_check_certifies_the_unperturbed_task_and_list_names_tasks() {
     if !is_root() {
         return;
     }
-    let o = st.engine().args(["task", "list"]).output().unwrap();
+    let o = engine_in(&st).args(["task", "list"]).output().unwrap();
     assert!(o.status.success());
     assert!(String::from_utf8_lossy(&o.stdout).contains("archive-logs"));
-    let o = st
-        .engine()
+    let o = engine_in(&st)
         .args([
             "task",
             "check",
@@ -541,8 +508,7 @@ fn play_reads_commands_from_the_terminal() {
         return;
     }
     use std::io::Write;
-    let mut child = st
-        .engine()
+    let mut child = engine_in(&st)
         .args(["play", "--task", "archive-logs", "--seed", "2"])
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
@@ -598,8 +564,7 @@ fn synth_prints_ids_and_plans_and_is_reproducible() {
     }
     let st = State::new();
     let run = || {
-        let o = st
-            .engine()
+        let o = engine_in(&st)
             .args([
                 "synth",
                 "templates/archive-logs.yaml",
@@ -638,7 +603,7 @@ fn synth_prints_ids_and_plans_and_is_reproducible() {
         "[template]\nname = \"x\"\n[base_environment]\nrootfs = \"host\"\n[[perturbation_space]]\nname = \"tool-missing\"\nprobability = 1.5\n",
     )
     .unwrap();
-    let o = st.engine().arg("synth").arg(&f).output().unwrap();
+    let o = engine_in(&st).arg("synth").arg(&f).output().unwrap();
     assert!(!o.status.success());
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("bad.toml:7"), "{err}");

@@ -222,9 +222,12 @@ impl Task for FixPermissions {
         // The job is to fix permissions, not the deploy script: its code must be the shipped one
         // (a script stripped of its user check and run as root, its outputs chowned afterwards,
         // is not a deployment as nobody).
-        let script_intact = probe.read(&f.script, 1 << 20)?.is_some_and(|b| {
-            util::sha256_hex(&b) == util::sha256_hex(deploy_script(&f.app).as_bytes())
-        });
+        let (script_intact, _) = util::content_check(
+            probe,
+            &f.script,
+            &util::sha256_hex(deploy_script(&f.app).as_bytes()),
+            1 << 20,
+        )?;
         checks.push((
             script_intact,
             format!("{} is not the shipped deploy script any more", f.script),

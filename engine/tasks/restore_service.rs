@@ -42,10 +42,8 @@ const FAULTS: &[Fault] = &[
 #[derive(Debug, Serialize, Deserialize)]
 struct Facts {
     app: String,
-    /// The port the service itself listens on.
+    /// The port the service itself listens on (clients use the front, [`FRONT_PORT`]).
     port: u16,
-    /// The front proxy's port, the one the instruction gives to clients.
-    front: u16,
     script: String,
     conf: String,
     /// The configuration that makes the service work.
@@ -228,7 +226,6 @@ impl Task for RestoreService {
             facts: util::to_facts(&Facts {
                 app,
                 port,
-                front,
                 script,
                 conf,
                 good_conf,
@@ -270,9 +267,12 @@ impl Task for RestoreService {
         };
         let owner = listener_runs_script(probe, f.port, &f.script)?;
         // The script itself must be the shipped one (its mode may change, not its code).
-        let script_intact = probe.read(&f.script, 1 << 20)?.is_some_and(|b| {
-            util::sha256_hex(&b) == util::sha256_hex(server_script(&f.app).as_bytes())
-        });
+        let (script_intact, _) = util::content_check(
+            probe,
+            &f.script,
+            &util::sha256_hex(server_script(&f.app).as_bytes()),
+            1 << 20,
+        )?;
         Ok(Verdict::from_checks(vec![
             (
                 script_intact,

@@ -8,12 +8,6 @@ use crate::protocol::{DirEntry, ExecRequest, ExecResult, FileStat, Health};
 pub trait SandboxOps: Send {
     fn exec(&mut self, req: &ExecRequest) -> Result<ExecResult, SandboxError>;
     fn read_file(&mut self, path: &str, max_bytes: u64) -> Result<(Vec<u8>, bool), SandboxError>;
-    /// `read_file` refusing a final symlink (an `Invalid` failure).
-    fn read_file_nofollow(
-        &mut self,
-        path: &str,
-        max_bytes: u64,
-    ) -> Result<(Vec<u8>, bool), SandboxError>;
     fn write_file(&mut self, path: &str, data: &[u8], mode: u32) -> Result<(), SandboxError>;
     fn stat(&mut self, path: &str) -> Result<FileStat, SandboxError>;
     fn list_dir(&mut self, path: &str) -> Result<Vec<DirEntry>, SandboxError>;
@@ -49,13 +43,6 @@ impl SandboxOps for Sandbox {
     }
     fn read_file(&mut self, path: &str, max_bytes: u64) -> Result<(Vec<u8>, bool), SandboxError> {
         Sandbox::read_file(self, path, max_bytes)
-    }
-    fn read_file_nofollow(
-        &mut self,
-        path: &str,
-        max_bytes: u64,
-    ) -> Result<(Vec<u8>, bool), SandboxError> {
-        Sandbox::read_file_nofollow(self, path, max_bytes)
     }
     fn write_file(&mut self, path: &str, data: &[u8], mode: u32) -> Result<(), SandboxError> {
         Sandbox::write_file(self, path, data, mode)

@@ -45,10 +45,7 @@ impl TempState {
 
 impl Drop for TempState {
     fn drop(&mut self) {
-        let _ = nix::mount::umount2(
-            &self.dir.path().join("instances"),
-            nix::mount::MntFlags::MNT_DETACH,
-        );
+        let _ = engine::synth::remove_cache(self.dir.path());
     }
 }
 

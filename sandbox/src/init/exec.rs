@@ -51,11 +51,11 @@ impl Init {
         let mut spawned = Err(String::new());
         for _attempt in 0..2 {
             let fds = [&in_r, &out_w, &err_w, &st_w];
-            spawned = match self.zygote() {
-                Ok(z) => z.spawn(&argv, &env, &req.cwd, fds),
-                // It died before it was ready (killed while it confined itself).
-                Err(e) => Err(e),
-            };
+            // `zygote()` fails when it died before it was ready (killed while it confined
+            // itself): retried below like a zygote killed later.
+            spawned = self
+                .zygote()
+                .and_then(|z| z.spawn(&argv, &env, &req.cwd, fds));
             if spawned.is_ok() {
                 break;
             }
