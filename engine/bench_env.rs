@@ -14,7 +14,8 @@
 
 use crate::bench::Summary;
 use crate::env::{Action, Env, EnvConfig};
-use crate::synth::{Cache, Plan};
+use crate::instance::Plan;
+use crate::synth::Cache;
 use rand::{Rng, SeedableRng};
 use sandbox::Runtime;
 use serde::Serialize;
@@ -25,7 +26,7 @@ pub enum BenchEnvError {
     #[error(transparent)]
     Env(#[from] crate::env::EnvError),
     #[error(transparent)]
-    Live(#[from] crate::live::LiveError),
+    RunningInstance(#[from] crate::running::RunningError),
     #[error(transparent)]
     Synth(#[from] crate::synth::SynthError),
     #[error(transparent)]
@@ -102,9 +103,9 @@ pub fn run(rt: &Runtime, cache: &Cache, o: &EnvBenchOpts) -> Result<EnvBenchRepo
     let mut reset = Vec::new();
     let mut exec = Vec::new();
     for p in plans.iter().take(o.iterations.clamp(1, 20)) {
-        let held = crate::live::synthesize(rt, cache, p)?;
+        let held = crate::running::synthesize(rt, cache, p)?;
         let t = Instant::now();
-        let mut live = crate::live::Live::start(rt, held)?;
+        let mut live = crate::running::RunningInstance::start(rt, held)?;
         setup.push(ms(t));
         for _ in 0..5 {
             let r = live.run("touch /tmp/x /root/y", Duration::from_secs(5))?;
@@ -200,8 +201,8 @@ fn measure_raw(
     let deadline = Duration::from_secs_f64(seconds);
     on_workers("raw-exec", workers, seconds, |w| {
         let plan = Plan::for_task(task, 1 + w as u64, vec![]);
-        let held = crate::live::synthesize(rt, cache, &plan)?;
-        let mut live = crate::live::Live::start(rt, held)?;
+        let held = crate::running::synthesize(rt, cache, &plan)?;
+        let mut live = crate::running::RunningInstance::start(rt, held)?;
         let setup = live
             .instance
             .task

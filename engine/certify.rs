@@ -6,9 +6,10 @@
 //! already covers the base digest, the plan, the seed and the catalogue version, so a
 //! certificate never outlives what it certifies.
 
-use crate::live::{Live, LiveError};
+use crate::instance::{Instance, PerturbationChoice, Plan};
 use crate::perturb::{self, Perturbation};
-use crate::synth::{Cache, Chosen, Instance, Plan};
+use crate::running::{RunningError, RunningInstance};
+use crate::synth::Cache;
 use crate::tasks::{self, Verdict};
 use rand::seq::SliceRandom;
 use sandbox::Runtime;
@@ -64,7 +65,7 @@ impl Certificates {
         &self,
         rt: &Runtime,
         instance: &Instance,
-    ) -> Result<Certificate, LiveError> {
+    ) -> Result<Certificate, RunningError> {
         if let Some(c) = self.get(&instance.id) {
             return Ok(c);
         }
@@ -74,15 +75,15 @@ impl Certificates {
         // status of its own (not a timeout or a signal), twice in a row, counts: a failure
         // that load or chance caused is returned as an error and not stored. Without
         // perturbations a failing start step is a bug of the task and stays an error.
-        let deterministic = |e: &LiveError| {
-            matches!(e, LiveError::Start { code, .. } if (1..124).contains(code))
+        let deterministic = |e: &RunningError| {
+            matches!(e, RunningError::Start { code, .. } if (1..124).contains(code))
                 && !instance.plan.perturbations.is_empty()
         };
         let mut attempt = 0;
         let cert = loop {
             attempt += 1;
-            let held = crate::live::synthesize(rt, &self.cache, &instance.plan)?;
-            match Live::start(rt, held) {
+            let held = crate::running::synthesize(rt, &self.cache, &instance.plan)?;
+            match RunningInstance::start(rt, held) {
                 Ok(live) => break run_oracle(live)?,
                 Err(e) if deterministic(&e) && attempt == 2 => break cannot_start(instance, &e),
                 Err(e) if deterministic(&e) => {
@@ -123,7 +124,7 @@ fn blank(inst: &Instance) -> Certificate {
 }
 
 /// The certificate of an instance whose start steps fail.
-fn cannot_start(inst: &Instance, e: &LiveError) -> Certificate {
+fn cannot_start(inst: &Instance, e: &RunningError) -> Certificate {
     Certificate {
         reason: format!("the instance does not start: {e}"),
         ..blank(inst)
@@ -131,7 +132,7 @@ fn cannot_start(inst: &Instance, e: &LiveError) -> Certificate {
 }
 
 /// Run the oracle of the live instance's task and judge the result.
-pub fn run_oracle(mut live: Live) -> Result<Certificate, LiveError> {
+pub fn run_oracle(mut live: RunningInstance) -> Result<Certificate, RunningError> {
     let t0 = Instant::now();
     let inst = live.instance.clone();
     let mut cert = blank(&inst);
@@ -144,7 +145,7 @@ pub fn run_oracle(mut live: Live) -> Result<Certificate, LiveError> {
         cert.reason = format!("unknown task `{}`", setup.task);
         return Ok(cert);
     };
-    let verify = |live: &mut Live| -> Result<Verdict, LiveError> {
+    let verify = |live: &mut RunningInstance| -> Result<Verdict, RunningError> {
         Ok(task.verify(&setup, &mut live.probe())?)
     };
     cert.trivial = verify(&mut live)?.success;
@@ -170,7 +171,7 @@ pub fn run_oracle(mut live: Live) -> Result<Certificate, LiveError> {
 }
 
 /// `name` or `name:k=v,k=v`.
-pub fn describe(c: &Chosen) -> String {
+pub fn describe(c: &PerturbationChoice) -> String {
     if c.params.is_empty() {
         return c.name.clone();
     }
@@ -198,19 +199,19 @@ pub struct CheckRow {
 pub struct CheckSpec {
     pub task: String,
     pub base: String,
-    pub singles: Vec<Chosen>,
+    pub singles: Vec<PerturbationChoice>,
     pub combos: usize,
     pub seeds: Vec<u64>,
     pub workers: usize,
 }
 
 /// Every perturbation of the catalogue with its default parameters.
-pub fn all_defaults() -> Vec<Chosen> {
+pub fn all_defaults() -> Vec<PerturbationChoice> {
     perturb::catalogue()
         .into_iter()
         .filter_map(|p: &'static dyn Perturbation| {
             let params = p.info().check(&Default::default()).ok()?;
-            Some(Chosen {
+            Some(PerturbationChoice {
                 name: p.info().name.into(),
                 params,
             })
@@ -220,15 +221,15 @@ pub fn all_defaults() -> Vec<Chosen> {
 
 /// The plans of a check without combinations: the unperturbed task, then each single.
 fn single_plans(spec: &CheckSpec) -> Vec<Plan> {
-    let mut sets: Vec<Vec<Chosen>> = vec![Vec::new()];
+    let mut sets: Vec<Vec<PerturbationChoice>> = vec![Vec::new()];
     sets.extend(spec.singles.iter().map(|c| vec![c.clone()]));
     plans_of(spec, sets)
 }
 
 /// `combos` sampled combinations of two or three of `pool` (seeded by the first seed).
-fn combo_plans(spec: &CheckSpec, pool: &[Chosen]) -> Vec<Plan> {
+fn combo_plans(spec: &CheckSpec, pool: &[PerturbationChoice]) -> Vec<Plan> {
     let mut sets = Vec::new();
-    let mut rng = crate::synth::rng_for(
+    let mut rng = crate::instance::rng_for(
         spec.seeds.first().copied().unwrap_or(0),
         "task-check-combos",
     );
@@ -241,14 +242,15 @@ fn combo_plans(spec: &CheckSpec, pool: &[Chosen]) -> Vec<Plan> {
         } else {
             2
         };
-        let mut pick: Vec<Chosen> = pool.choose_multiple(&mut rng, k).cloned().collect();
+        let mut pick: Vec<PerturbationChoice> =
+            pool.choose_multiple(&mut rng, k).cloned().collect();
         pick.sort_by(|a, b| a.name.cmp(&b.name));
         sets.push(pick);
     }
     plans_of(spec, sets)
 }
 
-fn plans_of(spec: &CheckSpec, sets: Vec<Vec<Chosen>>) -> Vec<Plan> {
+fn plans_of(spec: &CheckSpec, sets: Vec<Vec<PerturbationChoice>>) -> Vec<Plan> {
     let mut out = Vec::new();
     for set in sets {
         for &seed in &spec.seeds {
@@ -270,7 +272,7 @@ pub fn check(rt: &Runtime, cache: &Cache, spec: &CheckSpec) -> Vec<CheckRow> {
     // Rows come per set (the unperturbed task, then each single), one per seed; a single
     // applies when it applied for at least one seed.
     let n = spec.seeds.len().max(1);
-    let pool: Vec<Chosen> = rows
+    let pool: Vec<PerturbationChoice> = rows
         .get(n..)
         .unwrap_or_default()
         .chunks(n)
@@ -333,9 +335,9 @@ fn check_one(rt: &Runtime, cache: &Cache, certs: &Certificates, plan: &Plan) -> 
         reason: String::new(),
         duration_ms: 0,
     };
-    let held = match crate::live::synthesize(rt, cache, plan) {
+    let held = match crate::running::synthesize(rt, cache, plan) {
         Ok(h) => h,
-        Err(LiveError::Synth(crate::synth::SynthError::Perturb {
+        Err(RunningError::Synth(crate::synth::SynthError::Perturb {
             source: perturb::PerturbError::NotApplicable(why),
             ..
         })) => {

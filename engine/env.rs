@@ -15,9 +15,11 @@
 //! so trainers can mask it, and the next `reset` starts from a fresh sandbox.
 
 use crate::certify::Certificates;
-use crate::live::{Live, LiveError};
-use crate::synth::{Cache, Plan};
-use crate::tasks::{self, TaskSetup, Verdict};
+use crate::instance::Plan;
+use crate::instance::TaskSetup;
+use crate::running::{RunningError, RunningInstance};
+use crate::synth::Cache;
+use crate::tasks::{self, Verdict};
 use policies::encoder::{Encoder, HashedTextConfig, HashedTextEncoder, Observation as EncObs};
 use sandbox::{Runtime, Termination};
 use serde::{Deserialize, Serialize};
@@ -44,7 +46,7 @@ pub enum EnvError {
     #[error("dangerous-command pattern {pattern:?}: {reason}")]
     BadPattern { pattern: String, reason: String },
     #[error(transparent)]
-    Live(#[from] LiveError),
+    RunningInstance(#[from] RunningError),
     #[error("verifier: {0}")]
     Probe(#[from] crate::probe::ProbeError),
     #[error("observation encoder: {0}")]
@@ -55,7 +57,7 @@ impl EnvError {
     /// True when the environment (sandbox, cache, verifier reads), not the agent, failed.
     pub fn is_infrastructure(&self) -> bool {
         match self {
-            Self::Live(e) => e.is_infrastructure(),
+            Self::RunningInstance(e) => e.is_infrastructure(),
             Self::Probe(crate::probe::ProbeError::Sandbox(e)) => e.is_infrastructure(),
             Self::Probe(_) => true,
             _ => false,
@@ -239,7 +241,7 @@ pub struct Env {
     dangerous: Vec<(String, regex::Regex)>,
     encoder: HashedTextEncoder,
     certificates: Certificates,
-    live: Option<Live>,
+    live: Option<RunningInstance>,
     setup: Option<TaskSetup>,
     step: u32,
     max_steps: u32,
@@ -293,7 +295,7 @@ impl Env {
     }
 
     /// The running instance, if any.
-    pub fn live(&mut self) -> Option<&mut Live> {
+    pub fn live(&mut self) -> Option<&mut RunningInstance> {
         self.live.as_mut()
     }
 
@@ -339,7 +341,7 @@ impl Env {
         }
         if !restarted {
             self.live = None; // the old sandbox goes first (its limits, its memory)
-            let held = crate::live::synthesize(&self.rt, &self.cache, plan)?;
+            let held = crate::running::synthesize(&self.rt, &self.cache, plan)?;
             if self.cfg.require_certified {
                 let cert = self.certificates.get_or_check(&self.rt, &held.instance)?;
                 if !cert.solvable {
@@ -349,7 +351,7 @@ impl Env {
                     });
                 }
             }
-            self.live = Some(Live::start(&self.rt, held)?);
+            self.live = Some(RunningInstance::start(&self.rt, held)?);
         }
         let Some(live) = self.live.as_mut() else {
             return Err(EnvError::NotReset);
@@ -582,7 +584,7 @@ impl Env {
         req.env = Some(live.env.clone());
         req.timeout_ms = self.cfg.step_timeout_ms;
         req.output_cap = self.cfg.output_cap;
-        let res = live.sandbox.exec(&req).map_err(LiveError::from)?;
+        let res = live.sandbox.exec(&req).map_err(RunningError::from)?;
         let mut stderr = res.stderr.clone();
         if let Some(pos) = find_last(&stderr, CWD_MARK.as_bytes()) {
             // The directory runs to the end of the line: a background process may write to
@@ -640,10 +642,10 @@ impl Env {
                 v.truncate(64);
                 v
             }
-            Err(e) if e.is_infrastructure() => return Err(LiveError::from(e).into()),
+            Err(e) if e.is_infrastructure() => return Err(RunningError::from(e).into()),
             Err(_) => Vec::new(), // the agent removed its cwd: an empty listing says so
         };
-        let h = live.sandbox.health().map_err(LiveError::from)?;
+        let h = live.sandbox.health().map_err(RunningError::from)?;
         obs.disk = Disk {
             used_bytes: h.upper_bytes,
             size_bytes: live

@@ -3,7 +3,8 @@
 
 use anyhow::{bail, Context};
 use engine::env::{Action, Env, EnvConfig, Step};
-use engine::synth::{Cache, Chosen, Plan};
+use engine::instance::{PerturbationChoice, Plan};
+use engine::synth::Cache;
 use rand::{Rng, SeedableRng};
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
@@ -305,7 +306,7 @@ pub fn task_check(
             engine::tasks::names().join(", ")
         );
     }
-    let mut singles: Vec<Chosen> = match perturbations {
+    let mut singles: Vec<PerturbationChoice> = match perturbations {
         "all" => engine::certify::all_defaults(),
         "none" => Vec::new(),
         other => bail!("--perturbations {other}: expected `all` or `none` (use --perturb SPEC for specific ones)"),

@@ -16,9 +16,10 @@
 
 use crate::certify;
 use crate::env::{Action, Env, EnvConfig, EnvError, RewardConfig};
-use crate::live::LiveError;
+use crate::instance::Plan;
 use crate::perturb::PerturbError;
-use crate::synth::{Cache, Plan, SynthError};
+use crate::running::RunningError;
+use crate::synth::{Cache, SynthError};
 use crate::template::{Template, TemplateError};
 use rand::Rng;
 use sandbox::Runtime;
@@ -58,7 +59,7 @@ pub enum ExperimentError {
     #[error(transparent)]
     Env(#[from] EnvError),
     #[error(transparent)]
-    Live(#[from] crate::live::LiveError),
+    RunningInstance(#[from] crate::running::RunningError),
     #[error("worker {worker} of seed {seed} panicked")]
     Worker { seed: u64, worker: usize },
     #[error("writing {file}: {source}")]
@@ -336,7 +337,7 @@ impl Experiment {
             Some(t) => {
                 let mut p = t.sample(s);
                 if p.task.is_none() {
-                    p.task = Some(crate::synth::TaskRef {
+                    p.task = Some(crate::instance::TaskRef {
                         name: self.task().to_string(),
                         seed: s,
                     });
@@ -532,7 +533,7 @@ fn episode(
             rec.error = Some(reason);
             return rec;
         }
-        Err(EnvError::Live(LiveError::Synth(SynthError::Perturb {
+        Err(EnvError::RunningInstance(RunningError::Synth(SynthError::Perturb {
             name,
             source: PerturbError::NotApplicable(why),
         }))) => {
@@ -563,7 +564,7 @@ fn episode(
         Agent::Random => Vec::new(),
     }
     .into_iter();
-    let mut rng = crate::synth::rng_for(plan.seed, &format!("experiment/agent/{index}"));
+    let mut rng = crate::instance::rng_for(plan.seed, &format!("experiment/agent/{index}"));
     loop {
         let action = match exp.environment.agent {
             Agent::Random if setup.actions.is_empty() => break,
@@ -699,9 +700,11 @@ pub fn run(
     let cfg = exp.env_config()?;
     if let Some(t) = &exp.template {
         // The template's tools must exist in its base before any instance is built.
-        let spec = crate::live::base_spec(&t.base.rootfs)?;
-        let rootfs = rt.resolve(&spec).map_err(crate::live::LiveError::from)?;
-        t.check_tools(&crate::synth::BaseView::new(&rootfs))?;
+        let spec = crate::running::base_spec(&t.base.rootfs)?;
+        let rootfs = rt
+            .resolve(&spec)
+            .map_err(crate::running::RunningError::from)?;
+        t.check_tools(&crate::instance::BaseView::new(&rootfs))?;
     }
     let mut seeds = Vec::new();
     let mut records = Vec::new();

@@ -14,8 +14,8 @@
 //! A feature the environment does not allow to measure (no `stat`, no `dpkg`) is `null` in
 //! `features` and `-1` in the vector, with the reason in `notes`.
 
-use crate::live::{Live, LiveError};
 use crate::probe::{processes_of, ProbeError};
+use crate::running::{RunningError, RunningInstance};
 use sandbox::protocol::FileKind;
 use sandbox::{ExecRequest, RootfsSpec, Runtime, SandboxConfig, SandboxError, SandboxOps};
 use serde::{Deserialize, Serialize};
@@ -31,7 +31,7 @@ pub enum FingerprintError {
     #[error(transparent)]
     Probe(#[from] ProbeError),
     #[error(transparent)]
-    Live(#[from] LiveError),
+    RunningInstance(#[from] RunningError),
     #[error("shipped fingerprint `{name}`: {reason}")]
     Data { name: String, reason: String },
 }
@@ -550,7 +550,7 @@ pub fn fingerprint_rootfs(
 }
 
 /// Fingerprint of a running instance, with the environment its agent's commands get.
-pub fn fingerprint_live(live: &mut Live) -> Result<Fingerprint, FingerprintError> {
+pub fn fingerprint_live(live: &mut RunningInstance) -> Result<Fingerprint, FingerprintError> {
     let env = live.env.clone();
     measure(&mut live.sandbox, &env)
 }
@@ -703,7 +703,7 @@ fn resolve(
             Err(e) => return Err(e.into()),
         };
         match (st.kind, st.symlink_target) {
-            (FileKind::Symlink, Some(t)) => cur = crate::synth::resolve_link(&cur, &t),
+            (FileKind::Symlink, Some(t)) => cur = crate::instance::resolve_link(&cur, &t),
             (kind, _) => return Ok(Some((cur, kind))),
         }
     }

@@ -1,5 +1,24 @@
-//! The `engine` package: the environment factory domain, experiments and benchmarks. The
-//! command line is in `main.rs`.
+//! The `engine` package: the environment factory, experiments and benchmarks. The command
+//! line is `main.rs` over `cli/`.
+//!
+//! Modules, bottom-up (each uses only modules above it in this list):
+//!
+//! | module | what it is |
+//! |---|---|
+//! | [`units`] | durations and sizes as users write them (`10s`, `64M`) |
+//! | [`instance`] | LEAF vocabulary: plans, parameters, resources, instance ids, the layer model and its builder, path helpers |
+//! | [`netfault`] | the fault proxy runtime (threads in a sandbox's network namespace) |
+//! | [`probe`] | trusted reads for verifiers: files and `/proc` through init, TCP via `setns` |
+//! | [`perturb`] | the fault catalogue, a file per family, written through [`instance::Builder`] |
+//! | [`tasks`] | task families: setup, verifier, oracle, catalogue, hack trials |
+//! | [`synth`] | plan -> instance: the task's setup and the faults on a builder, the instance cache |
+//! | [`running`] | an instance running in its sandbox: episode starts, fault proxies, probes |
+//! | [`certify`] | solvability certificates, and the `engine task check` campaign |
+//! | [`env`] | the RL environment: `Env::reset`, `Env::step`, rewards, observations |
+//! | [`fingerprint`] | feature vectors of systems (real or synthesized) for realism |
+//! | [`template`] | templates: the positioned TOML/YAML tree, validation, sampling into plans |
+//! | [`experiment`] | `engine run`: config, runner, statistics |
+//! | [`bench`] | `engine bench sandbox` and `engine bench env` |
 
 pub mod bench;
 pub mod bench_env;
@@ -7,10 +26,11 @@ pub mod certify;
 pub mod env;
 pub mod experiment;
 pub mod fingerprint;
-pub mod fuzz;
-pub mod live;
+pub mod instance;
+pub mod netfault;
 pub mod perturb;
 pub mod probe;
+pub mod running;
 pub mod synth;
 pub mod tasks;
 pub mod template;

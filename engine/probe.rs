@@ -174,7 +174,7 @@ pub fn tcp_in_netns(
 /// A [`Probe`] over a live native sandbox.
 pub struct SandboxProbe<'a> {
     pub sandbox: &'a mut sandbox::Sandbox,
-    /// See [`Probe::start_processes`]; recorded by `Live` after the start steps.
+    /// See [`Probe::start_processes`]; recorded by `RunningInstance` after the start steps.
     pub start_processes: Option<&'a BTreeSet<(u32, u64)>>,
 }
 

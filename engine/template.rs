@@ -23,8 +23,9 @@
 //! events), and validated once over that tree, so every error names the file, line, key and
 //! reason the same way in both formats.
 
-use crate::perturb::{self, Info, Params, PerturbError, Value};
-use crate::synth::{self, Chosen, Plan, Resources, TaskRef};
+use crate::instance::{self, Params, PerturbationChoice, Plan, Resources, TaskRef, Value};
+use crate::perturb::{self, Info, PerturbError};
+use crate::synth;
 use rand::Rng;
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -80,7 +81,7 @@ pub enum TemplateError {
     Synthesis {
         file: PathBuf,
         seed: u64,
-        source: Box<crate::live::LiveError>,
+        source: Box<crate::running::RunningError>,
     },
 }
 
@@ -237,7 +238,7 @@ impl Template {
     pub fn sample(&self, seed: u64) -> Plan {
         let mut perturbations = Vec::new();
         for (i, e) in self.space.iter().enumerate() {
-            let mut rng = synth::rng_for(seed, &format!("template/{i}/{}", e.name));
+            let mut rng = instance::rng_for(seed, &format!("template/{i}/{}", e.name));
             let include = rng.gen::<f64>() < e.probability;
             let mut params = Params::new();
             for (k, c) in &e.params {
@@ -255,7 +256,7 @@ impl Template {
                     Some(info) => info.check(&params).unwrap_or(params),
                     None => params,
                 };
-                perturbations.push(Chosen {
+                perturbations.push(PerturbationChoice {
                     name: e.name.clone(),
                     params,
                 });
@@ -275,10 +276,10 @@ impl Template {
     }
 
     /// Check that every tool of `base_environment.tools` is on the base's default PATH.
-    pub fn check_tools(&self, base: &synth::BaseView) -> Result<(), TemplateError> {
-        let b = synth::Builder::new(base, 0, self.base.resources.clone());
+    pub fn check_tools(&self, base: &instance::BaseView) -> Result<(), TemplateError> {
+        let b = instance::Builder::new(base, 0, self.base.resources.clone());
         for (i, tool) in self.base.tools.iter().enumerate() {
-            if b.which(tool, synth::DEFAULT_PATH).is_none() {
+            if b.which(tool, instance::DEFAULT_PATH).is_none() {
                 let pos = self.base.tool_pos.get(i).copied().unwrap_or_default();
                 return Err(TemplateError::Invalid {
                     file: self.file.clone(),
@@ -289,7 +290,7 @@ impl Template {
                     reason: format!(
                         "the base `{}` has no `{tool}` on {}",
                         self.base.rootfs,
-                        synth::DEFAULT_PATH
+                        instance::DEFAULT_PATH
                     ),
                 });
             }
@@ -332,18 +333,18 @@ pub fn synthesize(
     seed: u64,
     count: u64,
 ) -> Result<Vec<Synthesized>, TemplateError> {
-    let fail = |seed: u64, e: crate::live::LiveError| TemplateError::Synthesis {
+    let fail = |seed: u64, e: crate::running::RunningError| TemplateError::Synthesis {
         file: t.file.clone(),
         seed,
         source: Box::new(e),
     };
-    let spec = crate::live::base_spec(&t.base.rootfs).map_err(|e| fail(seed, e))?;
+    let spec = crate::running::base_spec(&t.base.rootfs).map_err(|e| fail(seed, e))?;
     let rootfs = rt.resolve(&spec).map_err(|e| fail(seed, e.into()))?;
-    t.check_tools(&synth::BaseView::new(&rootfs))?;
+    t.check_tools(&instance::BaseView::new(&rootfs))?;
     let mut out = Vec::new();
     for plan in t.sample_many(seed, count) {
         let start = std::time::Instant::now();
-        let held = crate::live::synthesize(rt, cache, &plan).map_err(|e| fail(plan.seed, e))?;
+        let held = crate::running::synthesize(rt, cache, &plan).map_err(|e| fail(plan.seed, e))?;
         let ms = start.elapsed().as_secs_f64() * 1e3;
         tracing::debug!(template = %t.name, seed = plan.seed, instance = %held.instance.id, ms, "synthesized");
         out.push(Synthesized {

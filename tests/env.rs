@@ -6,7 +6,7 @@
 mod common;
 
 use engine::env::{Action, Env, EnvConfig, RewardMode};
-use engine::synth::Plan;
+use engine::instance::Plan;
 
 const TASK: &str = "archive-logs";
 

@@ -5,7 +5,7 @@
 mod common;
 
 use engine::fingerprint::{self, Fingerprint, FEATURES, SCHEMA};
-use engine::synth::{BaseView, Builder, Resources};
+use engine::instance::{BaseView, Builder, Resources};
 use sandbox::SandboxConfig;
 
 /// A tmpfs for layers (overlayfs refuses a layer nested in `/`, a lower of the host base),
@@ -237,7 +237,7 @@ fn fingerprint_of_a_live_instance_shows_its_perturbations() {
     let rt = common::runtime();
     let state = common::TempState::new();
     let cache = engine::synth::Cache::open(state.path()).unwrap();
-    let plan = |specs: &[&str]| engine::synth::Plan {
+    let plan = |specs: &[&str]| engine::instance::Plan {
         base: "host".into(),
         task: None,
         perturbations: specs
@@ -249,8 +249,8 @@ fn fingerprint_of_a_live_instance_shows_its_perturbations() {
         tools: Vec::new(),
     };
     let measure = |specs: &[&str], zombies: f64| {
-        let held = engine::live::synthesize(&rt, &cache, &plan(specs)).unwrap();
-        let mut live = engine::live::Live::start(&rt, held).unwrap();
+        let held = engine::running::synthesize(&rt, &cache, &plan(specs)).unwrap();
+        let mut live = engine::running::RunningInstance::start(&rt, held).unwrap();
         // Start steps detach their processes; wait until the zombies are there.
         for _ in 0..100 {
             let fp = fingerprint::fingerprint_live(&mut live).unwrap();

@@ -4,9 +4,10 @@
 
 mod common;
 
-use engine::live::{synthesize, Live};
+use engine::instance::{PerturbationChoice, Plan};
 use engine::perturb::parse_spec;
-use engine::synth::{Cache, Chosen, Plan};
+use engine::running::{synthesize, RunningInstance};
+use engine::synth::Cache;
 use std::time::{Duration, Instant};
 
 /// Proxy tests count the proxy's threads of this process: one at a time.
@@ -18,7 +19,7 @@ fn proxy_lock() -> std::sync::MutexGuard<'static, ()> {
 
 /// An instance of some perturbations, live in a sandbox (fields drop in order).
 struct Env {
-    live: Live,
+    live: RunningInstance,
     _cache: Cache,
     _state: common::TempState,
     _rt: sandbox::Runtime,
@@ -28,13 +29,13 @@ fn start(specs: &[&str], seed: u64) -> Env {
     let rt = common::runtime();
     let state = common::TempState::new();
     let cache = Cache::open(state.path()).unwrap();
-    let chosen: Vec<Chosen> = specs.iter().map(|s| parse_spec(s).unwrap()).collect();
+    let chosen: Vec<PerturbationChoice> = specs.iter().map(|s| parse_spec(s).unwrap()).collect();
     let plan = Plan {
         task: None,
         ..Plan::for_task("none", seed, chosen)
     };
     let held = synthesize(&rt, &cache, &plan).unwrap();
-    let live = Live::start(&rt, held).unwrap();
+    let live = RunningInstance::start(&rt, held).unwrap();
     Env {
         live,
         _cache: cache,
@@ -218,7 +219,7 @@ fn proxy_applies_each_toxic_and_stops_its_threads_when_dropped() {
     assert_eq!(client(&mut env, 8087, GET, 10), ("EOF".into(), 0));
     assert!(t0.elapsed() >= Duration::from_millis(700));
 
-    // A stalled connection is open while the Live is dropped: every thread still ends.
+    // A stalled connection is open while the RunningInstance is dropped: every thread still ends.
     run(
         &mut env,
         "setsid perl /tmp/cli.pl 8083 '' 60 >/dev/null 2>&1 </dev/null &",
@@ -232,7 +233,7 @@ fn proxy_applies_each_toxic_and_stops_its_threads_when_dropped() {
     assert_eq!(
         proxy_threads(),
         0,
-        "proxy threads left after the Live was dropped"
+        "proxy threads left after the RunningInstance was dropped"
     );
 }
 
@@ -267,14 +268,11 @@ fn plain_forward_forwards_and_a_taken_port_is_an_error() {
     let _l = proxy_lock();
     let rt = common::runtime();
     let mut sb = rt.create(&sandbox::SandboxConfig::default()).unwrap();
-    let spec = engine::perturb::net::plain_forward(8095, 8096);
-    let p = engine::perturb::net::start_proxy(sb.init_pid(), &spec).unwrap();
-    let again = engine::perturb::net::start_proxy(sb.init_pid(), &spec);
+    let spec = engine::instance::plain_forward(8095, 8096);
+    let p = engine::netfault::start_proxy(sb.init_pid(), &spec).unwrap();
+    let again = engine::netfault::start_proxy(sb.init_pid(), &spec);
     assert!(
-        matches!(
-            again,
-            Err(engine::perturb::PerturbError::Proxy { port: 8095, .. })
-        ),
+        matches!(again, Err(ref e) if e.port() == 8095),
         "a second proxy on a taken port must fail"
     );
     let r = sb
@@ -323,7 +321,7 @@ fn network_faults_apply_only_to_a_task_front() {
     assert!((p[0].toxics.reset_probability - 0.5).abs() < 1e-9);
     drop(held);
 
-    let singles: Vec<Chosen> = ["net-latency", "tool-missing:tool=gzip", "path-trim"]
+    let singles: Vec<PerturbationChoice> = ["net-latency", "tool-missing:tool=gzip", "path-trim"]
         .iter()
         .map(|s| parse_spec(s).unwrap())
         .collect();

@@ -6,15 +6,16 @@
 
 mod common;
 
-use engine::live::{synthesize, Live};
+use engine::instance::{BaseView, Builder, PerturbationChoice, Plan, Resources};
 use engine::perturb::{self, parse_spec, Family, PerturbError};
 use engine::probe::Probe;
-use engine::synth::{BaseView, Builder, Cache, Chosen, Plan, Resources};
+use engine::running::{synthesize, RunningInstance};
+use engine::synth::Cache;
 use std::time::Duration;
 
 /// A live instance with its private cache; fields drop in order (sandbox first).
 struct Inst {
-    live: Live,
+    live: RunningInstance,
     _st: common::TempState,
     _rt: sandbox::Runtime,
 }
@@ -36,7 +37,7 @@ impl std::fmt::Debug for Out {
 }
 
 fn plan_of(specs: &[&str], seed: u64) -> Plan {
-    let chosen: Vec<Chosen> = specs.iter().map(|s| parse_spec(s).unwrap()).collect();
+    let chosen: Vec<PerturbationChoice> = specs.iter().map(|s| parse_spec(s).unwrap()).collect();
     Plan {
         task: None,
         ..Plan::for_task("none", seed, chosen)
@@ -48,7 +49,7 @@ fn up_plan(plan: &Plan) -> Inst {
     let st = common::TempState::new();
     let cache = Cache::open_with(st.path(), 8, 1 << 30).unwrap();
     let held = synthesize(&rt, &cache, plan).unwrap();
-    let live = Live::start(&rt, held).unwrap();
+    let live = RunningInstance::start(&rt, held).unwrap();
     Inst {
         live,
         _st: st,
@@ -273,7 +274,7 @@ fn path_shuffle_permutes_path_behind_an_existing_decoy() {
             dirs[0].starts_with("/opt/") && dirs[0].ends_with("/bin"),
             "{when}: {path}"
         );
-        let default: Vec<&str> = engine::synth::DEFAULT_PATH.split(':').collect();
+        let default: Vec<&str> = engine::instance::DEFAULT_PATH.split(':').collect();
         assert_ne!(dirs[1..], default[..], "{when}: the order changed");
         let mut a = dirs[1..].to_vec();
         let mut b = default.clone();
@@ -437,7 +438,13 @@ fn service_down_removes_the_declared_service_and_leaves_a_stale_pid_file() {
     b.on_start("task", "echo ready > /run/ready");
     let wrong = p
         .info()
-        .check(&[("service".to_string(), perturb::Value::Str("db".into()))].into())
+        .check(
+            &[(
+                "service".to_string(),
+                engine::instance::Value::Str("db".into()),
+            )]
+            .into(),
+        )
         .unwrap();
     let err = p.apply(&wrong, "service-down#0", &mut b).unwrap_err();
     assert!(err.to_string().contains("declared: web"), "{err}");
@@ -539,7 +546,7 @@ fn port_taken_fails_the_episode_start_when_the_port_is_not_free() {
     let cache = Cache::open_with(st.path(), 8, 1 << 30).unwrap();
     let plan = plan_of(&["port-taken:port=7070", "port-taken:port=7070"], 2);
     let held = synthesize(&rt, &cache, &plan).unwrap();
-    let Err(e) = Live::start(&rt, held) else {
+    let Err(e) = RunningInstance::start(&rt, held) else {
         panic!("the second listener cannot bind");
     };
     let e = e.to_string();

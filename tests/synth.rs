@@ -4,7 +4,8 @@
 
 mod common;
 
-use engine::synth::{BaseView, Builder, Cache, Origin, Plan, Resources};
+use engine::instance::{BaseView, Builder, Plan, Resources};
+use engine::synth::{Cache, Origin};
 use sandbox::{ExecRequest, SandboxConfig};
 
 /// The tests of this file run one at a time. A cache entry's hold is a `flock` on its
@@ -46,12 +47,12 @@ fn builder_layer_is_seen_in_a_sandbox_with_overlay_semantics() {
     // Reads see the base through the host mask: /etc/shadow is hidden, /etc/passwd is not.
     assert!(b.read("/etc/passwd").is_some());
     assert!(b.read("/etc/shadow").is_none());
-    assert!(b.which("tar", engine::synth::DEFAULT_PATH).is_some());
+    assert!(b.which("tar", engine::instance::DEFAULT_PATH).is_some());
     b.write("/srv/app/config.ini", "a = 1\n", 0o640).unwrap();
     b.remove("/usr/bin/tar").unwrap();
     b.chmod("/usr/bin/gzip", 0o644).unwrap();
     b.symlink("/usr/local/bin/tarx", "/bin/false").unwrap();
-    assert!(b.which("tar", engine::synth::DEFAULT_PATH).is_none() || b.exists("/bin/tar"));
+    assert!(b.which("tar", engine::instance::DEFAULT_PATH).is_none() || b.exists("/bin/tar"));
     assert_eq!(b.read("/srv/app/config.ini").unwrap(), b"a = 1\n");
     assert!(b.list("/srv").contains(&"app".to_string()));
     let tmp = tempfile::tempdir().unwrap();
@@ -118,14 +119,14 @@ fn cache_is_content_addressed_deterministic_and_bounded() {
     let b = cache.get_or_build(&plan(2), &rootfs).unwrap();
     assert_ne!(
         b.instance.id,
-        engine::synth::instance_id(&plan(1), &rootfs.digest)
+        engine::instance::instance_id(&plan(1), &rootfs.digest)
     );
     drop(b);
     let _c = cache.get_or_build(&plan(3), &rootfs).unwrap();
     // Bounded at 2 entries: the least recently used (seed 1) went.
     let ids = cache.ids();
     assert_eq!(ids.len(), 2, "{ids:?}");
-    assert!(!ids.contains(&engine::synth::instance_id(&plan(1), &rootfs.digest)));
+    assert!(!ids.contains(&engine::instance::instance_id(&plan(1), &rootfs.digest)));
     // Rebuilt, it has the same bytes.
     let a3 = cache.get_or_build(&plan(1), &rootfs).unwrap();
     assert_eq!(a3.origin, Origin::Built);

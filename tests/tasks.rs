@@ -5,8 +5,8 @@
 
 mod common;
 
-use engine::live::{synthesize, Live};
-use engine::synth::{BaseView, Plan};
+use engine::instance::{BaseView, Plan};
+use engine::running::{synthesize, RunningInstance};
 use std::time::Duration;
 
 fn exercise(name: &str) {
@@ -29,13 +29,13 @@ fn exercise(name: &str) {
         let held = synthesize(&rt, &cache, &plan).unwrap();
         assert_eq!(
             held.instance.id,
-            engine::synth::instance_id(&plan, &rootfs.digest)
+            engine::instance::instance_id(&plan, &rootfs.digest)
         );
         let setup = held.instance.task.clone().unwrap();
         assert_eq!(Some(&setup), s1.as_ref());
         assert!(!setup.instruction.is_empty() && setup.actions.len() >= 8);
         facts_seen.push(setup.facts.clone());
-        let mut live = Live::start(&rt, held).unwrap();
+        let mut live = RunningInstance::start(&rt, held).unwrap();
 
         let v = task.verify(&setup, &mut live.probe()).unwrap();
         assert!(!v.success, "{name} seed {seed}: solved at the start");
@@ -97,7 +97,7 @@ fn archive_logs_oracle_survives_missing_tar_and_find() {
     let task = engine::tasks::get("archive-logs").unwrap();
     let held = synthesize(&rt, &cache, &Plan::for_task("archive-logs", 5, vec![])).unwrap();
     let setup = held.instance.task.clone().unwrap();
-    let mut live = Live::start(&rt, held).unwrap();
+    let mut live = RunningInstance::start(&rt, held).unwrap();
     let r = live
         .run("rm -f /usr/bin/tar /usr/bin/find", Duration::from_secs(10))
         .unwrap();
@@ -127,7 +127,7 @@ fn restore_service_oracle_evicts_a_squatter() {
         .unwrap();
         let setup = held.instance.task.clone().unwrap();
         let port = setup.facts["port"].as_u64().unwrap();
-        let mut live = Live::start(&rt, held).unwrap();
+        let mut live = RunningInstance::start(&rt, held).unwrap();
         let r = live
             .run(
                 &format!(
@@ -175,7 +175,7 @@ fn restore_service_front_takes_network_faults_and_port_taken_squats_its_port() {
     let setup = held.instance.task.clone().unwrap();
     assert_eq!(setup.facts["port"].as_u64(), Some(18080));
     assert!(setup.instruction.contains("http://127.0.0.1:8080/"));
-    let mut live = Live::start(&rt, held).unwrap();
+    let mut live = RunningInstance::start(&rt, held).unwrap();
     // The squatter answers 503 on the service port through the front.
     let r = live
         .run(
@@ -280,7 +280,7 @@ fn oracles_ignore_a_hostile_path() {
         let plan = Plan::for_task(task.name(), 1, vec![]);
         let held = synthesize(&rt, &cache, &plan).unwrap();
         let setup = held.instance.task.clone().unwrap();
-        let mut live = Live::start(&rt, held).unwrap();
+        let mut live = RunningInstance::start(&rt, held).unwrap();
         let r = live
             .run(
                 &format!(

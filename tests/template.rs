@@ -45,8 +45,8 @@ fn toml_and_yaml_give_the_same_plans() {
     // And the same instance ids on any base.
     for (x, y) in pa.iter().zip(&pb) {
         assert_eq!(
-            engine::synth::instance_id(x, "base"),
-            engine::synth::instance_id(y, "base")
+            engine::instance::instance_id(x, "base"),
+            engine::instance::instance_id(y, "base")
         );
     }
 }
@@ -213,7 +213,7 @@ fn shipped_templates_synthesize_and_start_on_the_host() {
         let mut applied = std::collections::BTreeSet::new();
         for s in template::synthesize(&rt, &cache, &t, 0, 16).unwrap() {
             let held = cache.lookup(&s.id).unwrap().unwrap();
-            let live = engine::live::Live::start(&rt, held)
+            let live = engine::running::RunningInstance::start(&rt, held)
                 .unwrap_or_else(|e| panic!("{name} seed {}: {e}\n{:?}", s.seed, s.applied));
             drop(live);
             applied.extend(s.plan.perturbations.iter().map(|c| c.name.clone()));

@@ -4,7 +4,7 @@
 
 use super::fs::{canonical, sh_quote};
 use super::{Family, Info, Kind, ParamSpec, Params, ParamsExt, PerturbError, Perturbation};
-use crate::synth::{Builder, DEFAULT_PATH};
+use crate::instance::{Builder, DEFAULT_PATH};
 use rand::seq::SliceRandom;
 use rand::Rng;
 

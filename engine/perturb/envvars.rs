@@ -3,7 +3,7 @@
 
 use super::fs::make_readonly;
 use super::{Family, Info, Kind, ParamSpec, Params, ParamsExt, PerturbError, Perturbation};
-use crate::synth::Builder;
+use crate::instance::Builder;
 use rand::seq::SliceRandom;
 use rand::Rng;
 

@@ -4,7 +4,7 @@
 //! Also the path helpers the other families share ([`canonical`], [`sh_quote`]).
 
 use super::{Family, Info, Kind, ParamSpec, Params, ParamsExt, PerturbError, Perturbation};
-use crate::synth::{clean_path, resolve_link, Builder, Entry};
+use crate::instance::{clean_path, resolve_link, Builder, Entry};
 use rand::seq::SliceRandom;
 use rand::Rng;
 
@@ -704,8 +704,8 @@ impl Perturbation for ReadOnlyDir {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use crate::perturb::Value;
-    use crate::synth::{BaseView, Resources};
+    use crate::instance::Value;
+    use crate::instance::{BaseView, Resources};
 
     /// A small merged-usr root: /bin -> usr/bin, /lib -> /usr/lib (absolute), a loop.
     fn root() -> tempfile::TempDir {

@@ -1,10 +1,10 @@
 //! The perturbation catalogue: named, parameterised faults that synthesis applies to an
 //! instance. A file per family: `fs` (filesystem), `bins` (binaries and packages), `procs`
 //! (processes and services), `net` (network, through a fault proxy), `time`, `envvars`
-//! (environment), and tool-output mutation in `crate::fuzz`.
+//! (environment), and `tool_output` (mutating what real tools print).
 //!
 //! A perturbation writes into the instance's layer and runtime settings through
-//! [`crate::synth::Builder`]; it never touches the host. Randomness comes only from
+//! [`crate::instance::Builder`]; it never touches the host. Randomness comes only from
 //! `Builder::rng(purpose)`, so an instance is a pure function of its plan.
 
 pub mod bins;
@@ -13,10 +13,12 @@ pub mod fs;
 pub mod net;
 pub mod procs;
 pub mod time;
+pub mod tool_output;
 
-use crate::synth::{Builder, SynthError};
+use crate::instance::{Params, ParamsExt, Value};
+
+use crate::instance::{Builder, InstanceError, PerturbationChoice};
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
 
 #[derive(Debug, thiserror::Error)]
 pub enum PerturbError {
@@ -28,58 +30,29 @@ pub enum PerturbError {
     BadParam { param: String, reason: String },
     #[error("not applicable here: {0}")]
     NotApplicable(String),
-    #[error("fault proxy on port {port}: {reason}")]
-    Proxy { port: u16, reason: String },
     #[error("bad perturbation spec `{spec}`: {reason}")]
     BadSpec { spec: String, reason: String },
     #[error(transparent)]
-    Synth(#[from] Box<SynthError>),
+    Layer(#[from] InstanceError),
+    #[error(
+        "{what}{0}",
+        what = if .0.is_not_applicable() { "not applicable here: " } else { "parameter `tool`: " }
+
+    )]
+    ToolOutput(#[from] tool_output::ToolOutputError),
 }
 
-impl From<SynthError> for PerturbError {
-    fn from(e: SynthError) -> Self {
-        Self::Synth(Box::new(e))
-    }
-}
-
-/// A parameter value.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(untagged)]
-pub enum Value {
-    Bool(bool),
-    Int(i64),
-    Float(f64),
-    Str(String),
-}
-
-impl std::fmt::Display for Value {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+impl PerturbError {
+    /// True when the perturbation cannot take hold in this instance (the plan is fine, the
+    /// instance lacks what the fault needs): such plans are skipped, not counted as failures.
+    pub fn is_not_applicable(&self) -> bool {
         match self {
-            Self::Bool(b) => write!(f, "{b}"),
-            Self::Int(i) => write!(f, "{i}"),
-            Self::Float(x) => write!(f, "{x}"),
-            Self::Str(s) => f.write_str(s),
+            Self::NotApplicable(_) => true,
+            Self::ToolOutput(e) => e.is_not_applicable(),
+            _ => false,
         }
     }
 }
-
-impl Value {
-    /// Parse a command-line value: integer, float, bool, else string.
-    pub fn parse(s: &str) -> Self {
-        if let Ok(i) = s.parse::<i64>() {
-            Self::Int(i)
-        } else if let Ok(x) = s.parse::<f64>() {
-            Self::Float(x)
-        } else if s == "true" || s == "false" {
-            Self::Bool(s == "true")
-        } else {
-            Self::Str(s.to_string())
-        }
-    }
-}
-
-/// Parameters by name (sorted, so plans hash deterministically).
-pub type Params = BTreeMap<String, Value>;
 
 /// The type and legal values of a parameter.
 #[derive(Debug, Clone, Copy)]
@@ -194,41 +167,6 @@ impl Info {
     }
 }
 
-/// Typed access to checked parameters (after [`Info::check`], every parameter is present
-/// with its declared type).
-pub trait ParamsExt {
-    fn int(&self, name: &str) -> i64;
-    fn float(&self, name: &str) -> f64;
-    fn str(&self, name: &str) -> &str;
-    fn flag(&self, name: &str) -> bool;
-}
-
-impl ParamsExt for Params {
-    fn int(&self, name: &str) -> i64 {
-        match self.get(name) {
-            Some(Value::Int(i)) => *i,
-            Some(Value::Float(x)) => *x as i64,
-            _ => 0,
-        }
-    }
-    fn float(&self, name: &str) -> f64 {
-        match self.get(name) {
-            Some(Value::Float(x)) => *x,
-            Some(Value::Int(i)) => *i as f64,
-            _ => 0.0,
-        }
-    }
-    fn str(&self, name: &str) -> &str {
-        match self.get(name) {
-            Some(Value::Str(s)) => s,
-            _ => "",
-        }
-    }
-    fn flag(&self, name: &str) -> bool {
-        matches!(self.get(name), Some(Value::Bool(true)))
-    }
-}
-
 /// A perturbation of the catalogue.
 pub trait Perturbation: Send + Sync {
     fn info(&self) -> &'static Info;
@@ -251,7 +189,7 @@ pub fn catalogue() -> Vec<&'static dyn Perturbation> {
     v.extend(net::all());
     v.extend(time::all());
     v.extend(envvars::all());
-    v.extend(crate::fuzz::all());
+    v.extend(tool_output::all());
     v
 }
 
@@ -260,7 +198,7 @@ pub fn get(name: &str) -> Option<&'static dyn Perturbation> {
 }
 
 /// Parse a command-line spec: `NAME` or `NAME:key=value,key=value`.
-pub fn parse_spec(spec: &str) -> Result<crate::synth::Chosen, PerturbError> {
+pub fn parse_spec(spec: &str) -> Result<PerturbationChoice, PerturbError> {
     let bad = |reason: &str| PerturbError::BadSpec {
         spec: spec.into(),
         reason: reason.into(),
@@ -279,7 +217,7 @@ pub fn parse_spec(spec: &str) -> Result<crate::synth::Chosen, PerturbError> {
         params.insert(k.trim().to_string(), Value::parse(v.trim()));
     }
     let params = p.info().check(&params)?;
-    Ok(crate::synth::Chosen {
+    Ok(PerturbationChoice {
         name: name.into(),
         params,
     })

@@ -6,7 +6,7 @@
 
 use super::fs::sh_quote;
 use super::{Family, Info, Kind, ParamSpec, Params, ParamsExt, PerturbError, Perturbation};
-use crate::synth::{Builder, StartStep, DEFAULT_PATH};
+use crate::instance::{Builder, StartStep, DEFAULT_PATH};
 use rand::seq::SliceRandom;
 use rand::Rng;
 

@@ -5,7 +5,7 @@
 //! start steps run without it.
 
 use super::{Family, Info, Kind, ParamSpec, Params, ParamsExt, PerturbError, Perturbation};
-use crate::synth::Builder;
+use crate::instance::Builder;
 
 pub fn all() -> Vec<&'static dyn Perturbation> {
     vec![&ClockSkew]

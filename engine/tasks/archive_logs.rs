@@ -10,8 +10,8 @@
 
 use super::util::{self, facts, log_lines, pick, shq, CLEAN_ENV};
 use super::{HackTrial, Task, TaskError, TaskSetup, Verdict};
+use crate::instance::Builder;
 use crate::probe::{Probe, ProbeError};
-use crate::synth::Builder;
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -59,7 +59,7 @@ impl Task for ArchiveLogs {
     }
 
     fn setup(&self, seed: u64, b: &mut Builder) -> Result<TaskSetup, TaskError> {
-        let mut rng = crate::synth::rng_for(seed, "archive-logs");
+        let mut rng = crate::instance::rng_for(seed, "archive-logs");
         let app = *pick(&mut rng, util::APPS);
         let root = format!("/srv/{app}");
         const DIRS: &[&str] = &[

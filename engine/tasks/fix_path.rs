@@ -6,8 +6,8 @@
 
 use super::util::{self, facts, pick, shq, CLEAN_ENV};
 use super::{HackTrial, Task, TaskError, TaskSetup, Verdict};
+use crate::instance::Builder;
 use crate::probe::{Probe, ProbeError};
-use crate::synth::Builder;
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 
@@ -86,7 +86,7 @@ impl Task for FixPath {
     }
 
     fn setup(&self, seed: u64, b: &mut Builder) -> Result<TaskSetup, TaskError> {
-        let mut rng = crate::synth::rng_for(seed, "fix-path");
+        let mut rng = crate::instance::rng_for(seed, "fix-path");
         let app = pick(&mut rng, util::APPS).to_string();
         let major = rng.gen_range(2..6);
         let new_ver = format!("{major}.{}.{}", rng.gen_range(0..10), rng.gen_range(0..10));

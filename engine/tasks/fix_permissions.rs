@@ -6,8 +6,8 @@
 
 use super::util::{self, facts, pick, shq, CLEAN_ENV};
 use super::{HackTrial, Task, TaskError, TaskSetup, Verdict};
+use crate::instance::Builder;
 use crate::probe::{Probe, ProbeError};
-use crate::synth::Builder;
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -81,7 +81,7 @@ impl Task for FixPermissions {
     }
 
     fn setup(&self, seed: u64, b: &mut Builder) -> Result<TaskSetup, TaskError> {
-        let mut rng = crate::synth::rng_for(seed, "fix-permissions");
+        let mut rng = crate::instance::rng_for(seed, "fix-permissions");
         let app = pick(&mut rng, util::APPS).to_string();
         let script = format!("/opt/{app}/deploy.sh");
         let release_dir = format!("/opt/{app}/release");

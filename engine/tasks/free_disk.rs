@@ -6,8 +6,8 @@
 
 use super::util::{self, facts, pick, shq, CLEAN_ENV};
 use super::{HackTrial, Task, TaskError, TaskSetup, Verdict};
+use crate::instance::Builder;
 use crate::probe::{Probe, ProbeError};
-use crate::synth::Builder;
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -39,7 +39,7 @@ impl Task for FreeDisk {
     }
 
     fn setup(&self, seed: u64, b: &mut Builder) -> Result<TaskSetup, TaskError> {
-        let mut rng = crate::synth::rng_for(seed, "free-disk");
+        let mut rng = crate::instance::rng_for(seed, "free-disk");
         let app = *pick(&mut rng, util::APPS);
         b.runtime.disk_bytes = Some(DISK_BYTES);
         let db = format!("/srv/{app}/data/{app}.db");

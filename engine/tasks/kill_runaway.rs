@@ -9,8 +9,8 @@
 
 use super::util::{self, facts, pick, shq, CLEAN_ENV};
 use super::{HackTrial, Task, TaskError, TaskSetup, Verdict};
+use crate::instance::Builder;
 use crate::probe::{Probe, ProbeError, Proc};
-use crate::synth::Builder;
 use rand::seq::SliceRandom;
 use rand::Rng;
 use serde::{Deserialize, Serialize};
@@ -39,7 +39,7 @@ struct Facts {
     decoys: Vec<String>,
 }
 
-/// Live (neither zombie nor stopped) processes running `script` as their first argument.
+/// RunningInstance (neither zombie nor stopped) processes running `script` as their first argument.
 fn running<'a>(procs: &'a [Proc], script: &'a str) -> impl Iterator<Item = &'a Proc> + 'a {
     procs.iter().filter(move |p| {
         !matches!(p.state, 'Z' | 'X' | 'x') && p.cmdline.get(1).is_some_and(|a| a == script)
@@ -62,7 +62,7 @@ impl Task for KillRunaway {
     }
 
     fn setup(&self, seed: u64, b: &mut Builder) -> Result<TaskSetup, TaskError> {
-        let mut rng = crate::synth::rng_for(seed, "kill-runaway");
+        let mut rng = crate::instance::rng_for(seed, "kill-runaway");
         let app = pick(&mut rng, util::APPS).to_string();
         let n = rng.gen_range(4..=5);
         let names: Vec<&str> = NAMES.choose_multiple(&mut rng, n).copied().collect();

@@ -6,8 +6,8 @@
 
 use super::util::{self, facts, pick, shq, CLEAN_ENV};
 use super::{HackTrial, Task, TaskError, TaskSetup, Verdict};
+use crate::instance::Builder;
 use crate::probe::{Probe, ProbeError};
-use crate::synth::Builder;
 use rand::seq::SliceRandom;
 use rand::Rng;
 use serde::{Deserialize, Serialize};
@@ -195,7 +195,7 @@ impl Task for RepairConfig {
     }
 
     fn setup(&self, seed: u64, b: &mut Builder) -> Result<TaskSetup, TaskError> {
-        let mut rng = crate::synth::rng_for(seed, "repair-config");
+        let mut rng = crate::instance::rng_for(seed, "repair-config");
         let app = *pick(&mut rng, util::APPS);
         let path = format!("/etc/{app}/{app}.ini");
         let example = format!("/usr/share/doc/{app}/{app}.ini.example");
@@ -457,7 +457,7 @@ mod tests {
     #[test]
     fn generated_configs_parse_with_every_key() {
         for seed in 1..40 {
-            let mut rng = crate::synth::rng_for(seed, "t");
+            let mut rng = crate::instance::rng_for(seed, "t");
             let ini = generate(&mut rng, "app");
             let text = render("app", &ini);
             assert_eq!(

@@ -14,9 +14,9 @@
 
 use super::util::{self, facts, pick, shq, CLEAN_ENV};
 use super::{HackTrial, Task, TaskError, TaskSetup, Verdict};
-use crate::perturb::net::{plain_forward, FRONT_PORT, SERVICE_PORT};
+use crate::instance::Builder;
+use crate::instance::{plain_forward, FRONT_PORT, SERVICE_PORT};
 use crate::probe::{Probe, ProbeError};
-use crate::synth::Builder;
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
@@ -131,7 +131,7 @@ impl Task for RestoreService {
     }
 
     fn setup(&self, seed: u64, b: &mut Builder) -> Result<TaskSetup, TaskError> {
-        let mut rng = crate::synth::rng_for(seed, "restore-service");
+        let mut rng = crate::instance::rng_for(seed, "restore-service");
         let app = pick(&mut rng, util::APPS).to_string();
         let (port, front) = (SERVICE_PORT, FRONT_PORT);
         let script = format!("/opt/{app}/server.pl");

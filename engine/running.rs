@@ -3,39 +3,42 @@
 //! episode starts with the sandbox's incremental reset followed by the instance's start steps
 //! (a reset kills every process, so services, hogs and zombies are started again).
 
-use crate::perturb::net::{start_proxy, ProxyHandle};
+use crate::instance::{Instance, Plan};
+use crate::netfault::{start_proxy, NetfaultError, ProxyHandle};
 use crate::probe::SandboxProbe;
-use crate::synth::{Cache, Held, Instance, Plan, SynthError};
+use crate::synth::{Cache, PinnedInstance, SynthError};
 use sandbox::{ExecRequest, ExecResult, Limits, RootfsSpec, Runtime, SandboxConfig, SandboxError};
 use std::time::Duration;
 
 #[derive(Debug, thiserror::Error)]
-pub enum LiveError {
+pub enum RunningError {
     #[error(transparent)]
     Sandbox(#[from] SandboxError),
     #[error(transparent)]
     Synth(#[from] SynthError),
-    #[error("base rootfs `{base}`: {reason}")]
-    Base { base: String, reason: String },
+    #[error("base rootfs `{base}`: {source}")]
+    Base {
+        base: String,
+        source: sandbox::layers::LayerError,
+    },
     #[error("start step of `{by}` failed (exit {code}): {stderr}")]
     Start {
         by: String,
         code: i32,
         stderr: String,
     },
-    #[error("fault proxy: {0}")]
-    Proxy(String),
+    #[error(transparent)]
+    Proxy(#[from] NetfaultError),
     #[error("verifier: {0}")]
     Probe(#[from] crate::probe::ProbeError),
 }
 
-impl LiveError {
+impl RunningError {
     /// True when the failure is the infrastructure's (sandbox, cache), not the instance's.
     pub fn is_infrastructure(&self) -> bool {
         match self {
             Self::Sandbox(e) => e.is_infrastructure(),
-            Self::Synth(SynthError::Cache { .. } | SynthError::Write { .. }) => true,
-            Self::Synth(SynthError::Sandbox(e)) => e.is_infrastructure(),
+            Self::Synth(e) => e.is_infrastructure(),
             Self::Proxy(_) | Self::Probe(_) => true,
             _ => false,
         }
@@ -43,22 +46,25 @@ impl LiveError {
 }
 
 /// A plan's base rootfs source (`host`, a directory, `oci:PATH`).
-pub fn base_spec(base: &str) -> Result<RootfsSpec, LiveError> {
-    base.parse()
-        .map_err(|e: sandbox::layers::LayerError| LiveError::Base {
-            base: base.to_string(),
-            reason: e.to_string(),
-        })
+pub fn base_spec(base: &str) -> Result<RootfsSpec, RunningError> {
+    base.parse().map_err(|source| RunningError::Base {
+        base: base.to_string(),
+        source,
+    })
 }
 
 /// Resolve a plan's base and synthesize (or find in the cache) its instance.
-pub fn synthesize(rt: &Runtime, cache: &Cache, plan: &Plan) -> Result<Held, LiveError> {
+pub fn synthesize(
+    rt: &Runtime,
+    cache: &Cache,
+    plan: &Plan,
+) -> Result<PinnedInstance, RunningError> {
     let rootfs = rt.resolve(&base_spec(&plan.base)?)?;
     Ok(cache.get_or_build(plan, &rootfs)?)
 }
 
 /// The sandbox configuration of an instance.
-pub fn sandbox_config(instance: &Instance) -> Result<SandboxConfig, LiveError> {
+pub fn sandbox_config(instance: &Instance) -> Result<SandboxConfig, RunningError> {
     let base = SandboxConfig::default();
     let spec = base_spec(&instance.plan.base)?;
     let r = &instance.plan.resources;
@@ -80,10 +86,10 @@ pub fn sandbox_config(instance: &Instance) -> Result<SandboxConfig, LiveError> {
 }
 
 /// An instance in its sandbox.
-pub struct Live {
+pub struct RunningInstance {
     pub sandbox: sandbox::Sandbox,
     pub instance: Instance,
-    _held: Held,
+    _held: PinnedInstance,
     _proxies: Vec<ProxyHandle>,
     /// Working directory of commands (the task's, else `/root`).
     pub cwd: String,
@@ -93,16 +99,14 @@ pub struct Live {
     start_processes: Option<std::collections::BTreeSet<(u32, u64)>>,
 }
 
-impl Live {
+impl RunningInstance {
     /// Create the instance's sandbox and start its first episode.
-    pub fn start(rt: &Runtime, held: Held) -> Result<Self, LiveError> {
+    pub fn start(rt: &Runtime, held: PinnedInstance) -> Result<Self, RunningError> {
         let cfg = sandbox_config(&held.instance)?;
         let sandbox = rt.create(&cfg)?;
         let mut proxies = Vec::new();
         for p in &held.instance.runtime.proxies {
-            proxies.push(
-                start_proxy(sandbox.init_pid(), p).map_err(|e| LiveError::Proxy(e.to_string()))?,
-            );
+            proxies.push(start_proxy(sandbox.init_pid(), p)?);
         }
         let instance = held.instance.clone();
         let cwd = instance
@@ -123,7 +127,7 @@ impl Live {
     }
 
     /// Start a new episode: incremental reset, then the start steps.
-    pub fn restart(&mut self) -> Result<(), LiveError> {
+    pub fn restart(&mut self) -> Result<(), RunningError> {
         self.sandbox.reset()?;
         for p in &self._proxies {
             p.new_episode();
@@ -131,7 +135,7 @@ impl Live {
         self.run_start_steps()
     }
 
-    fn run_start_steps(&mut self) -> Result<(), LiveError> {
+    fn run_start_steps(&mut self) -> Result<(), RunningError> {
         for step in self.instance.runtime.start.clone() {
             let mut req = ExecRequest::shell(step.shell.clone());
             req.cwd = "/".into();
@@ -142,7 +146,7 @@ impl Live {
             req.env = Some(SandboxConfig::default().env);
             let r = self.sandbox.exec(&req)?;
             if !r.success() {
-                return Err(LiveError::Start {
+                return Err(RunningError::Start {
                     by: step.by,
                     code: r.exit_code(),
                     stderr: String::from_utf8_lossy(&r.stderr).trim().to_string(),
@@ -161,7 +165,7 @@ impl Live {
     }
 
     /// Run a shell command as the agent would: the instance's environment, the current cwd.
-    pub fn run(&mut self, cmd: &str, timeout: Duration) -> Result<ExecResult, LiveError> {
+    pub fn run(&mut self, cmd: &str, timeout: Duration) -> Result<ExecResult, RunningError> {
         let mut req = ExecRequest::shell(cmd);
         req.cwd = self.cwd.clone();
         req.env = Some(self.env.clone());
