@@ -26,7 +26,7 @@ pub enum BenchEnvError {
     #[error(transparent)]
     Env(#[from] crate::env::EnvError),
     #[error(transparent)]
-    RunningInstance(#[from] crate::running::RunningError),
+    Running(#[from] crate::running::RunningError),
     #[error(transparent)]
     Synth(#[from] crate::synth::SynthError),
     #[error(transparent)]

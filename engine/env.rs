@@ -43,24 +43,36 @@ pub enum EnvError {
     NoTask,
     #[error("instance {id} is not certified solvable: {reason}")]
     Uncertified { id: String, reason: String },
-    #[error("dangerous-command pattern {pattern:?}: {reason}")]
-    BadPattern { pattern: String, reason: String },
+    #[error("dangerous-command pattern {pattern:?}: {source}")]
+    BadPattern {
+        pattern: String,
+        source: regex::Error,
+    },
     #[error(transparent)]
-    RunningInstance(#[from] RunningError),
+    Running(#[from] RunningError),
     #[error("verifier: {0}")]
     Probe(#[from] crate::probe::ProbeError),
     #[error("observation encoder: {0}")]
-    Encoder(String),
+    Encoder(#[from] policies::encoder::EncoderError),
 }
 
 impl EnvError {
     /// True when the environment (sandbox, cache, verifier reads), not the agent, failed.
     pub fn is_infrastructure(&self) -> bool {
         match self {
-            Self::RunningInstance(e) => e.is_infrastructure(),
+            Self::Running(e) => e.is_infrastructure(),
             Self::Probe(crate::probe::ProbeError::Sandbox(e)) => e.is_infrastructure(),
             Self::Probe(_) => true,
             _ => false,
+        }
+    }
+
+    /// The perturbation of the plan that cannot take hold in its instance, and why: the plan
+    /// is skipped, neither the agent's failure nor the infrastructure's.
+    pub fn not_applicable(&self) -> Option<(&str, &crate::perturb::PerturbError)> {
+        match self {
+            Self::Running(RunningError::Synth(e)) => e.not_applicable(),
+            _ => None,
         }
     }
 }
@@ -259,9 +271,9 @@ impl Env {
             .map(|p| {
                 regex::Regex::new(p)
                     .map(|r| (p.clone(), r))
-                    .map_err(|e| EnvError::BadPattern {
+                    .map_err(|source| EnvError::BadPattern {
                         pattern: p.clone(),
-                        reason: e.to_string(),
+                        source,
                     })
             })
             .collect::<Result<Vec<_>, _>>()?;
@@ -269,8 +281,7 @@ impl Env {
             text_dim: cfg.feature_dim.max(1),
             numeric_dim: NUMERIC_FEATURES,
             ..HashedTextConfig::default()
-        })
-        .map_err(|e| EnvError::Encoder(e.to_string()))?;
+        })?;
         let certificates = Certificates::new(cache.clone());
         Ok(Self {
             rt,
@@ -665,13 +676,10 @@ impl Env {
             (1.0 + obs.stdout.len() as f32).ln() / 10.0,
             (1.0 + obs.listing.len() as f32).ln() / 5.0,
         ];
-        obs.features = self
-            .encoder
-            .encode(&EncObs {
-                text: &obs.text,
-                numeric: &numeric,
-            })
-            .map_err(|e| EnvError::Encoder(e.to_string()))?;
+        obs.features = self.encoder.encode(&EncObs {
+            text: &obs.text,
+            numeric: &numeric,
+        })?;
         Ok(())
     }
 

@@ -17,9 +17,7 @@
 use crate::certify;
 use crate::env::{Action, Env, EnvConfig, EnvError, RewardConfig};
 use crate::instance::Plan;
-use crate::perturb::PerturbError;
-use crate::running::RunningError;
-use crate::synth::{Cache, SynthError};
+use crate::synth::Cache;
 use crate::template::{Template, TemplateError};
 use rand::Rng;
 use sandbox::Runtime;
@@ -59,7 +57,7 @@ pub enum ExperimentError {
     #[error(transparent)]
     Env(#[from] EnvError),
     #[error(transparent)]
-    RunningInstance(#[from] crate::running::RunningError),
+    Running(#[from] crate::running::RunningError),
     #[error("worker {worker} of seed {seed} panicked")]
     Worker { seed: u64, worker: usize },
     #[error("writing {file}: {source}")]
@@ -365,9 +363,9 @@ impl Experiment {
         }
         // Reject what Env would reject (bad dangerous-command patterns cannot occur today).
         for p in &c.dangerous {
-            regex::Regex::new(p).map_err(|err| EnvError::BadPattern {
+            regex::Regex::new(p).map_err(|source| EnvError::BadPattern {
                 pattern: p.clone(),
-                reason: err.to_string(),
+                source,
             })?;
         }
         Ok(c)
@@ -533,13 +531,12 @@ fn episode(
             rec.error = Some(reason);
             return rec;
         }
-        Err(EnvError::RunningInstance(RunningError::Synth(SynthError::Perturb {
-            name,
-            source: PerturbError::NotApplicable(why),
-        }))) => {
-            tracing::debug!(seed, episode = index, perturbation = %name, reason = %why, "skipped: not applicable");
+        Err(e) if e.not_applicable().is_some() => {
+            if let Some((name, why)) = e.not_applicable() {
+                tracing::debug!(seed, episode = index, perturbation = %name, reason = %why, "skipped: not applicable");
+                rec.error = Some(format!("perturbation `{name}`: {why}"));
+            }
             rec.skipped_not_applicable = true;
-            rec.error = Some(format!("perturbation `{name}`: not applicable: {why}"));
             return rec;
         }
         Err(e) => {

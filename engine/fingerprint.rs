@@ -31,7 +31,7 @@ pub enum FingerprintError {
     #[error(transparent)]
     Probe(#[from] ProbeError),
     #[error(transparent)]
-    RunningInstance(#[from] RunningError),
+    Running(#[from] RunningError),
     #[error("shipped fingerprint `{name}`: {reason}")]
     Data { name: String, reason: String },
 }

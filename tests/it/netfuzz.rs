@@ -1,8 +1,7 @@
-#![allow(clippy::unwrap_used)]
 //! Network faults (the fault proxy in the sandbox's network namespace) and tool-output
 //! mutation (shims that mutate what a tool prints), observed from inside a sandbox.
 
-mod common;
+use crate::common;
 
 use engine::instance::{PerturbationChoice, Plan};
 use engine::perturb::parse_spec;

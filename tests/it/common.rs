@@ -1,4 +1,4 @@
-#![allow(dead_code, clippy::unwrap_used)]
+#![allow(dead_code)]
 //! Shared fixtures of the engine's integration tests (root tests skip when not root).
 
 use sandbox::{InitProgram, Runtime};
@@ -94,4 +94,34 @@ impl Drop for Tmpfs {
     fn drop(&mut self) {
         let _ = nix::mount::umount2(self.dir.path(), nix::mount::MntFlags::MNT_DETACH);
     }
+}
+
+/// Run a test alone in a fresh process of this test binary, for the few assertions that no
+/// other test may disturb (no sandbox of a parallel test forked while they run). In the test
+/// process this re-runs the test binary on exactly `name`, asserts that it passed, and returns
+/// false (the caller returns); in that child it returns true and the caller runs its body.
+pub fn isolated(name: &str) -> bool {
+    const CHILD: &str = "ENVFACTORY_TEST_ISOLATED";
+    if std::env::var_os(CHILD).is_some() {
+        return true;
+    }
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([name, "--exact", "--test-threads=1", "--nocapture"])
+        .env(CHILD, "1")
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success(),
+        "isolated run of {name} failed:\n{text}"
+    );
+    assert!(
+        text.contains("1 passed"),
+        "isolated run of {name} ran no test:\n{text}"
+    );
+    false
 }

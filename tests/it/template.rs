@@ -1,9 +1,8 @@
-#![allow(clippy::unwrap_used)]
 //! Templates against the real catalogue: the shipped templates load, TOML and YAML give the
 //! same plans, sampling is deterministic and follows the probabilities, errors name the file,
 //! line, key and reason, and `engine synth`'s library side synthesizes instances.
 
-mod common;
+use crate::common;
 
 use engine::template::{self, ErrorKind, Template};
 use std::path::{Path, PathBuf};

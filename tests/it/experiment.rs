@@ -1,9 +1,8 @@
-#![allow(clippy::unwrap_used)]
 //! `engine::experiment::run` on real instances: uncertified instances are skipped and never
 //! run, plans a perturbation cannot apply to are skipped, consecutive episodes of one instance
 //! share it, and the files agree with the report.
 
-mod common;
+use crate::common;
 
 use engine::experiment::{Experiment, Report};
 use engine::synth::Cache;

@@ -1,7 +1,6 @@
-#![allow(clippy::unwrap_used)]
 //! End-to-end tests of the `engine` command line (run as root, like CI).
 
-mod common;
+use crate::common;
 
 use common::{is_root, TempState as State};
 use std::process::Command;

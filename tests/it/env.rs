@@ -1,9 +1,8 @@
-#![allow(clippy::unwrap_used)]
 //! The Env API on a real task (`archive-logs`): rewards, termination, the step limit, cwd
 //! tracking, refused and runaway commands, output floods, infrastructure failures, and episodes
 //! that start clean.
 
-mod common;
+use crate::common;
 
 use engine::env::{Action, Env, EnvConfig, RewardMode};
 use engine::instance::Plan;

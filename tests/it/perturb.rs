@@ -1,10 +1,9 @@
-#![allow(clippy::unwrap_used)]
 //! The perturbation catalogue (families fs, bins, procs, time, envvars): every perturbation is
 //! synthesized on the host base, started in a sandbox, and its effect is shown with real
 //! commands inside, before and after an episode reset. Also: determinism of instances and
 //! parameter checking.
 
-mod common;
+use crate::common;
 
 use engine::instance::{BaseView, Builder, PerturbationChoice, Plan, Resources};
 use engine::perturb::{self, parse_spec, Family, PerturbError};

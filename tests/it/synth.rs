@@ -1,17 +1,18 @@
-#![allow(clippy::unwrap_used)]
 //! Synthesis: layers written by the builder appear in a sandbox with overlay semantics, the
 //! bytes are deterministic, and the instance cache is content-addressed and bounded.
 
-mod common;
+use crate::common;
 
 use engine::instance::{BaseView, Builder, Plan, Resources};
 use engine::synth::{Cache, Origin};
 use sandbox::{ExecRequest, SandboxConfig};
 
-/// The tests of this file run one at a time. A cache entry's hold is a `flock` on its
-/// manifest's open file description, which a process forked meanwhile shares until it execs
-/// or exits; eviction then skips the entry as held (the safe direction). A sandbox created by
-/// a parallel test would make the exact LRU order asserted here flaky (seen in CI).
+/// The tests of this file run one at a time, and the exact-LRU-order test runs alone in its own
+/// process ([`common::isolated`]). A cache entry's hold is a `flock` on its manifest's open
+/// file description, which a process forked meanwhile shares until it execs or exits;
+/// eviction then skips the entry as held (the safe direction). A sandbox created by a parallel
+/// test (of any module of this binary) would make the exact LRU order asserted there flaky
+/// (seen in CI).
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn serial() -> std::sync::MutexGuard<'static, ()> {
@@ -100,6 +101,9 @@ fn builder_layer_is_seen_in_a_sandbox_with_overlay_semantics() {
 #[test]
 fn cache_is_content_addressed_deterministic_and_bounded() {
     require_root!();
+    if !common::isolated("synth::cache_is_content_addressed_deterministic_and_bounded") {
+        return;
+    }
     let _serial = serial();
     let rt = common::runtime();
     let rootfs = rt.resolve(&sandbox::RootfsSpec::Host).unwrap();

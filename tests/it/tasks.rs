@@ -1,9 +1,8 @@
-#![allow(clippy::unwrap_used)]
 //! Every task family, seeds 1..=3: the fresh instance fails, the oracle's commands make it pass,
 //! every hack trial (each on a fresh episode) fails, a restart brings back the unsolved state,
 //! and setup is deterministic.
 
-mod common;
+use crate::common;
 
 use engine::instance::{BaseView, Plan};
 use engine::running::{synthesize, RunningInstance};

@@ -1,8 +1,7 @@
-#![allow(clippy::unwrap_used)]
 //! Fingerprints: plausible values on the host rootfs, the right features move when an instance
 //! is perturbed, and the shipped data files are current.
 
-mod common;
+use crate::common;
 
 use engine::fingerprint::{self, Fingerprint, FEATURES, SCHEMA};
 use engine::instance::{BaseView, Builder, Resources};

@@ -1,0 +1,17 @@
+//! The engine's integration tests: one binary (each test file links the whole engine and
+//! candle, so one binary is built once), a module per subsystem, fixtures in `common`.
+//! Root-only tests skip with a message when not root.
+#![allow(clippy::unwrap_used)]
+
+#[macro_use]
+mod common;
+
+mod cli;
+mod env;
+mod experiment;
+mod fingerprint;
+mod netfuzz;
+mod perturb;
+mod synth;
+mod tasks;
+mod template;
