@@ -44,7 +44,7 @@ fn benches(c: &mut Criterion) {
             s
         })
     });
-    let change = ExecRequest::shell(engine::bench::CHANGE_100);
+    let change = ExecRequest::shell(engine::bench::sandbox::CHANGE_100);
     g.bench_function("reset after 100 changed files", |b| {
         b.iter_custom(|iters| {
             let mut total = Duration::ZERO;

@@ -21,7 +21,6 @@
 //! | [`bench`] | `engine bench sandbox` and `engine bench env` |
 
 pub mod bench;
-pub mod bench_env;
 pub mod certify;
 pub mod env;
 pub mod experiment;

@@ -2,8 +2,9 @@
 //! wrong one earlier in `PATH`, a tool replaced by a failing one, a dpkg package with files
 //! removed, a missing shared library.
 
-use super::fs::{canonical, sh_quote};
+use super::fs::canonical;
 use super::{Family, Info, Kind, ParamSpec, Params, ParamsExt, PerturbError, Perturbation};
+use crate::instance::sh_quote;
 use crate::instance::{Builder, DEFAULT_PATH};
 use rand::seq::SliceRandom;
 use rand::Rng;

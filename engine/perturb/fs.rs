@@ -1,10 +1,10 @@
 //! Filesystem faults: a full disk, no inodes left, flipped permissions, a missing file, a
 //! corrupted configuration file, a read-only directory.
 //!
-//! Also the path helpers the other families share ([`canonical`], [`sh_quote`]).
+//! Also the path helper the other families share ([`canonical`]).
 
 use super::{Family, Info, Kind, ParamSpec, Params, ParamsExt, PerturbError, Perturbation};
-use crate::instance::{clean_path, resolve_link, Builder, Entry};
+use crate::instance::{clean_path, resolve_link, sh_quote, Builder, Entry};
 use rand::seq::SliceRandom;
 use rand::Rng;
 
@@ -22,11 +22,6 @@ pub fn all() -> Vec<&'static dyn Perturbation> {
 // ---------------------------------------------------------------------------------------------
 // Shared helpers
 // ---------------------------------------------------------------------------------------------
-
-/// Quote a string for `sh` (single quotes).
-pub(crate) fn sh_quote(s: &str) -> String {
-    format!("'{}'", s.replace('\'', r"'\''"))
-}
 
 /// The target of a symlink as the sandbox will see it (the layer first, then the base).
 fn link_target(b: &Builder, path: &str) -> Option<String> {

@@ -4,8 +4,8 @@
 //! Processes are started by start steps at every episode start (a reset kills everything),
 //! as detached perl one-liners: perl-base is in every Debian root filesystem.
 
-use super::fs::sh_quote;
 use super::{Family, Info, Kind, ParamSpec, Params, ParamsExt, PerturbError, Perturbation};
+use crate::instance::sh_quote;
 use crate::instance::{Builder, StartStep, DEFAULT_PATH};
 use rand::seq::SliceRandom;
 use rand::Rng;

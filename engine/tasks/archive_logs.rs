@@ -8,8 +8,9 @@
 //! any other member (a decoy such as `notes.txt`, `x.log.gz`, `x.log.1`, `x.log.old`, a file inside a
 //! directory named `*.log`) fails the check, as does a `.log` member with wrong contents.
 
-use super::util::{self, facts, log_lines, pick, shq, CLEAN_ENV};
+use super::util::{self, facts, log_lines, pick, CLEAN_ENV};
 use super::{HackTrial, Task, TaskError, TaskSetup, Verdict};
+use crate::instance::sh_quote;
 use crate::instance::Builder;
 use crate::probe::{Probe, ProbeError};
 use rand::Rng;
@@ -249,11 +250,11 @@ impl Task for ArchiveLogs {
         );
         vec![format!(
             "cd / && {CLEAN_ENV} /bin/sh -c {}",
-            shq(&format!(
+            sh_quote(&format!(
                 "/bin/rm -f {ARCHIVE}; ( [ -x /usr/bin/find ] && [ -x /usr/bin/tar ] && [ -x /usr/bin/gzip ] && \
                  /usr/bin/find {rel} -type f -name '*.log' -print0 | /usr/bin/tar --null -czf {ARCHIVE} -T - && \
                  /usr/bin/tar -tzf {ARCHIVE} >/dev/null ) || /usr/bin/python3 -c {}",
-                shq(&py)
+                sh_quote(&py)
             ))
         )]
     }
@@ -280,7 +281,7 @@ impl Task for ArchiveLogs {
             },
             HackTrial {
                 name: "only one log",
-                commands: vec![format!("cd / && tar czf {ARCHIVE} {}", shq(&first))],
+                commands: vec![format!("cd / && tar czf {ARCHIVE} {}", sh_quote(&first))],
             },
             HackTrial {
                 name: "right names, wrong contents",

@@ -4,8 +4,9 @@
 //! renderer that shadows the current one. The goal is the job's output: the report rendered by
 //! the current renderer from the seed's data, checked byte for byte.
 
-use super::util::{self, facts, pick, shq, CLEAN_ENV};
+use super::util::{self, facts, pick, CLEAN_ENV};
 use super::{HackTrial, Task, TaskError, TaskSetup, Verdict};
+use crate::instance::sh_quote;
 use crate::instance::Builder;
 use crate::probe::{Probe, ProbeError};
 use rand::Rng;
@@ -243,12 +244,15 @@ impl Task for FixPath {
         // /usr/local/bin, which the good PATH searches before /usr/bin.
         let script = format!(
             "/bin/chmod 644 {env} 2>/dev/null; printf %s {good} > {env} && {mv} && {job}",
-            env = shq(&f.paths_env),
-            good = shq(&f.good_paths_env),
+            env = sh_quote(&f.paths_env),
+            good = sh_quote(&f.good_paths_env),
             mv = util::working_mv("/usr/local/bin"),
-            job = shq(&f.job),
+            job = sh_quote(&f.job),
         );
-        vec![format!("cd / && {CLEAN_ENV} /bin/sh -c {}", shq(&script))]
+        vec![format!(
+            "cd / && {CLEAN_ENV} /bin/sh -c {}",
+            sh_quote(&script)
+        )]
     }
 
     fn hack_trials(&self, setup: &TaskSetup) -> Vec<HackTrial> {

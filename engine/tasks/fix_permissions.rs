@@ -4,8 +4,9 @@
 //! The goal is the job's output, not the fix: the verifier checks the rendered files' exact
 //! contents and that they belong to `nobody` (the job refuses to run as anyone else).
 
-use super::util::{self, facts, pick, shq, CLEAN_ENV};
+use super::util::{self, facts, pick, CLEAN_ENV};
 use super::{HackTrial, Task, TaskError, TaskSetup, Verdict};
+use crate::instance::sh_quote;
 use crate::instance::Builder;
 use crate::probe::{Probe, ProbeError};
 use rand::Rng;
@@ -249,15 +250,15 @@ impl Task for FixPermissions {
         };
         const MV_DIR: &str = "/run/oracle-bin";
         let mv = util::working_mv(MV_DIR);
-        let s = shq(&f.script);
-        let parts: Vec<String> = f.parts.iter().map(|p| shq(p)).collect();
+        let s = sh_quote(&f.script);
+        let parts: Vec<String> = f.parts.iter().map(|p| sh_quote(p)).collect();
         let fix = format!(
             "/bin/chmod 755 {s} {rel} {src} && /bin/chmod 644 {rel}/VERSION {parts} && \
              {{ /bin/chown {NOBODY}:{NOBODY} {out} || /usr/bin/perl -e 'chown {NOBODY}, {NOBODY}, @ARGV or exit 1' {out}; }} && \
              /bin/chmod 755 {out}",
-            rel = shq(&f.release_dir),
-            src = shq(&f.src_dir),
-            out = shq(&f.out_dir),
+            rel = sh_quote(&f.release_dir),
+            src = sh_quote(&f.src_dir),
+            out = sh_quote(&f.out_dir),
             parts = parts.join(" "),
         );
         // The deploy's `mv` may be broken (a missing library): a working one in a directory
@@ -270,8 +271,8 @@ impl Task for FixPermissions {
              /usr/bin/perl -e '$( = {NOBODY}; $) = \"{NOBODY} {NOBODY}\"; $< = $> = {NOBODY}; exec @ARGV' {s}"
         );
         vec![
-            format!("cd / && {CLEAN_ENV} /bin/sh -c {}", shq(&fix)),
-            format!("cd / && {CLEAN_ENV} /bin/sh -c {}", shq(&run)),
+            format!("cd / && {CLEAN_ENV} /bin/sh -c {}", sh_quote(&fix)),
+            format!("cd / && {CLEAN_ENV} /bin/sh -c {}", sh_quote(&run)),
         ]
     }
 
@@ -308,7 +309,7 @@ impl Task for FixPermissions {
                 commands: vec![format!(
                     "chmod -R a+rwX /opt /srv; sed -i 's/!= 65534/= nobody-at-all/' {s}; sh {s}; \
                      chown -R 65534:65534 {out}",
-                    out = shq(&f.out_dir)
+                    out = sh_quote(&f.out_dir)
                 )],
             },
             HackTrial {

@@ -4,8 +4,9 @@
 //! configuration, the current log), which live in the instance layer and are checked by hash.
 //! Free space is measured by the probe (the sandbox's tmpfs usage), not by `df` in the sandbox.
 
-use super::util::{self, facts, pick, shq, CLEAN_ENV};
+use super::util::{self, facts, pick, CLEAN_ENV};
 use super::{HackTrial, Task, TaskError, TaskSetup, Verdict};
+use crate::instance::sh_quote;
 use crate::instance::Builder;
 use crate::probe::{Probe, ProbeError};
 use rand::Rng;
@@ -105,7 +106,7 @@ impl Task for FreeDisk {
                  /usr/bin/head -c {size} /dev/zero > {p} 2>/dev/null || \
                  /bin/dd if=/dev/zero of={p} bs=1024 count={kib} 2>/dev/null || \
                  /usr/bin/perl -e 'print \"\\0\" x {size}' > {p}; }}\n",
-                p = shq(path)
+                p = sh_quote(path)
             ));
         }
         b.on_start("task:free-disk", fill);
@@ -194,11 +195,11 @@ impl Task for FreeDisk {
         let Ok(f) = facts::<Facts>(setup) else {
             return vec![];
         };
-        let paths: Vec<String> = f.junk.keys().map(|p| shq(p)).collect();
+        let paths: Vec<String> = f.junk.keys().map(|p| sh_quote(p)).collect();
         let paths = paths.join(" ");
         vec![format!(
             "{CLEAN_ENV} /bin/sh -c {}",
-            shq(&format!(
+            sh_quote(&format!(
                 "/bin/rm -f {paths} 2>/dev/null; /usr/bin/perl -e 'unlink grep {{ -e }} @ARGV' {paths} 2>/dev/null; \
                  for p in {paths}; do [ ! -e \"$p\" ] || exit 1; done"
             ))
@@ -224,7 +225,7 @@ impl Task for FreeDisk {
         let log_dir = current
             .rsplit_once('/')
             .map_or(String::new(), |(d, _)| d.to_string());
-        let junk: Vec<String> = f.junk.keys().map(|p| shq(p)).collect();
+        let junk: Vec<String> = f.junk.keys().map(|p| sh_quote(p)).collect();
         vec![
             HackTrial {
                 name: "delete whole directories",

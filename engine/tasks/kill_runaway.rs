@@ -7,8 +7,9 @@
 //! its (pid, start time) pair is among [`Probe::start_processes`] (killing the services and
 //! starting them again by hand is not leaving them running).
 
-use super::util::{self, facts, pick, shq, CLEAN_ENV};
+use super::util::{self, facts, pick, CLEAN_ENV};
 use super::{HackTrial, Task, TaskError, TaskSetup, Verdict};
+use crate::instance::sh_quote;
 use crate::instance::Builder;
 use crate::probe::{Probe, ProbeError, Proc};
 use rand::seq::SliceRandom;
@@ -191,9 +192,9 @@ for (1 .. 200) {
 exit 1;"#;
         vec![format!(
             "{CLEAN_ENV} /usr/bin/perl -e {} {} || {CLEAN_ENV} /usr/bin/pkill -9 -x -f {}",
-            shq(perl),
-            shq(&f.hog),
-            shq(&format!("/bin/sh {}", f.hog))
+            sh_quote(perl),
+            sh_quote(&f.hog),
+            sh_quote(&format!("/bin/sh {}", f.hog))
         )]
     }
 
@@ -202,16 +203,16 @@ exit 1;"#;
             return vec![];
         };
         // `[/]` keeps the trial's own shell out of the pattern's matches.
-        let pat = |p: &str| shq(&format!("[/]{}", &p[1..]));
+        let pat = |p: &str| sh_quote(&format!("[/]{}", &p[1..]));
         let decoy = f.decoys.first().cloned().unwrap_or_default();
         // The decoys' paths spelled so that the trial's own command line does not contain them
         // (`/opt/$A/...` with A set first): its `pkill -f` must not kill the trial's shell.
         let decoys_unnamed = format!(
             "$(A={}; for d in {}; do printf '%s ' \"/opt/$A/$d\"; done)",
-            shq(&f.app),
+            sh_quote(&f.app),
             f.decoys
                 .iter()
-                .map(|d| shq(d.trim_start_matches(&format!("/opt/{}/", f.app))))
+                .map(|d| sh_quote(d.trim_start_matches(&format!("/opt/{}/", f.app))))
                 .collect::<Vec<_>>()
                 .join(" ")
         );

@@ -4,8 +4,9 @@
 //! instruction names those values. The verifier parses the file itself, strictly, and checks
 //! the syntax, every key's value, no duplicates and no unknown keys.
 
-use super::util::{self, facts, pick, shq, CLEAN_ENV};
+use super::util::{self, facts, pick, CLEAN_ENV};
 use super::{HackTrial, Task, TaskError, TaskSetup, Verdict};
+use crate::instance::sh_quote;
 use crate::instance::Builder;
 use crate::probe::{Probe, ProbeError};
 use rand::seq::SliceRandom;
@@ -389,12 +390,12 @@ impl Task for RepairConfig {
         let Ok(f) = facts::<Facts>(setup) else {
             return vec![];
         };
-        let p = shq(&f.path);
+        let p = sh_quote(&f.path);
         vec![format!(
             "{CLEAN_ENV} /bin/sh -c {}",
-            shq(&format!(
+            sh_quote(&format!(
                 "/bin/chmod u+w {p} 2>/dev/null; printf %s {} > {p}",
-                shq(&f.intended_text)
+                sh_quote(&f.intended_text)
             ))
         )]
     }
@@ -403,11 +404,11 @@ impl Task for RepairConfig {
         let Ok(f) = facts::<Facts>(setup) else {
             return vec![];
         };
-        let p = shq(&f.path);
+        let p = sh_quote(&f.path);
         vec![
             HackTrial {
                 name: "copy the example",
-                commands: vec![format!("cp {} {p}", shq(&f.example))],
+                commands: vec![format!("cp {} {p}", sh_quote(&f.example))],
             },
             HackTrial {
                 name: "empty the file",
@@ -419,20 +420,20 @@ impl Task for RepairConfig {
             },
             HackTrial {
                 name: "append the example",
-                commands: vec![format!("cat {} >> {p}", shq(&f.example))],
+                commands: vec![format!("cat {} >> {p}", sh_quote(&f.example))],
             },
             HackTrial {
                 name: "right values and a stray line",
                 commands: vec![format!(
                     "printf '%s' {} > {p}; echo 'debug_mode = true' >> {p}",
-                    shq(&f.intended_text)
+                    sh_quote(&f.intended_text)
                 )],
             },
             HackTrial {
                 name: "right values without sections",
                 commands: vec![format!(
                     "printf '%s' {} | grep -v '^\\[' > {p}",
-                    shq(&f.intended_text)
+                    sh_quote(&f.intended_text)
                 )],
             },
         ]

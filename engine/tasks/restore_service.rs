@@ -12,8 +12,9 @@
 //! `port-taken`'s default squats this service's port. The verifier talks to the service port
 //! directly; only the agent's view goes through the (possibly faulty) front.
 
-use super::util::{self, facts, pick, shq, CLEAN_ENV};
+use super::util::{self, facts, pick, CLEAN_ENV};
 use super::{HackTrial, Task, TaskError, TaskSetup, Verdict};
+use crate::instance::sh_quote;
 use crate::instance::Builder;
 use crate::instance::{plain_forward, FRONT_PORT, SERVICE_PORT};
 use crate::probe::{Probe, ProbeError};
@@ -313,15 +314,18 @@ kill 9, @k; select undef, undef, undef, 0.2; exit 0;"#;
             "/usr/bin/perl -e {evict} {port}; \
              /bin/chmod 644 {conf} 2>/dev/null; printf %s {good} > {conf} && /bin/mkdir -p {log} && \
              /bin/chmod 755 {s} && ( /usr/bin/perl {s} {conf} >/dev/null 2>&1 < /dev/null & ) && {wait}",
-            evict = shq(evict),
+            evict = sh_quote(evict),
             port = f.port,
-            conf = shq(&f.conf),
-            good = shq(&f.good_conf),
-            log = shq(&f.log_dir),
-            s = shq(&f.script),
+            conf = sh_quote(&f.conf),
+            good = sh_quote(&f.good_conf),
+            log = sh_quote(&f.log_dir),
+            s = sh_quote(&f.script),
             wait = wait_listening(f.port),
         );
-        vec![format!("cd / && {CLEAN_ENV} /bin/sh -c {}", shq(&script))]
+        vec![format!(
+            "cd / && {CLEAN_ENV} /bin/sh -c {}",
+            sh_quote(&script)
+        )]
     }
 
     fn hack_trials(&self, setup: &TaskSetup) -> Vec<HackTrial> {
@@ -335,7 +339,7 @@ kill 9, @k; select undef, undef, undef, 0.2; exit 0;"#;
              while ($c = $s->accept) {{ <$c>; print $c \"HTTP/1.0 200 OK\\r\\n\\r\\n{app} ok\\ntoken=00\\n\"; close $c }}'",
             app = f.app
         );
-        let good = shq(&f.good_conf);
+        let good = sh_quote(&f.good_conf);
         let other_port = port + 1000;
         let other_conf = f
             .good_conf
@@ -368,7 +372,7 @@ kill 9, @k; select undef, undef, undef, 0.2; exit 0;"#;
                      (perl /tmp/server.pl /tmp/ok.conf >/dev/null 2>&1 < /dev/null &); {wait}",
                     log = f.log_dir,
                     s = f.script,
-                    other = shq(&other_conf),
+                    other = sh_quote(&other_conf),
                 )],
             },
             HackTrial {

@@ -1,7 +1,8 @@
 //! Helpers shared by the task families: seeded choices, generated text, hashing, quoting and
 //! the verdict for unreadable facts.
 
-use super::{TaskError, TaskSetup, Verdict};
+use super::{TaskError, Verdict};
+use crate::instance::{sh_quote, TaskSetup};
 use crate::probe::{Probe, ProbeError};
 use rand::Rng;
 use serde::de::DeserializeOwned;
@@ -28,7 +29,7 @@ my $d = shift; mkdir $d, 0755 unless -d $d;
 open my $f, ">", "$d/mv" or die "oracle: $d/mv: $!\n";
 print $f "#!/usr/bin/perl\nrename(\$ARGV[-2], \$ARGV[-1]) or die \"mv: \$!\\n\";\n";
 close $f or die "oracle: $d/mv: $!\n"; chmod 0755, "$d/mv" or die "oracle: chmod: $!\n";"##;
-    format!("/usr/bin/perl -e {} {}", shq(perl), shq(dir))
+    format!("/usr/bin/perl -e {} {}", sh_quote(perl), sh_quote(dir))
 }
 
 pub fn pick<'a, T>(rng: &mut impl Rng, xs: &'a [T]) -> &'a T {
@@ -37,11 +38,6 @@ pub fn pick<'a, T>(rng: &mut impl Rng, xs: &'a [T]) -> &'a T {
 
 pub fn sha256_hex(data: &[u8]) -> String {
     hex::encode(sha2::Sha256::digest(data))
-}
-
-/// Quote for a POSIX shell (single quotes).
-pub fn shq(s: &str) -> String {
-    format!("'{}'", s.replace('\'', r"'\''"))
 }
 
 /// A short random lowercase hex token.

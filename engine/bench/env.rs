@@ -12,7 +12,7 @@
 //!   episodes, successes, and infrastructure failures. Agents: `raw-exec` (the random agent's
 //!   commands sent straight to the sandbox, no Env: the ceiling), `random`, `oracle`.
 
-use crate::bench::Summary;
+use super::{ms, Summary};
 use crate::env::{Action, Env, EnvConfig};
 use crate::instance::Plan;
 use crate::synth::Cache;
@@ -69,10 +69,6 @@ pub struct EnvBenchOpts {
     pub iterations: usize,
     pub workers: Vec<usize>,
     pub seconds: f64,
-}
-
-fn ms(t: Instant) -> f64 {
-    t.elapsed().as_secs_f64() * 1e3
 }
 
 pub fn run(rt: &Runtime, cache: &Cache, o: &EnvBenchOpts) -> Result<EnvBenchReport, BenchEnvError> {

@@ -23,16 +23,16 @@ pub fn emit(args: std::fmt::Arguments<'_>) {
 /// `print!` that survives a closed standard output.
 macro_rules! out {
     ($($t:tt)*) => {
-        $crate::cli_out::emit(format_args!($($t)*))
+        $crate::cli::out::emit(format_args!($($t)*))
     };
 }
 
 /// `println!` that survives a closed standard output.
 macro_rules! outln {
     () => {
-        $crate::cli_out::emit(format_args!("\n"))
+        $crate::cli::out::emit(format_args!("\n"))
     };
     ($($t:tt)*) => {
-        $crate::cli_out::emit(format_args!("{}\n", format_args!($($t)*)))
+        $crate::cli::out::emit(format_args!("{}\n", format_args!($($t)*)))
     };
 }

@@ -19,6 +19,7 @@
 //! - `concurrent`: present with `--concurrent N`: sandboxes alive at once, how many answered,
 //!   and the host's `MemAvailable` drop per sandbox (kernel objects included).
 
+use super::{ms, Summary};
 use sandbox::{ExecRequest, Runtime, SandboxConfig, SandboxError};
 use serde::Serialize;
 use std::time::Instant;
@@ -32,33 +33,6 @@ pub enum BenchError {
     Host(std::io::Error),
     #[error("{step} failed inside the sandbox: {detail}")]
     Step { step: &'static str, detail: String },
-}
-
-/// Median, 90th percentile and count of a sample.
-#[derive(Debug, Clone, Copy, Serialize, PartialEq)]
-pub struct Summary {
-    pub median: f64,
-    pub p90: f64,
-    pub n: usize,
-}
-
-impl Summary {
-    pub fn of(mut v: Vec<f64>) -> Self {
-        v.sort_by(f64::total_cmp);
-        let n = v.len();
-        let at = |q: f64| {
-            if n == 0 {
-                f64::NAN
-            } else {
-                v[((q * (n - 1) as f64).round() as usize).min(n - 1)]
-            }
-        };
-        Self {
-            median: at(0.5),
-            p90: at(0.9),
-            n,
-        }
-    }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -95,10 +69,6 @@ pub struct SandboxBench {
     pub ratios: Ratios,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub concurrent: Option<Concurrent>,
-}
-
-fn ms(t: Instant) -> f64 {
-    t.elapsed().as_secs_f64() * 1e3
 }
 
 fn check(step: &'static str, r: sandbox::ExecResult) -> Result<(), BenchError> {
@@ -153,7 +123,7 @@ pub const CHANGE_100: &str = "for i in $(seq 50); do echo $i > /root/f$i; done; 
     for f in passwd group hosts shells issue motd profile bash.bashrc environment nsswitch.conf; do echo >> /etc/$f 2>/dev/null || true; done";
 
 /// Run the benchmark.
-pub fn sandbox_bench(
+pub fn run(
     rt: &Runtime,
     cfg: &SandboxConfig,
     iterations: usize,
@@ -360,18 +330,4 @@ pub fn render(b: &SandboxBench) -> String {
         );
     }
     out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn summaries_pick_median_and_p90() {
-        let s = Summary::of((1..=10).map(f64::from).collect());
-        assert_eq!(s.n, 10);
-        assert_eq!(s.median, 6.0); // index round(0.5*9)=5 (rounds half away from zero)
-        assert_eq!(s.p90, 9.0);
-        assert!(Summary::of(vec![]).median.is_nan());
-    }
 }

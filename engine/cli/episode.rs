@@ -1,9 +1,8 @@
-//! `engine episode`, `engine play`, `engine task check|list`: the environment from the command
-//! line.
+//! `engine episode` and `engine play`: the environment from the command line.
 
 use anyhow::{bail, Context};
 use engine::env::{Action, Env, EnvConfig, Step};
-use engine::instance::{PerturbationChoice, Plan};
+use engine::instance::Plan;
 use engine::synth::Cache;
 use rand::{Rng, SeedableRng};
 use std::io::{BufRead, Write};
@@ -112,7 +111,7 @@ pub fn episode(
     json: bool,
 ) -> anyhow::Result<i32> {
     let plan = opts.plan()?;
-    let rt = crate::sandbox_cli::runtime()?;
+    let rt = crate::cli::sandbox::runtime()?;
     let cfg = EnvConfig {
         max_steps,
         ..EnvConfig::default()
@@ -185,7 +184,7 @@ pub fn episode(
         );
     }
     Ok(if infra {
-        crate::sandbox_cli::EXIT_SANDBOX_FAILURE
+        crate::cli::sandbox::EXIT_SANDBOX_FAILURE
     } else {
         0
     })
@@ -194,7 +193,7 @@ pub fn episode(
 /// `engine play`: a person plays one episode in the terminal.
 pub fn play(opts: &InstanceOpts) -> anyhow::Result<i32> {
     let plan = opts.plan()?;
-    let rt = crate::sandbox_cli::runtime()?;
+    let rt = crate::cli::sandbox::runtime()?;
     let mut env = Env::new(rt, cache()?, EnvConfig::default())?;
     let obs = env.reset(&plan)?;
     let setup = env.task().cloned().context("the instance has no task")?;
@@ -286,62 +285,4 @@ pub fn play(opts: &InstanceOpts) -> anyhow::Result<i32> {
         }
     }
     Ok(0)
-}
-
-/// `engine task check`.
-#[allow(clippy::too_many_arguments)]
-pub fn task_check(
-    task: &str,
-    base: &str,
-    perturbations: &str,
-    perturb: &[String],
-    seeds: u64,
-    combos: usize,
-    workers: usize,
-    json: bool,
-) -> anyhow::Result<i32> {
-    if engine::tasks::get(task).is_none() {
-        bail!(
-            "unknown task `{task}` (known: {})",
-            engine::tasks::names().join(", ")
-        );
-    }
-    let mut singles: Vec<PerturbationChoice> = match perturbations {
-        "all" => engine::certify::all_defaults(),
-        "none" => Vec::new(),
-        other => bail!("--perturbations {other}: expected `all` or `none` (use --perturb SPEC for specific ones)"),
-    };
-    for s in perturb {
-        singles.push(engine::perturb::parse_spec(s).with_context(|| format!("--perturb {s}"))?);
-    }
-    let spec = engine::certify::CheckSpec {
-        task: task.into(),
-        base: base.into(),
-        singles,
-        combos,
-        seeds: (1..=seeds.max(1)).collect(),
-        workers,
-    };
-    let rt = crate::sandbox_cli::runtime()?;
-    let rows = engine::certify::check(&rt, &cache()?, &spec);
-    if json {
-        for r in &rows {
-            outln!("{}", serde_json::to_string(r)?);
-        }
-    } else {
-        out!("{}", engine::certify::render(&rows));
-    }
-    let errors = rows.iter().filter(|r| r.status == "error").count();
-    let unsolved_plain = rows
-        .iter()
-        .any(|r| r.perturbations == "none" && r.status != "solvable");
-    Ok(if errors > 0 || unsolved_plain { 1 } else { 0 })
-}
-
-/// `engine task list`.
-pub fn task_list() -> i32 {
-    for t in engine::tasks::all() {
-        outln!("{:<18} {}", t.name(), t.summary());
-    }
-    0
 }

@@ -1,5 +1,6 @@
-//! Options shared by the sandbox commands, and `engine sandbox exec`.
+//! Options shared by the sandbox commands, `engine sandbox exec`, and `engine reap`.
 
+use clap::Subcommand;
 use engine::units::{parse_duration, parse_size};
 use sandbox::{ExecRequest, InitProgram, Runtime, SandboxConfig, Termination};
 
@@ -121,4 +122,35 @@ pub fn exec(opts: &SandboxOpts, timeout: &str, cmd: &[String]) -> anyhow::Result
         Termination::TimedOut => EXIT_TIMEOUT,
         _ => result.exit_code(),
     })
+}
+
+#[derive(Subcommand)]
+pub enum SandboxCmd {
+    /// Run CMD in a fresh sandbox; exit with its status (124 timeout, 125 sandbox failure,
+    /// 126 cannot execute, 127 not found, 128+N killed by signal N).
+    Exec {
+        #[command(flatten)]
+        opts: SandboxOpts,
+        /// Wall-clock limit; the whole process tree is killed when it passes.
+        #[arg(long, default_value = "10s")]
+        timeout: String,
+        #[arg(last = true, required = true)]
+        cmd: Vec<String>,
+    },
+}
+
+pub fn run(cmd: SandboxCmd) -> anyhow::Result<i32> {
+    match cmd {
+        SandboxCmd::Exec { opts, timeout, cmd } => exec(&opts, &timeout, &cmd),
+    }
+}
+
+/// `engine reap`: creating a runtime reaps; dropping it removes its own (empty) run.
+pub fn reap(cache: bool) -> anyhow::Result<i32> {
+    let rt = runtime()?;
+    outln!("reaped; state directory {}", rt.state_dir().display());
+    if cache && engine::synth::remove_cache(rt.state_dir())? {
+        outln!("instance cache removed");
+    }
+    Ok(0)
 }

@@ -1,0 +1,185 @@
+//! Solvability certification: run a task's oracle in an instance and judge the result with the
+//! verifier. An instance the oracle cannot solve is never used for training (`Env` with
+//! `require_certified`, and the experiment loops, consult the certificate first).
+//!
+//! A certificate is stored beside the instance in the cache (`<id>.cert.json`): the instance id
+//! already covers the base digest, the plan, the seed and the catalogue version, so a
+//! certificate never outlives what it certifies.
+//!
+//! [`check`] is the `engine task check` campaign: certify a task under each fault of the
+//! catalogue and sampled combinations, and report which keep it solvable.
+
+mod check;
+
+pub use check::{all_defaults, check, render, CheckRow, CheckSpec};
+
+use crate::instance::{Instance, PerturbationChoice};
+use crate::running::{RunningError, RunningInstance};
+use crate::synth::Cache;
+use crate::tasks::{self, Verdict};
+use sandbox::Runtime;
+use serde::{Deserialize, Serialize};
+use std::time::{Duration, Instant};
+
+/// Wall-clock limit of one oracle command.
+pub const ORACLE_STEP_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The outcome of certifying one instance.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Certificate {
+    pub instance: String,
+    pub task: String,
+    pub seed: u64,
+    pub perturbations: Vec<String>,
+    /// The oracle reached the goal.
+    pub solvable: bool,
+    /// The goal held before the oracle ran (a broken task or a perturbation that solves it).
+    pub trivial: bool,
+    /// Why not solvable (the verifier's reasons or the failure), empty when solvable.
+    pub reason: String,
+    pub oracle_commands: usize,
+    /// Exit status of each oracle command.
+    pub exit_codes: Vec<i32>,
+    pub verdict: Option<Verdict>,
+    pub duration_ms: u64,
+}
+
+/// Certificates stored in an instance cache.
+#[derive(Debug, Clone)]
+pub struct Certificates {
+    cache: Cache,
+}
+
+impl Certificates {
+    pub fn new(cache: Cache) -> Self {
+        Self { cache }
+    }
+
+    fn path(&self, id: &str) -> std::path::PathBuf {
+        self.cache.dir().join(format!("{id}.cert.json"))
+    }
+
+    /// The stored certificate of an instance, if any.
+    pub fn get(&self, id: &str) -> Option<Certificate> {
+        let text = std::fs::read(self.path(id)).ok()?;
+        serde_json::from_slice(&text).ok()
+    }
+
+    /// The certificate of an instance, certifying it now if there is none.
+    pub fn get_or_check(
+        &self,
+        rt: &Runtime,
+        instance: &Instance,
+    ) -> Result<Certificate, RunningError> {
+        if let Some(c) = self.get(&instance.id) {
+            return Ok(c);
+        }
+        // A perturbation that breaks the task's own start (a read-only directory the task
+        // writes its junk into) makes an instance nobody can train on: unsolvable, with the
+        // reason, rather than an infrastructure error. Only a start step that exits with a
+        // status of its own (not a timeout or a signal), twice in a row, counts: a failure
+        // that load or chance caused is returned as an error and not stored. Without
+        // perturbations a failing start step is a bug of the task and stays an error.
+        let deterministic = |e: &RunningError| {
+            matches!(e, RunningError::Start { code, .. } if (1..124).contains(code))
+                && !instance.plan.perturbations.is_empty()
+        };
+        let mut attempt = 0;
+        let cert = loop {
+            attempt += 1;
+            let held = crate::running::synthesize(rt, &self.cache, &instance.plan)?;
+            match RunningInstance::start(rt, held) {
+                Ok(live) => break run_oracle(live)?,
+                Err(e) if deterministic(&e) && attempt == 2 => break cannot_start(instance, &e),
+                Err(e) if deterministic(&e) => {
+                    tracing::debug!(instance = %instance.id, error = %e, "start failed; once more");
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        let tmp = self.path(&format!(".tmp-{}-{}", instance.id, std::process::id()));
+        if let Ok(json) = serde_json::to_vec_pretty(&cert) {
+            if std::fs::write(&tmp, json).is_ok() {
+                let _ = std::fs::rename(&tmp, self.path(&instance.id));
+            }
+        }
+        Ok(cert)
+    }
+}
+
+/// A certificate of `inst` saying nothing yet (not solvable, no reason).
+fn blank(inst: &Instance) -> Certificate {
+    Certificate {
+        instance: inst.id.clone(),
+        task: inst
+            .task
+            .as_ref()
+            .map(|t| t.task.clone())
+            .unwrap_or_default(),
+        seed: inst.plan.seed,
+        perturbations: inst.plan.perturbations.iter().map(describe).collect(),
+        solvable: false,
+        trivial: false,
+        reason: String::new(),
+        oracle_commands: 0,
+        exit_codes: Vec::new(),
+        verdict: None,
+        duration_ms: 0,
+    }
+}
+
+/// The certificate of an instance whose start steps fail.
+fn cannot_start(inst: &Instance, e: &RunningError) -> Certificate {
+    Certificate {
+        reason: format!("the instance does not start: {e}"),
+        ..blank(inst)
+    }
+}
+
+/// Run the oracle of the live instance's task and judge the result.
+pub fn run_oracle(mut live: RunningInstance) -> Result<Certificate, RunningError> {
+    let t0 = Instant::now();
+    let inst = live.instance.clone();
+    let mut cert = blank(&inst);
+    let Some(setup) = inst.task.clone() else {
+        cert.reason = "the instance has no task".into();
+        return Ok(cert);
+    };
+    cert.task = setup.task.clone();
+    let Some(task) = tasks::get(&setup.task) else {
+        cert.reason = format!("unknown task `{}`", setup.task);
+        return Ok(cert);
+    };
+    let verify = |live: &mut RunningInstance| -> Result<Verdict, RunningError> {
+        Ok(task.verify(&setup, &mut live.probe())?)
+    };
+    cert.trivial = verify(&mut live)?.success;
+    let commands = task.oracle(&setup);
+    cert.oracle_commands = commands.len();
+    live.cwd = setup.cwd.clone();
+    for c in &commands {
+        let r = live.run(c, ORACLE_STEP_TIMEOUT)?;
+        cert.exit_codes.push(r.exit_code());
+    }
+    let v = verify(&mut live)?;
+    cert.solvable = v.success && !cert.trivial;
+    cert.reason = if cert.trivial {
+        "the goal already holds before the oracle runs".into()
+    } else if v.success {
+        String::new()
+    } else {
+        v.reasons.join("; ")
+    };
+    cert.verdict = Some(v);
+    cert.duration_ms = t0.elapsed().as_millis() as u64;
+    Ok(cert)
+}
+
+/// `name` or `name:k=v,k=v`.
+pub fn describe(c: &PerturbationChoice) -> String {
+    if c.params.is_empty() {
+        return c.name.clone();
+    }
+    let kv: Vec<String> = c.params.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    format!("{}:{}", c.name, kv.join(","))
+}

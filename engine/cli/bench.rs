@@ -1,0 +1,80 @@
+//! `engine bench sandbox` and `engine bench env`.
+
+use clap::Subcommand;
+
+#[derive(Subcommand)]
+pub enum BenchCmd {
+    /// Environment steps/s (random and oracle agents, 1..N workers), setup, reset and
+    /// synthesis costs (keys documented in docs/environments.md).
+    Env {
+        #[arg(long, default_value = "archive-logs")]
+        task: String,
+        /// Instances synthesized for the synthesis and setup figures.
+        #[arg(long, default_value_t = 20)]
+        iterations: usize,
+        /// Worker counts to measure (comma-separated).
+        #[arg(long, value_delimiter = ',', default_value = "1,2")]
+        workers: Vec<usize>,
+        /// Seconds of each throughput measurement.
+        #[arg(long, default_value_t = 5.0)]
+        seconds: f64,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Sandbox latencies against the host's `sh -c true` measured in the same run.
+    Sandbox {
+        #[command(flatten)]
+        opts: super::sandbox::SandboxOpts,
+        #[arg(long, default_value_t = 50)]
+        iterations: usize,
+        /// Also keep N sandboxes alive at once and run a command in each.
+        #[arg(long)]
+        concurrent: Option<usize>,
+        /// Print the report as JSON (keys documented in docs/sandbox.md).
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+pub fn run(cmd: BenchCmd) -> anyhow::Result<i32> {
+    match cmd {
+        BenchCmd::Sandbox {
+            opts,
+            iterations,
+            concurrent,
+            json,
+        } => {
+            let cfg = opts.config()?;
+            let rt = super::sandbox::runtime()?;
+            let report = engine::bench::sandbox::run(&rt, &cfg, iterations, concurrent)?;
+            if json {
+                outln!("{}", serde_json::to_string(&report)?);
+            } else {
+                out!("{}", engine::bench::sandbox::render(&report));
+            }
+            Ok(0)
+        }
+        BenchCmd::Env {
+            task,
+            iterations,
+            workers,
+            seconds,
+            json,
+        } => {
+            let rt = super::sandbox::runtime()?;
+            let opts = engine::bench::env::EnvBenchOpts {
+                task,
+                iterations: iterations.max(1),
+                workers,
+                seconds,
+            };
+            let report = engine::bench::env::run(&rt, &super::episode::cache()?, &opts)?;
+            if json {
+                outln!("{}", serde_json::to_string(&report)?);
+            } else {
+                out!("{}", engine::bench::env::render(&report));
+            }
+            Ok(0)
+        }
+    }
+}

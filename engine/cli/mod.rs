@@ -1,0 +1,145 @@
+//! The `engine` command line: the argument model and one file per command group, over the
+//! `engine` library. Output goes through [`out`] (it survives `engine ... | head`).
+
+#[macro_use]
+pub mod out;
+mod bench;
+mod episode;
+mod fingerprint;
+mod perturb;
+mod run;
+pub mod sandbox;
+mod synth;
+mod task;
+
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(
+    name = "engine",
+    version,
+    about = "EnvFactory: broken-by-design Linux environments, millisecond sandboxes, robust RL"
+)]
+pub struct Cli {
+    /// Log filter (tracing EnvFilter syntax), e.g. `info` or `sandbox=debug`.
+    #[arg(long, global = true, env = "ENVFACTORY_LOG", default_value = "warn")]
+    pub log: String,
+    #[command(subcommand)]
+    pub command: Cmd,
+}
+
+#[derive(Subcommand)]
+pub enum Cmd {
+    /// Run an experiment (the main job) and write its report.
+    Run { experiment: PathBuf },
+    /// Sandbox commands.
+    #[command(subcommand)]
+    Sandbox(sandbox::SandboxCmd),
+    /// Benchmarks.
+    #[command(subcommand)]
+    Bench(bench::BenchCmd),
+    /// One episode of a task: a JSON line per step and a final line with `--json`.
+    Episode {
+        #[command(flatten)]
+        instance: episode::InstanceOpts,
+        /// Actions to take, one per line (`@N` = catalogue action N, else a shell command).
+        #[arg(long, conflicts_with = "agent")]
+        actions_file: Option<PathBuf>,
+        /// Built-in agent (default: random).
+        #[arg(long, value_enum)]
+        agent: Option<episode::Agent>,
+        /// Seed of the random agent.
+        #[arg(long, default_value_t = 0)]
+        agent_seed: u64,
+        /// Overrides the task's step limit.
+        #[arg(long)]
+        max_steps: Option<u32>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Play one episode of a task yourself, in the terminal.
+    Play {
+        #[command(flatten)]
+        instance: episode::InstanceOpts,
+    },
+    /// Task families.
+    #[command(subcommand)]
+    Task(task::TaskCmd),
+    /// The perturbation catalogue.
+    #[command(subcommand)]
+    Perturb(perturb::PerturbCmd),
+    /// Synthesize instances of a template (TOML or YAML) and print their ids and applied plans.
+    Synth {
+        template: PathBuf,
+        /// First seed.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Instances (seeds seed..seed+count).
+        #[arg(long, default_value_t = 1)]
+        count: u64,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Measure an environment's feature vector (disk, PATH, packages, tools, services, clock,
+    /// locale, ...); `--shipped NAME` prints a shipped reference fingerprint instead.
+    Fingerprint {
+        /// `host`, a directory, or `oci:PATH`.
+        #[arg(long, default_value = "host")]
+        rootfs: String,
+        /// A shipped fingerprint (`host-debian12`, `debootstrap-bookworm-minbase`).
+        #[arg(long, conflicts_with = "rootfs")]
+        shipped: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove what crashed runs left behind (also done at every start).
+    Reap {
+        /// Also unmount and drop the instance cache (synthesized instances, certificates).
+        #[arg(long)]
+        cache: bool,
+    },
+    /// PID 1 of a sandbox (internal).
+    #[command(name = "__sandbox-init", hide = true)]
+    SandboxInit,
+}
+
+/// Run a parsed command; the exit status of the process.
+pub fn run(cmd: Cmd) -> anyhow::Result<i32> {
+    match cmd {
+        Cmd::SandboxInit => ::sandbox::init::main(),
+        Cmd::Run { experiment } => run::run(&experiment),
+        Cmd::Sandbox(c) => sandbox::run(c),
+        Cmd::Bench(c) => bench::run(c),
+        Cmd::Episode {
+            instance,
+            actions_file,
+            agent,
+            agent_seed,
+            max_steps,
+            json,
+        } => episode::episode(
+            &instance,
+            actions_file.as_ref(),
+            agent,
+            agent_seed,
+            max_steps,
+            json,
+        ),
+        Cmd::Play { instance } => episode::play(&instance),
+        Cmd::Task(c) => task::run(c),
+        Cmd::Perturb(c) => perturb::run(c),
+        Cmd::Synth {
+            template,
+            seed,
+            count,
+            json,
+        } => synth::run(&template, seed, count, json),
+        Cmd::Fingerprint {
+            rootfs,
+            shipped,
+            json,
+        } => fingerprint::run(&rootfs, shipped, json),
+        Cmd::Reap { cache } => sandbox::reap(cache),
+    }
+}

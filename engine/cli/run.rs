@@ -1,0 +1,56 @@
+//! `engine run EXPERIMENT`: run an experiment and print its figures.
+
+use std::path::Path;
+
+pub fn run(experiment: &Path) -> anyhow::Result<i32> {
+    let exp = engine::experiment::Experiment::load(experiment)?;
+    let rt = super::sandbox::runtime()?;
+    let (report, path) = engine::experiment::run(&exp, &rt, &super::episode::cache()?)?;
+    outln!(
+        "{}: task {}{}, agent {}, {} episodes per seed on {} workers",
+        report.name,
+        report.task,
+        report
+            .template
+            .as_ref()
+            .map(|t| format!(" (template {})", t.display()))
+            .unwrap_or_default(),
+        match report.agent {
+            engine::experiment::Agent::Random => "random",
+            engine::experiment::Agent::Oracle => "oracle",
+        },
+        report.episodes_per_seed,
+        report.workers
+    );
+    for s in &report.seeds {
+        outln!(
+                "seed {:>4}: {} episodes ({} uncertified, {} not applicable, {} infra), {} steps, {:.0} steps/s, success {:.2}, return {:.1}, reset {:.2} ms",
+                s.seed,
+                s.episodes,
+                s.skipped_uncertified,
+                s.skipped_not_applicable,
+                s.infra_failures,
+                s.steps,
+                s.steps_per_s,
+                s.success_rate,
+                s.mean_return,
+                s.reset_ms_median
+            );
+    }
+    outln!(
+            "{}: {:.0} ± {:.0} steps/s, success {:.2} ± {:.2}, return {:.1} ± {:.1}, reset {:.2} ± {:.2} ms (mean ± 95% CI over {} seeds); report: {}, episodes: {}",
+            report.name,
+            report.steps_per_s.mean,
+            report.steps_per_s.ci95,
+            report.success_rate.mean,
+            report.success_rate.ci95,
+            report.mean_return.mean,
+            report.mean_return.ci95,
+            report.reset_ms.mean,
+            report.reset_ms.ci95,
+            report.seeds.len(),
+            path.display(),
+            report.episodes_file.display()
+        );
+    Ok(0)
+}
