@@ -14,7 +14,7 @@
 //! A feature the environment does not allow to measure (no `stat`, no `dpkg`) is `null` in
 //! `features` and `-1` in the vector, with the reason in `notes`.
 
-use crate::probe::{processes_of, ProbeError};
+use crate::probe::{is_absent, processes_of, read_text, resolve, which, ProbeError};
 use crate::running::{RunningError, RunningInstance};
 use sandbox::protocol::FileKind;
 use sandbox::{ExecRequest, RootfsSpec, Runtime, SandboxConfig, SandboxError, SandboxOps};
@@ -411,7 +411,7 @@ pub fn measure_with(
     obs.tmpdir = tmpdir;
     let tmp_mode = match ops.stat("/tmp") {
         Ok(st) => st.kind == FileKind::Dir && st.mode & 0o1777 == 0o1777,
-        Err(e) if absent(&e) => false,
+        Err(e) if is_absent(&e) => false,
         Err(e) => return Err(e.into()),
     };
     put("tmp_sticky_world_writable", b(tmp_mode));
@@ -656,11 +656,6 @@ fn utc_now() -> String {
 // Helpers
 // ---------------------------------------------------------------------------------------------
 
-fn absent(e: &SandboxError) -> bool {
-    matches!(e, SandboxError::Request { kind, .. }
-        if matches!(kind, sandbox::protocol::FailureKind::NotFound | sandbox::protocol::FailureKind::Invalid))
-}
-
 fn run(
     ops: &mut dyn SandboxOps,
     cmd: &str,
@@ -673,67 +668,6 @@ fn run(
     req.timeout_ms = timeout_ms;
     req.output_cap = 1 << 20;
     Ok(ops.exec(&req)?)
-}
-
-fn read_text(ops: &mut dyn SandboxOps, path: &str) -> Result<Option<String>, FingerprintError> {
-    match ops.stat(path) {
-        Ok(st) if st.kind == FileKind::File => {}
-        Ok(st) if st.kind == FileKind::Symlink => {}
-        Ok(_) => return Ok(None),
-        Err(e) if absent(&e) => return Ok(None),
-        Err(e) => return Err(e.into()),
-    }
-    match ops.read_file(path, 64 << 20) {
-        Ok((d, _)) => Ok(Some(String::from_utf8_lossy(&d).into_owned())),
-        Err(e) if absent(&e) => Ok(None),
-        Err(e) => Err(e.into()),
-    }
-}
-
-/// Follow symbolic links (at most 16) from `path`: the final path and its kind.
-fn resolve(
-    ops: &mut dyn SandboxOps,
-    path: &str,
-) -> Result<Option<(String, FileKind)>, FingerprintError> {
-    let mut cur = path.to_string();
-    for _ in 0..16 {
-        let st = match ops.stat(&cur) {
-            Ok(st) => st,
-            Err(e) if absent(&e) => return Ok(None),
-            Err(e) => return Err(e.into()),
-        };
-        match (st.kind, st.symlink_target) {
-            (FileKind::Symlink, Some(t)) => cur = crate::instance::resolve_link(&cur, &t),
-            (kind, _) => return Ok(Some((cur, kind))),
-        }
-    }
-    Ok(None)
-}
-
-/// The first PATH directory holding an executable `tool`: (directory, resolved file).
-fn which(
-    ops: &mut dyn SandboxOps,
-    tool: &str,
-    path: &[&str],
-) -> Result<Option<(String, String)>, FingerprintError> {
-    for dir in path.iter().filter(|d| d.starts_with('/')) {
-        let p = format!("{}/{tool}", dir.trim_end_matches('/'));
-        let Some((file, kind)) = resolve(ops, &p)? else {
-            continue;
-        };
-        if kind != FileKind::File {
-            continue;
-        }
-        let exec = match ops.stat(&file) {
-            Ok(st) => st.mode & 0o111 != 0,
-            Err(e) if absent(&e) => false,
-            Err(e) => return Err(e.into()),
-        };
-        if exec {
-            return Ok(Some((dir.trim_end_matches('/').to_string(), file)));
-        }
-    }
-    Ok(None)
 }
 
 /// Ports of listening sockets in a `/proc/net/tcp{,6}` table (state `0A`).

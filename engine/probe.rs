@@ -4,7 +4,7 @@
 //! network namespace. Nothing here runs a binary, a library or a `PATH` of the sandbox, so an
 //! agent that replaces `tar`, `ps` or `curl` cannot fool a verifier.
 
-use sandbox::protocol::{DirEntry, FileStat};
+use sandbox::protocol::{DirEntry, FileKind, FileStat};
 use sandbox::{SandboxError, SandboxOps};
 use std::collections::BTreeSet;
 use std::io::{Read, Write};
@@ -69,9 +69,74 @@ pub trait Probe {
     }
 }
 
-fn absent(e: &SandboxError) -> bool {
+/// True when a request failed because the path is not there (or is not what was asked for).
+pub fn is_absent(e: &SandboxError) -> bool {
     matches!(e, SandboxError::Request { kind, .. }
         if matches!(kind, sandbox::protocol::FailureKind::NotFound | sandbox::protocol::FailureKind::Invalid))
+}
+
+/// A text file as the system's own programs would read it (a final symlink followed), or
+/// `None` when it is not there or not a file. Verifiers use [`Probe::read`] instead, which
+/// never follows a final symlink.
+pub fn read_text(ops: &mut dyn SandboxOps, path: &str) -> Result<Option<String>, ProbeError> {
+    match ops.stat(path) {
+        Ok(st) if st.kind == FileKind::File => {}
+        Ok(st) if st.kind == FileKind::Symlink => {}
+        Ok(_) => return Ok(None),
+        Err(e) if is_absent(&e) => return Ok(None),
+        Err(e) => return Err(e.into()),
+    }
+    match ops.read_file(path, 64 << 20) {
+        Ok((d, _)) => Ok(Some(String::from_utf8_lossy(&d).into_owned())),
+        Err(e) if is_absent(&e) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Follow symbolic links (at most 16) from `path`: the final path and its kind.
+pub fn resolve(
+    ops: &mut dyn SandboxOps,
+    path: &str,
+) -> Result<Option<(String, FileKind)>, ProbeError> {
+    let mut cur = path.to_string();
+    for _ in 0..16 {
+        let st = match ops.stat(&cur) {
+            Ok(st) => st,
+            Err(e) if is_absent(&e) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        match (st.kind, st.symlink_target) {
+            (FileKind::Symlink, Some(t)) => cur = crate::instance::resolve_link(&cur, &t),
+            (kind, _) => return Ok(Some((cur, kind))),
+        }
+    }
+    Ok(None)
+}
+
+/// The first PATH directory holding an executable `tool`: (directory, resolved file).
+pub fn which(
+    ops: &mut dyn SandboxOps,
+    tool: &str,
+    path: &[&str],
+) -> Result<Option<(String, String)>, ProbeError> {
+    for dir in path.iter().filter(|d| d.starts_with('/')) {
+        let p = format!("{}/{tool}", dir.trim_end_matches('/'));
+        let Some((file, kind)) = resolve(ops, &p)? else {
+            continue;
+        };
+        if kind != FileKind::File {
+            continue;
+        }
+        let exec = match ops.stat(&file) {
+            Ok(st) => st.mode & 0o111 != 0,
+            Err(e) if is_absent(&e) => false,
+            Err(e) => return Err(e.into()),
+        };
+        if exec {
+            return Ok(Some((dir.trim_end_matches('/').to_string(), file)));
+        }
+    }
+    Ok(None)
 }
 
 /// Read the sandbox's `/proc` (its own procfs) through init.
@@ -79,7 +144,7 @@ pub fn processes_of(ops: &mut dyn SandboxOps) -> Result<Vec<Proc>, ProbeError> {
     let mut out = Vec::new();
     let entries = match ops.list_dir("/proc") {
         Ok(e) => e,
-        Err(e) if absent(&e) => return Ok(out),
+        Err(e) if is_absent(&e) => return Ok(out),
         Err(e) => return Err(e.into()),
     };
     // The zygote is init's fork without an exec: same command line, child of pid 1.
@@ -93,7 +158,7 @@ pub fn processes_of(ops: &mut dyn SandboxOps) -> Result<Vec<Proc>, ProbeError> {
         };
         let stat = match ops.read_file(&format!("/proc/{pid}/stat"), 4096) {
             Ok((s, _)) => String::from_utf8_lossy(&s).into_owned(),
-            Err(e) if absent(&e) => continue, // exited meanwhile
+            Err(e) if is_absent(&e) => continue, // exited meanwhile
             Err(e) => return Err(e.into()),
         };
         let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
@@ -183,7 +248,7 @@ impl Probe for SandboxProbe<'_> {
         // One request: a final symlink or a non-regular file is `Invalid`, i.e. not a file.
         match self.sandbox.read_file_nofollow(path, max) {
             Ok((d, _)) => Ok(Some(d)),
-            Err(e) if absent(&e) => Ok(None),
+            Err(e) if is_absent(&e) => Ok(None),
             Err(e) => Err(e.into()),
         }
     }
@@ -191,7 +256,7 @@ impl Probe for SandboxProbe<'_> {
     fn stat(&mut self, path: &str) -> Result<Option<FileStat>, ProbeError> {
         match self.sandbox.stat(path) {
             Ok(s) => Ok(Some(s)),
-            Err(e) if absent(&e) => Ok(None),
+            Err(e) if is_absent(&e) => Ok(None),
             Err(e) => Err(e.into()),
         }
     }
@@ -199,7 +264,7 @@ impl Probe for SandboxProbe<'_> {
     fn list(&mut self, path: &str) -> Result<Option<Vec<DirEntry>>, ProbeError> {
         match self.sandbox.list_dir(path) {
             Ok(s) => Ok(Some(s)),
-            Err(e) if absent(&e) => Ok(None),
+            Err(e) if is_absent(&e) => Ok(None),
             Err(e) => Err(e.into()),
         }
     }

@@ -19,11 +19,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::{self, CheckpointError};
 use crate::dist::{DistError, MultiCategorical};
-use crate::init::{self, InitError};
 use crate::nets::{Activation, ActorCritic, ActorCriticConfig, NetError};
 use crate::optim::{clip_grad_norm, Adam, AdamConfig, AdamState, OptimError};
 use crate::ppo::normalize_advantages;
 use crate::rng::{self, Rng, RngState};
+use crate::weight_init::{self, InitError};
 
 /// Errors of the adversary.
 #[derive(Debug, thiserror::Error)]
@@ -263,7 +263,7 @@ impl Adversary {
         let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
         let net = ActorCritic::new(&cfg.net(), vb)?;
         let mut rng = rng::seeded(seed);
-        init::apply(&varmap, &net.init_plan(), &mut rng)?;
+        weight_init::apply(&varmap, &net.init_plan(), &mut rng)?;
         let space = MultiCategorical::new(&cfg.choices)?;
         let adam = Adam::new(
             &varmap,

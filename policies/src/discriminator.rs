@@ -12,10 +12,10 @@ use rand::seq::SliceRandom;
 use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::{self, CheckpointError};
-use crate::init::{self, InitError};
 use crate::nets::{Activation, InitLinear, Mlp, MlpConfig, NetError, VALUE_HEAD_GAIN};
 use crate::optim::{clip_grad_norm, Adam, AdamConfig, AdamState, OptimError};
 use crate::rng::{self, Rng, RngState};
+use crate::weight_init::{self, InitError};
 
 /// Errors of the discriminator.
 #[derive(Debug, thiserror::Error)]
@@ -215,7 +215,7 @@ impl Discriminator {
         let mut rng = rng::seeded(seed);
         let mut plan = trunk.init_plan();
         plan.extend(head.init_plan());
-        init::apply(&varmap, &plan, &mut rng)?;
+        weight_init::apply(&varmap, &plan, &mut rng)?;
         let adam = Adam::new(
             &varmap,
             AdamConfig {

@@ -1,7 +1,8 @@
 //! `policies`: learning on candle, pure and testable without a sandbox.
 //!
 //! * [`encoder`]: text (+ numeric) observations to fixed-size feature vectors.
-//! * [`nets`] and [`init`]: MLPs and the actor-critic, orthogonally initialised.
+//! * [`nets`] and [`weight_init`]: MLPs and the actor-critic, orthogonally initialised (weight
+//!   initialisation; not PID 1).
 //! * [`dist`]: the masked multi-discrete (multi-categorical) action distribution.
 //! * [`optim`]: Adam over candle `Var`s, global gradient-norm clipping, LR schedule.
 //! * [`ppo`]: GAE, the PPO losses, the rollout buffer and the PPO agent.
@@ -22,9 +23,9 @@ pub mod discriminator;
 pub mod dist;
 pub mod encoder;
 pub mod envs;
-pub mod init;
 pub mod nets;
 pub mod optim;
 pub mod ppo;
 pub mod rng;
 pub mod rollout;
+pub mod weight_init;

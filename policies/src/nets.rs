@@ -6,13 +6,13 @@
 //!   1.0); actor and critic share one trunk or have separate trunks, by config.
 //!
 //! Weights are created as zero placeholders; each network returns its [`InitPlan`] which
-//! [`crate::init::apply`] fills orthogonally (biases 0).
+//! [`crate::weight_init::apply`] fills orthogonally (biases 0).
 
 use candle_core::{Module, Tensor};
 use candle_nn::{Init, Linear, VarBuilder};
 use serde::{Deserialize, Serialize};
 
-use crate::init::{InitKind, InitPlan, ParamInit};
+use crate::weight_init::{InitKind, InitPlan, ParamInit};
 
 /// Gain of hidden layers.
 pub const HIDDEN_GAIN: f64 = std::f64::consts::SQRT_2;
@@ -379,7 +379,7 @@ impl ActorCritic {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{init, rng::seeded};
+    use crate::{rng::seeded, weight_init};
 
     #[test]
     fn tanh_activation_matches_tanh_and_its_gradient() {
@@ -456,7 +456,7 @@ mod tests {
         let vm = VarMap::new();
         let vb = VarBuilder::from_varmap(&vm, DType::F32, &Device::Cpu);
         let ac = ActorCritic::new(&cfg(false), vb).unwrap();
-        init::apply(&vm, &ac.init_plan(), &mut seeded(0)).unwrap();
+        weight_init::apply(&vm, &ac.init_plan(), &mut seeded(0)).unwrap();
         let data = vm.data().lock().unwrap();
         // Frobenius norm^2 of an orthogonal (r x c) matrix times g is g^2 * min(r, c).
         let fro = |n: &str| -> f64 {

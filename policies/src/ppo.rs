@@ -18,10 +18,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::{self, CheckpointError};
 use crate::dist::{DistError, MultiCategorical};
-use crate::init::{self, InitError};
 use crate::nets::{ActorCritic, ActorCriticConfig, NetError};
 use crate::optim::{clip_grad_norm, Adam, AdamConfig, AdamState, LinearSchedule, OptimError};
 use crate::rng::{self, Rng, RngState};
+use crate::weight_init::{self, InitError};
 
 /// Errors of PPO.
 #[derive(Debug, thiserror::Error)]
@@ -779,7 +779,7 @@ impl PpoAgent {
         let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
         let net = ActorCritic::new(net_cfg, vb)?;
         let mut rng = rng::seeded(seed);
-        init::apply(&varmap, &net.init_plan(), &mut rng)?;
+        weight_init::apply(&varmap, &net.init_plan(), &mut rng)?;
         let space = MultiCategorical::new(&net_cfg.action_dims)?;
         let adam = Adam::new(
             &varmap,
