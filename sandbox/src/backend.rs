@@ -1,8 +1,8 @@
 //! The backend seam: the native backend implements it today; a Docker backend (bollard) can be
 //! added beside it without touching callers.
 
-use crate::native::{Runtime, Sandbox, SandboxConfig, SandboxError};
 use crate::protocol::{DirEntry, ExecRequest, ExecResult, FileStat, Health};
+use crate::{Runtime, Sandbox, SandboxConfig, SandboxError};
 
 /// One live sandbox, whatever runs it.
 pub trait SandboxOps: Send {

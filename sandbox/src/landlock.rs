@@ -201,7 +201,7 @@ pub fn kernel_abi() -> i64 {
     rc.max(0)
 }
 
-use crate::toml_pos::{line_of, quoted_key};
+use crate::text_pos::{line_of, quoted_key};
 
 struct Ctx<'a> {
     text: &'a str,

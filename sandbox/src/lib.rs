@@ -8,25 +8,33 @@
 pub mod backend;
 pub mod caps;
 pub mod cgroup;
+pub mod config;
+pub mod error;
 pub mod init;
 pub mod landlock;
 pub mod layers;
 pub mod mounts;
-pub mod native;
 pub mod oci;
 pub mod pool;
 pub mod protocol;
+pub mod runtime;
+pub mod sandbox;
 pub mod seccomp;
 pub mod state;
 pub mod sys;
-mod toml_pos;
+#[cfg(feature = "testing")]
+pub mod testing;
+pub mod text_pos;
 
+pub use self::sandbox::Sandbox;
 pub use backend::{Backend, SandboxOps};
 pub use cgroup::Limits;
+pub use config::SandboxConfig;
+pub use error::SandboxError;
 pub use layers::RootfsSpec;
-pub use native::{InitProgram, Runtime, Sandbox, SandboxConfig, SandboxError};
 pub use pool::{Lease, Pool};
 pub use protocol::{Command, ExecRequest, ExecResult, Termination};
+pub use runtime::{InitProgram, Runtime};
 
 /// Lock a mutex whose data stays consistent at every step (caches filled in one assignment,
 /// a Vec pushed and popped): a panic elsewhere does not make it unusable.

@@ -3,7 +3,7 @@
 
 use crate::backend::{Backend, SandboxOps};
 use crate::lock;
-use crate::native::{SandboxConfig, SandboxError};
+use crate::{SandboxConfig, SandboxError};
 use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, Condvar, Mutex};
 

@@ -1,7 +1,12 @@
 //! The syscall boundary of mount planning: a trait with the real implementation and a
 //! recording fake, so the order and arguments of every mount are unit-tested without root.
+//! Also the few descriptor-level wrappers that `nix` lacks (xattrs) or returns raw (`openat`).
 
+use nix::fcntl::OFlag;
 use nix::mount::{MntFlags, MsFlags};
+use nix::sys::stat::Mode;
+use std::ffi::CStr;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 /// A failed filesystem operation, naming the operation and its target.
@@ -176,19 +181,31 @@ impl Sys for RealSys {
 pub fn set_xattr(path: &Path, name: &str, value: &[u8]) -> std::io::Result<()> {
     use std::os::unix::ffi::OsStrExt;
     let p = std::ffi::CString::new(path.as_os_str().as_bytes())?;
+    set_xattr_with(name, value, |n, v, len| {
+        // SAFETY: `p` and `n` are valid NUL-terminated C strings that outlive the call, and the
+        // value pointer/length pair describes a live slice.
+        unsafe { libc::lsetxattr(p.as_ptr(), n, v, len, 0) }
+    })
+}
+
+/// `fsetxattr(2)`: [`set_xattr`] on an open descriptor, so no path is resolved again.
+pub(crate) fn fset_xattr(fd: BorrowedFd<'_>, name: &str, value: &[u8]) -> std::io::Result<()> {
+    set_xattr_with(name, value, |n, v, len| {
+        // SAFETY: `fd` is a live descriptor, `n` a valid NUL-terminated C string that outlives
+        // the call, and the value pointer/length pair describes a live slice.
+        unsafe { libc::fsetxattr(fd.as_raw_fd(), n, v, len, 0) }
+    })
+}
+
+/// Call `set` with the attribute's name (a C string) and the value's pointer and length, all
+/// valid for the call, and turn its status into a result.
+fn set_xattr_with(
+    name: &str,
+    value: &[u8],
+    set: impl FnOnce(*const libc::c_char, *const libc::c_void, usize) -> libc::c_int,
+) -> std::io::Result<()> {
     let n = std::ffi::CString::new(name)?;
-    // SAFETY: both strings are valid NUL-terminated C strings that outlive the call, and the
-    // value pointer/length pair describes a live slice.
-    let rc = unsafe {
-        libc::lsetxattr(
-            p.as_ptr(),
-            n.as_ptr(),
-            value.as_ptr().cast(),
-            value.len(),
-            0,
-        )
-    };
-    if rc == 0 {
+    if set(n.as_ptr(), value.as_ptr().cast(), value.len()) == 0 {
         Ok(())
     } else {
         Err(std::io::Error::last_os_error())
@@ -212,6 +229,18 @@ pub fn get_xattr(path: &Path, name: &str) -> std::io::Result<Option<Vec<u8>>> {
     }
     buf.truncate(rc as usize);
     Ok(Some(buf))
+}
+
+/// `openat(2)` below `dir`, as an owned descriptor (nix 0.29 returns a raw one).
+pub(crate) fn openat(
+    dir: BorrowedFd<'_>,
+    name: &CStr,
+    flags: OFlag,
+    mode: Mode,
+) -> std::io::Result<OwnedFd> {
+    let fd = nix::fcntl::openat(Some(dir.as_raw_fd()), name, flags, mode)?;
+    // SAFETY: `fd` was just returned by openat and nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 /// Records every operation instead of performing it.

@@ -1,7 +1,5 @@
-#![allow(clippy::unwrap_used)]
 //! The user-namespace mode: root inside is an unprivileged uid on the host.
-mod common;
-use common::*;
+use crate::common::*;
 
 fn userns() -> sandbox::SandboxConfig {
     sandbox::SandboxConfig {
@@ -20,7 +18,7 @@ fn root_inside_is_an_unprivileged_uid_on_the_host() {
         out(&r),
         format!(
             "0\n 0 {} 65536\nhi\nroot-dir-ok\n",
-            sandbox::native::USERNS_BASE
+            sandbox::config::USERNS_BASE
         ),
         "{}",
         String::from_utf8_lossy(&r.stderr)
@@ -49,7 +47,7 @@ fn root_inside_is_an_unprivileged_uid_on_the_host() {
             let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
             let uid = status.lines().find(|l| l.starts_with("Uid:")).unwrap();
             assert!(
-                uid.contains(&sandbox::native::USERNS_BASE.to_string()),
+                uid.contains(&sandbox::config::USERNS_BASE.to_string()),
                 "{uid}"
             );
         }

@@ -1,6 +1,5 @@
-#![allow(clippy::unwrap_used)]
-mod common;
-use common::*;
+//! Running a command in a fresh sandbox: output, status, hostname, pids.
+use crate::common::*;
 
 #[test]
 fn runs_a_command_in_a_fresh_sandbox() {

@@ -1,7 +1,5 @@
-#![allow(clippy::unwrap_used)]
 //! Reset, snapshots, rollback, the file requests, the pool and the crash reaper.
-mod common;
-use common::*;
+use crate::common::*;
 use sandbox::{ExecRequest, Pool};
 
 /// Every path, type, mode, owner, size and symlink target under the directories an episode
@@ -287,13 +285,14 @@ fn crash_child_holds_sandboxes() {
 #[test]
 fn kill_9_of_the_engine_leaves_nothing_after_the_next_start() {
     require_root!();
+    let _host = serial(&HOST_PROCESSES);
     let ready = std::env::temp_dir().join(format!("envfactory-crash-{}", std::process::id()));
     let _ = std::fs::remove_file(&ready);
     let mut child = std::process::Command::new(std::env::current_exe().unwrap())
         .args([
             "--ignored",
             "--exact",
-            "crash_child_holds_sandboxes",
+            "state::crash_child_holds_sandboxes",
             "--nocapture",
         ])
         .env("ENVFACTORY_CRASH_READY", &ready)
@@ -314,6 +313,9 @@ fn kill_9_of_the_engine_leaves_nothing_after_the_next_start() {
     let mut it = text.split(' ');
     let run = it.next().unwrap().to_string();
     let inits: Vec<i32> = it.map(|p| p.parse().unwrap()).collect();
+    // From the kill until our own start has reaped the crashed run, no other test's runtime
+    // starts (and reaps it first).
+    let starting = serial(&RUNTIME_START);
     child.kill().unwrap(); // SIGKILL
     child.wait().unwrap();
 
@@ -324,7 +326,8 @@ fn kill_9_of_the_engine_leaves_nothing_after_the_next_start() {
         "the crashed run left its state behind (as a crash does)"
     );
     // The next start reaps it.
-    let rt = runtime();
+    let rt = sandbox::testing::runtime_with(init_program());
+    drop(starting);
     assert!(!run_dir.exists(), "run directory removed");
     assert!(
         sandbox::state::mounts_under(&run_dir).is_empty(),

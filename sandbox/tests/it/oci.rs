@@ -1,9 +1,6 @@
 //! Tests of the OCI / docker-save importer. They need root (chown, mknod of
 //! whiteouts, `trusted.*` xattrs, overlay mounts), as in CI.
 
-// Test helpers outside `#[test]` fns: a panic is the intended failure mode.
-#![allow(clippy::unwrap_used)]
-
 use std::ffi::CString;
 use std::io::Write;
 use std::os::unix::ffi::OsStrExt;

@@ -1,7 +1,5 @@
-#![allow(clippy::unwrap_used)]
 //! Sandboxes on every root filesystem source: a directory and a `docker save` image.
-mod common;
-use common::*;
+use crate::common::*;
 use sandbox::RootfsSpec;
 use sha2::Digest;
 use std::path::Path;

@@ -1,13 +1,12 @@
-//! The native backend: a [`Runtime`] per process (run id, layer caches, cgroup layout) and the
-//! [`Sandbox`] handle that speaks to one resident init.
+//! The [`Runtime`]: one per process (run id, layer and policy caches, cgroup layout). It
+//! creates [`Sandbox`]es, each around a resident init started from an [`InitProgram`].
 
-use crate::cgroup::{self, Cgroup, Limits};
+use crate::cgroup::{self, Cgroup};
+use crate::config::SandboxConfig;
+use crate::error::SandboxError;
 use crate::layers::{self, LayerError, Rootfs, RootfsSpec};
 use crate::lock;
-use crate::protocol::{
-    read_frame, write_frame, DirEntry, ExecRequest, ExecResult, FailureKind, FileStat, Health,
-    ProtocolError, Request, Response, SetupPlan, Termination,
-};
+use crate::sandbox::Sandbox;
 use crate::state;
 use crate::sys::RealSys;
 use std::collections::HashMap;
@@ -17,58 +16,6 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
-
-/// Errors of the native backend.
-#[derive(Debug, thiserror::Error)]
-pub enum SandboxError {
-    #[error(transparent)]
-    Layer(#[from] LayerError),
-    #[error(transparent)]
-    Cgroup(#[from] cgroup::CgroupError),
-    #[error(transparent)]
-    State(#[from] state::StateError),
-    #[error("sandbox init program {path}: {reason}")]
-    InitProgram { path: PathBuf, reason: String },
-    #[error("starting the sandbox: {what}: {source}")]
-    Spawn {
-        what: &'static str,
-        source: std::io::Error,
-    },
-    #[error("sandbox setup failed: {0}")]
-    Setup(String),
-    #[error("talking to the sandbox init: {0}")]
-    Protocol(#[from] ProtocolError),
-    #[error("the sandbox did not answer within {0:?}; it has been destroyed")]
-    Unresponsive(Duration),
-    #[error("the sandbox is dead (its init exited); create a new one")]
-    Dead,
-    #[error("{kind:?}: {message}")]
-    Request { kind: FailureKind, message: String },
-    #[error("unexpected response to {request}: {response}")]
-    Unexpected {
-        request: &'static str,
-        response: String,
-    },
-    #[error("policy: {0}")]
-    Policy(String),
-}
-
-impl SandboxError {
-    /// True when the failure is the infrastructure's, not the command's or the request's.
-    pub fn is_infrastructure(&self) -> bool {
-        !matches!(
-            self,
-            Self::Request {
-                kind: FailureKind::NotFound
-                    | FailureKind::Invalid
-                    | FailureKind::Denied
-                    | FailureKind::Spawn,
-                ..
-            }
-        )
-    }
-}
 
 /// The program that becomes PID 1 of each sandbox.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -114,75 +61,6 @@ impl InitProgram {
             });
         }
         Ok(Self { path, args })
-    }
-}
-
-/// Configuration of one sandbox.
-#[derive(Debug, Clone)]
-pub struct SandboxConfig {
-    pub rootfs: RootfsSpec,
-    /// Extra read-only layer directories stacked above the rootfs, topmost first (a
-    /// synthesized instance). Each must be on a filesystem other than any host directory the
-    /// rootfs uses (overlayfs refuses a layer nested inside another layer): the engine keeps
-    /// them on their own tmpfs. Their names (content hashes) enter the sandbox's digest.
-    pub layers: Vec<PathBuf>,
-    pub limits: Limits,
-    /// Size of the writable layer; writing more gives ENOSPC.
-    pub disk_bytes: u64,
-    /// Inodes of the writable layer (`nr_inodes` of its tmpfs); creating more files gives
-    /// ENOSPC. `None`: the tmpfs default.
-    pub disk_inodes: Option<u64>,
-    /// Absolute paths inside the root that are bound read-only over themselves after every
-    /// root mount (creation, reset, rollback): writes under them fail with EROFS even for root
-    /// inside. Each must exist in the root filesystem (the sandbox fails to start otherwise).
-    pub readonly_paths: Vec<String>,
-    pub hostname: String,
-    pub env: Vec<String>,
-    pub keep_caps: Vec<u8>,
-    /// Install the seccomp policy (`sandbox/policy/seccomp.toml`).
-    pub seccomp: bool,
-    /// Apply the landlock policy (`sandbox/policy/landlock.toml`).
-    pub landlock: bool,
-    pub nofile: u64,
-    /// Run commands in a user namespace: root inside is host uid/gid `USERNS_BASE`, an
-    /// unprivileged id. Trade-off: files of the read-only layers (owned by host root) appear
-    /// owned by `nobody` and cannot be modified by root inside; only the root directory and
-    /// the home and scratch directories (`mounts::USERNS_OWNED`) belong to root inside.
-    pub userns: bool,
-}
-
-/// Host uid and gid of root inside a user-namespaced sandbox (65,536 ids are mapped).
-pub const USERNS_BASE: u32 = 100_000;
-
-impl Default for SandboxConfig {
-    fn default() -> Self {
-        Self {
-            rootfs: RootfsSpec::Host,
-            layers: Vec::new(),
-            limits: Limits {
-                memory_bytes: 256 << 20,
-                pids: 128,
-                cpus: 1.0,
-            },
-            disk_bytes: 64 << 20,
-            disk_inodes: None,
-            readonly_paths: Vec::new(),
-            hostname: "sandbox".into(),
-            env: vec![
-                "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into(),
-                "HOME=/root".into(),
-                "USER=root".into(),
-                "LOGNAME=root".into(),
-                "SHELL=/bin/sh".into(),
-                "TERM=dumb".into(),
-                "LANG=C.UTF-8".into(),
-            ],
-            keep_caps: crate::caps::DEFAULT_KEEP.to_vec(),
-            seccomp: true,
-            landlock: true,
-            nofile: 1024,
-            userns: false,
-        }
     }
 }
 
@@ -394,6 +272,11 @@ impl Runtime {
         Ok(g.clone())
     }
 
+    /// `<run>/sbx/<name>.init`: `"<pid> <start time>"` of a sandbox's init, for the reaper.
+    pub(crate) fn init_record(&self, name: &str) -> PathBuf {
+        self.inner.run_dir.join("sbx").join(format!("{name}.init"))
+    }
+
     /// Create a sandbox: cgroups, namespaces, init, root filesystem.
     pub fn create(&self, cfg: &SandboxConfig) -> Result<Sandbox, SandboxError> {
         let t0 = std::time::Instant::now();
@@ -420,56 +303,13 @@ impl Runtime {
         let t_spawn = std::time::Instant::now();
         let pid = spawn_init(&self.inner.init, child_sock.into())?;
         let spawn_us = us(t_spawn);
-        let mut sb = Sandbox {
-            rt: self.clone(),
-            name,
-            dir,
-            sock: host_sock,
-            pid,
-            cgroup,
-            rootfs: rootfs.clone(),
-            dead: false,
-        };
+        let mut sb = Sandbox::new(self.clone(), name, dir, host_sock, pid, cgroup, rootfs);
         guard.dir = None; // the sandbox's Drop owns cleanup from here on
-        let rec = self
-            .inner
-            .run_dir
-            .join("sbx")
-            .join(format!("{}.init", sb.name));
-        let _ = std::fs::write(&rec, state::identity(pid));
-        let plan = SetupPlan {
-            sandbox_dir: sb.dir.to_string_lossy().into_owned(),
-            cgroup_join: sb
-                .cgroup
-                .self_join_files()
-                .iter()
-                .map(|p| p.to_string_lossy().into_owned())
-                .collect(),
-            lowers: rootfs.lowers,
-            disk_bytes: cfg.disk_bytes,
-            disk_inodes: cfg.disk_inodes,
-            readonly_paths: cfg.readonly_paths.clone(),
-            hostname: cfg.hostname.clone(),
-            env: cfg.env.clone(),
-            keep_caps: cfg.keep_caps.clone(),
-            seccomp,
-            landlock: cfg.landlock,
-            nofile: cfg.nofile,
-            userns: cfg.userns.then_some((USERNS_BASE, 65_536)),
-        };
+        let _ = std::fs::write(self.init_record(sb.name()), state::identity(pid));
         let t_setup = std::time::Instant::now();
-        match sb.call(Request::Setup(Box::new(plan)), Duration::from_secs(30))? {
-            Response::Ok => {}
-            Response::Failed { message, .. } => return Err(SandboxError::Setup(message)),
-            other => {
-                return Err(SandboxError::Unexpected {
-                    request: "setup",
-                    response: format!("{other:?}"),
-                })
-            }
-        }
+        sb.setup(cfg, seccomp)?;
         tracing::debug!(
-            sandbox = %sb.name,
+            sandbox = %sb.name(),
             pid,
             cgroup_us,
             spawn_us,
@@ -608,253 +448,4 @@ fn spawn_init(init: &InitProgram, sock: OwnedFd) -> Result<i32, SandboxError> {
     }
     drop(sock);
     Ok(pid as i32)
-}
-
-/// A live sandbox. Dropping it kills everything in it and removes its cgroups and directory.
-pub struct Sandbox {
-    rt: Runtime,
-    name: String,
-    dir: PathBuf,
-    sock: UnixStream,
-    pid: i32,
-    cgroup: Cgroup,
-    rootfs: Rootfs,
-    dead: bool,
-}
-
-impl std::fmt::Debug for Sandbox {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Sandbox")
-            .field("name", &self.name)
-            .field("pid", &self.pid)
-            .field("dead", &self.dead)
-            .finish()
-    }
-}
-
-const CONTROL_TIMEOUT: Duration = Duration::from_secs(60);
-
-impl Sandbox {
-    /// Host pid of the sandbox's init.
-    pub fn init_pid(&self) -> i32 {
-        self.pid
-    }
-
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
-    /// Digest of the root filesystem's base layers.
-    pub fn rootfs_digest(&self) -> &str {
-        &self.rootfs.digest
-    }
-
-    pub fn is_dead(&self) -> bool {
-        self.dead
-    }
-
-    pub fn runtime(&self) -> &Runtime {
-        &self.rt
-    }
-
-    fn call(&mut self, req: Request, timeout: Duration) -> Result<Response, SandboxError> {
-        if self.dead {
-            return Err(SandboxError::Dead);
-        }
-        let r = (|| {
-            self.sock
-                .set_read_timeout(Some(timeout))
-                .map_err(ProtocolError::Io)?;
-            write_frame(&mut self.sock, "request", &req)?;
-            read_frame::<Response>(&mut self.sock, "response")
-        })();
-        match r {
-            Ok(resp) => Ok(resp),
-            Err(ProtocolError::Io(e))
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) =>
-            {
-                self.kill();
-                Err(SandboxError::Unresponsive(timeout))
-            }
-            Err(ProtocolError::Closed) | Err(ProtocolError::Io(_)) => {
-                self.kill();
-                Err(SandboxError::Dead)
-            }
-            Err(e) => {
-                self.kill();
-                Err(e.into())
-            }
-        }
-    }
-
-    fn expect_ok(&mut self, req: Request, what: &'static str) -> Result<(), SandboxError> {
-        match self.call(req, CONTROL_TIMEOUT)? {
-            Response::Ok => Ok(()),
-            other => Err(unexpected(what, other)),
-        }
-    }
-
-    /// Run one command.
-    pub fn exec(&mut self, req: &ExecRequest) -> Result<ExecResult, SandboxError> {
-        let oom_before = self.cgroup.oom_kills();
-        let timeout = Duration::from_millis(req.timeout_ms) + CONTROL_TIMEOUT;
-        match self.call(Request::Exec(Box::new(req.clone())), timeout)? {
-            Response::Exec(mut r) => {
-                // Only a SIGKILL (or a shell reporting one) can be the OOM killer's.
-                if matches!(
-                    r.termination,
-                    Termination::Signaled(libc::SIGKILL) | Termination::Exited(137)
-                ) {
-                    r.oom_killed = self.cgroup.oom_kills() > oom_before;
-                }
-                Ok(*r)
-            }
-            other => Err(unexpected("exec", other)),
-        }
-    }
-
-    /// Read a file (up to `max_bytes`); returns the data and whether it was cut.
-    pub fn read_file(
-        &mut self,
-        path: &str,
-        max_bytes: u64,
-    ) -> Result<(Vec<u8>, bool), SandboxError> {
-        self.read_file_with(path, max_bytes, false)
-    }
-
-    /// [`Self::read_file`] of a regular file that is not a symlink itself (a final symlink is
-    /// an `Invalid` failure; symlinks on the way still resolve inside the root). One request,
-    /// where `stat` then `read_file` would be two and racy.
-    pub fn read_file_nofollow(
-        &mut self,
-        path: &str,
-        max_bytes: u64,
-    ) -> Result<(Vec<u8>, bool), SandboxError> {
-        self.read_file_with(path, max_bytes, true)
-    }
-
-    fn read_file_with(
-        &mut self,
-        path: &str,
-        max_bytes: u64,
-        nofollow: bool,
-    ) -> Result<(Vec<u8>, bool), SandboxError> {
-        match self.call(
-            Request::ReadFile {
-                path: path.into(),
-                max_bytes,
-                nofollow,
-            },
-            CONTROL_TIMEOUT,
-        )? {
-            Response::File { data, truncated } => Ok((data, truncated)),
-            other => Err(unexpected("read_file", other)),
-        }
-    }
-
-    pub fn write_file(&mut self, path: &str, data: &[u8], mode: u32) -> Result<(), SandboxError> {
-        self.expect_ok(
-            Request::WriteFile {
-                path: path.into(),
-                data: data.to_vec(),
-                mode,
-            },
-            "write_file",
-        )
-    }
-
-    pub fn stat(&mut self, path: &str) -> Result<FileStat, SandboxError> {
-        match self.call(Request::Stat { path: path.into() }, CONTROL_TIMEOUT)? {
-            Response::Stat(s) => Ok(s),
-            other => Err(unexpected("stat", other)),
-        }
-    }
-
-    pub fn list_dir(&mut self, path: &str) -> Result<Vec<DirEntry>, SandboxError> {
-        match self.call(Request::ListDir { path: path.into() }, CONTROL_TIMEOUT)? {
-            Response::Dir(d) => Ok(d),
-            other => Err(unexpected("list_dir", other)),
-        }
-    }
-
-    /// Kill every process but init.
-    pub fn kill_all(&mut self) -> Result<(), SandboxError> {
-        self.expect_ok(Request::KillAll, "kill_all")
-    }
-
-    /// Kill every process but init and revert the filesystem to its base layers.
-    pub fn reset(&mut self) -> Result<(), SandboxError> {
-        self.expect_ok(Request::Reset, "reset")
-    }
-
-    /// Freeze the current filesystem diff into a layer; returns its number.
-    pub fn snapshot(&mut self) -> Result<u32, SandboxError> {
-        match self.call(Request::Snapshot, CONTROL_TIMEOUT)? {
-            Response::Snapshot(n) => Ok(n),
-            other => Err(unexpected("snapshot", other)),
-        }
-    }
-
-    /// Kill every process but init and return the filesystem to snapshot `n`.
-    pub fn rollback(&mut self, n: u32) -> Result<(), SandboxError> {
-        self.expect_ok(Request::Rollback { snapshot: n }, "rollback")
-    }
-
-    pub fn health(&mut self) -> Result<Health, SandboxError> {
-        match self.call(Request::Health, CONTROL_TIMEOUT)? {
-            Response::Health(h) => Ok(h),
-            other => Err(unexpected("health", other)),
-        }
-    }
-
-    /// Memory charged to the sandbox's cgroup, bytes.
-    pub fn memory_usage(&self) -> u64 {
-        self.cgroup.memory_usage()
-    }
-
-    fn kill(&mut self) {
-        if !self.dead {
-            // SAFETY: kill with integer arguments; the pid is our own child, not yet reaped.
-            unsafe { libc::kill(self.pid, libc::SIGKILL) };
-            let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(self.pid), None);
-            self.dead = true;
-        }
-    }
-}
-
-fn unexpected(request: &'static str, r: Response) -> SandboxError {
-    match r {
-        Response::Failed { kind, message } => SandboxError::Request { kind, message },
-        other => SandboxError::Unexpected {
-            request,
-            response: format!("{other:?}"),
-        },
-    }
-}
-
-impl Drop for Sandbox {
-    fn drop(&mut self) {
-        if !self.dead {
-            // Asking init to shut down lets it kill and reap its processes; killing it is the
-            // fallback, and its pid namespace takes every remaining process along.
-            let _ = self.sock.set_read_timeout(Some(Duration::from_secs(5)));
-            let _ = write_frame(&mut self.sock, "request", &Request::Shutdown);
-            let _ = read_frame::<Response>(&mut self.sock, "response");
-            self.kill();
-        }
-        if let Err(e) = self.cgroup.destroy() {
-            tracing::warn!(sandbox = %self.name, error = %e, "cgroup cleanup failed");
-        }
-        let _ = std::fs::remove_dir(&self.dir);
-        let _ = std::fs::remove_file(
-            self.rt
-                .inner
-                .run_dir
-                .join("sbx")
-                .join(format!("{}.init", self.name)),
-        );
-    }
 }

@@ -1,8 +1,6 @@
-#![allow(clippy::unwrap_used)]
 //! Read-only paths (bound read-only over themselves after every root mount) and a bounded
 //! inode count of the writable layer.
-mod common;
-use common::*;
+use crate::common::*;
 
 #[test]
 fn read_only_paths_refuse_writes_by_root_and_stay_read_only_after_reset_and_rollback() {

@@ -1,0 +1,318 @@
+//! A [`Sandbox`]: the handle on one live sandbox, speaking the request protocol to its
+//! resident init (exec, files, reset, snapshot, rollback).
+
+use crate::cgroup::Cgroup;
+use crate::config::{SandboxConfig, USERNS_BASE};
+use crate::error::SandboxError;
+use crate::layers::Rootfs;
+use crate::protocol::{
+    read_frame, write_frame, DirEntry, ExecRequest, ExecResult, FileStat, Health, ProtocolError,
+    Request, Response, SetupPlan, Termination,
+};
+use crate::runtime::Runtime;
+use crate::seccomp::CompiledSeccomp;
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// A live sandbox. Dropping it kills everything in it and removes its cgroups and directory.
+pub struct Sandbox {
+    rt: Runtime,
+    name: String,
+    dir: PathBuf,
+    sock: UnixStream,
+    pid: i32,
+    cgroup: Cgroup,
+    rootfs: Rootfs,
+    dead: bool,
+}
+
+impl std::fmt::Debug for Sandbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sandbox")
+            .field("name", &self.name)
+            .field("pid", &self.pid)
+            .field("dead", &self.dead)
+            .finish()
+    }
+}
+
+const CONTROL_TIMEOUT: Duration = Duration::from_secs(60);
+
+impl Sandbox {
+    /// The handle of a just-spawned init; from here on its `Drop` cleans up.
+    pub(crate) fn new(
+        rt: Runtime,
+        name: String,
+        dir: PathBuf,
+        sock: UnixStream,
+        pid: i32,
+        cgroup: Cgroup,
+        rootfs: Rootfs,
+    ) -> Self {
+        Self {
+            rt,
+            name,
+            dir,
+            sock,
+            pid,
+            cgroup,
+            rootfs,
+            dead: false,
+        }
+    }
+
+    /// Send init its setup plan (this sandbox's directory, cgroups and layers, and the rest of
+    /// `cfg`) and wait until the sandbox is ready.
+    pub(crate) fn setup(
+        &mut self,
+        cfg: &SandboxConfig,
+        seccomp: Option<CompiledSeccomp>,
+    ) -> Result<(), SandboxError> {
+        let plan = SetupPlan {
+            sandbox_dir: self.dir.to_string_lossy().into_owned(),
+            cgroup_join: self
+                .cgroup
+                .self_join_files()
+                .iter()
+                .map(|p| p.to_string_lossy().into_owned())
+                .collect(),
+            lowers: self.rootfs.lowers.clone(),
+            disk_bytes: cfg.disk_bytes,
+            disk_inodes: cfg.disk_inodes,
+            readonly_paths: cfg.readonly_paths.clone(),
+            hostname: cfg.hostname.clone(),
+            env: cfg.env.clone(),
+            keep_caps: cfg.keep_caps.clone(),
+            seccomp,
+            landlock: cfg.landlock,
+            nofile: cfg.nofile,
+            userns: cfg.userns.then_some((USERNS_BASE, 65_536)),
+        };
+        match self.call(Request::Setup(Box::new(plan)), Duration::from_secs(30))? {
+            Response::Ok => Ok(()),
+            Response::Failed { message, .. } => Err(SandboxError::Setup(message)),
+            other => Err(SandboxError::Unexpected {
+                request: "setup",
+                response: format!("{other:?}"),
+            }),
+        }
+    }
+
+    /// Host pid of the sandbox's init.
+    pub fn init_pid(&self) -> i32 {
+        self.pid
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Digest of the root filesystem's base layers.
+    pub fn rootfs_digest(&self) -> &str {
+        &self.rootfs.digest
+    }
+
+    pub fn is_dead(&self) -> bool {
+        self.dead
+    }
+
+    pub fn runtime(&self) -> &Runtime {
+        &self.rt
+    }
+
+    fn call(&mut self, req: Request, timeout: Duration) -> Result<Response, SandboxError> {
+        if self.dead {
+            return Err(SandboxError::Dead);
+        }
+        let r = (|| {
+            self.sock
+                .set_read_timeout(Some(timeout))
+                .map_err(ProtocolError::Io)?;
+            write_frame(&mut self.sock, "request", &req)?;
+            read_frame::<Response>(&mut self.sock, "response")
+        })();
+        match r {
+            Ok(resp) => Ok(resp),
+            Err(ProtocolError::Io(e))
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                self.kill();
+                Err(SandboxError::Unresponsive(timeout))
+            }
+            Err(ProtocolError::Closed) | Err(ProtocolError::Io(_)) => {
+                self.kill();
+                Err(SandboxError::Dead)
+            }
+            Err(e) => {
+                self.kill();
+                Err(e.into())
+            }
+        }
+    }
+
+    fn expect_ok(&mut self, req: Request, what: &'static str) -> Result<(), SandboxError> {
+        match self.call(req, CONTROL_TIMEOUT)? {
+            Response::Ok => Ok(()),
+            other => Err(unexpected(what, other)),
+        }
+    }
+
+    /// Run one command.
+    pub fn exec(&mut self, req: &ExecRequest) -> Result<ExecResult, SandboxError> {
+        let oom_before = self.cgroup.oom_kills();
+        let timeout = Duration::from_millis(req.timeout_ms) + CONTROL_TIMEOUT;
+        match self.call(Request::Exec(Box::new(req.clone())), timeout)? {
+            Response::Exec(mut r) => {
+                // Only a SIGKILL (or a shell reporting one) can be the OOM killer's.
+                if matches!(
+                    r.termination,
+                    Termination::Signaled(libc::SIGKILL) | Termination::Exited(137)
+                ) {
+                    r.oom_killed = self.cgroup.oom_kills() > oom_before;
+                }
+                Ok(*r)
+            }
+            other => Err(unexpected("exec", other)),
+        }
+    }
+
+    /// Read a file (up to `max_bytes`); returns the data and whether it was cut.
+    pub fn read_file(
+        &mut self,
+        path: &str,
+        max_bytes: u64,
+    ) -> Result<(Vec<u8>, bool), SandboxError> {
+        self.read_file_with(path, max_bytes, false)
+    }
+
+    /// [`Self::read_file`] of a regular file that is not a symlink itself (a final symlink is
+    /// an `Invalid` failure; symlinks on the way still resolve inside the root). One request,
+    /// where `stat` then `read_file` would be two and racy.
+    pub fn read_file_nofollow(
+        &mut self,
+        path: &str,
+        max_bytes: u64,
+    ) -> Result<(Vec<u8>, bool), SandboxError> {
+        self.read_file_with(path, max_bytes, true)
+    }
+
+    fn read_file_with(
+        &mut self,
+        path: &str,
+        max_bytes: u64,
+        nofollow: bool,
+    ) -> Result<(Vec<u8>, bool), SandboxError> {
+        match self.call(
+            Request::ReadFile {
+                path: path.into(),
+                max_bytes,
+                nofollow,
+            },
+            CONTROL_TIMEOUT,
+        )? {
+            Response::File { data, truncated } => Ok((data, truncated)),
+            other => Err(unexpected("read_file", other)),
+        }
+    }
+
+    pub fn write_file(&mut self, path: &str, data: &[u8], mode: u32) -> Result<(), SandboxError> {
+        self.expect_ok(
+            Request::WriteFile {
+                path: path.into(),
+                data: data.to_vec(),
+                mode,
+            },
+            "write_file",
+        )
+    }
+
+    pub fn stat(&mut self, path: &str) -> Result<FileStat, SandboxError> {
+        match self.call(Request::Stat { path: path.into() }, CONTROL_TIMEOUT)? {
+            Response::Stat(s) => Ok(s),
+            other => Err(unexpected("stat", other)),
+        }
+    }
+
+    pub fn list_dir(&mut self, path: &str) -> Result<Vec<DirEntry>, SandboxError> {
+        match self.call(Request::ListDir { path: path.into() }, CONTROL_TIMEOUT)? {
+            Response::Dir(d) => Ok(d),
+            other => Err(unexpected("list_dir", other)),
+        }
+    }
+
+    /// Kill every process but init.
+    pub fn kill_all(&mut self) -> Result<(), SandboxError> {
+        self.expect_ok(Request::KillAll, "kill_all")
+    }
+
+    /// Kill every process but init and revert the filesystem to its base layers.
+    pub fn reset(&mut self) -> Result<(), SandboxError> {
+        self.expect_ok(Request::Reset, "reset")
+    }
+
+    /// Freeze the current filesystem diff into a layer; returns its number.
+    pub fn snapshot(&mut self) -> Result<u32, SandboxError> {
+        match self.call(Request::Snapshot, CONTROL_TIMEOUT)? {
+            Response::Snapshot(n) => Ok(n),
+            other => Err(unexpected("snapshot", other)),
+        }
+    }
+
+    /// Kill every process but init and return the filesystem to snapshot `n`.
+    pub fn rollback(&mut self, n: u32) -> Result<(), SandboxError> {
+        self.expect_ok(Request::Rollback { snapshot: n }, "rollback")
+    }
+
+    pub fn health(&mut self) -> Result<Health, SandboxError> {
+        match self.call(Request::Health, CONTROL_TIMEOUT)? {
+            Response::Health(h) => Ok(h),
+            other => Err(unexpected("health", other)),
+        }
+    }
+
+    /// Memory charged to the sandbox's cgroup, bytes.
+    pub fn memory_usage(&self) -> u64 {
+        self.cgroup.memory_usage()
+    }
+
+    fn kill(&mut self) {
+        if !self.dead {
+            // SAFETY: kill with integer arguments; the pid is our own child, not yet reaped.
+            unsafe { libc::kill(self.pid, libc::SIGKILL) };
+            let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(self.pid), None);
+            self.dead = true;
+        }
+    }
+}
+
+fn unexpected(request: &'static str, r: Response) -> SandboxError {
+    match r {
+        Response::Failed { kind, message } => SandboxError::Request { kind, message },
+        other => SandboxError::Unexpected {
+            request,
+            response: format!("{other:?}"),
+        },
+    }
+}
+
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        if !self.dead {
+            // Asking init to shut down lets it kill and reap its processes; killing it is the
+            // fallback, and its pid namespace takes every remaining process along.
+            let _ = self.sock.set_read_timeout(Some(Duration::from_secs(5)));
+            let _ = write_frame(&mut self.sock, "request", &Request::Shutdown);
+            let _ = read_frame::<Response>(&mut self.sock, "response");
+            self.kill();
+        }
+        if let Err(e) = self.cgroup.destroy() {
+            tracing::warn!(sandbox = %self.name, error = %e, "cgroup cleanup failed");
+        }
+        let _ = std::fs::remove_dir(&self.dir);
+        let _ = std::fs::remove_file(self.rt.init_record(&self.name));
+    }
+}
