@@ -253,7 +253,7 @@ pub struct Env {
     dangerous: Vec<(String, regex::Regex)>,
     encoder: HashedTextEncoder,
     certificates: Certificates,
-    live: Option<RunningInstance>,
+    running: Option<RunningInstance>,
     setup: Option<TaskSetup>,
     step: u32,
     max_steps: u32,
@@ -290,7 +290,7 @@ impl Env {
             dangerous,
             encoder,
             certificates,
-            live: None,
+            running: None,
             setup: None,
             step: 0,
             max_steps: 0,
@@ -306,8 +306,8 @@ impl Env {
     }
 
     /// The running instance, if any.
-    pub fn live(&mut self) -> Option<&mut RunningInstance> {
-        self.live.as_mut()
+    pub fn running(&mut self) -> Option<&mut RunningInstance> {
+        self.running.as_mut()
     }
 
     /// The task of the current episode.
@@ -317,7 +317,7 @@ impl Env {
 
     /// The id of the current instance.
     pub fn instance_id(&self) -> Option<&str> {
-        self.live.as_ref().map(|l| l.instance.id.as_str())
+        self.running.as_ref().map(|l| l.instance.id.as_str())
     }
 
     pub fn episode_return(&self) -> f64 {
@@ -336,13 +336,13 @@ impl Env {
         }
         self.done = true;
         let reuse = self
-            .live
+            .running
             .as_ref()
             .is_some_and(|l| !l.sandbox.is_dead() && l.instance.plan == *plan);
         let mut restarted = false;
         if reuse {
-            if let Some(live) = self.live.as_mut() {
-                match live.restart() {
+            if let Some(running) = self.running.as_mut() {
+                match running.restart() {
                     Ok(()) => restarted = true,
                     Err(e) => {
                         tracing::warn!(error = %e, "episode reset failed; starting a fresh sandbox");
@@ -351,7 +351,7 @@ impl Env {
             }
         }
         if !restarted {
-            self.live = None; // the old sandbox goes first (its limits, its memory)
+            self.running = None; // the old sandbox goes first (its limits, its memory)
             let held = crate::running::synthesize(&self.rt, &self.cache, plan)?;
             if self.cfg.require_certified {
                 let cert = self.certificates.get_or_check(&self.rt, &held.instance)?;
@@ -362,13 +362,13 @@ impl Env {
                     });
                 }
             }
-            self.live = Some(RunningInstance::start(&self.rt, held)?);
+            self.running = Some(RunningInstance::start(&self.rt, held)?);
         }
-        let Some(live) = self.live.as_mut() else {
+        let Some(running) = self.running.as_mut() else {
             return Err(EnvError::NotReset);
         };
-        let setup = live.instance.task.clone().ok_or(EnvError::NoTask)?;
-        live.cwd = setup.cwd.clone();
+        let setup = running.instance.task.clone().ok_or(EnvError::NoTask)?;
+        running.cwd = setup.cwd.clone();
         self.max_steps = self.cfg.max_steps.unwrap_or(setup.max_steps).max(1);
         self.setup = Some(setup);
         self.step = 0;
@@ -383,11 +383,11 @@ impl Env {
 
     /// Judge the current state with the task's verifier.
     pub fn verify(&mut self) -> Result<Verdict, EnvError> {
-        let (Some(live), Some(setup)) = (self.live.as_mut(), self.setup.as_ref()) else {
+        let (Some(running), Some(setup)) = (self.running.as_mut(), self.setup.as_ref()) else {
             return Err(EnvError::NotReset);
         };
         let task = tasks::get(&setup.task).ok_or(EnvError::NoTask)?;
-        Ok(task.verify(setup, &mut live.probe())?)
+        Ok(task.verify(setup, &mut running.probe())?)
     }
 
     /// Resolve an action to its command text.
@@ -409,7 +409,7 @@ impl Env {
 
     /// Take one action.
     pub fn step(&mut self, action: &Action) -> Result<Step, EnvError> {
-        if self.live.is_none() || self.setup.is_none() {
+        if self.running.is_none() || self.setup.is_none() {
             return Err(EnvError::NotReset);
         }
         if self.done {
@@ -449,13 +449,13 @@ impl Env {
                     // in it, ...): the agent's failed step, not the environment's.
                     obs.exit_code = Some(127);
                     obs.stderr = format!("the command could not start: {e}");
-                    if let Some(live) = self.live.as_mut() {
-                        if live.sandbox.stat(&live.cwd).is_err() {
+                    if let Some(running) = self.running.as_mut() {
+                        if running.sandbox.stat(&running.cwd).is_err() {
                             obs.stderr.push_str(&format!(
                                 "\n[{} is gone; the working directory is / again]",
-                                live.cwd
+                                running.cwd
                             ));
-                            live.cwd = "/".into();
+                            running.cwd = "/".into();
                         }
                     }
                     info.error = Some(e.to_string());
@@ -534,7 +534,7 @@ impl Env {
         info.error = Some(e.to_string());
         info.duration_us = t0.elapsed().as_micros() as u64;
         self.done = true;
-        self.live = None;
+        self.running = None;
         obs.stderr = format!("environment failure (not the agent's): {e}");
         obs.step = self.step;
         obs.max_steps = self.max_steps;
@@ -583,7 +583,7 @@ impl Env {
 
     /// Run an agent command in the current cwd; the cwd it ends in becomes the next one.
     fn run(&mut self, cmd: &str, obs: &mut Observation) -> Result<Termination, EnvError> {
-        let Some(live) = self.live.as_mut() else {
+        let Some(running) = self.running.as_mut() else {
             return Err(EnvError::NotReset);
         };
         // The command runs as written (its own line, so a trailing comment cannot swallow the
@@ -591,11 +591,11 @@ impl Env {
         let wrapped =
             format!("{cmd}\n__ef_rc=$?; printf '{CWD_MARK}%s' \"$PWD\" >&2; exit $__ef_rc");
         let mut req = sandbox::ExecRequest::shell(wrapped);
-        req.cwd = live.cwd.clone();
-        req.env = Some(live.env.clone());
+        req.cwd = running.cwd.clone();
+        req.env = Some(running.env.clone());
         req.timeout_ms = self.cfg.step_timeout_ms;
         req.output_cap = self.cfg.output_cap;
-        let res = live.sandbox.exec(&req).map_err(RunningError::from)?;
+        let res = running.sandbox.exec(&req).map_err(RunningError::from)?;
         let mut stderr = res.stderr.clone();
         if let Some(pos) = find_last(&stderr, CWD_MARK.as_bytes()) {
             // The directory runs to the end of the line: a background process may write to
@@ -604,7 +604,7 @@ impl Env {
             let end = rest.iter().position(|b| *b == b'\n').unwrap_or(rest.len());
             let dir = String::from_utf8_lossy(&rest[..end]).into_owned();
             if dir.starts_with('/') && !dir.chars().any(char::is_control) {
-                live.cwd = dir;
+                running.cwd = dir;
             }
             let tail = rest[end..].to_vec();
             stderr.truncate(pos);
@@ -630,14 +630,14 @@ impl Env {
 
     /// Fill the rest of an observation from trusted reads.
     fn observe(&mut self, obs: &mut Observation) -> Result<(), EnvError> {
-        let (Some(live), Some(setup)) = (self.live.as_mut(), self.setup.as_ref()) else {
+        let (Some(running), Some(setup)) = (self.running.as_mut(), self.setup.as_ref()) else {
             return Err(EnvError::NotReset);
         };
         obs.instruction = setup.instruction.clone();
-        obs.cwd = live.cwd.clone();
+        obs.cwd = running.cwd.clone();
         obs.step = self.step;
         obs.max_steps = self.max_steps;
-        obs.listing = match live.sandbox.list_dir(&live.cwd) {
+        obs.listing = match running.sandbox.list_dir(&running.cwd) {
             Ok(entries) => {
                 let mut v: Vec<String> = entries
                     .into_iter()
@@ -656,14 +656,14 @@ impl Env {
             Err(e) if e.is_infrastructure() => return Err(RunningError::from(e).into()),
             Err(_) => Vec::new(), // the agent removed its cwd: an empty listing says so
         };
-        let h = live.sandbox.health().map_err(RunningError::from)?;
+        let h = running.sandbox.health().map_err(RunningError::from)?;
         obs.disk = Disk {
             used_bytes: h.upper_bytes,
-            size_bytes: live
+            size_bytes: running
                 .instance
                 .runtime
                 .disk_bytes
-                .unwrap_or(live.instance.plan.resources.disk_bytes),
+                .unwrap_or(running.instance.plan.resources.disk_bytes),
         };
         obs.text = render(obs);
         let numeric = [

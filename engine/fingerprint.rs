@@ -550,9 +550,9 @@ pub fn fingerprint_rootfs(
 }
 
 /// Fingerprint of a running instance, with the environment its agent's commands get.
-pub fn fingerprint_live(live: &mut RunningInstance) -> Result<Fingerprint, FingerprintError> {
-    let env = live.env.clone();
-    measure(&mut live.sandbox, &env)
+pub fn fingerprint_live(running: &mut RunningInstance) -> Result<Fingerprint, FingerprintError> {
+    let env = running.env.clone();
+    measure(&mut running.sandbox, &env)
 }
 
 /// The fingerprints shipped with the engine (name, the data file's JSON: `provenance` and

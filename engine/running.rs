@@ -113,7 +113,7 @@ impl RunningInstance {
             .task
             .as_ref()
             .map_or_else(|| "/root".to_string(), |t| t.cwd.clone());
-        let mut live = Self {
+        let mut running = Self {
             sandbox,
             instance,
             _held: held,
@@ -122,8 +122,8 @@ impl RunningInstance {
             env: cfg.env,
             start_processes: None,
         };
-        live.run_start_steps()?;
-        Ok(live)
+        running.run_start_steps()?;
+        Ok(running)
     }
 
     /// Start a new episode: incremental reset, then the start steps.

@@ -101,16 +101,16 @@ pub fn run(rt: &Runtime, cache: &Cache, o: &EnvBenchOpts) -> Result<EnvBenchRepo
     for p in plans.iter().take(o.iterations.clamp(1, 20)) {
         let held = crate::running::synthesize(rt, cache, p)?;
         let t = Instant::now();
-        let mut live = crate::running::RunningInstance::start(rt, held)?;
+        let mut running = crate::running::RunningInstance::start(rt, held)?;
         setup.push(ms(t));
         for _ in 0..5 {
-            let r = live.run("touch /tmp/x /root/y", Duration::from_secs(5))?;
+            let r = running.run("touch /tmp/x /root/y", Duration::from_secs(5))?;
             let _ = r;
             let t = Instant::now();
-            live.restart()?;
+            running.restart()?;
             reset.push(ms(t));
             let t = Instant::now();
-            live.sandbox.exec(&sandbox::ExecRequest::shell("true"))?;
+            running.sandbox.exec(&sandbox::ExecRequest::shell("true"))?;
             exec.push(ms(t));
         }
     }
@@ -198,8 +198,8 @@ fn measure_raw(
     on_workers("raw-exec", workers, seconds, |w| {
         let plan = Plan::for_task(task, 1 + w as u64, vec![]);
         let held = crate::running::synthesize(rt, cache, &plan)?;
-        let mut live = crate::running::RunningInstance::start(rt, held)?;
-        let setup = live
+        let mut running = crate::running::RunningInstance::start(rt, held)?;
+        let setup = running
             .instance
             .task
             .clone()
@@ -209,10 +209,10 @@ fn measure_raw(
         let t0 = Instant::now();
         while t0.elapsed() < deadline {
             let a = &setup.actions[rng.gen_range(0..setup.actions.len().max(1))];
-            live.run(a, Duration::from_secs(10))?;
+            running.run(a, Duration::from_secs(10))?;
             steps += 1;
             if steps.is_multiple_of(u64::from(setup.max_steps.max(1))) {
-                live.restart()?;
+                running.restart()?;
             }
         }
         Ok((steps, 0, 0, 0))

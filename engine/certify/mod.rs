@@ -89,7 +89,7 @@ impl Certificates {
             attempt += 1;
             let held = crate::running::synthesize(rt, &self.cache, &instance.plan)?;
             match RunningInstance::start(rt, held) {
-                Ok(live) => break run_oracle(live)?,
+                Ok(running) => break run_oracle(running)?,
                 Err(e) if deterministic(&e) && attempt == 2 => break cannot_start(instance, &e),
                 Err(e) if deterministic(&e) => {
                     tracing::debug!(instance = %instance.id, error = %e, "start failed; once more");
@@ -137,9 +137,9 @@ fn cannot_start(inst: &Instance, e: &RunningError) -> Certificate {
 }
 
 /// Run the oracle of the live instance's task and judge the result.
-pub fn run_oracle(mut live: RunningInstance) -> Result<Certificate, RunningError> {
+pub fn run_oracle(mut running: RunningInstance) -> Result<Certificate, RunningError> {
     let t0 = Instant::now();
-    let inst = live.instance.clone();
+    let inst = running.instance.clone();
     let mut cert = blank(&inst);
     let Some(setup) = inst.task.clone() else {
         cert.reason = "the instance has no task".into();
@@ -150,18 +150,18 @@ pub fn run_oracle(mut live: RunningInstance) -> Result<Certificate, RunningError
         cert.reason = format!("unknown task `{}`", setup.task);
         return Ok(cert);
     };
-    let verify = |live: &mut RunningInstance| -> Result<Verdict, RunningError> {
-        Ok(task.verify(&setup, &mut live.probe())?)
+    let verify = |running: &mut RunningInstance| -> Result<Verdict, RunningError> {
+        Ok(task.verify(&setup, &mut running.probe())?)
     };
-    cert.trivial = verify(&mut live)?.success;
+    cert.trivial = verify(&mut running)?.success;
     let commands = task.oracle(&setup);
     cert.oracle_commands = commands.len();
-    live.cwd = setup.cwd.clone();
+    running.cwd = setup.cwd.clone();
     for c in &commands {
-        let r = live.run(c, ORACLE_STEP_TIMEOUT)?;
+        let r = running.run(c, ORACLE_STEP_TIMEOUT)?;
         cert.exit_codes.push(r.exit_code());
     }
-    let v = verify(&mut live)?;
+    let v = verify(&mut running)?;
     cert.solvable = v.success && !cert.trivial;
     cert.reason = if cert.trivial {
         "the goal already holds before the oracle runs".into()

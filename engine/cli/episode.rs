@@ -210,7 +210,7 @@ pub fn play(opts: &InstanceOpts) -> anyhow::Result<i32> {
         write!(
             out,
             "{}$ ",
-            env.live().map(|l| l.cwd.clone()).unwrap_or_default()
+            env.running().map(|l| l.cwd.clone()).unwrap_or_default()
         )?;
         out.flush()?;
         let Some(line) = lines.next() else {

@@ -154,15 +154,15 @@ impl Task for KillRunaway {
         // service can be shown to be the original: fail closed.
         let originals = probe.start_processes();
         for d in &f.decoys {
-            let live: Vec<&Proc> = running(&procs, d)
+            let alive: Vec<&Proc> = running(&procs, d)
                 .filter(|p| p.state != 'T' && p.state != 't' && is_service(p, d))
                 .collect();
-            let original = live
+            let original = alive
                 .iter()
                 .any(|p| originals.is_some_and(|o| o.contains(&(p.pid, p.start_ticks))));
             checks.push((
                 original,
-                if live.is_empty() {
+                if alive.is_empty() {
                     format!("the service {d} is not running")
                 } else if originals.is_none() {
                     format!("the service {d} runs, but the episode's processes were not recorded")

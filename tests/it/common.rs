@@ -1,22 +1,10 @@
 #![allow(dead_code)]
-//! Shared fixtures of the engine's integration tests (root tests skip when not root).
+//! Fixtures of the engine's integration tests. What the sandbox crate's tests share with these
+//! (`is_root`, `require_root!`, `Tmpfs`, `eventually`, ...) is `sandbox::testing`; what is here
+//! knows the engine (its init binary, private instance caches).
 
+pub use sandbox::testing::{is_root, Tmpfs};
 use sandbox::{InitProgram, Runtime};
-
-pub fn is_root() -> bool {
-    nix::unistd::geteuid().is_root()
-}
-
-/// Skip (with a message) when not root: these tests need namespaces, mounts and cgroups.
-#[macro_export]
-macro_rules! require_root {
-    () => {
-        if !common::is_root() {
-            eprintln!("skipped: needs root");
-            return;
-        }
-    };
-}
 
 pub fn init_program() -> InitProgram {
     InitProgram::at(env!("CARGO_BIN_EXE_envfactory-init").into(), vec![]).unwrap()
@@ -24,7 +12,7 @@ pub fn init_program() -> InitProgram {
 
 /// A fresh runtime over the default state directory; dropping it removes what it created.
 pub fn runtime() -> Runtime {
-    Runtime::new(&sandbox::state::default_state_dir(), init_program()).unwrap()
+    sandbox::testing::runtime_with(init_program())
 }
 
 /// A private state directory whose instance cache (a tmpfs) is unmounted when dropped.
@@ -64,36 +52,6 @@ pub fn tree_digest(dir: &std::path::Path) -> String {
         .output()
         .unwrap();
     String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-/// A private tmpfs (for a layer: overlayfs refuses a layer nested in the host's `/`, which the
-/// `host` base uses as a layer), unmounted when dropped, by a panic too.
-pub struct Tmpfs {
-    dir: tempfile::TempDir,
-}
-
-impl Tmpfs {
-    pub fn new() -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        nix::mount::mount(
-            Some("t"),
-            dir.path(),
-            Some("tmpfs"),
-            nix::mount::MsFlags::empty(),
-            Some("size=16m"),
-        )
-        .unwrap();
-        Self { dir }
-    }
-    pub fn path(&self) -> &std::path::Path {
-        self.dir.path()
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = nix::mount::umount2(self.dir.path(), nix::mount::MntFlags::MNT_DETACH);
-    }
 }
 
 /// Run a test alone in a fresh process of this test binary, for the few assertions that no

@@ -48,10 +48,10 @@ fn oracle_reaches_the_goal_and_is_rewarded_once() {
         Err(engine::env::EnvError::EpisodeOver)
     ));
     // The next episode of the same instance starts unsolved, in the same sandbox.
-    let pid = e.live().unwrap().sandbox.init_pid();
+    let pid = e.running().unwrap().sandbox.init_pid();
     e.reset(&plan).unwrap();
     assert_eq!(
-        e.live().unwrap().sandbox.init_pid(),
+        e.running().unwrap().sandbox.init_pid(),
         pid,
         "the sandbox was not reused"
     );
@@ -164,7 +164,7 @@ fn a_wrecked_sandbox_is_an_infra_failure_and_the_next_episode_starts_clean() {
         .unwrap();
     assert!(!s.info.infra_failure);
     // The sandbox itself dies (from outside): infrastructure.
-    let pid = e.live().unwrap().sandbox.init_pid();
+    let pid = e.running().unwrap().sandbox.init_pid();
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(pid),
         nix::sys::signal::Signal::SIGKILL,
@@ -176,7 +176,7 @@ fn a_wrecked_sandbox_is_an_infra_failure_and_the_next_episode_starts_clean() {
     assert_eq!(s.reward, 0.0);
     // Next episode: a fresh sandbox with the instance intact.
     e.reset(&plan).unwrap();
-    assert_ne!(e.live().unwrap().sandbox.init_pid(), pid);
+    assert_ne!(e.running().unwrap().sandbox.init_pid(), pid);
     let s = e.step(&cmd("test -f /etc/passwd && echo ok")).unwrap();
     assert_eq!(s.observation.stdout.trim(), "ok");
 }

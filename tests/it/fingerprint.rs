@@ -249,10 +249,10 @@ fn fingerprint_of_a_live_instance_shows_its_perturbations() {
     };
     let measure = |specs: &[&str], zombies: f64| {
         let held = engine::running::synthesize(&rt, &cache, &plan(specs)).unwrap();
-        let mut live = engine::running::RunningInstance::start(&rt, held).unwrap();
+        let mut running = engine::running::RunningInstance::start(&rt, held).unwrap();
         // Start steps detach their processes; wait until the zombies are there.
         for _ in 0..100 {
-            let fp = fingerprint::fingerprint_live(&mut live).unwrap();
+            let fp = fingerprint::fingerprint_live(&mut running).unwrap();
             if fp.get("zombies") == Some(zombies) {
                 return fp;
             }

@@ -4,12 +4,15 @@
 #![allow(clippy::unwrap_used)]
 
 #[macro_use]
+extern crate sandbox;
+
 mod common;
 
 mod cli;
 mod env;
 mod experiment;
 mod fingerprint;
+mod layout;
 mod netfuzz;
 mod perturb;
 mod synth;

@@ -18,7 +18,7 @@ fn proxy_lock() -> std::sync::MutexGuard<'static, ()> {
 
 /// An instance of some perturbations, live in a sandbox (fields drop in order).
 struct Env {
-    live: RunningInstance,
+    running: RunningInstance,
     _cache: Cache,
     _state: common::TempState,
     _rt: sandbox::Runtime,
@@ -34,9 +34,9 @@ fn start(specs: &[&str], seed: u64) -> Env {
         ..Plan::for_task("none", seed, chosen)
     };
     let held = synthesize(&rt, &cache, &plan).unwrap();
-    let live = RunningInstance::start(&rt, held).unwrap();
+    let running = RunningInstance::start(&rt, held).unwrap();
     Env {
-        live,
+        running,
         _cache: cache,
         _state: state,
         _rt: rt,
@@ -50,7 +50,7 @@ struct Out {
 }
 
 fn run(env: &mut Env, cmd: &str) -> Out {
-    let r = env.live.run(cmd, Duration::from_secs(30)).unwrap();
+    let r = env.running.run(cmd, Duration::from_secs(30)).unwrap();
     Out {
         code: r.exit_code(),
         stdout: String::from_utf8_lossy(&r.stdout).into_owned(),
@@ -251,7 +251,7 @@ fn proxy_choices_are_seeded_per_connection_and_restart_with_each_episode() {
     let first = pattern(&mut env);
     assert!(first.contains(&true) && first.contains(&false), "{first:?}");
     // A new episode (reset: the server is gone, start it again) sees the same choices.
-    env.live.restart().unwrap();
+    env.running.restart().unwrap();
     start_server(&mut env);
     assert_eq!(pattern(&mut env), first);
     drop(env);

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 /// A live instance with its private cache; fields drop in order (sandbox first).
 struct Inst {
-    live: RunningInstance,
+    running: RunningInstance,
     _st: common::TempState,
     _rt: sandbox::Runtime,
 }
@@ -48,9 +48,9 @@ fn up_plan(plan: &Plan) -> Inst {
     let st = common::TempState::new();
     let cache = Cache::open_with(st.path(), 8, 1 << 30).unwrap();
     let held = synthesize(&rt, &cache, plan).unwrap();
-    let live = RunningInstance::start(&rt, held).unwrap();
+    let running = RunningInstance::start(&rt, held).unwrap();
     Inst {
-        live,
+        running,
         _st: st,
         _rt: rt,
     }
@@ -62,7 +62,7 @@ fn up(spec: &str) -> Inst {
 
 impl Inst {
     fn sh(&mut self, cmd: &str) -> Out {
-        let r = self.live.run(cmd, Duration::from_secs(20)).unwrap();
+        let r = self.running.run(cmd, Duration::from_secs(20)).unwrap();
         Out {
             code: r.exit_code(),
             out: String::from_utf8_lossy(&r.stdout).into_owned(),
@@ -71,13 +71,13 @@ impl Inst {
     }
 
     fn applied(&self) -> String {
-        self.live.instance.applied.join("\n")
+        self.running.instance.applied.join("\n")
     }
 
     /// Run the checks, start a new episode (sandbox reset + start steps), run them again.
     fn twice(&mut self, mut checks: impl FnMut(&mut Inst, &str)) {
         checks(self, "first episode");
-        self.live.restart().unwrap();
+        self.running.restart().unwrap();
         checks(self, "after restart");
     }
 }
@@ -496,7 +496,7 @@ fn cpu_hog_runs_busy_processes_with_a_plausible_name() {
     require_root!();
     let mut i = up("cpu-hog:procs=2,name=backup-agent --full");
     i.twice(|i, when| {
-        let procs = i.live.probe().processes().unwrap();
+        let procs = i.running.probe().processes().unwrap();
         let hogs: Vec<_> = procs
             .iter()
             .filter(|p| p.cmdline.first().map(String::as_str) == Some("backup-agent --full"))
@@ -525,7 +525,7 @@ fn port_taken_makes_binding_the_port_fail_with_eaddrinuse() {
         assert_ne!(o.code, 0, "{when}: {o:?}");
         assert!(o.err.contains("Address already in use"), "{when}: {o:?}");
         let reply = i
-            .live
+            .running
             .probe()
             .tcp(8080, b"GET / HTTP/1.0\r\n\r\n", Duration::from_secs(2))
             .unwrap()
@@ -577,7 +577,7 @@ fn zombies_pile_up_under_a_parent_that_never_reaps() {
     i.twice(|i, when| {
         let mut last = Vec::new();
         let ok = (0..500).any(|_| {
-            let procs = i.live.probe().processes().unwrap();
+            let procs = i.running.probe().processes().unwrap();
             let parent = procs
                 .iter()
                 .find(|p| p.cmdline.first().map(String::as_str) == Some("job-runner"));
@@ -937,7 +937,7 @@ fn many_perturbations_compose_in_one_instance() {
         );
         assert_eq!(o.out, "128\ngz=1\nno-xz\n1\n", "{when}: {o:?}");
         let r = i
-            .live
+            .running
             .probe()
             .tcp(9090, b"", Duration::from_secs(2))
             .unwrap();

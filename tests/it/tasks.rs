@@ -34,13 +34,13 @@ fn exercise(name: &str) {
         assert_eq!(Some(&setup), s1.as_ref());
         assert!(!setup.instruction.is_empty() && setup.actions.len() >= 8);
         facts_seen.push(setup.facts.clone());
-        let mut live = RunningInstance::start(&rt, held).unwrap();
+        let mut running = RunningInstance::start(&rt, held).unwrap();
 
-        let v = task.verify(&setup, &mut live.probe()).unwrap();
+        let v = task.verify(&setup, &mut running.probe()).unwrap();
         assert!(!v.success, "{name} seed {seed}: solved at the start");
 
         for cmd in task.oracle(&setup) {
-            let r = live.run(&cmd, Duration::from_secs(60)).unwrap();
+            let r = running.run(&cmd, Duration::from_secs(60)).unwrap();
             assert!(
                 r.success(),
                 "{name} seed {seed}: oracle command failed ({}): {cmd}\n{}\n{}",
@@ -49,7 +49,7 @@ fn exercise(name: &str) {
                 String::from_utf8_lossy(&r.stderr)
             );
         }
-        let v = task.verify(&setup, &mut live.probe()).unwrap();
+        let v = task.verify(&setup, &mut running.probe()).unwrap();
         assert!(
             v.success,
             "{name} seed {seed}: oracle failed: {:?}",
@@ -57,19 +57,19 @@ fn exercise(name: &str) {
         );
         assert!((v.progress - 1.0).abs() < 1e-9);
 
-        live.restart().unwrap();
-        let v = task.verify(&setup, &mut live.probe()).unwrap();
+        running.restart().unwrap();
+        let v = task.verify(&setup, &mut running.probe()).unwrap();
         assert!(!v.success, "{name} seed {seed}: solved after a restart");
 
         let trials = task.hack_trials(&setup);
         assert!(!trials.is_empty());
         for trial in trials {
-            live.restart().unwrap();
+            running.restart().unwrap();
             for cmd in &trial.commands {
                 // A trial may kill its own shell (kill -9 -1): only the final state counts.
-                let _ = live.run(cmd, Duration::from_secs(30)).unwrap();
+                let _ = running.run(cmd, Duration::from_secs(30)).unwrap();
             }
-            let v = task.verify(&setup, &mut live.probe()).unwrap();
+            let v = task.verify(&setup, &mut running.probe()).unwrap();
             eprintln!("{name} seed {seed} trial `{}`: {:?}", trial.name, v.reasons);
             assert!(
                 !v.success,
@@ -96,16 +96,16 @@ fn archive_logs_oracle_survives_missing_tar_and_find() {
     let task = engine::tasks::get("archive-logs").unwrap();
     let held = synthesize(&rt, &cache, &Plan::for_task("archive-logs", 5, vec![])).unwrap();
     let setup = held.instance.task.clone().unwrap();
-    let mut live = RunningInstance::start(&rt, held).unwrap();
-    let r = live
+    let mut running = RunningInstance::start(&rt, held).unwrap();
+    let r = running
         .run("rm -f /usr/bin/tar /usr/bin/find", Duration::from_secs(10))
         .unwrap();
     assert!(r.success());
     for cmd in task.oracle(&setup) {
-        let r = live.run(&cmd, Duration::from_secs(60)).unwrap();
+        let r = running.run(&cmd, Duration::from_secs(60)).unwrap();
         assert!(r.success(), "{}", String::from_utf8_lossy(&r.stderr));
     }
-    let v = task.verify(&setup, &mut live.probe()).unwrap();
+    let v = task.verify(&setup, &mut running.probe()).unwrap();
     assert!(v.success, "{:?}", v.reasons);
 }
 
@@ -126,8 +126,8 @@ fn restore_service_oracle_evicts_a_squatter() {
         .unwrap();
         let setup = held.instance.task.clone().unwrap();
         let port = setup.facts["port"].as_u64().unwrap();
-        let mut live = RunningInstance::start(&rt, held).unwrap();
-        let r = live
+        let mut running = RunningInstance::start(&rt, held).unwrap();
+        let r = running
             .run(
                 &format!(
                     "(python3 -m http.server {port} --bind 127.0.0.1 >/dev/null 2>&1 < /dev/null &); \
@@ -138,10 +138,10 @@ fn restore_service_oracle_evicts_a_squatter() {
             .unwrap();
         assert!(r.success(), "the squatter did not start");
         for cmd in task.oracle(&setup) {
-            let r = live.run(&cmd, Duration::from_secs(60)).unwrap();
+            let r = running.run(&cmd, Duration::from_secs(60)).unwrap();
             assert!(r.success(), "{}", String::from_utf8_lossy(&r.stderr));
         }
-        let v = task.verify(&setup, &mut live.probe()).unwrap();
+        let v = task.verify(&setup, &mut running.probe()).unwrap();
         assert!(v.success, "{:?}", v.reasons);
     }
 }
@@ -174,9 +174,9 @@ fn restore_service_front_takes_network_faults_and_port_taken_squats_its_port() {
     let setup = held.instance.task.clone().unwrap();
     assert_eq!(setup.facts["port"].as_u64(), Some(18080));
     assert!(setup.instruction.contains("http://127.0.0.1:8080/"));
-    let mut live = RunningInstance::start(&rt, held).unwrap();
+    let mut running = RunningInstance::start(&rt, held).unwrap();
     // The squatter answers 503 on the service port through the front.
-    let r = live
+    let r = running
         .run(
             "curl -s -m 5 http://127.0.0.1:8080/",
             Duration::from_secs(10),
@@ -188,14 +188,14 @@ fn restore_service_front_takes_network_faults_and_port_taken_squats_its_port() {
         String::from_utf8_lossy(&r.stdout)
     );
     for cmd in task.oracle(&setup) {
-        let r = live.run(&cmd, Duration::from_secs(60)).unwrap();
+        let r = running.run(&cmd, Duration::from_secs(60)).unwrap();
         assert!(r.success(), "{}", String::from_utf8_lossy(&r.stderr));
     }
-    let v = task.verify(&setup, &mut live.probe()).unwrap();
+    let v = task.verify(&setup, &mut running.probe()).unwrap();
     assert!(v.success, "{:?}", v.reasons);
     // Through the front, the real service answers, and a request pays the latency both ways.
     let t0 = std::time::Instant::now();
-    let r = live
+    let r = running
         .run(
             "curl -s -m 10 'http://127.0.0.1:8080/status?nonce=abc'",
             Duration::from_secs(15),
@@ -279,8 +279,8 @@ fn oracles_ignore_a_hostile_path() {
         let plan = Plan::for_task(task.name(), 1, vec![]);
         let held = synthesize(&rt, &cache, &plan).unwrap();
         let setup = held.instance.task.clone().unwrap();
-        let mut live = RunningInstance::start(&rt, held).unwrap();
-        let r = live
+        let mut running = RunningInstance::start(&rt, held).unwrap();
+        let r = running
             .run(
                 &format!(
                     "mkdir -p /opt/impostors && for t in {tools}; do \
@@ -291,12 +291,14 @@ fn oracles_ignore_a_hostile_path() {
             )
             .unwrap();
         assert!(r.success(), "{}", String::from_utf8_lossy(&r.stderr));
-        live.env.retain(|kv| !kv.starts_with("PATH="));
-        live.env.push("PATH=/opt/impostors".into());
-        let r = live.run("tar --version", Duration::from_secs(10)).unwrap();
+        running.env.retain(|kv| !kv.starts_with("PATH="));
+        running.env.push("PATH=/opt/impostors".into());
+        let r = running
+            .run("tar --version", Duration::from_secs(10))
+            .unwrap();
         assert!(!r.success() && String::from_utf8_lossy(&r.stderr).contains("impostor"));
         for cmd in task.oracle(&setup) {
-            let r = live.run(&cmd, Duration::from_secs(60)).unwrap();
+            let r = running.run(&cmd, Duration::from_secs(60)).unwrap();
             assert!(
                 r.success(),
                 "{}: {}",
@@ -304,7 +306,7 @@ fn oracles_ignore_a_hostile_path() {
                 String::from_utf8_lossy(&r.stderr)
             );
         }
-        let v = task.verify(&setup, &mut live.probe()).unwrap();
+        let v = task.verify(&setup, &mut running.probe()).unwrap();
         assert!(v.success, "{}: {:?}", task.name(), v.reasons);
     }
 }
