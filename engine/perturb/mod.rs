@@ -52,6 +52,15 @@ impl PerturbError {
             _ => false,
         }
     }
+
+    /// True when the plan itself is wrong (an unknown or out-of-range parameter).
+    pub fn is_bad_param(&self) -> bool {
+        match self {
+            Self::BadParam { .. } | Self::UnknownParam { .. } => true,
+            Self::ToolOutput(e) => !e.is_not_applicable(),
+            _ => false,
+        }
+    }
 }
 
 /// The type and legal values of a parameter.

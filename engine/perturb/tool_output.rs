@@ -344,21 +344,17 @@ mod tests {
             "output-mutation:tool=echo,mutation=crlf",
         ] {
             assert!(
-                matches!(apply(&mut b, spec, 0), Err(PerturbError::NotApplicable(_))),
+                apply(&mut b, spec, 0).is_err_and(|e| e.is_not_applicable()),
                 "{spec}"
             );
         }
-        assert!(matches!(
-            apply(&mut b, "output-mutation:tool=../ls,mutation=crlf", 0),
-            Err(PerturbError::BadParam { .. })
-        ));
+        assert!(apply(&mut b, "output-mutation:tool=../ls,mutation=crlf", 0)
+            .is_err_and(|e| e.is_bad_param()));
         let no_perl = base_with(&[("/usr/bin/ls", 0o755)]);
         let base = BaseView::from_dirs(vec![no_perl.path().to_path_buf()]);
         let mut b = Builder::new(&base, 1, Resources::default());
-        assert!(matches!(
-            apply(&mut b, "output-mutation:tool=ls,mutation=crlf", 0),
-            Err(PerturbError::NotApplicable(_))
-        ));
+        assert!(apply(&mut b, "output-mutation:tool=ls,mutation=crlf", 0)
+            .is_err_and(|e| e.is_not_applicable()));
     }
 
     #[test]
