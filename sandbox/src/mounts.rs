@@ -216,6 +216,17 @@ pub fn setup_side_trees(
             )?;
         }
     }
+    // All of /proc is read-only for commands. Seccomp denies ptrace and process_vm_writev;
+    // /proc/PID/mem is their file-based twin (a same-uid process may write another's memory
+    // through it), and /proc/PID/{oom_score_adj,attr,...} are knobs of other processes. Reads
+    // are unchanged; the zygote's own OOM-score write happens before it enters the root.
+    sys.mount(
+        "",
+        &proc,
+        "",
+        MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | hidden,
+        "",
+    )?;
 
     let dev = layout.dev();
     sys.mount(
@@ -517,6 +528,12 @@ mod tests {
                     && flags.contains(MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY))
         });
         assert!(ro_sys, "proc/sys must be remounted read-only");
+        let ro_proc = r.ops.iter().any(|op| {
+            matches!(op, Op::Mount { target, flags, .. }
+                if target == Path::new("/s/proc")
+                    && flags.contains(MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY))
+        });
+        assert!(ro_proc, "all of /proc must be read-only (no /proc/PID/mem writes)");
         let devs: Vec<_> = r
             .ops
             .iter()

@@ -273,6 +273,35 @@ fn proc_sys_and_sys_are_read_only() {
     );
 }
 
+/// A command may not write another process's memory through `/proc/PID/mem` (the file-based
+/// twin of ptrace, which seccomp denies): all of `/proc` is read-only for commands. Reading
+/// it still works, and commands still get the OOM score the zygote sets for them.
+#[test]
+fn another_process_memory_cannot_be_written_through_proc() {
+    require_root!();
+    let mut sb = runtime().create(&small()).unwrap();
+    // The victim is a shell of the same uid; its text segment is mapped at the address that
+    // /proc/PID/maps names first. Opening its mem for writing must fail before any write.
+    let r = sh(
+        &mut sb,
+        "sleep 30 & p=$!; a=$(head -n1 /proc/$p/maps | cut -d- -f1); \
+         perl -e 'open(my $f, \"+<\", \"/proc/$ARGV[0]/mem\") or die \"open: $!\\n\"; \
+           seek($f, hex($ARGV[1]), 0); my $n = syswrite($f, \"\\xcc\"); \
+           print defined $n ? \"wrote $n\\n\" : \"write: $!\\n\"' $p $a 2>&1; \
+         echo oom=$(cat /proc/self/oom_score_adj); grep -c . /proc/$p/status; kill $p",
+    );
+    let o = out(&r);
+    assert!(o.contains("open: Read-only file system"), "{o}");
+    assert!(!o.contains("wrote"), "{o}");
+    assert!(o.contains("oom=1000"), "the zygote still sets commands' OOM score: {o}");
+    let status_lines: usize = o
+        .lines()
+        .filter_map(|l| l.parse().ok())
+        .next()
+        .unwrap_or(0);
+    assert!(status_lines > 10, "/proc stays readable: {o}");
+}
+
 #[test]
 fn output_flood_is_capped_and_flagged() {
     require_root!();
