@@ -288,6 +288,15 @@ impl Cgroup {
             .unwrap_or(0)
     }
 
+    /// Processes (tasks) in the sandbox now, and its limit (`None`: no limit set).
+    pub fn pids_usage(&self) -> (u64, Option<u64>) {
+        let dir = self.dir(&self.layout.pids);
+        let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap_or_default();
+        let current = read("pids.current").trim().parse().unwrap_or(0);
+        let max = read("pids.max").trim().parse().ok();
+        (current, max)
+    }
+
     /// Kill every process left and remove the directories (deepest first).
     pub fn destroy(&mut self) -> Result<(), CgroupError> {
         let mut result = Ok(());

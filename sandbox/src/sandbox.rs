@@ -6,8 +6,8 @@ use crate::config::{SandboxConfig, USERNS_BASE};
 use crate::error::SandboxError;
 use crate::layers::Rootfs;
 use crate::protocol::{
-    read_frame, write_frame, DirEntry, ExecRequest, ExecResult, FileStat, Health, ProtocolError,
-    Request, Response, SetupPlan, Termination,
+    read_frame, write_frame, DirEntry, ExecRequest, ExecResult, FailureKind, FileStat, Health,
+    ProtocolError, Request, Response, SetupPlan, Termination,
 };
 use crate::runtime::Runtime;
 use crate::seccomp::CompiledSeccomp;
@@ -176,7 +176,37 @@ impl Sandbox {
                 }
                 Ok(*r)
             }
+            Response::Failed {
+                kind: FailureKind::Internal,
+                message,
+            } if message.contains("clone failed") && self.own_processes_at_limit() => {
+                // The command's own processes fill the sandbox (a fork bomb whose forks outlived
+                // their command): the agent's failure, not the sandbox's.
+                let (current, max) = self.cgroup.pids_usage();
+                Err(SandboxError::Request {
+                    kind: FailureKind::Spawn,
+                    message: format!(
+                        "{message}: the sandbox's own processes use {current} of its {} pids",
+                        max.map_or("unlimited".to_string(), |m| m.to_string())
+                    ),
+                })
+            }
             other => Err(unexpected("exec", other)),
+        }
+    }
+
+    /// Processes (tasks) in the sandbox's cgroup now, and its limit.
+    pub fn pids_usage(&self) -> (u64, Option<u64>) {
+        self.cgroup.pids_usage()
+    }
+
+    /// Whether the sandbox's own processes have (nearly) used up its pids limit: a new
+    /// process cannot start because of what runs inside, not because of the host.
+    fn own_processes_at_limit(&self) -> bool {
+        match self.cgroup.pids_usage() {
+            // Init and the zygote are two of them; one more free slot may be raced away.
+            (current, Some(max)) => current + 1 >= max,
+            _ => false,
         }
     }
 

@@ -181,6 +181,52 @@ fn a_wrecked_sandbox_is_an_infra_failure_and_the_next_episode_starts_clean() {
     assert_eq!(s.observation.stdout.trim(), "ok");
 }
 
+/// Processes the agent left behind that fill the sandbox's pids limit make the next command
+/// fail to start: that is the agent's doing (a failed step that costs it), never an
+/// infrastructure failure that would end the episode unscored. The reverse direction (the
+/// sandbox dies from outside) is `a_wrecked_sandbox_is_an_infra_failure_...`.
+#[test]
+fn processes_the_agent_left_that_fill_the_pids_limit_are_its_own_failure() {
+    require_root!();
+    let mut e = env(EnvConfig::default());
+    let plan = Plan::for_task(TASK, 5, vec![]);
+    e.reset(&plan).unwrap();
+    // A fork bomb in the background outlives its command and takes every pid that comes free.
+    let s = e
+        .step(&cmd(
+            "perl -e 'fork while 1' >/dev/null 2>&1 & sleep 1; true",
+        ))
+        .unwrap();
+    assert!(!s.info.infra_failure, "{:?}", s.info);
+    let (current, max) = e.running().unwrap().sandbox.pids_usage();
+    assert!(
+        max.is_some_and(|m| current + 8 >= m),
+        "{current} of {max:?}"
+    );
+    let mut refused = None;
+    for _ in 0..5 {
+        let s = e.step(&cmd("echo hi")).unwrap();
+        assert!(!s.info.infra_failure, "{:?}", s.info);
+        assert!(!s.truncated && !s.terminated, "the episode goes on");
+        if s.observation.exit_code != Some(0) {
+            refused = Some(s);
+            break;
+        }
+    }
+    let s = refused.expect("with every pid taken, a command cannot start");
+    assert!(
+        s.observation.stderr.contains("pids"),
+        "the agent is told why: {}",
+        s.observation.stderr
+    );
+    // The step cost what a failed command costs (no masked, zero-reward escape).
+    assert!(s.reward < 0.0, "{}", s.reward);
+    // A reset kills them; the next episode works.
+    e.reset(&plan).unwrap();
+    let s = e.step(&cmd("echo hi")).unwrap();
+    assert_eq!(s.observation.stdout.trim(), "hi");
+}
+
 #[test]
 fn the_step_limit_truncates() {
     require_root!();

@@ -56,7 +56,12 @@ impl Init {
             spawned = self
                 .zygote()
                 .and_then(|z| z.spawn(&argv, &env, &req.cwd, fds));
-            if spawned.is_ok() {
+            // A clone the kernel refused (EAGAIN: the pids limit is full) is not a dead zygote:
+            // a new zygote could not start either, so report it as it is.
+            if spawned
+                .as_ref()
+                .map_or_else(|e| e.starts_with("clone failed"), |_| true)
+            {
                 break;
             }
             // The zygote died (an agent may kill it at any time): start a new one and try once
