@@ -81,6 +81,16 @@ pub fn drop_to(keep: &[u8], last_cap: u8) -> Result<(), CapsError> {
     for &cap in keep {
         mask[usize::from(cap / 32)] |= 1 << (cap % 32);
     }
+    if capset(mask) != 0 {
+        return Err(CapsError::Capset(std::io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+/// Set the calling thread's effective, permitted and inheritable sets to `mask` (two 32-bit
+/// words, capabilities 0-31 and 32-63); the raw return code (no allocation, so a forked child
+/// may call it before `execve`).
+pub(crate) fn capset(mask: [u32; 2]) -> libc::c_long {
     #[repr(C)]
     struct Header {
         version: u32,
@@ -111,11 +121,7 @@ pub fn drop_to(keep: &[u8], last_cap: u8) -> Result<(), CapsError> {
     ];
     // SAFETY: header and data are repr(C) structs laid out as the kernel's
     // __user_cap_header_struct and two __user_cap_data_struct (version 3), alive for the call.
-    let rc = unsafe { libc::syscall(libc::SYS_capset, &header, data.as_ptr()) };
-    if rc != 0 {
-        return Err(CapsError::Capset(std::io::Error::last_os_error()));
-    }
-    Ok(())
+    unsafe { libc::syscall(libc::SYS_capset, &header, data.as_ptr()) }
 }
 
 /// Parse the `CapEff` line of `/proc/PID/status` into capability numbers.

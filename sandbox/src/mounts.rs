@@ -533,7 +533,10 @@ mod tests {
                 if target == Path::new("/s/proc")
                     && flags.contains(MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY))
         });
-        assert!(ro_proc, "all of /proc must be read-only (no /proc/PID/mem writes)");
+        assert!(
+            ro_proc,
+            "all of /proc must be read-only (no /proc/PID/mem writes)"
+        );
         let devs: Vec<_> = r
             .ops
             .iter()

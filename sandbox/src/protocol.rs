@@ -51,6 +51,11 @@ pub struct ExecRequest {
     pub timeout_ms: u64,
     /// Bytes kept per stream; the rest is read and discarded, and the stream flagged truncated.
     pub output_cap: u64,
+    /// Run as this `(uid, gid)` with no supplementary groups: the switch happens in the
+    /// sandbox itself, before `execve`, so no program of the root filesystem is trusted with
+    /// it, and leaving uid 0 clears every capability. `None`: the sandbox's own user.
+    #[serde(default)]
+    pub user: Option<(u32, u32)>,
 }
 
 impl ExecRequest {
@@ -63,6 +68,7 @@ impl ExecRequest {
             stdin: Vec::new(),
             timeout_ms: 10_000,
             output_cap: 1 << 20,
+            user: None,
         }
     }
 

@@ -55,7 +55,7 @@ impl Init {
             // itself): retried below like a zygote killed later.
             spawned = self
                 .zygote()
-                .and_then(|z| z.spawn(&argv, &env, &req.cwd, fds));
+                .and_then(|z| z.spawn(&argv, &env, &req.cwd, req.user, fds));
             // A clone the kernel refused (EAGAIN: the pids limit is full) is not a dead zygote:
             // a new zygote could not start either, so report it as it is.
             if spawned

@@ -27,6 +27,7 @@ pub(super) enum Stage {
     Seccomp,
     Exec,
     UserNs,
+    User,
 }
 
 impl Stage {
@@ -38,6 +39,7 @@ impl Stage {
             4 => "dropping capabilities",
             5 => "seccomp",
             7 => "entering the user namespace",
+            8 => "switching to the requested user",
             _ => "execve",
         }
     }
@@ -49,6 +51,7 @@ struct Spawn {
     argv: Vec<String>,
     env: Vec<String>,
     cwd: String,
+    user: Option<(u32, u32)>,
 }
 
 /// The same, borrowed, as init encodes it (same fields in the same order).
@@ -57,6 +60,7 @@ struct SpawnRef<'a> {
     argv: &'a [String],
     env: &'a [String],
     cwd: &'a str,
+    user: Option<(u32, u32)>,
 }
 
 /// Init's handle on the zygote.
@@ -339,6 +343,19 @@ fn spawn_command(spawn: &Spawn, fds: &[OwnedFd]) -> (i32, Option<OwnedFd>) {
             u32::MAX,
             libc::CLOSE_RANGE_CLOEXEC,
         );
+        if let Some((uid, gid)) = spawn.user {
+            // Groups first, then the gid, then the uid (after which none can change): leaving
+            // uid 0 clears the permitted, effective and ambient capabilities.
+            if libc::setgroups(0, std::ptr::null()) != 0
+                || libc::setresgid(gid, gid, gid) != 0
+                || libc::setresuid(uid, uid, uid) != 0
+                // The inheritable set survives a uid change: empty it too, so no file with
+                // inheritable capabilities can hand any back.
+                || crate::caps::capset([0, 0]) != 0
+            {
+                fail(Stage::User, errno());
+            }
+        }
         if libc::chdir(cwd.as_ptr()) != 0 {
             fail(Stage::Chdir, errno());
         }
@@ -432,10 +449,16 @@ impl Zygote {
         argv: &[String],
         env: &[String],
         cwd: &str,
+        user: Option<(u32, u32)>,
         fds: [&OwnedFd; 4],
     ) -> Result<i32, String> {
-        let body = rmp_serde::to_vec(&SpawnRef { argv, env, cwd })
-            .map_err(|e| format!("encoding the command: {e}"))?;
+        let body = rmp_serde::to_vec(&SpawnRef {
+            argv,
+            env,
+            cwd,
+            user,
+        })
+        .map_err(|e| format!("encoding the command: {e}"))?;
         let len = (body.len() as u32).to_le_bytes();
         let raw = fds.map(|f| f.as_raw_fd());
         let cmsg = [ControlMessage::ScmRights(&raw)];

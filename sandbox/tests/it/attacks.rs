@@ -293,12 +293,11 @@ fn another_process_memory_cannot_be_written_through_proc() {
     let o = out(&r);
     assert!(o.contains("open: Read-only file system"), "{o}");
     assert!(!o.contains("wrote"), "{o}");
-    assert!(o.contains("oom=1000"), "the zygote still sets commands' OOM score: {o}");
-    let status_lines: usize = o
-        .lines()
-        .filter_map(|l| l.parse().ok())
-        .next()
-        .unwrap_or(0);
+    assert!(
+        o.contains("oom=1000"),
+        "the zygote still sets commands' OOM score: {o}"
+    );
+    let status_lines: usize = o.lines().filter_map(|l| l.parse().ok()).next().unwrap_or(0);
     assert!(status_lines > 10, "/proc stays readable: {o}");
 }
 

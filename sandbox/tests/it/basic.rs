@@ -40,3 +40,36 @@ fn results_carry_the_command_pid_in_the_sandbox() {
     assert_eq!(out(&b).trim(), b.pid.to_string(), "{b:?}");
     assert!(b.pid > a.pid, "{} then {}", a.pid, b.pid);
 }
+
+/// A request may name the user to run as: the switch happens in the sandbox before `execve`
+/// (no program of the root filesystem is trusted with it), with no supplementary groups and no
+/// capabilities left; the next command is root again.
+#[test]
+fn a_command_can_run_as_another_user_without_capabilities() {
+    require_root!();
+    let rt = runtime();
+    let mut sb = rt.create(&config()).unwrap();
+    sh(
+        &mut sb,
+        "echo secret > /root/only-root; chmod 600 /root/only-root",
+    );
+    let mut req = sandbox::ExecRequest::shell(
+        "id -u; id -g; id -G; grep -E '^Cap(Inh|Prm|Eff|Amb)' /proc/self/status; \
+         cat /root/only-root 2>&1 || echo denied",
+    );
+    req.cwd = "/".into();
+    req.user = Some((65534, 65534));
+    let r = sb.exec(&req).unwrap();
+    let o = out(&r);
+    let lines: Vec<&str> = o.lines().collect();
+    assert_eq!(&lines[..3], ["65534", "65534", "65534"], "{o}");
+    for cap in ["CapInh", "CapPrm", "CapEff", "CapAmb"] {
+        let line = lines.iter().find(|l| l.starts_with(cap)).unwrap();
+        assert!(line.ends_with("0000000000000000"), "{line}");
+    }
+    assert!(
+        o.contains("Permission denied") && o.ends_with("denied\n"),
+        "{o}"
+    );
+    assert_eq!(out(&sh(&mut sb, "id -u")), "0\n");
+}
