@@ -1,29 +1,43 @@
-//! `engine::experiment::run` on real instances: uncertified instances are skipped and never
-//! run, plans a perturbation cannot apply to are skipped, consecutive episodes of one instance
-//! share it, and the files agree with the report.
+//! Experiment files with their templates (resolved against the project root, their errors
+//! naming both files), and `engine::experiment::run` on real instances: uncertified instances
+//! are skipped and never run, plans a perturbation cannot apply to are skipped, consecutive
+//! episodes of one instance share it, and the files agree with the report.
 
 use crate::common;
 
-use engine::experiment::{Experiment, Report};
+use engine::experiment::{Experiment, Report, SEED_STRIDE};
 use engine::synth::Cache;
 use std::path::{Path, PathBuf};
 
-/// `root/experiments/exp.toml` (writing to `root/out`) and `root/templates/t.toml`.
-fn project(template: &str, environment: &str) -> (tempfile::TempDir, PathBuf) {
+/// `root/experiments/exp.toml` holding `config(root)`, and `root/templates/t.toml`.
+fn project_with(
+    template: &str,
+    config: impl FnOnce(&Path) -> String,
+) -> (tempfile::TempDir, PathBuf) {
     let root = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(root.path().join("experiments")).unwrap();
     std::fs::create_dir_all(root.path().join("templates")).unwrap();
     std::fs::write(root.path().join("templates/t.toml"), template).unwrap();
     let file = root.path().join("experiments/exp.toml");
-    std::fs::write(
-        &file,
+    std::fs::write(&file, config(root.path())).unwrap();
+    (root, file)
+}
+
+/// `root/experiments/exp.toml` (writing to `root/out`) and `root/templates/t.toml`.
+fn project(template: &str, environment: &str) -> (tempfile::TempDir, PathBuf) {
+    project_with(template, |root| {
         format!(
             "[experiment]\nname = \"t\"\nseeds = [1, 2]\nout_dir = \"{}\"\n[environment]\n{environment}",
-            root.path().join("out").display()
-        ),
-    )
-    .unwrap();
-    (root, file)
+            root.join("out").display()
+        )
+    })
+}
+
+/// A project to load only: seed 3, four episodes, `env` first in `[environment]`.
+fn loadable(template: &str, env: &str) -> (tempfile::TempDir, PathBuf) {
+    project_with(template, |_| {
+        format!("[experiment]\nname = \"t\"\nseeds = [3]\n[environment]\n{env}episodes = 4\n")
+    })
 }
 
 /// Run in a private instance cache (cold, removed afterwards).
@@ -40,6 +54,76 @@ fn run(file: &Path) -> (Report, Vec<serde_json::Value>, serde_json::Value) {
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
     (report, lines, json)
+}
+
+const TEMPLATE: &str = r#"
+[template]
+name = "tpl"
+task = "archive-logs"
+[base_environment]
+rootfs = "host"
+[[perturbation_space]]
+name = "noisy-env"
+probability = 0.5
+[perturbation_space.params]
+count = [1, 3]
+"#;
+
+#[test]
+fn templates_resolve_against_the_experiment_directory_parent() {
+    let (root, file) = loadable(TEMPLATE, "template = \"templates/t.toml\"\n");
+    let e = Experiment::load(&file).unwrap();
+    let t = e.template.as_ref().unwrap();
+    assert_eq!(t.file, root.path().join("templates/t.toml"));
+    assert_eq!(e.task(), "archive-logs");
+    // Plans are the template's samples at seed * 1_000_003 + episode.
+    for ep in 0..4 {
+        let p = e.plan(3, ep);
+        assert_eq!(p, t.sample(3 * SEED_STRIDE + ep as u64));
+        assert_eq!(p.task.as_ref().unwrap().name, "archive-logs");
+    }
+    assert_ne!(e.plan(3, 0).seed, e.plan(3, 1).seed);
+    // The same relative path from the experiment's own directory is not found.
+    let (_r, file) = loadable(TEMPLATE, "template = \"t.toml\"\n");
+    let err = Experiment::load(&file).unwrap_err().to_string();
+    assert!(
+        err.contains("exp.toml:5:1: key `environment.template`: no template file at")
+            && err.contains("t.toml"),
+        "{err}"
+    );
+}
+
+#[test]
+fn template_errors_name_both_files_and_tasks_must_agree() {
+    let bad = TEMPLATE.replace("count = [1, 3]", "cuont = [1, 3]");
+    let (_r, file) = loadable(&bad, "template = \"templates/t.toml\"\n");
+    let err = Experiment::load(&file).unwrap_err().to_string();
+    assert!(
+        err.contains("exp.toml:5:1: key `environment.template`: ")
+            && err.contains("t.toml:11:1:")
+            && err.contains("cuont"),
+        "{err}"
+    );
+    let (_r, file) = loadable(
+        TEMPLATE,
+        "template = \"templates/t.toml\"\ntask = \"free-disk\"\n",
+    );
+    let err = Experiment::load(&file).unwrap_err().to_string();
+    assert!(
+        err.contains("key `environment.task`: `free-disk` conflicts"),
+        "{err}"
+    );
+    // A template without a task needs `environment.task`.
+    let no_task = TEMPLATE.replace("task = \"archive-logs\"\n", "");
+    let (_r, file) = loadable(&no_task, "template = \"templates/t.toml\"\n");
+    let err = Experiment::load(&file).unwrap_err().to_string();
+    assert!(err.contains("names no task"), "{err}");
+    let (_r, file) = loadable(
+        &no_task,
+        "template = \"templates/t.toml\"\ntask = \"free-disk\"\n",
+    );
+    let e = Experiment::load(&file).unwrap();
+    assert_eq!(e.plan(1, 0).task.unwrap().name, "free-disk");
 }
 
 const TEMPLATE_HEAD: &str = "[template]\nname = \"t\"\ntask = \"archive-logs\"\n\

@@ -1,0 +1,450 @@
+//! The experiment config (`experiments/*.toml`): loading and validation (errors located
+//! through the template's positioned tree), the plan of every episode, and the `Env`
+//! configuration of the workers.
+
+use super::ExperimentError;
+use crate::env::{EnvConfig, EnvError, RewardConfig};
+use crate::instance::Plan;
+use crate::template::tree::{line_col, toml_tree, NodeValue};
+use crate::template::Template;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// Plan seeds of seed `s` start at `s * SEED_STRIDE`.
+pub const SEED_STRIDE: u64 = 1_000_003;
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Experiment {
+    pub experiment: Meta,
+    pub environment: Environment,
+    /// Reward shaping (`engine::env::RewardConfig`); the design's shaped reward by default.
+    #[serde(default)]
+    pub reward: RewardConfig,
+    /// The loaded template, when `environment.template` is given (path resolved).
+    #[serde(skip)]
+    pub template: Option<Template>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Meta {
+    pub name: String,
+    pub seeds: Vec<u64>,
+    /// Where the report goes (relative to the working directory).
+    #[serde(default = "default_out")]
+    pub out_dir: PathBuf,
+}
+
+fn default_out() -> PathBuf {
+    PathBuf::from("out")
+}
+
+/// Who acts in the episodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Agent {
+    /// Uniformly random actions of the task's catalogue (seeded per episode).
+    Random,
+    /// The task's oracle solution.
+    Oracle,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Environment {
+    /// A template file (TOML or YAML); a relative path is resolved against the parent of the
+    /// experiment file's directory (the project root for `experiments/*.toml`).
+    pub template: Option<PathBuf>,
+    /// A task family: the unperturbed task, or the task of a template that names none.
+    pub task: Option<String>,
+    /// Episodes per seed.
+    pub episodes: usize,
+    /// Consecutive episodes that share one instance (and its sandbox, reset incrementally).
+    #[serde(default = "one")]
+    pub episodes_per_instance: usize,
+    /// Threads, each with its own `Env`.
+    #[serde(default = "two")]
+    pub workers: usize,
+    #[serde(default = "random")]
+    pub agent: Agent,
+    /// Skip (and count) instances whose oracle certificate says they are not solvable.
+    #[serde(default = "yes")]
+    pub require_certified: bool,
+    /// Overrides the task's step limit.
+    pub max_steps: Option<u32>,
+    /// Wall-clock limit of one command, e.g. "10s".
+    pub step_timeout: Option<String>,
+}
+
+fn one() -> usize {
+    1
+}
+fn two() -> usize {
+    2
+}
+fn random() -> Agent {
+    Agent::Random
+}
+fn yes() -> bool {
+    true
+}
+
+/// Where `key` (`table.key`, or a top-level key) is set in the config `text`, as a 1-based
+/// (line, column): the key itself, or where its table starts when the key is absent, or 1:1
+/// when the table is absent too, or when the text has no positioned tree (the tree's TOML
+/// reader takes no dotted keys such as `reward.mode = ...`).
+fn locate(text: &str, key: &str) -> (usize, usize) {
+    let Ok(root) = toml_tree(text) else {
+        return (1, 1);
+    };
+    let (mut node, mut at) = (&root, root.pos);
+    let mut parts = key.split('.').peekable();
+    while let (Some(part), NodeValue::Map(entries)) = (parts.next(), &node.value) {
+        let Some((_, key_pos, value)) = entries.iter().find(|(k, _, _)| k == part) else {
+            break;
+        };
+        at = if parts.peek().is_some() {
+            value.pos
+        } else {
+            *key_pos
+        };
+        node = value;
+    }
+    (at.line, at.col)
+}
+
+impl Experiment {
+    /// Load and validate; errors name the file, line, column, key and reason.
+    pub fn load(file: &Path) -> Result<Self, ExperimentError> {
+        let text = std::fs::read_to_string(file).map_err(|source| ExperimentError::Read {
+            file: file.into(),
+            source,
+        })?;
+        Self::parse(&text, file)
+    }
+
+    /// Parse and validate the text of `file` (which locates the template and names errors).
+    pub fn parse(text: &str, file: &Path) -> Result<Self, ExperimentError> {
+        let mut exp: Experiment = toml::from_str(text).map_err(|e| {
+            let (line, column) = e.span().map_or((0, 0), |s| line_col(text, s.start));
+            ExperimentError::Parse {
+                file: file.into(),
+                line,
+                column,
+                message: e.message().to_string(),
+            }
+        })?;
+        let invalid = |key: &'static str, reason: String| {
+            let (line, column) = locate(text, key);
+            ExperimentError::Invalid {
+                file: file.into(),
+                line,
+                column,
+                key,
+                reason,
+            }
+        };
+        if exp.experiment.seeds.is_empty() {
+            return Err(invalid("experiment.seeds", "at least one seed".into()));
+        }
+        if exp.experiment.name.is_empty()
+            || exp.experiment.name.contains('/')
+            || exp.experiment.name.starts_with('.')
+        {
+            return Err(invalid(
+                "experiment.name",
+                "a non-empty name without `/` that does not start with `.` (it names the report's directory)".into(),
+            ));
+        }
+        let env = &exp.environment;
+        if env.episodes == 0 {
+            return Err(invalid(
+                "environment.episodes",
+                "at least one episode".into(),
+            ));
+        }
+        if env.episodes_per_instance == 0 {
+            return Err(invalid(
+                "environment.episodes_per_instance",
+                "at least 1".into(),
+            ));
+        }
+        if !(1..=64).contains(&env.workers) {
+            return Err(invalid(
+                "environment.workers",
+                format!("between 1 and 64, not {}", env.workers),
+            ));
+        }
+        if env.max_steps == Some(0) {
+            return Err(invalid("environment.max_steps", "at least 1".into()));
+        }
+        if let Some(t) = &env.step_timeout {
+            let d = crate::units::parse_duration(t)
+                .map_err(|e| invalid("environment.step_timeout", e.to_string()))?;
+            if d.is_zero() {
+                return Err(invalid(
+                    "environment.step_timeout",
+                    "must be positive".into(),
+                ));
+            }
+        }
+        if let Some(task) = &env.task {
+            if crate::tasks::get(task).is_none() {
+                return Err(invalid(
+                    "environment.task",
+                    format!(
+                        "unknown task `{task}` (known: {})",
+                        crate::tasks::names().join(", ")
+                    ),
+                ));
+            }
+        }
+        match (&env.template, &env.task) {
+            (None, None) => {
+                return Err(invalid(
+                    "environment.template",
+                    "give a `template` (a file) or a `task` (the unperturbed task)".into(),
+                ))
+            }
+            (Some(t), task) => {
+                let path = resolve_template(file, t);
+                if !path.is_file() {
+                    return Err(invalid(
+                        "environment.template",
+                        format!(
+                            "no template file at {} (a relative path is resolved against the parent of the experiment file's directory)",
+                            path.display()
+                        ),
+                    ));
+                }
+                let tpl = Template::load(&path)
+                    .map_err(|e| invalid("environment.template", e.to_string()))?;
+                match (&tpl.task, task) {
+                    (None, None) => {
+                        return Err(invalid(
+                            "environment.template",
+                            format!(
+                                "the template {} names no task: give `environment.task`",
+                                path.display()
+                            ),
+                        ))
+                    }
+                    (Some(a), Some(b)) if a != b => {
+                        return Err(invalid(
+                            "environment.task",
+                            format!("`{b}` conflicts with the template's task `{a}`"),
+                        ))
+                    }
+                    _ => {}
+                }
+                exp.template = Some(tpl);
+            }
+            (None, Some(_)) => {}
+        }
+        exp.env_config()
+            .map_err(|e| invalid("reward", e.to_string()))?;
+        Ok(exp)
+    }
+
+    /// The task of the episodes.
+    pub fn task(&self) -> &str {
+        self.environment
+            .task
+            .as_deref()
+            .or_else(|| self.template.as_ref().and_then(|t| t.task.as_deref()))
+            .unwrap_or_default()
+    }
+
+    /// The plan of episode `episode` of seed `seed`.
+    pub fn plan(&self, seed: u64, episode: usize) -> Plan {
+        let k = self.environment.episodes_per_instance.max(1);
+        let s = seed
+            .wrapping_mul(SEED_STRIDE)
+            .wrapping_add((episode / k) as u64);
+        match &self.template {
+            Some(t) => {
+                let mut p = t.sample(s);
+                if p.task.is_none() {
+                    p.task = Some(crate::instance::TaskRef {
+                        name: self.task().to_string(),
+                        seed: s,
+                    });
+                }
+                p
+            }
+            None => Plan::for_task(self.task(), s, vec![]),
+        }
+    }
+
+    /// The configuration of every worker's `Env`.
+    pub fn env_config(&self) -> Result<EnvConfig, EnvError> {
+        let e = &self.environment;
+        let mut c = EnvConfig {
+            reward: self.reward.clone(),
+            max_steps: e.max_steps,
+            require_certified: e.require_certified,
+            ..EnvConfig::default()
+        };
+        if let Some(t) = &e.step_timeout {
+            // Checked at parse; the default stays if an unchecked config slips through.
+            if let Ok(d) = crate::units::parse_duration(t) {
+                c.step_timeout_ms = d.as_millis().max(1) as u64;
+            }
+        }
+        // Reject what Env would reject (bad dangerous-command patterns cannot occur today).
+        for p in &c.dangerous {
+            regex::Regex::new(p).map_err(|source| EnvError::BadPattern {
+                pattern: p.clone(),
+                source,
+            })?;
+        }
+        Ok(c)
+    }
+}
+
+/// A template path of an experiment file: absolute as given, else relative to the parent of
+/// the experiment file's directory (`experiments/rarl.toml` -> the project root).
+pub fn resolve_template(experiment_file: &Path, template: &Path) -> PathBuf {
+    if template.is_absolute() {
+        return template.to_path_buf();
+    }
+    let file = std::path::absolute(experiment_file).unwrap_or_else(|_| experiment_file.into());
+    let root = file
+        .parent()
+        .and_then(Path::parent)
+        .map(Path::to_path_buf)
+        .unwrap_or_default();
+    root.join(template)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const OK: &str = r#"
+[experiment]
+name = "t"
+seeds = [1, 2]
+
+[environment]
+task = "archive-logs"
+episodes = 2
+"#;
+
+    fn err(text: &str) -> String {
+        Experiment::parse(text, Path::new("exp.toml"))
+            .unwrap_err()
+            .to_string()
+    }
+
+    #[test]
+    fn a_valid_config_parses_with_defaults() {
+        let e = Experiment::parse(OK, Path::new("x.toml")).unwrap();
+        assert_eq!(e.environment.workers, 2);
+        assert_eq!(e.environment.agent, Agent::Random);
+        assert!(e.environment.require_certified);
+        assert_eq!(e.environment.episodes_per_instance, 1);
+        assert_eq!(e.reward, RewardConfig::default());
+        assert_eq!(e.task(), "archive-logs");
+        let c = e.env_config().unwrap();
+        assert!(c.require_certified);
+        assert_eq!(c.max_steps, None);
+    }
+
+    #[test]
+    fn options_reach_the_env_config() {
+        let text = OK.replace(
+            "episodes = 2",
+            "episodes = 2\nmax_steps = 7\nstep_timeout = \"3s\"\nagent = \"oracle\"\nrequire_certified = false\n[reward]\nmode = \"sparse\"\ngoal = 5.0",
+        );
+        let e = Experiment::parse(&text, Path::new("x.toml")).unwrap();
+        let c = e.env_config().unwrap();
+        assert_eq!(c.max_steps, Some(7));
+        assert_eq!(c.step_timeout_ms, 3000);
+        assert!(!c.require_certified);
+        assert_eq!(c.reward.mode, crate::env::RewardMode::Sparse);
+        assert_eq!(c.reward.goal, 5.0);
+        assert_eq!(e.environment.agent, Agent::Oracle);
+    }
+
+    #[test]
+    fn errors_name_file_line_key_and_reason() {
+        let e = err(&OK.replace("episodes = 2", "episodes = 2\ncuont = 3"));
+        assert!(e.starts_with("exp.toml:9:1: unknown field `cuont`"), "{e}");
+        let e = err(&OK.replace("seeds = [1, 2]", "seeds = []"));
+        assert_eq!(e, "exp.toml:4:1: key `experiment.seeds`: at least one seed");
+        let e = err(&OK.replace("episodes = 2", "episodes = 0"));
+        assert_eq!(
+            e,
+            "exp.toml:8:1: key `environment.episodes`: at least one episode"
+        );
+        let e = err(&OK.replace("episodes = 2", "episodes = 2\nworkers = 65"));
+        assert_eq!(
+            e,
+            "exp.toml:9:1: key `environment.workers`: between 1 and 64, not 65"
+        );
+        let e = err(&OK.replace("episodes = 2", "episodes = 2\n  workers = 0"));
+        assert!(
+            e.starts_with("exp.toml:9:3: key `environment.workers`"),
+            "{e}"
+        );
+        let e = err(&OK.replace("archive-logs", "archive-log"));
+        assert!(
+            e.starts_with("exp.toml:7:1: key `environment.task`: unknown task `archive-log`")
+                && e.contains("archive-logs"),
+            "{e}"
+        );
+        let e = err(&OK.replace("episodes = 2", "episodes = 2\nagent = \"smart\""));
+        assert!(
+            e.starts_with("exp.toml:9:9: unknown variant `smart`") && e.contains("oracle"),
+            "{e}"
+        );
+        let e = err(&OK.replace("episodes = 2", "episodes = 2\nstep_timeout = \"soon\""));
+        assert!(
+            e.starts_with("exp.toml:9:1: key `environment.step_timeout`"),
+            "{e}"
+        );
+        let e = err(&format!("{OK}[reward]\nmode = \"dense\"\n"));
+        assert!(
+            e.starts_with("exp.toml:10:8: unknown variant `dense`"),
+            "{e}"
+        );
+        let e = err(&format!("{OK}[reward]\nbonus = 1.0\n"));
+        assert!(e.starts_with("exp.toml:10:1: unknown field `bonus`"), "{e}");
+        let e = err(&OK.replace("task = \"archive-logs\"\n", ""));
+        assert!(
+            e.starts_with("exp.toml:6:1: key `environment.template`: give a `template`"),
+            "{e}"
+        );
+        let e = err(&OK.replace("[environment]", "[environment]\nepisodes_per_instance = 0"));
+        assert!(
+            e.starts_with("exp.toml:7:1: key `environment.episodes_per_instance`"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn episodes_per_instance_groups_plans() {
+        let text = OK.replace("episodes = 2", "episodes = 5\nepisodes_per_instance = 2");
+        let e = Experiment::parse(&text, Path::new("x.toml")).unwrap();
+        assert_eq!(e.plan(1, 0), e.plan(1, 1));
+        assert_ne!(e.plan(1, 1), e.plan(1, 2));
+        assert_eq!(e.plan(1, 4).seed, SEED_STRIDE + 2);
+        assert_eq!(
+            e.plan(2, 0),
+            Plan::for_task("archive-logs", 2 * SEED_STRIDE, vec![])
+        );
+    }
+
+    #[test]
+    fn the_shipped_experiment_loads_from_the_project_root() {
+        let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("experiments/rarl.toml");
+        let e = Experiment::load(&file).unwrap();
+        assert_eq!(e.experiment.name, "rarl");
+        assert_eq!(e.task(), "archive-logs");
+        assert!(e.template.is_some());
+        assert!(e.environment.require_certified);
+        assert_eq!(e.reward, RewardConfig::default());
+    }
+}

@@ -1,0 +1,73 @@
+//! Experiment configs (`experiments/*.toml`) and `engine run`.
+//!
+//! Today an experiment drives the environment factory the way training will: for every seed,
+//! `episodes` real [`Env`] episodes on `workers` threads (each thread with its own `Env`), the
+//! instances drawn from a template's perturbation space (domain randomisation) or the
+//! unperturbed task, acted in by a built-in agent (`random` or `oracle`). Uncertified instances
+//! are skipped and counted, never run; infrastructure failures are counted and masked. It
+//! reports per-seed throughput, success rate, return and reset latency with a 95% Student-t
+//! confidence interval over seeds, and one JSON line per episode. The learning stages
+//! (protagonist, adversary, discriminator, curriculum) plug into the same loop with their issue.
+//!
+//! Plans: episode `e` of seed `s` uses the instance of plan seed `s * 1_000_003 + e / k`, where
+//! `k` is `episodes_per_instance` (default 1: every episode a new instance); consecutive
+//! episodes of one instance run on the same worker, so they reuse its sandbox through the
+//! incremental reset.
+//!
+//! [`Env`]: crate::env::Env
+//!
+//! | file | what it is |
+//! |---|---|
+//! | `config.rs` | [`Experiment`] and its tables: loading, validation, [`Experiment::plan`], [`Experiment::env_config`] |
+//! | `runner.rs` | [`run`]: the episodes on worker threads, [`EpisodeRecord`], the report and episode files |
+//! | `stats.rs` | [`summarize`], [`SeedResult`], [`Interval`], [`Report`] |
+
+mod config;
+mod runner;
+mod stats;
+
+pub use config::{resolve_template, Agent, Environment, Experiment, Meta, SEED_STRIDE};
+pub use runner::{run, EpisodeRecord};
+pub use stats::{summarize, Interval, Report, SeedResult};
+
+use crate::env::EnvError;
+use crate::template::TemplateError;
+use std::path::PathBuf;
+
+/// Errors of loading or running an experiment.
+#[derive(Debug, thiserror::Error)]
+pub enum ExperimentError {
+    #[error("{file}: {source}")]
+    Read {
+        file: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{file}:{line}:{column}: {message}")]
+    Parse {
+        file: PathBuf,
+        line: usize,
+        column: usize,
+        message: String,
+    },
+    #[error("{file}:{line}:{column}: key `{key}`: {reason}")]
+    Invalid {
+        file: PathBuf,
+        line: usize,
+        column: usize,
+        key: &'static str,
+        reason: String,
+    },
+    #[error(transparent)]
+    Template(#[from] TemplateError),
+    #[error(transparent)]
+    Env(#[from] EnvError),
+    #[error(transparent)]
+    Running(#[from] crate::running::RunningError),
+    #[error("worker {worker} of seed {seed} panicked")]
+    Worker { seed: u64, worker: usize },
+    #[error("writing {file}: {source}")]
+    Write {
+        file: PathBuf,
+        source: std::io::Error,
+    },
+}

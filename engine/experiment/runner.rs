@@ -1,0 +1,278 @@
+//! `engine run`: the episodes of every seed on worker threads, each with its own `Env`, and the
+//! report and episode files.
+
+use super::stats::{summarize, Interval, Report, SeedResult};
+use super::{Agent, Experiment, ExperimentError};
+use crate::certify;
+use crate::env::{Action, Env, EnvConfig, EnvError};
+use crate::synth::Cache;
+use rand::Rng;
+use sandbox::Runtime;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Instant;
+
+/// One episode, as written to `episodes.jsonl`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct EpisodeRecord {
+    pub seed: u64,
+    pub worker: usize,
+    pub episode: usize,
+    /// The plan's seed (instance and task generation).
+    pub plan_seed: u64,
+    pub instance: Option<String>,
+    pub perturbations: Vec<String>,
+    pub success: bool,
+    #[serde(rename = "return")]
+    pub return_: f64,
+    pub steps: u32,
+    /// The environment, not the agent, failed: masked from success rate and return.
+    pub infra: bool,
+    /// The instance is not certified solvable: never run.
+    pub skipped_uncertified: bool,
+    /// The plan cannot be built (a sampled perturbation does not apply, e.g. it shadows a tool
+    /// another one removed): never run.
+    pub skipped_not_applicable: bool,
+    /// Wall time of `Env::reset` (synthesis, certification and sandbox start when the instance
+    /// is new; the incremental reset and start steps otherwise).
+    pub reset_ms: Option<f64>,
+    pub error: Option<String>,
+}
+
+/// Run one episode of `plan` in `env`.
+fn episode(
+    env: &mut Env,
+    exp: &Experiment,
+    seed: u64,
+    worker: usize,
+    index: usize,
+) -> EpisodeRecord {
+    let plan = exp.plan(seed, index);
+    let mut rec = EpisodeRecord {
+        seed,
+        worker,
+        episode: index,
+        plan_seed: plan.seed,
+        instance: None,
+        perturbations: plan.perturbations.iter().map(certify::describe).collect(),
+        success: false,
+        return_: 0.0,
+        steps: 0,
+        infra: false,
+        skipped_uncertified: false,
+        skipped_not_applicable: false,
+        reset_ms: None,
+        error: None,
+    };
+    let t = Instant::now();
+    match env.reset(&plan) {
+        Ok(_) => rec.reset_ms = Some(t.elapsed().as_secs_f64() * 1e3),
+        Err(EnvError::Uncertified { id, reason }) => {
+            tracing::debug!(seed, episode = index, instance = %id, %reason, "skipped: not certified");
+            rec.instance = Some(id);
+            rec.skipped_uncertified = true;
+            rec.error = Some(reason);
+            return rec;
+        }
+        Err(e) if e.not_applicable().is_some() => {
+            if let Some((name, why)) = e.not_applicable() {
+                tracing::debug!(seed, episode = index, perturbation = %name, reason = %why, "skipped: not applicable");
+                rec.error = Some(format!("perturbation `{name}`: {why}"));
+            }
+            rec.skipped_not_applicable = true;
+            return rec;
+        }
+        Err(e) => {
+            // The agent never acted: whatever failed (sandbox, cache, synthesis, certification)
+            // is the environment's, so the episode is masked.
+            tracing::warn!(seed, episode = index, error = %e, infrastructure = e.is_infrastructure(), "episode reset failed");
+            rec.infra = true;
+            rec.error = Some(e.to_string());
+            return rec;
+        }
+    }
+    rec.instance = env.instance_id().map(str::to_string);
+    let Some(setup) = env.task().cloned() else {
+        rec.infra = true;
+        rec.error = Some("the instance has no task".into());
+        return rec;
+    };
+    let mut oracle = match exp.environment.agent {
+        Agent::Oracle => crate::tasks::get(&setup.task)
+            .map(|t| t.oracle(&setup))
+            .unwrap_or_default(),
+        Agent::Random => Vec::new(),
+    }
+    .into_iter();
+    let mut rng = crate::instance::rng_for(plan.seed, &format!("experiment/agent/{index}"));
+    loop {
+        let action = match exp.environment.agent {
+            Agent::Random if setup.actions.is_empty() => break,
+            Agent::Random => Action::Index(rng.gen_range(0..setup.actions.len())),
+            Agent::Oracle => match oracle.next() {
+                Some(c) => Action::Command(c),
+                None => break,
+            },
+        };
+        match env.step(&action) {
+            Ok(st) => {
+                rec.steps += 1;
+                if st.info.infra_failure {
+                    rec.infra = true;
+                    rec.error = st.info.error.clone();
+                    break;
+                }
+                if st.terminated || st.truncated {
+                    rec.success = st.terminated && st.info.goal_reached;
+                    break;
+                }
+            }
+            Err(e) => {
+                tracing::warn!(seed, episode = index, error = %e, "step failed");
+                rec.infra = true;
+                rec.error = Some(e.to_string());
+                break;
+            }
+        }
+    }
+    rec.return_ = env.episode_return();
+    rec
+}
+
+/// The episodes of one seed on `workers` threads.
+fn run_seed(
+    exp: &Experiment,
+    rt: &Runtime,
+    cache: &Cache,
+    cfg: &EnvConfig,
+    seed: u64,
+) -> Result<Vec<EpisodeRecord>, ExperimentError> {
+    let e = &exp.environment;
+    let k = e.episodes_per_instance.max(1);
+    let groups = e.episodes.div_ceil(k);
+    let next = AtomicUsize::new(0);
+    let results: Vec<Result<Vec<EpisodeRecord>, ExperimentError>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..e.workers)
+            .map(|w| {
+                let next = &next;
+                s.spawn(move || -> Result<Vec<EpisodeRecord>, ExperimentError> {
+                    let mut env = Env::new(rt.clone(), cache.clone(), cfg.clone())?;
+                    let mut out = Vec::new();
+                    loop {
+                        let g = next.fetch_add(1, Ordering::Relaxed);
+                        if g >= groups {
+                            break;
+                        }
+                        for i in g * k..((g + 1) * k).min(e.episodes) {
+                            out.push(episode(&mut env, exp, seed, w, i));
+                        }
+                    }
+                    Ok(out)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .enumerate()
+            .map(|(w, h)| {
+                h.join()
+                    .unwrap_or(Err(ExperimentError::Worker { seed, worker: w }))
+            })
+            .collect()
+    });
+    let mut all = Vec::with_capacity(e.episodes);
+    for r in results {
+        all.extend(r?);
+    }
+    all.sort_by_key(|r| r.episode);
+    Ok(all)
+}
+
+/// Write `bytes` to `dir/name` through a temporary file and a rename: an earlier file is never
+/// left half-overwritten.
+fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> Result<PathBuf, ExperimentError> {
+    let path = dir.join(name);
+    let write = |source| ExperimentError::Write {
+        file: path.clone(),
+        source,
+    };
+    let tmp = dir.join(format!(".{name}.tmp"));
+    std::fs::write(&tmp, bytes).map_err(write)?;
+    std::fs::rename(&tmp, &path).map_err(write)?;
+    Ok(path)
+}
+
+/// Run the experiment; write `<out_dir>/<name>/report.json` and `episodes.jsonl`.
+pub fn run(
+    exp: &Experiment,
+    rt: &Runtime,
+    cache: &Cache,
+) -> Result<(Report, PathBuf), ExperimentError> {
+    let cfg = exp.env_config()?;
+    if let Some(t) = &exp.template {
+        // The template's tools must exist in its base before any instance is built.
+        let spec = crate::running::base_spec(&t.base.rootfs)?;
+        let rootfs = rt
+            .resolve(&spec)
+            .map_err(crate::running::RunningError::from)?;
+        t.check_tools(&crate::instance::BaseView::new(&rootfs))?;
+    }
+    let mut seeds = Vec::new();
+    let mut records = Vec::new();
+    for &seed in &exp.experiment.seeds {
+        let started = Instant::now();
+        let r = run_seed(exp, rt, cache, &cfg, seed)?;
+        let res = summarize(seed, &r, started.elapsed().as_secs_f64());
+        tracing::info!(
+            seed,
+            steps = res.steps,
+            steps_per_s = res.steps_per_s,
+            success_rate = res.success_rate,
+            skipped = res.skipped_uncertified,
+            infra = res.infra_failures,
+            "seed done"
+        );
+        seeds.push(res);
+        records.extend(r);
+    }
+    let dir = exp.experiment.out_dir.join(&exp.experiment.name);
+    std::fs::create_dir_all(&dir).map_err(|source| ExperimentError::Write {
+        file: dir.clone(),
+        source,
+    })?;
+    let mut lines = Vec::new();
+    for r in &records {
+        let line = serde_json::to_vec(r).map_err(|e| ExperimentError::Write {
+            file: dir.join("episodes.jsonl"),
+            source: std::io::Error::other(e),
+        })?;
+        lines.extend_from_slice(&line);
+        lines.push(b'\n');
+    }
+    let episodes_file = write_atomic(&dir, "episodes.jsonl", &lines)?;
+    let col = |f: fn(&SeedResult) -> f64| seeds.iter().map(f).collect::<Vec<_>>();
+    let report = Report {
+        name: exp.experiment.name.clone(),
+        template: exp.template.as_ref().map(|t| t.file.clone()),
+        task: exp.task().to_string(),
+        agent: exp.environment.agent,
+        workers: exp.environment.workers,
+        episodes_per_seed: exp.environment.episodes,
+        episodes_per_instance: exp.environment.episodes_per_instance,
+        require_certified: exp.environment.require_certified,
+        reward: exp.reward.clone(),
+        steps_per_s: Interval::of_finite(&col(|s| s.steps_per_s)),
+        success_rate: Interval::of_finite(&col(|s| s.success_rate)),
+        mean_return: Interval::of_finite(&col(|s| s.mean_return)),
+        reset_ms: Interval::of_finite(&col(|s| s.reset_ms_median)),
+        seeds,
+        episodes_file,
+    };
+    let json = serde_json::to_vec_pretty(&report).map_err(|e| ExperimentError::Write {
+        file: dir.join("report.json"),
+        source: std::io::Error::other(e),
+    })?;
+    let path = write_atomic(&dir, "report.json", &json)?;
+    Ok((report, path))
+}

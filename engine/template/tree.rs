@@ -1,0 +1,421 @@
+//! The positioned tree: a TOML or YAML document read into [`Node`]s that remember the line and
+//! column of every key and value (TOML through `toml::Spanned`, YAML through `yaml-rust2`'s
+//! marked events), so that errors about any value can name where it is written.
+
+use std::collections::BTreeMap;
+
+/// A 1-based line and column.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Pos {
+    pub line: usize,
+    pub col: usize,
+}
+
+/// A value of the document with the position where it starts.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Node {
+    pub pos: Pos,
+    pub value: NodeValue,
+}
+
+/// What a node holds: a scalar, a list, or a table.
+#[derive(Debug, Clone, PartialEq)]
+pub enum NodeValue {
+    Null,
+    Bool(bool),
+    Int(i64),
+    Float(f64),
+    Str(String),
+    Seq(Vec<Node>),
+    /// Keys in document order, each with its own position.
+    Map(Vec<(String, Pos, Node)>),
+}
+
+impl NodeValue {
+    /// How an error names what was found ("a list", "a string", ...).
+    pub(crate) fn type_name(&self) -> &'static str {
+        match self {
+            Self::Null => "null",
+            Self::Bool(_) => "a boolean",
+            Self::Int(_) => "an integer",
+            Self::Float(_) => "a float",
+            Self::Str(_) => "a string",
+            Self::Seq(_) => "a list",
+            Self::Map(_) => "a table",
+        }
+    }
+}
+
+/// 1-based (line, column) of a byte offset into `text`; the column counts characters, not
+/// bytes. The offset is clamped to the text, then moved back to the start of the character it
+/// falls in. (The same convention as `sandbox::text_pos::line_col`.)
+pub fn line_col(text: &str, offset: usize) -> (usize, usize) {
+    let mut end = offset.min(text.len());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    let before = &text[..end];
+    let line = before.matches('\n').count() + 1;
+    let col = before[before.rfind('\n').map_or(0, |i| i + 1)..]
+        .chars()
+        .count()
+        + 1;
+    (line, col)
+}
+
+impl Pos {
+    /// The position of a byte offset into `text` ([`line_col`]).
+    pub fn at(text: &str, offset: usize) -> Self {
+        let (line, col) = line_col(text, offset);
+        Self { line, col }
+    }
+}
+
+// TOML: a self-describing value whose nested keys and values are `toml::Spanned`.
+enum Raw {
+    Bool(bool),
+    Int(i64),
+    Float(f64),
+    Str(String),
+    Seq(Vec<toml::Spanned<Raw>>),
+    Map(Vec<(toml::Spanned<String>, toml::Spanned<Raw>)>),
+}
+
+impl<'de> serde::Deserialize<'de> for Raw {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(RawVisitor)
+    }
+}
+
+struct RawVisitor;
+
+impl<'de> serde::de::Visitor<'de> for RawVisitor {
+    type Value = Raw;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a TOML value")
+    }
+    fn visit_bool<E>(self, v: bool) -> Result<Raw, E> {
+        Ok(Raw::Bool(v))
+    }
+    fn visit_i64<E>(self, v: i64) -> Result<Raw, E> {
+        Ok(Raw::Int(v))
+    }
+    fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Raw, E> {
+        i64::try_from(v)
+            .map(Raw::Int)
+            .map_err(|_| E::custom("integer too large"))
+    }
+    fn visit_f64<E>(self, v: f64) -> Result<Raw, E> {
+        Ok(Raw::Float(v))
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Raw, E> {
+        Ok(Raw::Str(v.into()))
+    }
+    fn visit_string<E>(self, v: String) -> Result<Raw, E> {
+        Ok(Raw::Str(v))
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut a: A) -> Result<Raw, A::Error> {
+        let mut v = Vec::new();
+        while let Some(x) = a.next_element()? {
+            v.push(x);
+        }
+        Ok(Raw::Seq(v))
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut a: A) -> Result<Raw, A::Error> {
+        let mut v = Vec::new();
+        while let Some(k) = a.next_key::<toml::Spanned<String>>()? {
+            let val = a.next_value::<toml::Spanned<Raw>>()?;
+            v.push((k, val));
+        }
+        Ok(Raw::Map(v))
+    }
+}
+
+fn raw_to_node(text: &str, raw: Raw, pos: Pos) -> Node {
+    let v = match raw {
+        Raw::Bool(b) => NodeValue::Bool(b),
+        Raw::Int(i) => NodeValue::Int(i),
+        Raw::Float(x) => NodeValue::Float(x),
+        Raw::Str(s) => NodeValue::Str(s),
+        Raw::Seq(items) => NodeValue::Seq(
+            items
+                .into_iter()
+                .map(|s| {
+                    let p = Pos::at(text, s.span().start);
+                    raw_to_node(text, s.into_inner(), p)
+                })
+                .collect(),
+        ),
+        Raw::Map(entries) => NodeValue::Map(
+            entries
+                .into_iter()
+                .map(|(k, val)| {
+                    let kp = Pos::at(text, k.span().start);
+                    let vp = Pos::at(text, val.span().start);
+                    (k.into_inner(), kp, raw_to_node(text, val.into_inner(), vp))
+                })
+                .collect(),
+        ),
+    };
+    Node { pos, value: v }
+}
+
+/// Parse TOML into the positioned tree.
+pub fn toml_tree(text: &str) -> Result<Node, (Pos, String)> {
+    let raw: Raw = toml::from_str(text).map_err(|e| {
+        let pos = e
+            .span()
+            .map_or(Pos { line: 1, col: 1 }, |s| Pos::at(text, s.start));
+        (pos, e.message().trim().to_string())
+    })?;
+    Ok(raw_to_node(text, raw, Pos { line: 1, col: 1 }))
+}
+
+// YAML: built from the parser's marked events.
+enum Frame {
+    Seq(Pos, usize, Vec<Node>),
+    Map(Pos, usize, Vec<(String, Pos, Node)>, Option<(String, Pos)>),
+}
+
+#[derive(Default)]
+struct YamlBuilder {
+    stack: Vec<Frame>,
+    root: Option<Node>,
+    anchors: BTreeMap<usize, Node>,
+    error: Option<(Pos, String)>,
+}
+
+fn yaml_scalar(s: String, style: yaml_rust2::scanner::TScalarStyle) -> NodeValue {
+    use yaml_rust2::scanner::TScalarStyle;
+    if style != TScalarStyle::Plain {
+        return NodeValue::Str(s);
+    }
+    match s.as_str() {
+        "" | "~" | "null" | "Null" | "NULL" => return NodeValue::Null,
+        "true" | "True" | "TRUE" => return NodeValue::Bool(true),
+        "false" | "False" | "FALSE" => return NodeValue::Bool(false),
+        ".inf" | ".Inf" | ".INF" | "+.inf" => return NodeValue::Float(f64::INFINITY),
+        "-.inf" | "-.Inf" | "-.INF" => return NodeValue::Float(f64::NEG_INFINITY),
+        ".nan" | ".NaN" | ".NAN" => return NodeValue::Float(f64::NAN),
+        _ => {}
+    }
+    let digits = s.strip_prefix(['-', '+']).unwrap_or(&s);
+    if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) {
+        if let Ok(i) = s.parse::<i64>() {
+            return NodeValue::Int(i);
+        }
+    }
+    if let Some(h) = s.strip_prefix("0x") {
+        if let Ok(i) = i64::from_str_radix(h, 16) {
+            return NodeValue::Int(i);
+        }
+    }
+    if let Some(o) = s.strip_prefix("0o") {
+        if let Ok(i) = i64::from_str_radix(o, 8) {
+            return NodeValue::Int(i);
+        }
+    }
+    let float_like = digits.bytes().any(|b| b.is_ascii_digit())
+        && digits
+            .bytes()
+            .all(|b| b.is_ascii_digit() || matches!(b, b'.' | b'e' | b'E' | b'-' | b'+'));
+    if float_like {
+        if let Ok(x) = s.parse::<f64>() {
+            return NodeValue::Float(x);
+        }
+    }
+    NodeValue::Str(s)
+}
+
+impl YamlBuilder {
+    fn push(&mut self, node: Node) {
+        match self.stack.last_mut() {
+            None => {
+                if self.root.is_none() {
+                    self.root = Some(node);
+                }
+            }
+            Some(Frame::Seq(_, _, items)) => items.push(node),
+            Some(Frame::Map(_, _, entries, pending)) => match pending.take() {
+                Some((k, kp)) => entries.push((k, kp, node)),
+                None => {
+                    let key = match node.value {
+                        NodeValue::Str(s) => s,
+                        NodeValue::Int(i) => i.to_string(),
+                        NodeValue::Bool(b) => b.to_string(),
+                        NodeValue::Float(x) => x.to_string(),
+                        NodeValue::Null => "null".into(),
+                        NodeValue::Seq(_) | NodeValue::Map(_) => {
+                            if self.error.is_none() {
+                                self.error = Some((node.pos, "a key must be a plain value".into()));
+                            }
+                            String::new()
+                        }
+                    };
+                    *pending = Some((key, node.pos));
+                }
+            },
+        }
+    }
+}
+
+impl yaml_rust2::parser::MarkedEventReceiver for YamlBuilder {
+    fn on_event(&mut self, ev: yaml_rust2::Event, mark: yaml_rust2::scanner::Marker) {
+        use yaml_rust2::Event;
+        let pos = Pos {
+            line: mark.line(),
+            col: mark.col() + 1,
+        };
+        match ev {
+            Event::Scalar(s, style, anchor, _tag) => {
+                let node = Node {
+                    pos,
+                    value: yaml_scalar(s, style),
+                };
+                if anchor > 0 {
+                    self.anchors.insert(anchor, node.clone());
+                }
+                self.push(node);
+            }
+            Event::SequenceStart(anchor, _) => self.stack.push(Frame::Seq(pos, anchor, Vec::new())),
+            Event::MappingStart(anchor, _) => {
+                self.stack.push(Frame::Map(pos, anchor, Vec::new(), None));
+            }
+            Event::SequenceEnd | Event::MappingEnd => {
+                let (node, anchor) = match self.stack.pop() {
+                    Some(Frame::Seq(p, a, items)) => (
+                        Node {
+                            pos: p,
+                            value: NodeValue::Seq(items),
+                        },
+                        a,
+                    ),
+                    Some(Frame::Map(p, a, entries, _)) => (
+                        Node {
+                            // A block mapping's start mark is at its first `:`; its first
+                            // key is where a reader looks.
+                            pos: entries.first().map_or(p, |e| e.1),
+                            value: NodeValue::Map(entries),
+                        },
+                        a,
+                    ),
+                    None => return,
+                };
+                if anchor > 0 {
+                    self.anchors.insert(anchor, node.clone());
+                }
+                self.push(node);
+            }
+            Event::Alias(id) => match self.anchors.get(&id).cloned() {
+                Some(n) => self.push(n),
+                None => {
+                    if self.error.is_none() {
+                        self.error = Some((pos, "alias of an unknown anchor".into()));
+                    }
+                }
+            },
+            _ => {}
+        }
+    }
+}
+
+/// Parse YAML into the positioned tree (the first document of the stream).
+pub fn yaml_tree(text: &str) -> Result<Node, (Pos, String)> {
+    let mut b = YamlBuilder::default();
+    let mut parser = yaml_rust2::parser::Parser::new_from_str(text);
+    parser.load(&mut b, false).map_err(|e| {
+        let m = e.marker();
+        (
+            Pos {
+                line: m.line(),
+                col: m.col() + 1,
+            },
+            e.info().to_string(),
+        )
+    })?;
+    if let Some(e) = b.error {
+        return Err(e);
+    }
+    Ok(b.root.unwrap_or(Node {
+        pos: Pos { line: 1, col: 1 },
+        value: NodeValue::Null,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn yaml_scalars_follow_the_core_schema() {
+        use yaml_rust2::scanner::TScalarStyle::{DoubleQuoted, Plain};
+        assert_eq!(yaml_scalar("12".into(), Plain), NodeValue::Int(12));
+        assert_eq!(yaml_scalar("-3".into(), Plain), NodeValue::Int(-3));
+        assert_eq!(yaml_scalar("0.25".into(), Plain), NodeValue::Float(0.25));
+        assert_eq!(yaml_scalar("1e3".into(), Plain), NodeValue::Float(1000.0));
+        assert_eq!(yaml_scalar("true".into(), Plain), NodeValue::Bool(true));
+        assert_eq!(yaml_scalar("~".into(), Plain), NodeValue::Null);
+        assert_eq!(
+            yaml_scalar("64M".into(), Plain),
+            NodeValue::Str("64M".into())
+        );
+        assert_eq!(
+            yaml_scalar("12".into(), DoubleQuoted),
+            NodeValue::Str("12".into())
+        );
+        assert_eq!(yaml_scalar("e".into(), Plain), NodeValue::Str("e".into()));
+    }
+
+    #[test]
+    fn line_col_counts_characters_and_clamps() {
+        let text = "ab\ncd";
+        assert_eq!(line_col(text, 0), (1, 1));
+        assert_eq!(line_col(text, 2), (1, 3), "the newline itself ends line 1");
+        assert_eq!(line_col(text, 3), (2, 1));
+        assert_eq!(line_col(text, 99), (2, 3));
+        assert_eq!(line_col("", 0), (1, 1));
+        // "é" is 2 bytes, "🦀" 4: each is one column; an offset inside one is its start.
+        let text = "x = \"é🦀\"\nnext";
+        let at = |needle: &str| text.find(needle).unwrap();
+        assert_eq!(line_col(text, at("🦀")), (1, 7));
+        assert_eq!(line_col(text, at("🦀") + 2), (1, 7));
+        assert_eq!(line_col(text, at("\"\n")), (1, 8));
+        assert_eq!(line_col(text, at("next")), (2, 1));
+    }
+
+    #[test]
+    fn toml_and_yaml_trees_position_keys_and_values() {
+        let toml = toml_tree("[t]\n  k = [1, \"é\"]\n").unwrap();
+        let yaml = yaml_tree("t:\n  k: [1, é]\n").unwrap();
+        for (root, key_col, list_col) in [(&toml, 3, 7), (&yaml, 3, 6)] {
+            let NodeValue::Map(top) = &root.value else {
+                panic!("{root:?}")
+            };
+            let NodeValue::Map(t) = &top[0].2.value else {
+                panic!("{root:?}")
+            };
+            let (k, kp, list) = &t[0];
+            assert_eq!(
+                (k.as_str(), *kp),
+                (
+                    "k",
+                    Pos {
+                        line: 2,
+                        col: key_col
+                    }
+                )
+            );
+            assert_eq!(
+                list.pos,
+                Pos {
+                    line: 2,
+                    col: list_col
+                }
+            );
+            let NodeValue::Seq(items) = &list.value else {
+                panic!("{list:?}")
+            };
+            assert_eq!(items[1].value, NodeValue::Str("é".into()));
+        }
+    }
+}
