@@ -147,11 +147,10 @@ pub fn processes_of(ops: &mut dyn SandboxOps) -> Result<Vec<Proc>, ProbeError> {
         Err(e) if is_absent(&e) => return Ok(out),
         Err(e) => return Err(e.into()),
     };
-    // The zygote is init's fork without an exec: same command line, child of pid 1.
-    let init_cmdline = ops
-        .read_file("/proc/1/cmdline", 64 << 10)
-        .map(|(c, _)| c)
-        .unwrap_or_default();
+    // Init (pid 1) and the zygote are the sandbox's, not the agent's. The zygote is named by
+    // its pid, which init reports: a command can copy its command line and become a child of
+    // pid 1 (by orphaning itself), never take its pid.
+    let zygote = ops.health()?.zygote_pid;
     for e in entries {
         let Ok(pid) = e.name.parse::<u32>() else {
             continue;
@@ -175,7 +174,7 @@ pub fn processes_of(ops: &mut dyn SandboxOps) -> Result<Vec<Proc>, ProbeError> {
             Ok((c, _)) => c,
             Err(_) => Vec::new(),
         };
-        if pid == 1 || (ppid == 1 && !raw.is_empty() && raw == init_cmdline) {
+        if pid == 1 || Some(pid) == zygote {
             continue;
         }
         let cmdline = raw

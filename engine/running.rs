@@ -19,7 +19,8 @@ pub enum RunningError {
     #[error("base rootfs `{base}`: {source}")]
     Base {
         base: String,
-        source: sandbox::layers::LayerError,
+        // Boxed: the image importer's errors are large, and this one is rare.
+        source: Box<sandbox::layers::LayerError>,
     },
     #[error("start step of `{by}` failed (exit {code}): {stderr}")]
     Start {
@@ -49,7 +50,7 @@ impl RunningError {
 pub fn base_spec(base: &str) -> Result<RootfsSpec, RunningError> {
     base.parse().map_err(|source| RunningError::Base {
         base: base.to_string(),
-        source,
+        source: Box::new(source),
     })
 }
 

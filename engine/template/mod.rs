@@ -28,13 +28,13 @@
 //! | `mod.rs` | the model ([`Template`], [`BaseEnvironment`], [`SpaceEntry`]), loading, sampling into plans, [`TemplateError`] |
 //! | [`tree`] | the positioned TOML/YAML tree, and the byte-offset -> (line, column) helper |
 //! | `validate.rs` | the validator: tree -> [`Template`] |
-//! | `report.rs` | `engine synth`: [`synthesize`], [`synth_report`], [`synth_text`] |
+//! | `synthesize.rs` | [`synthesize`]: the instances of a template's seeds (what `engine synth` prints) |
 
-mod report;
+mod synthesize;
 pub mod tree;
 mod validate;
 
-pub use report::{synth_report, synth_text, synthesize, Synthesized};
+pub use synthesize::{synthesize, Synthesized};
 
 use crate::instance::{self, Params, PerturbationChoice, Plan, Resources, TaskRef, Value};
 use crate::perturb::{self, Info};

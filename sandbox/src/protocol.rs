@@ -161,6 +161,10 @@ pub struct Health {
     pub processes: u32,
     pub snapshots: u32,
     pub upper_bytes: u64,
+    /// The zygote's pid in the sandbox, while it lives: with init, the one process that is the
+    /// sandbox's and not a command's (a command may copy its command line, not its pid).
+    #[serde(default)]
+    pub zygote_pid: Option<u32>,
 }
 
 /// Everything init needs to build the sandbox; sent once, first.

@@ -189,12 +189,26 @@ fn templates_synthesize_into_cached_instances() {
     }
     let ids: std::collections::BTreeSet<&str> = first.iter().map(|s| s.id.as_str()).collect();
     assert_eq!(ids.len(), 4, "four seeds, four instances");
-    let json = template::synth_report(&t, &again);
+    // The reports are the command line's (`engine synth`), over the same cache.
+    let synth = |json: bool| {
+        let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_engine"));
+        c.env("ENVFACTORY_STATE", state.path())
+            .arg("synth")
+            .arg(templates_dir().join("archive-logs.toml"))
+            .args(["--seed", "10", "--count", "4"]);
+        if json {
+            c.arg("--json");
+        }
+        let o = c.output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8(o.stdout).unwrap()
+    };
+    let json: serde_json::Value = serde_json::from_str(&synth(true)).unwrap();
     assert_eq!(json["template"], "archive-logs");
     assert_eq!(json["instances"][2]["id"], first[2].id.as_str());
     assert_eq!(json["instances"][2]["seed"], 12);
-    let text = template::synth_text(&t, &again);
-    eprintln!("{}{}", template::synth_text(&t, &first), text);
+    let text = synth(false);
+    eprintln!("{text}");
     for s in &first {
         assert!(text.contains(&s.id), "{text}");
     }

@@ -432,6 +432,11 @@ impl Init {
             processes: processes.saturating_sub(1 + usize::from(self.zygote_alive())) as u32,
             snapshots: self.snapshots.len() as u32,
             upper_bytes,
+            zygote_pid: self
+                .zygote
+                .as_ref()
+                .filter(|_| self.zygote_alive())
+                .and_then(|z| u32::try_from(z.pid).ok()),
         }
     }
 }

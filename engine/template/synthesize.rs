@@ -1,5 +1,5 @@
-//! What `engine synth` needs: the instances of a template's seeds, synthesized (or found in
-//! the cache), and their reports (`--json` and the human form).
+//! The instances of a template's seeds, synthesized (or found in the cache); `engine synth`
+//! prints them (`cli/synth.rs`).
 
 use super::{Template, TemplateError};
 use crate::instance::{self, Plan};
@@ -54,40 +54,4 @@ pub fn synthesize(
         });
     }
     Ok(out)
-}
-
-/// The JSON report of `engine synth --json`.
-pub fn synth_report(t: &Template, items: &[Synthesized]) -> serde_json::Value {
-    serde_json::json!({
-        "template": t.name,
-        "file": t.file,
-        "task": t.task,
-        "base": t.base.rootfs,
-        "instances": items,
-    })
-}
-
-/// The human form of `engine synth`: one block per instance.
-pub fn synth_text(t: &Template, items: &[Synthesized]) -> String {
-    use std::fmt::Write;
-    let mut s = String::new();
-    let _ = writeln!(s, "template {} ({})", t.name, t.file.display());
-    for it in items {
-        let _ = writeln!(
-            s,
-            "seed {:<6} {}  {:?} in {:.2} ms, layer {} bytes",
-            it.seed, it.id, it.origin, it.ms, it.layer_bytes
-        );
-        if let Some(task) = &it.plan.task {
-            let _ = writeln!(s, "  task {} (seed {})", task.name, task.seed);
-        }
-        if it.applied.is_empty() {
-            let _ = writeln!(s, "  no perturbation");
-        }
-        for (c, line) in it.plan.perturbations.iter().zip(&it.applied) {
-            let params: Vec<String> = c.params.iter().map(|(k, v)| format!("{k}={v}")).collect();
-            let _ = writeln!(s, "  {} [{}]", line, params.join(","));
-        }
-    }
-    s
 }
