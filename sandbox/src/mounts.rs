@@ -216,17 +216,6 @@ pub fn setup_side_trees(
             )?;
         }
     }
-    // All of /proc is read-only for commands. Seccomp denies ptrace and process_vm_writev;
-    // /proc/PID/mem is their file-based twin (a same-uid process may write another's memory
-    // through it), and /proc/PID/{oom_score_adj,attr,...} are knobs of other processes. Reads
-    // are unchanged; the zygote's own OOM-score write happens before it enters the root.
-    sys.mount(
-        "",
-        &proc,
-        "",
-        MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | hidden,
-        "",
-    )?;
 
     let dev = layout.dev();
     sys.mount(
@@ -385,6 +374,24 @@ pub fn bind_side_trees(
             "",
         )?;
     }
+    // All of /proc is read-only for commands (the side tree itself stays writable for init,
+    // which writes a user-namespaced zygote's uid_map there). Seccomp denies ptrace and
+    // process_vm_writev; /proc/PID/mem is their file-based twin (a same-uid process may write
+    // another's memory through it), and /proc/PID/{oom_score_adj,attr,...} are knobs of other
+    // processes. Reads are unchanged; the zygote's own OOM-score write happens before it
+    // enters the root.
+    sys.mount(
+        "",
+        &root.join("proc"),
+        "",
+        MsFlags::MS_BIND
+            | MsFlags::MS_REMOUNT
+            | MsFlags::MS_RDONLY
+            | MsFlags::MS_NOSUID
+            | MsFlags::MS_NODEV
+            | MsFlags::MS_NOEXEC,
+        "",
+    )?;
     // POSIX shared memory is state of the episode: a fresh one per root.
     sys.mount(
         "shm",
@@ -528,15 +535,6 @@ mod tests {
                     && flags.contains(MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY))
         });
         assert!(ro_sys, "proc/sys must be remounted read-only");
-        let ro_proc = r.ops.iter().any(|op| {
-            matches!(op, Op::Mount { target, flags, .. }
-                if target == Path::new("/s/proc")
-                    && flags.contains(MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY))
-        });
-        assert!(
-            ro_proc,
-            "all of /proc must be read-only (no /proc/PID/mem writes)"
-        );
         let devs: Vec<_> = r
             .ops
             .iter()
@@ -574,9 +572,17 @@ mod tests {
                 "mount  /s/ep/root/proc",
                 "mount  /s/ep/root/dev",
                 "mount  /s/ep/root/sys",
+                "mount  /s/ep/root/proc",
                 "mount tmpfs /s/ep/root/dev/shm",
             ]
         );
+        // The commands' /proc is read-only (no writes to /proc/PID/mem); the side tree is not.
+        match &r.ops[8] {
+            Op::Mount { flags, .. } => {
+                assert!(flags.contains(MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY));
+            }
+            _ => unreachable!(),
+        }
         match &r.ops[0] {
             Op::Mount { data, .. } => {
                 assert!(data.contains("size=67108864"), "{data}");
