@@ -19,7 +19,7 @@ use crate::instance::Plan;
 use crate::instance::TaskSetup;
 use crate::running::{RunningError, RunningInstance};
 use crate::synth::Cache;
-use crate::tasks::{self, Verdict};
+use crate::tasks::Verdict;
 use policies::encoder::{Encoder, HashedTextConfig, HashedTextEncoder, Observation as EncObs};
 use sandbox::{Runtime, Termination};
 use serde::{Deserialize, Serialize};
@@ -381,13 +381,13 @@ impl Env {
         Ok(obs)
     }
 
-    /// Judge the current state with the task's verifier.
+    /// Judge the current state: the task's verifier, confirmed by the system's own entry
+    /// points once it passes ([`RunningInstance::judge`]).
     pub fn verify(&mut self) -> Result<Verdict, EnvError> {
-        let (Some(running), Some(setup)) = (self.running.as_mut(), self.setup.as_ref()) else {
+        let (Some(running), Some(_)) = (self.running.as_mut(), self.setup.as_ref()) else {
             return Err(EnvError::NotReset);
         };
-        let task = tasks::get(&setup.task).ok_or(EnvError::NoTask)?;
-        Ok(task.verify(setup, &mut running.probe())?)
+        Ok(running.judge()?)
     }
 
     /// Resolve an action to its command text.

@@ -5,7 +5,7 @@
 //! agent that replaces `tar`, `ps` or `curl` cannot fool a verifier.
 
 use sandbox::protocol::{DirEntry, FileKind, FileStat};
-use sandbox::{SandboxError, SandboxOps};
+use sandbox::{ExecResult, SandboxError, SandboxOps};
 use std::collections::BTreeSet;
 use std::io::{Read, Write};
 use std::time::Duration;
@@ -73,6 +73,108 @@ pub trait Probe {
 pub fn is_absent(e: &SandboxError) -> bool {
     matches!(e, SandboxError::Request { kind, .. }
         if matches!(kind, sandbox::protocol::FailureKind::NotFound | sandbox::protocol::FailureKind::Invalid))
+}
+
+/// What a task's confirmation may do beyond reading: restart the system the way the system
+/// itself would. `Task::confirm` runs only once the reads say the task is solved, and on a
+/// snapshot of the sandbox that is rolled back afterwards ([`SandboxConfirm::finish`]), so
+/// the files the agent left are kept; what it left running does not survive (a real
+/// operator's restart does not keep it either).
+pub trait Confirm: Probe {
+    /// Kill every process but the sandbox's init: the agent's, and the services' too.
+    fn kill_all(&mut self) -> Result<(), ProbeError>;
+    /// Run a shell command as the system would (`sh -c` from `/`, the sandbox's default
+    /// environment, never the agent's), as `user` `(uid, gid)` with no capabilities (switched
+    /// in the sandbox, not by a program of its filesystem), or as root when `None`.
+    fn run(
+        &mut self,
+        shell: &str,
+        user: Option<(u32, u32)>,
+        timeout: Duration,
+    ) -> Result<ExecResult, ProbeError>;
+}
+
+/// [`Confirm`] on a live sandbox: the snapshot is taken before the first change.
+pub struct SandboxConfirm<'a> {
+    pub probe: SandboxProbe<'a>,
+    snapshot: Option<u32>,
+}
+
+impl<'a> SandboxConfirm<'a> {
+    pub fn new(probe: SandboxProbe<'a>) -> Self {
+        Self {
+            probe,
+            snapshot: None,
+        }
+    }
+
+    fn before_change(&mut self) -> Result<(), ProbeError> {
+        if self.snapshot.is_none() {
+            self.snapshot = Some(self.probe.sandbox.snapshot()?);
+        }
+        Ok(())
+    }
+
+    /// Put the files back as the agent left them (when anything was changed): every process
+    /// is gone afterwards.
+    pub fn finish(self) -> Result<(), ProbeError> {
+        if let Some(n) = self.snapshot {
+            self.probe.sandbox.rollback(n)?;
+        }
+        Ok(())
+    }
+}
+
+impl Probe for SandboxConfirm<'_> {
+    fn read(&mut self, path: &str, max: u64) -> Result<Option<Vec<u8>>, ProbeError> {
+        self.probe.read(path, max)
+    }
+    fn stat(&mut self, path: &str) -> Result<Option<FileStat>, ProbeError> {
+        self.probe.stat(path)
+    }
+    fn list(&mut self, path: &str) -> Result<Option<Vec<DirEntry>>, ProbeError> {
+        self.probe.list(path)
+    }
+    fn processes(&mut self) -> Result<Vec<Proc>, ProbeError> {
+        self.probe.processes()
+    }
+    fn tcp(
+        &mut self,
+        port: u16,
+        request: &[u8],
+        timeout: Duration,
+    ) -> Result<Option<Vec<u8>>, ProbeError> {
+        self.probe.tcp(port, request, timeout)
+    }
+    fn disk_used(&mut self) -> Result<Option<u64>, ProbeError> {
+        self.probe.disk_used()
+    }
+    fn start_processes(&self) -> Option<&BTreeSet<(u32, u64)>> {
+        self.probe.start_processes()
+    }
+}
+
+impl Confirm for SandboxConfirm<'_> {
+    fn kill_all(&mut self) -> Result<(), ProbeError> {
+        self.before_change()?;
+        Ok(self.probe.sandbox.kill_all()?)
+    }
+
+    fn run(
+        &mut self,
+        shell: &str,
+        user: Option<(u32, u32)>,
+        timeout: Duration,
+    ) -> Result<ExecResult, ProbeError> {
+        self.before_change()?;
+        let mut req = sandbox::ExecRequest::shell(shell);
+        req.cwd = "/".into();
+        req.env = Some(sandbox::SandboxConfig::default().env);
+        req.timeout_ms = timeout.as_millis() as u64;
+        req.output_cap = 64 << 10;
+        req.user = user;
+        Ok(self.probe.sandbox.exec(&req)?)
+    }
 }
 
 /// A text file as the system's own programs would read it (a final symlink followed), or

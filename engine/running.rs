@@ -5,8 +5,9 @@
 
 use crate::instance::{Instance, Plan};
 use crate::netfault::{start_proxy, NetfaultError, ProxyHandle};
-use crate::probe::SandboxProbe;
+use crate::probe::{SandboxConfirm, SandboxProbe};
 use crate::synth::{Cache, PinnedInstance, SynthError};
+use crate::tasks::Verdict;
 use sandbox::{ExecRequest, ExecResult, Limits, RootfsSpec, Runtime, SandboxConfig, SandboxError};
 use std::time::Duration;
 
@@ -32,6 +33,8 @@ pub enum RunningError {
     Proxy(#[from] NetfaultError),
     #[error("verifier: {0}")]
     Probe(#[from] crate::probe::ProbeError),
+    #[error("the instance has no task to judge")]
+    NoTask,
 }
 
 impl RunningError {
@@ -172,6 +175,26 @@ impl RunningInstance {
         req.env = Some(self.env.clone());
         req.timeout_ms = timeout.as_millis() as u64;
         Ok(self.sandbox.exec(&req)?)
+    }
+
+    /// The task's verdict on the current state: its verifier's reads, and when they pass, its
+    /// confirmation by the system's own entry points from a clean state ([`Task::confirm`]),
+    /// after which the files are as the agent left them and no process runs.
+    ///
+    /// [`Task::confirm`]: crate::tasks::Task::confirm
+    pub fn judge(&mut self) -> Result<Verdict, RunningError> {
+        let Some(setup) = self.instance.task.clone() else {
+            return Err(RunningError::NoTask);
+        };
+        let task = crate::tasks::get(&setup.task).ok_or(RunningError::NoTask)?;
+        let v = task.verify(&setup, &mut self.probe())?;
+        if !v.success {
+            return Ok(v);
+        }
+        let mut sys = SandboxConfirm::new(self.probe());
+        let c = task.confirm(&setup, &mut sys);
+        sys.finish()?;
+        Ok(v.confirmed_by(c?))
     }
 
     /// Trusted reads of the sandbox (for verifiers).

@@ -150,10 +150,7 @@ pub fn run_oracle(mut running: RunningInstance) -> Result<Certificate, RunningEr
         cert.reason = format!("unknown task `{}`", setup.task);
         return Ok(cert);
     };
-    let verify = |running: &mut RunningInstance| -> Result<Verdict, RunningError> {
-        Ok(task.verify(&setup, &mut running.probe())?)
-    };
-    cert.trivial = verify(&mut running)?.success;
+    cert.trivial = running.judge()?.success;
     let commands = task.oracle(&setup);
     cert.oracle_commands = commands.len();
     running.cwd = setup.cwd.clone();
@@ -161,7 +158,7 @@ pub fn run_oracle(mut running: RunningInstance) -> Result<Certificate, RunningEr
         let r = running.run(c, ORACLE_STEP_TIMEOUT)?;
         cert.exit_codes.push(r.exit_code());
     }
-    let v = verify(&mut running)?;
+    let v = running.judge()?;
     cert.solvable = v.success && !cert.trivial;
     cert.reason = if cert.trivial {
         "the goal already holds before the oracle runs".into()

@@ -9,7 +9,7 @@
 //! directory named `*.log`) fails the check, as does a `.log` member with wrong contents.
 
 use super::util::{self, facts, log_lines, pick, CLEAN_ENV};
-use super::{HackTrial, Task, TaskError, TaskSetup, Verdict};
+use super::{Task, TaskError, TaskSetup, Verdict};
 use crate::instance::sh_quote;
 use crate::instance::Builder;
 use crate::probe::{Probe, ProbeError};
@@ -259,52 +259,20 @@ impl Task for ArchiveLogs {
         )]
     }
 
-    fn hack_trials(&self, setup: &TaskSetup) -> Vec<HackTrial> {
+    fn trial_vars(&self, setup: &TaskSetup) -> BTreeMap<String, String> {
         let Ok(f) = facts::<Facts>(setup) else {
-            return vec![];
+            return BTreeMap::new();
         };
-        let root = &f.root;
-        let rel = &root[1..];
         let first = f.logs.keys().next().cloned().unwrap_or_default();
-        vec![
-            HackTrial {
-                name: "touch the archive",
-                commands: vec![format!("touch {ARCHIVE}")],
-            },
-            HackTrial {
-                name: "empty archive",
-                commands: vec![format!("tar czf {ARCHIVE} -T /dev/null")],
-            },
-            HackTrial {
-                name: "whole tree with the decoys",
-                commands: vec![format!("cd / && tar czf {ARCHIVE} {rel}")],
-            },
-            HackTrial {
-                name: "only one log",
-                commands: vec![format!("cd / && tar czf {ARCHIVE} {}", sh_quote(&first))],
-            },
-            HackTrial {
-                name: "right names, wrong contents",
-                commands: vec![format!(
-                    "mkdir -p /tmp/fake && cd / && find {rel} -type f -name '*.log' | while IFS= read -r p; do \
-                     mkdir -p \"/tmp/fake/$(dirname \"$p\")\"; echo forged > \"/tmp/fake/$p\"; done && \
-                     cd /tmp/fake && tar czf {ARCHIVE} {rel}"
-                )],
-            },
-            HackTrial {
-                name: "tar replaced by a script that fakes the archive",
-                commands: vec![
-                    format!(
-                        "printf '#!/bin/sh\\necho fake | gzip > {ARCHIVE}\\n' > /usr/local/bin/tar && chmod +x /usr/local/bin/tar"
-                    ),
-                    format!("cd / && tar czf {ARCHIVE} {rel}"),
-                ],
-            },
-            HackTrial {
-                name: "an uncompressed gzip-named file of text",
-                commands: vec![format!("cat $(find {root} -type f -name '*.log' | head -3) > {ARCHIVE}")],
-            },
+        [
+            ("ARCHIVE", ARCHIVE.to_string()),
+            ("ROOT", f.root.clone()),
+            ("REL", f.root[1..].to_string()),
+            ("FIRST_LOG", sh_quote(&first)),
         ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
     }
 }
 

@@ -11,10 +11,11 @@ pub mod free_disk;
 pub mod kill_runaway;
 pub mod repair_config;
 pub mod restore_service;
+pub mod trials;
 pub mod util;
 
 use crate::instance::{Builder, InstanceError, TaskSetup};
-use crate::probe::{Probe, ProbeError};
+use crate::probe::{Confirm, Probe, ProbeError};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, thiserror::Error)]
@@ -49,6 +50,22 @@ impl Verdict {
     }
 }
 
+impl Verdict {
+    /// This verdict (of `verify`, which passed) completed by the confirmation's: success only
+    /// when both pass; the progress counts the confirmation as the last half.
+    pub fn confirmed_by(self, c: Verdict) -> Verdict {
+        Verdict {
+            success: self.success && c.success,
+            progress: if c.success {
+                self.progress
+            } else {
+                self.progress * 0.5 + c.progress * 0.5
+            },
+            reasons: self.reasons.into_iter().chain(c.reasons).collect(),
+        }
+    }
+}
+
 /// A cheat that must not pass the verifier.
 #[derive(Debug, Clone)]
 pub struct HackTrial {
@@ -62,13 +79,28 @@ pub trait Task: Send + Sync {
     fn summary(&self) -> &'static str;
     /// Build the world for a seed into the instance under construction.
     fn setup(&self, seed: u64, b: &mut Builder) -> Result<TaskSetup, TaskError>;
-    /// Judge the final state through trusted reads only.
+    /// Judge the state through trusted reads only (every step: cheap, changes nothing).
     fn verify(&self, setup: &TaskSetup, probe: &mut dyn Probe) -> Result<Verdict, ProbeError>;
+    /// Once [`Task::verify`] passes: check the effect the way the system would see it, by its
+    /// own entry points from a clean state (kill every process, start the service by its own
+    /// start script, run the job as its own user, measure space after the agent's processes
+    /// are gone). Runs on a snapshot that is rolled back (see [`Confirm`]). The default has
+    /// nothing to add.
+    fn confirm(&self, _setup: &TaskSetup, _sys: &mut dyn Confirm) -> Result<Verdict, ProbeError> {
+        Ok(Verdict::from_checks(Vec::new()))
+    }
     /// A solution as shell commands, robust to the faults the catalogue can inject that leave
     /// the task solvable (absolute paths, fallbacks).
     fn oracle(&self, setup: &TaskSetup) -> Vec<String>;
-    /// Cheats that must score as failures.
-    fn hack_trials(&self, setup: &TaskSetup) -> Vec<HackTrial>;
+    /// Cheats that must score as failures (being replaced by the data files of [`trials`]).
+    fn hack_trials(&self, _setup: &TaskSetup) -> Vec<HackTrial> {
+        Vec::new()
+    }
+    /// The values of the `@NAME@` variables of this task's trials file ([`trials`]) for one
+    /// instance: paths, ports and names drawn from its seed.
+    fn trial_vars(&self, _setup: &TaskSetup) -> std::collections::BTreeMap<String, String> {
+        Default::default()
+    }
 }
 
 /// Every task family.

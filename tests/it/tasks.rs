@@ -1,6 +1,7 @@
 //! Every task family, seeds 1..=3: the fresh instance fails, the oracle's commands make it pass,
-//! every hack trial (each on a fresh episode) fails, a restart brings back the unsolved state,
-//! and setup is deterministic.
+//! a restart brings back the unsolved state, and setup is deterministic. The trials of every
+//! task (its data file, `engine/tasks/trials/<task>.trials`), on seeds 3 and 7: each hack
+//! fails and each honest alternative succeeds, each on a fresh episode.
 
 use crate::common;
 
@@ -36,7 +37,7 @@ fn exercise(name: &str) {
         facts_seen.push(setup.facts.clone());
         let mut running = RunningInstance::start(&rt, held).unwrap();
 
-        let v = task.verify(&setup, &mut running.probe()).unwrap();
+        let v = running.judge().unwrap();
         assert!(!v.success, "{name} seed {seed}: solved at the start");
 
         for cmd in task.oracle(&setup) {
@@ -49,7 +50,7 @@ fn exercise(name: &str) {
                 String::from_utf8_lossy(&r.stderr)
             );
         }
-        let v = task.verify(&setup, &mut running.probe()).unwrap();
+        let v = running.judge().unwrap();
         assert!(
             v.success,
             "{name} seed {seed}: oracle failed: {:?}",
@@ -58,28 +59,59 @@ fn exercise(name: &str) {
         assert!((v.progress - 1.0).abs() < 1e-9);
 
         running.restart().unwrap();
-        let v = task.verify(&setup, &mut running.probe()).unwrap();
+        let v = running.judge().unwrap();
         assert!(!v.success, "{name} seed {seed}: solved after a restart");
-
-        let trials = task.hack_trials(&setup);
-        assert!(!trials.is_empty());
-        for trial in trials {
-            running.restart().unwrap();
-            for cmd in &trial.commands {
-                // A trial may kill its own shell (kill -9 -1): only the final state counts.
-                let _ = running.run(cmd, Duration::from_secs(30)).unwrap();
-            }
-            let v = task.verify(&setup, &mut running.probe()).unwrap();
-            eprintln!("{name} seed {seed} trial `{}`: {:?}", trial.name, v.reasons);
-            assert!(
-                !v.success,
-                "{name} seed {seed}: hack trial `{}` passed",
-                trial.name
-            );
-        }
     }
     // Seeds make different worlds.
     assert_ne!(facts_seen[0], facts_seen[1], "{name}: seeds 1 and 2 agree");
+}
+
+/// The one test that runs every trials file (adding a trial is a one-file change).
+#[test]
+fn every_hack_trial_fails_and_every_honest_trial_succeeds() {
+    require_root!();
+    let rt = common::runtime();
+    let st = common::TempState::new();
+    let cache = engine::synth::Cache::open_with(st.path(), 32, 1 << 30).unwrap();
+    let mut failures = Vec::new();
+    let mut counts = Vec::new();
+    for task in engine::tasks::all() {
+        let name = task.name();
+        let (mut hacks, mut honest) = (0, 0);
+        for seed in [3u64, 7] {
+            let held = synthesize(&rt, &cache, &Plan::for_task(name, seed, vec![])).unwrap();
+            let setup = held.instance.task.clone().unwrap();
+            let trials = engine::tasks::trials::for_task(task, &setup).unwrap();
+            let mut running = RunningInstance::start(&rt, held).unwrap();
+            for t in trials {
+                running.restart().unwrap();
+                running.cwd = setup.cwd.clone();
+                for cmd in &t.commands {
+                    // A trial may kill its own shell (kill -9 -1): only the final state counts.
+                    let _ = running.run(cmd, Duration::from_secs(30)).unwrap();
+                }
+                let v = running.judge().unwrap();
+                let want = t.kind == engine::tasks::trials::TrialKind::Honest;
+                eprintln!(
+                    "{name} seed {seed} {:?} `{}`: success {} {:?}",
+                    t.kind, t.name, v.success, v.reasons
+                );
+                match t.kind {
+                    engine::tasks::trials::TrialKind::Hack => hacks += 1,
+                    engine::tasks::trials::TrialKind::Honest => honest += 1,
+                }
+                if v.success != want {
+                    failures.push(format!(
+                        "{name} seed {seed} {:?} `{}` (line {}): success {} {:?}",
+                        t.kind, t.name, t.line, v.success, v.reasons
+                    ));
+                }
+            }
+        }
+        counts.push(format!("{name}: {hacks} hack and {honest} honest runs"));
+    }
+    eprintln!("{}", counts.join("\n"));
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
 #[test]
@@ -105,7 +137,7 @@ fn archive_logs_oracle_survives_missing_tar_and_find() {
         let r = running.run(&cmd, Duration::from_secs(60)).unwrap();
         assert!(r.success(), "{}", String::from_utf8_lossy(&r.stderr));
     }
-    let v = task.verify(&setup, &mut running.probe()).unwrap();
+    let v = running.judge().unwrap();
     assert!(v.success, "{:?}", v.reasons);
 }
 
@@ -141,7 +173,7 @@ fn restore_service_oracle_evicts_a_squatter() {
             let r = running.run(&cmd, Duration::from_secs(60)).unwrap();
             assert!(r.success(), "{}", String::from_utf8_lossy(&r.stderr));
         }
-        let v = task.verify(&setup, &mut running.probe()).unwrap();
+        let v = running.judge().unwrap();
         assert!(v.success, "{:?}", v.reasons);
     }
 }
@@ -191,7 +223,7 @@ fn restore_service_front_takes_network_faults_and_port_taken_squats_its_port() {
         let r = running.run(&cmd, Duration::from_secs(60)).unwrap();
         assert!(r.success(), "{}", String::from_utf8_lossy(&r.stderr));
     }
-    let v = task.verify(&setup, &mut running.probe()).unwrap();
+    let v = running.judge().unwrap();
     assert!(v.success, "{:?}", v.reasons);
     // Through the front, the real service answers, and a request pays the latency both ways.
     let t0 = std::time::Instant::now();
@@ -306,7 +338,7 @@ fn oracles_ignore_a_hostile_path() {
                 String::from_utf8_lossy(&r.stderr)
             );
         }
-        let v = task.verify(&setup, &mut running.probe()).unwrap();
+        let v = running.judge().unwrap();
         assert!(v.success, "{}: {:?}", task.name(), v.reasons);
     }
 }
