@@ -61,17 +61,16 @@ impl EnvError {
     pub fn is_infrastructure(&self) -> bool {
         match self {
             Self::Running(e) => e.is_infrastructure(),
-            Self::Probe(crate::probe::ProbeError::Sandbox(e)) => e.is_infrastructure(),
-            Self::Probe(_) => true,
+            Self::Probe(e) => e.is_infrastructure(),
             _ => false,
         }
     }
 
     /// The perturbation of the plan that cannot take hold in its instance, and why: the plan
     /// is skipped, neither the agent's failure nor the infrastructure's.
-    pub fn not_applicable(&self) -> Option<(&str, &crate::perturb::PerturbError)> {
+    pub fn not_applicable(&self) -> Option<(&str, String)> {
         match self {
-            Self::Running(RunningError::Synth(e)) => e.not_applicable(),
+            Self::Running(e) => e.not_applicable(),
             _ => None,
         }
     }

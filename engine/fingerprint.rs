@@ -550,7 +550,7 @@ pub fn fingerprint_rootfs(
 }
 
 /// Fingerprint of a running instance, with the environment its agent's commands get.
-pub fn fingerprint_live(running: &mut RunningInstance) -> Result<Fingerprint, FingerprintError> {
+pub fn fingerprint_running(running: &mut RunningInstance) -> Result<Fingerprint, FingerprintError> {
     let env = running.env.clone();
     measure(&mut running.sandbox, &env)
 }

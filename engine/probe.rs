@@ -20,6 +20,17 @@ pub enum ProbeError {
     Thread,
 }
 
+impl ProbeError {
+    /// True when the sandbox or the engine failed, not the state the agent left (a read the
+    /// sandbox refused as not found or not allowed is the latter).
+    pub fn is_infrastructure(&self) -> bool {
+        match self {
+            Self::Sandbox(e) => e.is_infrastructure(),
+            Self::Netns(_) | Self::Thread => true,
+        }
+    }
+}
+
 /// A process inside the sandbox (pids as the sandbox sees them).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Proc {

@@ -43,8 +43,18 @@ impl RunningError {
         match self {
             Self::Sandbox(e) => e.is_infrastructure(),
             Self::Synth(e) => e.is_infrastructure(),
-            Self::Proxy(_) | Self::Probe(_) => true,
+            Self::Probe(e) => e.is_infrastructure(),
+            Self::Proxy(_) => true,
             _ => false,
+        }
+    }
+
+    /// The perturbation that cannot take hold in the instance, and why (the plan is skipped,
+    /// neither the agent's failure nor the infrastructure's).
+    pub fn not_applicable(&self) -> Option<(&str, String)> {
+        match self {
+            Self::Synth(e) => e.not_applicable(),
+            _ => None,
         }
     }
 }
@@ -93,7 +103,7 @@ pub fn sandbox_config(instance: &Instance) -> Result<SandboxConfig, RunningError
 pub struct RunningInstance {
     pub sandbox: sandbox::Sandbox,
     pub instance: Instance,
-    _held: PinnedInstance,
+    _pinned: PinnedInstance,
     _proxies: Vec<ProxyHandle>,
     /// Working directory of commands (the task's, else `/root`).
     pub cwd: String,
@@ -120,7 +130,7 @@ impl RunningInstance {
         let mut running = Self {
             sandbox,
             instance,
-            _held: held,
+            _pinned: held,
             _proxies: proxies,
             cwd,
             env: cfg.env,

@@ -4,7 +4,6 @@
 use super::{describe, Certificates};
 use crate::instance::{PerturbationChoice, Plan};
 use crate::perturb::{self, Perturbation};
-use crate::running::RunningError;
 use crate::synth::Cache;
 use rand::seq::SliceRandom;
 use sandbox::Runtime;
@@ -169,17 +168,17 @@ fn check_one(rt: &Runtime, cache: &Cache, certs: &Certificates, plan: &Plan) -> 
     };
     let held = match crate::running::synthesize(rt, cache, plan) {
         Ok(h) => h,
-        Err(RunningError::Synth(crate::synth::SynthError::Perturb {
-            source: perturb::PerturbError::NotApplicable(why),
-            ..
-        })) => {
-            row.status = "not-applicable".into();
-            row.reason = why;
-            return row;
-        }
         Err(e) => {
-            row.status = "error".into();
-            row.reason = e.to_string();
+            match e.not_applicable() {
+                Some((_, why)) => {
+                    row.status = "not-applicable".into();
+                    row.reason = why;
+                }
+                None => {
+                    row.status = "error".into();
+                    row.reason = e.to_string();
+                }
+            }
             return row;
         }
     };

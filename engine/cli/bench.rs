@@ -68,7 +68,7 @@ pub fn run(cmd: BenchCmd) -> anyhow::Result<i32> {
                 workers,
                 seconds,
             };
-            let report = engine::bench::env::run(&rt, &super::episode::cache()?, &opts)?;
+            let report = engine::bench::env::run(&rt, &super::sandbox::cache()?, &opts)?;
             if json {
                 outln!("{}", serde_json::to_string(&report)?);
             } else {

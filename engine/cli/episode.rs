@@ -3,7 +3,6 @@
 use anyhow::{bail, Context};
 use engine::env::{Action, Env, EnvConfig, Step};
 use engine::instance::Plan;
-use engine::synth::Cache;
 use rand::{Rng, SeedableRng};
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
@@ -52,10 +51,6 @@ pub enum Agent {
     Oracle,
     /// Uniformly random catalogue actions.
     Random,
-}
-
-pub fn cache() -> anyhow::Result<Cache> {
-    Ok(Cache::open(&sandbox::state::default_state_dir())?)
 }
 
 /// Parse an actions file: one action per line; `@N` is catalogue action N, anything else a
@@ -116,7 +111,7 @@ pub fn episode(
         max_steps,
         ..EnvConfig::default()
     };
-    let mut env = Env::new(rt, cache()?, cfg)?;
+    let mut env = Env::new(rt, super::sandbox::cache()?, cfg)?;
     let obs = env.reset(&plan)?;
     let setup = env.task().cloned().context("the instance has no task")?;
     if !json {
@@ -194,7 +189,7 @@ pub fn episode(
 pub fn play(opts: &InstanceOpts) -> anyhow::Result<i32> {
     let plan = opts.plan()?;
     let rt = crate::cli::sandbox::runtime()?;
-    let mut env = Env::new(rt, cache()?, EnvConfig::default())?;
+    let mut env = Env::new(rt, super::sandbox::cache()?, EnvConfig::default())?;
     let obs = env.reset(&plan)?;
     let setup = env.task().cloned().context("the instance has no task")?;
     let mut out = std::io::stdout();

@@ -5,7 +5,7 @@ use std::path::Path;
 pub fn run(experiment: &Path) -> anyhow::Result<i32> {
     let exp = engine::experiment::Experiment::load(experiment)?;
     let rt = super::sandbox::runtime()?;
-    let (report, path) = engine::experiment::run(&exp, &rt, &super::episode::cache()?)?;
+    let (report, path) = engine::experiment::run(&exp, &rt, &super::sandbox::cache()?)?;
     outln!(
         "{}: task {}{}, agent {}, {} episodes per seed on {} workers",
         report.name,

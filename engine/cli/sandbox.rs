@@ -59,6 +59,13 @@ impl SandboxOpts {
     }
 }
 
+/// The instance cache of the state directory (mounted on first use).
+pub fn cache() -> anyhow::Result<engine::synth::Cache> {
+    Ok(engine::synth::Cache::open(
+        &sandbox::state::default_state_dir(),
+    )?)
+}
+
 /// The runtime of this process: init is `envfactory-init` beside the engine binary when
 /// present, else the engine binary itself (`engine __sandbox-init`).
 pub fn runtime() -> anyhow::Result<Runtime> {

@@ -7,7 +7,7 @@ pub fn run(template: &Path, seed: u64, count: u64, json: bool) -> anyhow::Result
     let t = engine::template::Template::load(template)?;
     let rt = super::sandbox::runtime()?;
     let items =
-        engine::template::synthesize(&rt, &super::episode::cache()?, &t, seed, count.max(1))?;
+        engine::template::synthesize(&rt, &super::sandbox::cache()?, &t, seed, count.max(1))?;
     if json {
         outln!(
             "{}",

@@ -1,6 +1,6 @@
 //! `engine task list` and `engine task check`.
 
-use super::episode::cache;
+use super::sandbox::cache;
 use anyhow::{bail, Context};
 use clap::Subcommand;
 use engine::instance::PerturbationChoice;

@@ -78,7 +78,7 @@ fn episode(
         Err(e) if e.not_applicable().is_some() => {
             if let Some((name, why)) = e.not_applicable() {
                 tracing::debug!(seed, episode = index, perturbation = %name, reason = %why, "skipped: not applicable");
-                rec.error = Some(format!("perturbation `{name}`: {why}"));
+                rec.error = Some(format!("perturbation `{name}`: not applicable: {why}"));
             }
             rec.skipped_not_applicable = true;
             return rec;

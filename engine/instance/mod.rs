@@ -48,6 +48,13 @@ pub enum InstanceError {
     },
 }
 
+impl InstanceError {
+    /// True when the machine failed (a write of the layer), not the plan (a bad path).
+    pub fn is_infrastructure(&self) -> bool {
+        matches!(self, Self::Write { .. })
+    }
+}
+
 /// A synthesized instance, ready to run.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Instance {

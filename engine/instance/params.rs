@@ -42,7 +42,7 @@ impl Value {
 /// Parameters by name (sorted, so plans hash deterministically).
 pub type Params = BTreeMap<String, Value>;
 
-/// Typed access to checked parameters (after [`Info::check`], every parameter is present
+/// Typed access to checked parameters (after [`Info::check`](crate::perturb::Info::check), every parameter is present
 /// with its declared type).
 pub trait ParamsExt {
     fn int(&self, name: &str) -> i64;

@@ -53,6 +53,15 @@ impl PerturbError {
         }
     }
 
+    /// Why the perturbation cannot take hold here (the bare reason), when that is the failure.
+    pub fn not_applicable_reason(&self) -> Option<String> {
+        match self {
+            Self::NotApplicable(why) => Some(why.clone()),
+            Self::ToolOutput(e) if e.is_not_applicable() => Some(e.to_string()),
+            _ => None,
+        }
+    }
+
     /// True when the plan itself is wrong (an unknown or out-of-range parameter).
     pub fn is_bad_param(&self) -> bool {
         match self {

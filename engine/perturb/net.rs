@@ -11,7 +11,7 @@
 //! applicable: the proxy would carry no traffic); without a task, to any port.
 //!
 //! The proxy itself is `crate::netfault`; these perturbations only declare it (a
-//! [`ProxySpec`] in the instance's runtime settings).
+//! [`ProxySpec`](crate::instance::ProxySpec) in the instance's runtime settings).
 
 use super::{Info, Kind, ParamSpec, Params, ParamsExt, PerturbError, Perturbation};
 use crate::instance::{plain_forward, Builder, Toxics};

@@ -358,6 +358,29 @@ mod tests {
     }
 
     #[test]
+    fn the_mutator_is_valid_perl() {
+        let perl = std::path::Path::new("/usr/bin/perl");
+        if !perl.exists() {
+            eprintln!("skipped: no /usr/bin/perl");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("mutator.pl");
+        std::fs::write(
+            &file,
+            format!("our %C = (mutation => 'crlf', seed => 1);\n{MUTATOR}"),
+        )
+        .unwrap();
+        let o = std::process::Command::new(perl)
+            .arg("-c")
+            .arg(&file)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success() && err.contains("syntax OK"), "{err}");
+    }
+
+    #[test]
     fn tool_names_and_perl_strings() {
         assert!(valid_tool("ls") && valid_tool("python3.11") && valid_tool("g++"));
         assert!(!valid_tool("a/b") && !valid_tool("..") && !valid_tool("") && !valid_tool("a b"));

@@ -58,7 +58,8 @@ impl SynthError {
     /// sandbox), not the plan's.
     pub fn is_infrastructure(&self) -> bool {
         match self {
-            Self::Cache { .. } | Self::Layer(InstanceError::Write { .. }) => true,
+            Self::Cache { .. } => true,
+            Self::Layer(e) => e.is_infrastructure(),
             Self::Sandbox(e) => e.is_infrastructure(),
             _ => false,
         }
@@ -66,9 +67,11 @@ impl SynthError {
 
     /// The perturbation that cannot take hold in this instance, and why, when that is what
     /// failed (the plan is skipped, not counted).
-    pub fn not_applicable(&self) -> Option<(&str, &PerturbError)> {
+    pub fn not_applicable(&self) -> Option<(&str, String)> {
         match self {
-            Self::Perturb { name, source } if source.is_not_applicable() => Some((name, source)),
+            Self::Perturb { name, source } => {
+                source.not_applicable_reason().map(|w| (name.as_str(), w))
+            }
             _ => None,
         }
     }

@@ -46,22 +46,9 @@ impl NodeValue {
     }
 }
 
-/// 1-based (line, column) of a byte offset into `text`; the column counts characters, not
-/// bytes. The offset is clamped to the text, then moved back to the start of the character it
-/// falls in. (The same convention as `sandbox::text_pos::line_col`.)
-pub fn line_col(text: &str, offset: usize) -> (usize, usize) {
-    let mut end = offset.min(text.len());
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    let before = &text[..end];
-    let line = before.matches('\n').count() + 1;
-    let col = before[before.rfind('\n').map_or(0, |i| i + 1)..]
-        .chars()
-        .count()
-        + 1;
-    (line, col)
-}
+/// Byte offset -> 1-based (line, column in chars), offset clamped: the sandbox crate's helper,
+/// the one of the whole workspace.
+pub use sandbox::text_pos::line_col;
 
 impl Pos {
     /// The position of a byte offset into `text` ([`line_col`]).

@@ -297,6 +297,17 @@ impl Cgroup {
         (current, max)
     }
 
+    /// How many times a fork was refused because the pids limit was reached (`pids.events`).
+    pub fn pids_limit_hits(&self) -> u64 {
+        std::fs::read_to_string(self.dir(&self.layout.pids).join("pids.events"))
+            .ok()
+            .and_then(|t| {
+                t.lines()
+                    .find_map(|l| l.strip_prefix("max ").and_then(|v| v.trim().parse().ok()))
+            })
+            .unwrap_or(0)
+    }
+
     /// Kill every process left and remove the directories (deepest first).
     pub fn destroy(&mut self) -> Result<(), CgroupError> {
         let mut result = Ok(());

@@ -164,6 +164,7 @@ impl Sandbox {
     /// Run one command.
     pub fn exec(&mut self, req: &ExecRequest) -> Result<ExecResult, SandboxError> {
         let oom_before = self.cgroup.oom_kills();
+        let limit_hits_before = self.cgroup.pids_limit_hits();
         let timeout = Duration::from_millis(req.timeout_ms) + CONTROL_TIMEOUT;
         match self.call(Request::Exec(Box::new(req.clone())), timeout)? {
             Response::Exec(mut r) => {
@@ -179,9 +180,14 @@ impl Sandbox {
             Response::Failed {
                 kind: FailureKind::Internal,
                 message,
-            } if message.contains("clone failed") && self.own_processes_at_limit() => {
-                // The command's own processes fill the sandbox (a fork bomb whose forks outlived
-                // their command): the agent's failure, not the sandbox's.
+            } if (message.contains("clone failed") || message.contains("fork:"))
+                && (self.cgroup.pids_limit_hits() > limit_hits_before
+                    || self.own_processes_at_limit()) =>
+            {
+                // The command (or a new zygote) could not be forked because the sandbox's own
+                // processes fill its pids limit (a fork bomb whose forks outlived their
+                // command): the agent's failure, not the sandbox's. The cgroup's count of
+                // refused forks says so even when short-lived forks are gone by now.
                 let (current, max) = self.cgroup.pids_usage();
                 Err(SandboxError::Request {
                     kind: FailureKind::Spawn,

@@ -183,44 +183,46 @@ fn a_wrecked_sandbox_is_an_infra_failure_and_the_next_episode_starts_clean() {
 
 /// Processes the agent left behind that fill the sandbox's pids limit make the next command
 /// fail to start: that is the agent's doing (a failed step that costs it), never an
-/// infrastructure failure that would end the episode unscored. The reverse direction (the
-/// sandbox dies from outside) is `a_wrecked_sandbox_is_an_infra_failure_...`.
+/// infrastructure failure that would end the episode unscored. Also when the agent killed the
+/// zygote first (init must then fork a new one, which the full limit refuses too). The reverse
+/// direction (the sandbox dies from outside) is `a_wrecked_sandbox_is_an_infra_failure_...`.
 #[test]
 fn processes_the_agent_left_that_fill_the_pids_limit_are_its_own_failure() {
     require_root!();
     let mut e = env(EnvConfig::default());
     let plan = Plan::for_task(TASK, 5, vec![]);
-    e.reset(&plan).unwrap();
-    // A fork bomb in the background outlives its command and takes every pid that comes free.
-    let s = e
-        .step(&cmd(
-            "perl -e 'fork while 1' >/dev/null 2>&1 & sleep 1; true",
-        ))
-        .unwrap();
-    assert!(!s.info.infra_failure, "{:?}", s.info);
-    let (current, max) = e.running().unwrap().sandbox.pids_usage();
-    assert!(
-        max.is_some_and(|m| current + 8 >= m),
-        "{current} of {max:?}"
-    );
-    let mut refused = None;
-    for _ in 0..5 {
-        let s = e.step(&cmd("echo hi")).unwrap();
-        assert!(!s.info.infra_failure, "{:?}", s.info);
-        assert!(!s.truncated && !s.terminated, "the episode goes on");
-        if s.observation.exit_code != Some(0) {
-            refused = Some(s);
-            break;
+    for bomb in [
+        "perl -e 'fork while 1' >/dev/null 2>&1 & sleep 1; true",
+        // The zygote is pid 2 of the sandbox's pid namespace.
+        "perl -e 'fork while 1' >/dev/null 2>&1 & sleep 1; kill -9 2; true",
+    ] {
+        e.reset(&plan).unwrap();
+        let s = e.step(&cmd(bomb)).unwrap();
+        assert!(!s.info.infra_failure, "{bomb}: {:?}", s.info);
+        let (current, max) = e.running().unwrap().sandbox.pids_usage();
+        assert!(
+            max.is_some_and(|m| current + 8 >= m),
+            "{current} of {max:?}"
+        );
+        let mut refused = None;
+        for _ in 0..5 {
+            let s = e.step(&cmd("echo hi")).unwrap();
+            assert!(!s.info.infra_failure, "{bomb}: {:?}", s.info);
+            assert!(!s.truncated && !s.terminated, "the episode goes on");
+            if s.observation.exit_code != Some(0) {
+                refused = Some(s);
+                break;
+            }
         }
+        let s = refused.expect("with every pid taken, a command cannot start");
+        assert!(
+            s.observation.stderr.contains("pids"),
+            "{bomb}: the agent is told why: {}",
+            s.observation.stderr
+        );
+        // The step cost what a failed command costs (no masked, zero-reward escape).
+        assert!(s.reward < 0.0, "{}", s.reward);
     }
-    let s = refused.expect("with every pid taken, a command cannot start");
-    assert!(
-        s.observation.stderr.contains("pids"),
-        "the agent is told why: {}",
-        s.observation.stderr
-    );
-    // The step cost what a failed command costs (no masked, zero-reward escape).
-    assert!(s.reward < 0.0, "{}", s.reward);
     // A reset kills them; the next episode works.
     e.reset(&plan).unwrap();
     let s = e.step(&cmd("echo hi")).unwrap();

@@ -193,7 +193,7 @@ fn shipped_fingerprints_are_current() {
 
 /// Re-measure the shipped fingerprints (root; the debootstrap rootfs must exist):
 /// `debootstrap --variant=minbase bookworm /work/debootstrap-rootfs` then
-/// `cargo test -p engine --test fingerprint -- --ignored regenerate`.
+/// `cargo test -p engine --test it -- --ignored fingerprint::regenerate`.
 #[test]
 #[ignore]
 fn regenerate_shipped_fingerprints() {
@@ -252,7 +252,7 @@ fn fingerprint_of_a_live_instance_shows_its_perturbations() {
         let mut running = engine::running::RunningInstance::start(&rt, held).unwrap();
         // Start steps detach their processes; wait until the zombies are there.
         for _ in 0..100 {
-            let fp = fingerprint::fingerprint_live(&mut running).unwrap();
+            let fp = fingerprint::fingerprint_running(&mut running).unwrap();
             if fp.get("zombies") == Some(zombies) {
                 return fp;
             }

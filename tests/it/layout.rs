@@ -4,7 +4,9 @@
 //! The graph is read from the sources: an edge `a -> b` for every `crate::b` path (in `use`
 //! lines, groups `crate::{b, c}` and inline paths) in a file of top-level module `a`, comments
 //! stripped. The library's modules only (`main.rs` and `cli/` are the binary, which sees the
-//! library as `engine::`).
+//! library as `engine::`). Within a module folder, a parent and its children may use each
+//! other (`perturb/mod.rs` declares the families, which take its vocabulary through
+//! `super::`); the graph is of top-level modules, where the factory's layers are.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};

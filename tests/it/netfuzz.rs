@@ -160,6 +160,10 @@ fn curl_time(env: &mut Env, url: &str) -> f64 {
 #[test]
 fn proxy_applies_each_toxic_and_stops_its_threads_when_dropped() {
     require_root!();
+    // It counts the process's proxy threads: no other module's proxies may run meanwhile.
+    if !common::isolated("netfuzz::proxy_applies_each_toxic_and_stops_its_threads_when_dropped") {
+        return;
+    }
     let _l = proxy_lock();
     assert_eq!(proxy_threads(), 0);
     let up = UPSTREAM;
@@ -264,6 +268,10 @@ fn proxy_choices_are_seeded_per_connection_and_restart_with_each_episode() {
 #[test]
 fn plain_forward_forwards_and_a_taken_port_is_an_error() {
     require_root!();
+    // It counts the process's proxy threads: no other module's proxies may run meanwhile.
+    if !common::isolated("netfuzz::plain_forward_forwards_and_a_taken_port_is_an_error") {
+        return;
+    }
     let _l = proxy_lock();
     let rt = common::runtime();
     let mut sb = rt.create(&sandbox::SandboxConfig::default()).unwrap();

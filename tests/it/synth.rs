@@ -27,16 +27,6 @@ fn sh(sb: &mut sandbox::Sandbox, cmd: &str) -> (i32, String) {
     )
 }
 
-fn tree_digest(dir: &std::path::Path) -> String {
-    let o = std::process::Command::new("sh")
-        .arg("-c")
-        .arg("find . -printf '%p %m %U %G %s %T@ %y\\n' | sort; find . -type f -print0 | sort -z | xargs -0 cat | sha256sum")
-        .current_dir(dir)
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
 #[test]
 fn builder_layer_is_seen_in_a_sandbox_with_overlay_semantics() {
     require_root!();
@@ -118,7 +108,7 @@ fn cache_is_content_addressed_deterministic_and_bounded() {
     let a2 = cache.get_or_build(&plan(1), &rootfs).unwrap();
     assert_eq!(a2.origin, Origin::Cached);
     assert_eq!(a.instance.id, a2.instance.id);
-    let d1 = tree_digest(&a.instance.layer);
+    let d1 = common::tree_digest(&a.instance.layer);
     drop((a, a2));
     let b = cache.get_or_build(&plan(2), &rootfs).unwrap();
     assert_ne!(
@@ -134,7 +124,7 @@ fn cache_is_content_addressed_deterministic_and_bounded() {
     // Rebuilt, it has the same bytes.
     let a3 = cache.get_or_build(&plan(1), &rootfs).unwrap();
     assert_eq!(a3.origin, Origin::Built);
-    assert_eq!(tree_digest(&a3.instance.layer), d1);
+    assert_eq!(common::tree_digest(&a3.instance.layer), d1);
 }
 
 #[test]

@@ -378,8 +378,14 @@ impl Init {
             match nix::sys::wait::waitpid(None, Some(nix::sys::wait::WaitPidFlag::WNOHANG)) {
                 Ok(nix::sys::wait::WaitStatus::StillAlive) | Err(_) => break,
                 Ok(st) => {
-                    if st.pid().map(|p| p.as_raw()) == watch {
+                    let pid = st.pid().map(|p| p.as_raw());
+                    if pid == watch {
                         found = Some(st);
+                    }
+                    // A reaped zygote is forgotten at once: its pid may now be anyone's, and
+                    // `Health::zygote_pid` must never name a command.
+                    if pid.is_some() && pid == self.zygote.as_ref().map(|z| z.pid) {
+                        self.zygote = None;
                     }
                 }
             }
