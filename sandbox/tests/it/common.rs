@@ -34,6 +34,10 @@ pub static RUNTIME_START: Mutex<()> = Mutex::new(());
 /// looks for (`sleep 1000`).
 pub static HOST_PROCESSES: Mutex<()> = Mutex::new(());
 
+/// Held by the tests that import images into the default state directory's shared layer
+/// store, and by the one that counts that store's entries.
+pub static LAYER_STORE: Mutex<()> = Mutex::new(());
+
 /// Hold `lock` for the rest of the scope; a test that panicked while holding it does not
 /// poison it for the others.
 pub fn serial(lock: &'static Mutex<()>) -> MutexGuard<'static, ()> {

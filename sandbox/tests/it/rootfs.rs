@@ -136,6 +136,7 @@ fn minimal_config(spec: RootfsSpec) -> sandbox::SandboxConfig {
 #[test]
 fn a_docker_save_image_runs_with_its_whiteouts_applied() {
     require_root!();
+    let _store = serial(&LAYER_STORE);
     let t = tempfile::tempdir().unwrap();
     let img = t.path().join("image.tar");
     docker_save(&img);
@@ -187,6 +188,8 @@ fn a_directory_rootfs_is_used_in_place_and_never_written() {
 #[test]
 fn a_corrupt_image_is_refused_and_leaves_nothing_behind() {
     require_root!();
+    // It counts the shared layer store: no other test may import into it meanwhile.
+    let _store = serial(&LAYER_STORE);
     let t = tempfile::tempdir().unwrap();
     let img = t.path().join("broken.tar");
     std::fs::write(&img, b"this is not a tarball").unwrap();
