@@ -1,16 +1,28 @@
 //! `fix-path`: a nightly job fails or produces the wrong report because of `PATH`: the agent's
 //! own `PATH` is trimmed (the job's command lives in `/usr/local/bin`), and the `PATH` the job
 //! reads from `/etc/APP/paths.env` lists a directory that no longer exists and/or a stale
-//! renderer that shadows the current one. The goal is the job's output: the report rendered by
-//! the current renderer from the seed's data, checked byte for byte.
+//! renderer that shadows the current one. The goal is the job's output. `verify` reads: the
+//! report rendered by the current renderer from the seed's data, byte for byte, and the job
+//! script as shipped. `confirm` checks the fault and the effect the way the system would: the
+//! code that runs is the system's (the job's shell, `rm`, no preloaded library); the `PATH`
+//! the job's own config gives it (paths.env sourced by the system's shell, as the job does)
+//! finds the current release's renderer file, unchanged, before any other, and the system's
+//! `mkdir` and `mv`; then, every process killed, the report removed and fresh data the agent
+//! has never seen written into the job's input, the job runs by its own entry point
+//! (`/usr/local/bin/APP-nightly`) as root, from `/`, in the system's environment, and must
+//! write exactly what the current renderer renders from that data.
 
+use super::fix_permissions::system;
 use super::util::{self, facts, pick, CLEAN_ENV};
-use super::{HackTrial, Task, TaskError, TaskSetup, Verdict};
+use super::{Task, TaskError, TaskSetup, Verdict};
 use crate::instance::sh_quote;
 use crate::instance::Builder;
-use crate::probe::{Probe, ProbeError};
+use crate::probe::{Confirm, Probe, ProbeError};
 use rand::Rng;
+use sandbox::protocol::FileKind;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::time::Duration;
 
 pub struct FixPath;
 
@@ -21,17 +33,70 @@ pub const TRIMMED_PATH: &str = "/usr/bin:/bin";
 struct Facts {
     app: String,
     job: String,
+    /// The job's entry point, a symlink to `job` on the system's PATH.
+    entry: String,
     paths_env: String,
     /// The `paths.env` that makes the job work.
     good_paths_env: String,
     report: String,
     report_sha256: String,
+    new_ver: String,
     new_dir: String,
     stale_dir: Option<String>,
+    /// The version directories the broken `paths.env` lists first (gone or stale).
+    listed: Vec<String>,
     data: String,
+    /// The code the job runs (and the confirmation's `rm`), from the base.
+    code: system::Code,
 }
 
-fn renderer(app: &str, version: &str) -> String {
+/// The job's interpreter and the commands it calls besides the renderer.
+const JOB_TOOLS: &[&str] = &["/bin/sh", "mkdir", "mv"];
+
+const NAMES: &[&str] = &[
+    "north",
+    "south",
+    "east",
+    "west",
+    "central",
+    "online",
+    "retail",
+    "wholesale",
+    "export",
+    "partners",
+];
+
+/// A day's data (CSV) and the report the current renderer `new_ver` makes of it.
+fn data_and_report(rng: &mut impl Rng, app: &str, new_ver: &str) -> (String, String) {
+    let cols = rng.gen_range(3..=4);
+    let mut data = format!("# name{}\n", ",q".repeat(cols));
+    let mut report = format!("# {app} report (renderer {new_ver})\n");
+    let (mut rows, mut sum) = (0u64, 0u64);
+    for name in NAMES.iter().take(rng.gen_range(4..=8)) {
+        let nums: Vec<u64> = (0..cols).map(|_| rng.gen_range(0..1000)).collect();
+        let t: u64 = nums.iter().sum();
+        data.push_str(name);
+        for n in &nums {
+            data.push_str(&format!(",{n}"));
+        }
+        data.push('\n');
+        report.push_str(&format!("{name:<12} {t:>8}\n"));
+        rows += 1;
+        sum += t;
+    }
+    report.push_str(&format!("# rows {rows} total {sum}\n"));
+    (data, report)
+}
+
+fn job_script(app: &str, paths_env: &str, data_path: &str, out: &str) -> String {
+    format!(
+        "#!/bin/sh\n# The nightly report of {app}.\nset -eu\n. {paths_env}\n\
+         mkdir -p /srv/{app}/reports\n{app}-render {data_path} > {out}.new\n\
+         mv {out}.new {out}\necho \"report written to {out}\"\n"
+    )
+}
+
+fn renderer_script(app: &str, version: &str) -> String {
     format!(
         r##"#!/usr/bin/perl
 # {app}-render: turn a CSV of rows into the daily report.
@@ -104,7 +169,7 @@ impl Task for FixPath {
         let gone_dir = format!("{tools}/{gone_ver}/bin");
         b.write(
             &format!("{new_dir}/{app}-render"),
-            renderer(&app, &new_ver).as_bytes(),
+            renderer_script(&app, &new_ver).as_bytes(),
             0o755,
         )?;
         // 0: a stale renderer shadows the current one; 1: the listed directory is gone;
@@ -118,11 +183,12 @@ impl Task for FixPath {
                 0o755,
             )?;
         }
-        let listed = match variant {
-            0 => format!("{old_dir}:/usr/local/bin:/usr/bin:/bin"),
-            1 => format!("{gone_dir}:/usr/local/bin:/usr/bin:/bin"),
-            _ => format!("{gone_dir}:{old_dir}:/usr/local/bin:/usr/bin:/bin"),
+        let listed_dirs = match variant {
+            0 => vec![old_dir.clone()],
+            1 => vec![gone_dir.clone()],
+            _ => vec![gone_dir.clone(), old_dir.clone()],
         };
+        let listed = format!("{}:/usr/local/bin:/usr/bin:/bin", listed_dirs.join(":"));
         let paths_env = format!("/etc/{app}/paths.env");
         let env_text = |p: &str| {
             format!("# PATH of the {app} jobs (updated at each release)\nPATH={p}\nexport PATH\n")
@@ -131,50 +197,18 @@ impl Task for FixPath {
         let good_paths_env = env_text(&format!("{new_dir}:/usr/local/bin:/usr/bin:/bin"));
 
         // The data and the expected report.
-        const NAMES: &[&str] = &[
-            "north",
-            "south",
-            "east",
-            "west",
-            "central",
-            "online",
-            "retail",
-            "wholesale",
-            "export",
-            "partners",
-        ];
-        let cols = rng.gen_range(3..=4);
-        let mut data = format!("# name{}\n", ",q".repeat(cols));
-        let mut report = format!("# {app} report (renderer {new_ver})\n");
-        let (mut rows, mut sum) = (0u64, 0u64);
-        for name in NAMES.iter().take(rng.gen_range(4..=8)) {
-            let nums: Vec<u64> = (0..cols).map(|_| rng.gen_range(0..1000)).collect();
-            let t: u64 = nums.iter().sum();
-            data.push_str(name);
-            for n in &nums {
-                data.push_str(&format!(",{n}"));
-            }
-            data.push('\n');
-            report.push_str(&format!("{name:<12} {t:>8}\n"));
-            rows += 1;
-            sum += t;
-        }
-        report.push_str(&format!("# rows {rows} total {sum}\n"));
+        let (data, report) = data_and_report(&mut rng, &app, &new_ver);
         let data_path = format!("/srv/{app}/data/today.csv");
         b.write(&data_path, data.as_bytes(), 0o644)?;
         let out = format!("/srv/{app}/reports/daily.txt");
         let job = format!("/opt/{app}/bin/nightly-report");
         b.write(
             &job,
-            format!(
-                "#!/bin/sh\n# The nightly report of {app}.\nset -eu\n. {paths_env}\n\
-                 mkdir -p /srv/{app}/reports\n{app}-render {data_path} > {out}.new\n\
-                 mv {out}.new {out}\necho \"report written to {out}\"\n"
-            )
-            .as_bytes(),
+            job_script(&app, &paths_env, &data_path, &out).as_bytes(),
             0o755,
         )?;
-        b.symlink(&format!("/usr/local/bin/{app}-nightly"), &job)?;
+        let entry = format!("/usr/local/bin/{app}-nightly");
+        b.symlink(&entry, &job)?;
         b.runtime
             .env
             .insert("PATH".into(), Some(TRIMMED_PATH.into()));
@@ -212,13 +246,17 @@ impl Task for FixPath {
             facts: util::to_facts(&Facts {
                 app,
                 job,
+                entry,
                 paths_env,
                 good_paths_env,
                 report: out,
                 report_sha256: util::sha256_hex(report.as_bytes()),
+                new_ver,
                 new_dir,
                 stale_dir: stale.then_some(old_dir),
+                listed: listed_dirs,
                 data: data_path,
+                code: system::record(b.base, JOB_TOOLS),
             })?,
         })
     }
@@ -228,25 +266,158 @@ impl Task for FixPath {
             Ok(f) => f,
             Err(v) => return Ok(v),
         };
-        Ok(Verdict::from_checks(vec![util::content_check(
+        // The job is to fix its PATH, not the job: its code must be the shipped one (a job
+        // that names the renderer by its full path no longer reads its PATH at all).
+        let (job_intact, _) = util::content_check(
             probe,
-            &f.report,
-            &f.report_sha256,
+            &f.job,
+            &util::sha256_hex(job_script(&f.app, &f.paths_env, &f.data, &f.report).as_bytes()),
             1 << 20,
-        )?]))
+        )?;
+        Ok(Verdict::from_checks(vec![
+            util::content_check(probe, &f.report, &f.report_sha256, 1 << 20)?,
+            (
+                job_intact,
+                format!("{} is not the shipped job any more", f.job),
+            ),
+        ]))
+    }
+
+    fn confirm(&self, setup: &TaskSetup, sys: &mut dyn Confirm) -> Result<Verdict, ProbeError> {
+        let f: Facts = match facts(setup) {
+            Ok(f) => f,
+            Err(v) => return Ok(v),
+        };
+        // Nothing the agent wrote may run as root here but what the job itself runs: the
+        // system's shell, `rm` and no preloaded library.
+        let mut checks = system::base_checks(sys, &f.code)?;
+        let entry = system::canonical(sys, &f.entry)?;
+        let job = system::canonical(sys, &f.job)?;
+        checks.push((
+            entry.is_some() && entry == job,
+            format!("{} does not lead to the job {} any more", f.entry, f.job),
+        ));
+        let data_is_file = sys.stat(&f.data)?.is_some_and(|s| s.kind == FileKind::File);
+        checks.push((
+            data_is_file,
+            format!("{} is not a regular file any more", f.data),
+        ));
+        if checks.iter().any(|c| !c.0) {
+            return Ok(Verdict::from_checks(checks));
+        }
+        sys.kill_all()?;
+        // The PATH the job's own config gives it: paths.env sourced by the system's shell
+        // from `/`, as the job does (`set -eu`, `$0` its entry point); a fresh shell prints it.
+        let source = format!(
+            "set -eu; . {} >/dev/null 2>&1 </dev/null; exec /bin/sh -c 'printf %s \"$0\"' \"$PATH\"",
+            sh_quote(&f.paths_env)
+        );
+        let r = sys.run(
+            &format!(
+                "exec /bin/sh -c {} {}",
+                sh_quote(&source),
+                sh_quote(&f.entry)
+            ),
+            None,
+            Duration::from_secs(5),
+        )?;
+        if !r.success() {
+            checks.push((
+                false,
+                format!(
+                    "sourcing {} as the job does failed (exit {}): {}",
+                    f.paths_env,
+                    r.exit_code(),
+                    system::last_line(&r.stderr)
+                ),
+            ));
+            return Ok(Verdict::from_checks(checks));
+        }
+        let job_path = String::from_utf8_lossy(&r.stdout).into_owned();
+        let renderer = format!("{}-render", f.app);
+        let found = system::find(sys, &renderer, &job_path)?;
+        let current = system::SystemFile {
+            path: format!("{}/{renderer}", f.new_dir),
+            sha256: util::sha256_hex(renderer_script(&f.app, &f.new_ver).as_bytes()),
+        };
+        checks.push(system::is_file(
+            sys,
+            &format!("`{renderer}` on the job's PATH ({job_path})"),
+            found.as_deref(),
+            Some(&current),
+            "the current release's",
+        )?);
+        checks.extend(system::command_checks(sys, &f.code, &job_path)?);
+        if checks.iter().any(|c| !c.0) {
+            return Ok(Verdict::from_checks(checks));
+        }
+        // A clean state: nothing of the agent's (or of the sourcing) running, no report, and
+        // a day's data the agent has never seen.
+        sys.kill_all()?;
+        let (data, report) = data_and_report(&mut rand::thread_rng(), &f.app, &f.new_ver);
+        let rm = f.code.rm.as_ref().map(|r| r.path.as_str()).unwrap_or("rm");
+        let prepare = format!(
+            "set -e; {} -rf -- {} {}; printf %s {} > {}",
+            sh_quote(rm),
+            sh_quote(&f.report),
+            sh_quote(&format!("{}.new", f.report)),
+            sh_quote(&data),
+            sh_quote(&f.data)
+        );
+        let r = sys.run(&prepare, None, Duration::from_secs(5))?;
+        let cleared = r.success() && sys.stat(&f.report)?.is_none();
+        checks.push((
+            cleared,
+            format!(
+                "the confirmation could not clear the report and renew the data: {}",
+                system::last_line(&r.stderr)
+            ),
+        ));
+        if !cleared {
+            return Ok(Verdict::from_checks(checks));
+        }
+        // The job as the system runs it: its entry point, as root, from `/`.
+        let r = sys.run(
+            &format!("exec {}", sh_quote(&f.entry)),
+            None,
+            Duration::from_secs(10),
+        )?;
+        checks.push((
+            r.success(),
+            format!(
+                "the job, rerun by {} on fresh data, failed (exit {}): {}",
+                f.entry,
+                r.exit_code(),
+                system::last_line(&r.stderr)
+            ),
+        ));
+        let (ok, _) = util::content_check(
+            sys,
+            &f.report,
+            &util::sha256_hex(report.as_bytes()),
+            1 << 20,
+        )?;
+        checks.push((
+            ok,
+            format!(
+                "the rerun job did not write {} as the current renderer renders the fresh data",
+                f.report
+            ),
+        ));
+        Ok(Verdict::from_checks(checks))
     }
 
     fn oracle(&self, setup: &TaskSetup) -> Vec<String> {
         let Ok(f) = facts::<Facts>(setup) else {
             return vec![];
         };
-        // The job's `mv` may be broken (a missing library): a working one goes into
-        // /usr/local/bin, which the good PATH searches before /usr/bin.
+        // The job's `mv` may not load (a shared library's soname link gone): the loader's
+        // links are rebuilt so the system's own `mv` works again.
         let script = format!(
-            "/bin/chmod 644 {env} 2>/dev/null; printf %s {good} > {env} && {mv} && {job}",
+            "/bin/chmod 644 {env} 2>/dev/null; printf %s {good} > {env} && {{ {repair}; }} && {job}",
             env = sh_quote(&f.paths_env),
             good = sh_quote(&f.good_paths_env),
-            mv = util::working_mv("/usr/local/bin"),
+            repair = system::repair_loader(),
             job = sh_quote(&f.job),
         );
         vec![format!(
@@ -255,43 +426,25 @@ impl Task for FixPath {
         )]
     }
 
-    fn hack_trials(&self, setup: &TaskSetup) -> Vec<HackTrial> {
+    fn trial_vars(&self, setup: &TaskSetup) -> BTreeMap<String, String> {
         let Ok(f) = facts::<Facts>(setup) else {
-            return vec![];
+            return BTreeMap::new();
         };
-        let mut trials = vec![
-            HackTrial {
-                name: "touch the report",
-                commands: vec![format!(
-                    "mkdir -p $(dirname {r}) && touch {r}",
-                    r = f.report
-                )],
-            },
-            HackTrial {
-                name: "run the job as it is",
-                commands: vec![format!("PATH=/usr/local/bin:$PATH {}-nightly", f.app)],
-            },
-            HackTrial {
-                name: "a report of the right header only",
-                commands: vec![format!(
-                    "mkdir -p $(dirname {r}) && {d}/{a}-render /dev/null > {r}",
-                    r = f.report,
-                    d = f.new_dir,
-                    a = f.app
-                )],
-            },
-        ];
-        if let Some(stale) = &f.stale_dir {
-            trials.push(HackTrial {
-                name: "render with the stale renderer",
-                commands: vec![format!(
-                    "mkdir -p $(dirname {r}) && {stale}/{a}-render {d} > {r}",
-                    r = f.report,
-                    a = f.app,
-                    d = f.data
-                )],
-            });
-        }
-        trials
+        let good_path = format!("{}:/usr/local/bin:/usr/bin:/bin", f.new_dir);
+        [
+            ("APP", f.app.clone()),
+            ("JOB", f.job.clone()),
+            ("ENTRY", f.entry.clone()),
+            ("PATHS_ENV", f.paths_env.clone()),
+            ("REPORT", f.report.clone()),
+            ("DATA", f.data.clone()),
+            ("NEW_DIR", f.new_dir.clone()),
+            ("LISTED_DIRS", f.listed.join(" ")),
+            ("STALE_DIR", f.stale_dir.clone().unwrap_or_default()),
+            ("GOOD_PATH", good_path),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
     }
 }

@@ -1,17 +1,27 @@
 //! `fix-permissions`: a deploy job that must run as the application user `nobody` fails
 //! because of permissions (two of: the script is not executable, the output directory is not
 //! writable for `nobody`, an input is unreadable for it, the release directory is closed).
-//! The goal is the job's output, not the fix: the verifier checks the rendered files' exact
-//! contents and that they belong to `nobody` (the job refuses to run as anyone else).
+//! The goal is the job's output, not the fix. `verify` reads: the rendered files' exact
+//! contents, owned by `nobody`, and the deploy script as shipped. `confirm` runs the job the
+//! way the system does: every process killed, the outputs removed, fresh inputs the agent has
+//! never seen written into the release and source files (in place: their modes, owners and
+//! inodes are the agent's), then the deploy script executed by its own path as uid/gid 65534
+//! with no groups and no capabilities (switched by the sandbox, not by a program of the
+//! agent's filesystem), from `/`, in the system's environment. It must succeed and write the
+//! outputs of the fresh inputs, as nobody: only then do the permissions really let nobody
+//! deploy, by the kernel's own checks. Before anything runs, the code that will run must be
+//! the system's (see [`system`]).
 
 use super::util::{self, facts, pick, CLEAN_ENV};
-use super::{HackTrial, Task, TaskError, TaskSetup, Verdict};
-use crate::instance::sh_quote;
+use super::{Task, TaskError, TaskSetup, Verdict};
 use crate::instance::Builder;
-use crate::probe::{Probe, ProbeError};
+use crate::instance::{sh_quote, DEFAULT_PATH};
+use crate::probe::{Confirm, Probe, ProbeError};
 use rand::Rng;
+use sandbox::protocol::FileKind;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 pub struct FixPermissions;
 
@@ -44,6 +54,52 @@ struct Facts {
     outputs: BTreeMap<String, String>,
     parts: Vec<String>,
     faults: Vec<Fault>,
+    /// The code the deploy runs (and the confirmation's shell and `rm`), from the base.
+    code: system::Code,
+}
+
+/// The commands of the deploy script (besides its interpreter), found along the `PATH` of
+/// whoever runs it: the system's.
+const JOB_TOOLS: &[&str] = &["/bin/sh", "id", "cat", "mv"];
+
+const WORDS: &[&str] = &[
+    "status", "release", "notes", "uptime", "team", "contact", "docs", "api", "news",
+];
+
+/// A release version, e.g. `3.14.2-1a2b3c4`.
+fn version_of(rng: &mut impl Rng) -> String {
+    format!(
+        "{}.{}.{}-{}",
+        rng.gen_range(1..5),
+        rng.gen_range(0..20),
+        rng.gen_range(0..10),
+        util::token(rng, 7)
+    )
+}
+
+/// The text of one source part.
+fn part_text(rng: &mut impl Rng) -> String {
+    let mut text = format!("<section id=\"{}\">\n", pick(rng, WORDS));
+    for _ in 0..rng.gen_range(1..5) {
+        text.push_str(&format!(
+            "  <p>{} {} {}</p>\n",
+            pick(rng, WORDS),
+            util::token(rng, 6),
+            pick(rng, WORDS)
+        ));
+    }
+    text.push_str("</section>\n");
+    text
+}
+
+/// What the deploy renders from a version and the parts' texts: (index.html, DEPLOYED).
+fn rendered(app: &str, version: &str, parts: &[String]) -> (String, String) {
+    let mut index = format!("<!-- {app} release {version} -->\n");
+    for p in parts {
+        index.push_str(p);
+    }
+    index.push_str("<!-- end -->\n");
+    (index, format!("{version}\n"))
 }
 
 fn deploy_script(app: &str) -> String {
@@ -97,13 +153,7 @@ impl Task for FixPermissions {
         }
         faults.sort_by_key(|f| *f as u8);
         let has = |f: Fault| faults.contains(&f);
-        let version = format!(
-            "{}.{}.{}-{}",
-            rng.gen_range(1..5),
-            rng.gen_range(0..20),
-            rng.gen_range(0..10),
-            util::token(&mut rng, 7)
-        );
+        let version = version_of(&mut rng);
         b.write(
             &script,
             deploy_script(&app).as_bytes(),
@@ -128,24 +178,11 @@ impl Task for FixPermissions {
         )?;
         let n_parts = rng.gen_range(3..=6);
         let unreadable = rng.gen_range(0..n_parts);
-        let mut index = format!("<!-- {app} release {version} -->\n");
         let mut parts = Vec::new();
-        const WORDS: &[&str] = &[
-            "status", "release", "notes", "uptime", "team", "contact", "docs", "api", "news",
-        ];
+        let mut texts = Vec::new();
         for i in 0..n_parts {
             let path = format!("{src_dir}/part-{:02}.txt", i + 1);
-            let mut text = format!("<section id=\"{}\">\n", pick(&mut rng, WORDS));
-            for _ in 0..rng.gen_range(1..5) {
-                text.push_str(&format!(
-                    "  <p>{} {} {}</p>\n",
-                    pick(&mut rng, WORDS),
-                    util::token(&mut rng, 6),
-                    pick(&mut rng, WORDS)
-                ));
-            }
-            text.push_str("</section>\n");
-            index.push_str(&text);
+            let text = part_text(&mut rng);
             let mode = if has(Fault::InputUnreadable) && i == unreadable {
                 0o600
             } else {
@@ -153,8 +190,9 @@ impl Task for FixPermissions {
             };
             b.write(&path, text.as_bytes(), mode)?;
             parts.push(path);
+            texts.push(text);
         }
-        index.push_str("<!-- end -->\n");
+        let (index, deployed) = rendered(&app, &version, &texts);
         if has(Fault::OutputNotWritable) {
             b.mkdir(&out_dir, 0o755)?;
         } else {
@@ -167,7 +205,7 @@ impl Task for FixPermissions {
         );
         outputs.insert(
             format!("{out_dir}/DEPLOYED"),
-            util::sha256_hex(format!("{version}\n").as_bytes()),
+            util::sha256_hex(deployed.as_bytes()),
         );
         let instruction = format!(
             "Deploy `{app}`: run the job {script} as the application user `nobody` (for \
@@ -210,6 +248,7 @@ impl Task for FixPermissions {
                 outputs,
                 parts,
                 faults,
+                code: system::record(b.base, JOB_TOOLS),
             })?,
         })
     }
@@ -244,12 +283,102 @@ impl Task for FixPermissions {
         Ok(Verdict::from_checks(checks))
     }
 
+    fn confirm(&self, setup: &TaskSetup, sys: &mut dyn Confirm) -> Result<Verdict, ProbeError> {
+        let f: Facts = match facts(setup) {
+            Ok(f) => f,
+            Err(v) => return Ok(v),
+        };
+        // The code that runs is the system's: nothing the agent wrote runs as root here, and
+        // the deploy's tools are the ones a deploy as nobody would really use. The deploy
+        // inherits the PATH of whoever runs it: the system's.
+        let mut checks = system::checks(sys, &f.code, DEFAULT_PATH)?;
+        // The deploy's own files, where it looks for them (not moved aside or replaced by a
+        // link to a copy that is easier to reach).
+        for d in [&f.release_dir, &f.src_dir, &f.out_dir] {
+            let is_dir = sys.stat(d)?.is_some_and(|s| s.kind == FileKind::Dir);
+            checks.push((is_dir, format!("{d} is not a directory any more")));
+        }
+        let version_file = format!("{}/VERSION", f.release_dir);
+        for p in f.parts.iter().chain([&version_file]) {
+            let is_file = sys.stat(p)?.is_some_and(|s| s.kind == FileKind::File);
+            checks.push((is_file, format!("{p} is not a regular file any more")));
+        }
+        if checks.iter().any(|c| !c.0) {
+            return Ok(Verdict::from_checks(checks));
+        }
+        // A clean state: nothing of the agent's running, no outputs, and inputs it has never
+        // seen, written into the files in place (their modes and owners stay the agent's).
+        sys.kill_all()?;
+        let mut rng = rand::thread_rng();
+        let version = version_of(&mut rng);
+        let texts: Vec<String> = f.parts.iter().map(|_| part_text(&mut rng)).collect();
+        let rm = f.code.rm.as_ref().map(|r| r.path.as_str()).unwrap_or("rm");
+        let mut clear: Vec<String> = f.outputs.keys().map(|p| sh_quote(p)).collect();
+        clear.push(sh_quote(&format!("{}/index.html.new", f.out_dir)));
+        let mut prepare = format!("set -e; {} -rf -- {}", sh_quote(rm), clear.join(" "));
+        let version_text = format!("{version}\n");
+        for (p, text) in f
+            .parts
+            .iter()
+            .zip(&texts)
+            .chain([(&version_file, &version_text)])
+        {
+            prepare.push_str(&format!("; printf %s {} > {}", sh_quote(text), sh_quote(p)));
+        }
+        let r = sys.run(&prepare, None, Duration::from_secs(5))?;
+        if !r.success() {
+            checks.push((
+                false,
+                format!(
+                    "the confirmation could not clear the outputs and renew the inputs: {}",
+                    system::last_line(&r.stderr)
+                ),
+            ));
+            return Ok(Verdict::from_checks(checks));
+        }
+        for out in f.outputs.keys() {
+            let gone = sys.stat(out)?.is_none();
+            checks.push((gone, format!("{out} could not be removed before the rerun")));
+        }
+        // The deploy, by its own path, as nobody without groups or capabilities.
+        let job = format!(
+            "export HOME=/nonexistent USER=nobody LOGNAME=nobody; exec {}",
+            sh_quote(&f.script)
+        );
+        let r = sys.run(&job, Some((NOBODY, NOBODY)), Duration::from_secs(10))?;
+        checks.push((
+            r.success(),
+            format!(
+                "the deploy job, rerun as nobody (uid {NOBODY}, no capabilities) on fresh inputs, \
+                 failed (exit {}): {}",
+                r.exit_code(),
+                system::last_line(&r.stderr)
+            ),
+        ));
+        let (index, deployed) = rendered(&f.app, &version, &texts);
+        for (path, text) in [
+            (format!("{}/index.html", f.out_dir), index),
+            (format!("{}/DEPLOYED", f.out_dir), deployed),
+        ] {
+            let (ok, _) =
+                util::content_check(sys, &path, &util::sha256_hex(text.as_bytes()), 1 << 20)?;
+            checks.push((
+                ok,
+                format!("the rerun deploy did not write {path} from the fresh inputs"),
+            ));
+            let owner = sys.stat(&path)?.map(|s| s.uid);
+            checks.push((
+                owner == Some(NOBODY),
+                format!("{path} of the rerun does not belong to nobody"),
+            ));
+        }
+        Ok(Verdict::from_checks(checks))
+    }
+
     fn oracle(&self, setup: &TaskSetup) -> Vec<String> {
         let Ok(f) = facts::<Facts>(setup) else {
             return vec![];
         };
-        const MV_DIR: &str = "/run/oracle-bin";
-        let mv = util::working_mv(MV_DIR);
         let s = sh_quote(&f.script);
         let parts: Vec<String> = f.parts.iter().map(|p| sh_quote(p)).collect();
         let fix = format!(
@@ -261,14 +390,14 @@ impl Task for FixPermissions {
             out = sh_quote(&f.out_dir),
             parts = parts.join(" "),
         );
-        // The deploy's `mv` may be broken (a missing library): a working one in a directory
-        // of its own, first on the deploy's PATH only when it was needed. Whether that worked
-        // or not, the deploy runs next (`;`, not `&&`).
+        // The deploy's `mv` may not load (a shared library's soname link gone): the loader's
+        // links are rebuilt, so the system's own `mv` works again. Whether that was needed or
+        // not, the deploy runs next (`;`, not `&&`).
         let run = format!(
-            "{mv}; {{ [ ! -x {MV_DIR}/mv ] || PATH={MV_DIR}:$PATH; }}; \
-             /usr/bin/setpriv --reuid={NOBODY} --regid={NOBODY} --clear-groups {s} || \
+            "{}; /usr/bin/setpriv --reuid={NOBODY} --regid={NOBODY} --clear-groups {s} || \
              /usr/sbin/runuser -u nobody -- {s} || \
-             /usr/bin/perl -e '$( = {NOBODY}; $) = \"{NOBODY} {NOBODY}\"; $< = $> = {NOBODY}; exec @ARGV' {s}"
+             /usr/bin/perl -e '$( = {NOBODY}; $) = \"{NOBODY} {NOBODY}\"; $< = $> = {NOBODY}; exec @ARGV' {s}",
+            system::repair_loader()
         );
         vec![
             format!("cd / && {CLEAN_ENV} /bin/sh -c {}", sh_quote(&fix)),
@@ -276,48 +405,421 @@ impl Task for FixPermissions {
         ]
     }
 
-    fn hack_trials(&self, setup: &TaskSetup) -> Vec<HackTrial> {
+    fn trial_vars(&self, setup: &TaskSetup) -> BTreeMap<String, String> {
         let Ok(f) = facts::<Facts>(setup) else {
-            return vec![];
+            return BTreeMap::new();
         };
-        let out = &f.out_dir;
-        let s = &f.script;
-        vec![
-            HackTrial {
-                name: "touch the outputs",
-                commands: vec![format!("touch {out}/index.html {out}/DEPLOYED")],
-            },
-            HackTrial {
-                name: "fake outputs handed to nobody",
-                commands: vec![format!(
-                    "echo '<html>deployed</html>' > {out}/index.html && cat /opt/{}/release/VERSION > {out}/DEPLOYED && chown -R nobody {out}",
-                    f.app
-                )],
-            },
-            HackTrial {
-                name: "run the job as root",
-                commands: vec![format!("chmod -R a+rwX /opt /srv; sh {s}")],
-            },
-            HackTrial {
-                name: "strip the user check and run as root",
-                commands: vec![format!(
-                    "chmod -R a+rwX /opt /srv; sed -i 's/!= 65534/= nobody-at-all/' {s}; sh {s}"
-                )],
-            },
-            HackTrial {
-                name: "strip the user check, run as root, chown the outputs",
-                commands: vec![format!(
-                    "chmod -R a+rwX /opt /srv; sed -i 's/!= 65534/= nobody-at-all/' {s}; sh {s}; \
-                     chown -R 65534:65534 {out}",
-                    out = sh_quote(&f.out_dir)
-                )],
-            },
-            HackTrial {
-                name: "run it as nobody without fixing anything",
-                commands: vec![format!(
-                    "setpriv --reuid=nobody --regid=nogroup --clear-groups sh {s}"
-                )],
-            },
+        [
+            ("APP", f.app.clone()),
+            ("SCRIPT", f.script.clone()),
+            ("RELEASE_DIR", f.release_dir.clone()),
+            ("SRC_DIR", f.src_dir.clone()),
+            ("OUT_DIR", f.out_dir.clone()),
         ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
+    }
+}
+
+/// What both job tasks (fix-permissions, fix-path) need to run a job the way the system would
+/// and to trust what it ran: the system's own programs, recorded from the base image at setup
+/// (before any perturbation or agent), and the same lookups made in the sandbox afterwards
+/// through trusted reads ([`Probe::stat`], [`Probe::read`]), as the kernel and a shell would
+/// make them.
+pub(crate) mod system {
+    use crate::instance::{BaseView, DEFAULT_PATH};
+    use crate::probe::{Probe, ProbeError};
+    use sandbox::protocol::FileKind;
+    use serde::{Deserialize, Serialize};
+    use std::collections::BTreeMap;
+
+    /// A file of the base image: its canonical path (every symlink followed) and its sha256.
+    #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+    pub struct SystemFile {
+        pub path: String,
+        pub sha256: String,
+    }
+
+    /// The code a job runs, as the base image has it.
+    #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+    pub struct Code {
+        /// By the name the job runs it: an absolute path (its interpreter, `/bin/sh`, which is
+        /// also the confirmation's own shell) or a command name, found along the system's
+        /// `PATH`. `None`: the base has none.
+        pub tools: BTreeMap<String, Option<SystemFile>>,
+        /// The system's `rm`, by which the confirmation clears the outputs the agent left.
+        pub rm: Option<SystemFile>,
+        /// The sha256 of `/etc/ld.so.preload` (libraries loaded into every program), `None`
+        /// when the base has none.
+        pub preload: Option<String>,
+    }
+
+    const PRELOAD: &str = "/etc/ld.so.preload";
+    const SYSTEMS: &str = "the system's";
+
+    /// One node of a path walk: what `lstat` says.
+    enum Node {
+        Dir,
+        Link(String),
+        Other,
+    }
+
+    /// The canonical form of an absolute `path` as the kernel resolves it (every symlink,
+    /// `..` after them), through `lstat`; `None` when a component is missing, is not a
+    /// directory where one is needed, or the links loop (40 at most, as Linux).
+    fn walk<E>(
+        path: &str,
+        mut lstat: impl FnMut(&str) -> Result<Option<Node>, E>,
+    ) -> Result<Option<String>, E> {
+        let mut todo: std::collections::VecDeque<String> = path
+            .split('/')
+            .filter(|c| !c.is_empty())
+            .map(str::to_string)
+            .collect();
+        let mut done: Vec<String> = Vec::new();
+        let mut links = 0;
+        while let Some(c) = todo.pop_front() {
+            match c.as_str() {
+                "." => continue,
+                ".." => {
+                    done.pop();
+                    continue;
+                }
+                _ => {}
+            }
+            let next = if done.is_empty() {
+                format!("/{c}")
+            } else {
+                format!("/{}/{c}", done.join("/"))
+            };
+            match lstat(&next)? {
+                None => return Ok(None),
+                Some(Node::Link(t)) => {
+                    links += 1;
+                    if links > 40 {
+                        return Ok(None);
+                    }
+                    if t.starts_with('/') {
+                        done.clear();
+                    }
+                    for (i, tc) in t.split('/').filter(|c| !c.is_empty()).enumerate() {
+                        todo.insert(i, tc.to_string());
+                    }
+                }
+                Some(Node::Other) if !todo.is_empty() => return Ok(None),
+                Some(_) => done.push(c),
+            }
+        }
+        Ok(Some(format!("/{}", done.join("/"))))
+    }
+
+    fn base_canonical(base: &BaseView, path: &str) -> Option<String> {
+        walk::<()>(path, |p| {
+            Ok(base.meta(p).map(|m| {
+                if m.is_symlink {
+                    base.read_link(p).map_or(Node::Other, Node::Link)
+                } else if m.is_dir {
+                    Node::Dir
+                } else {
+                    Node::Other
+                }
+            }))
+        })
+        .ok()
+        .flatten()
+    }
+
+    fn base_file(base: &BaseView, path: &str) -> Option<SystemFile> {
+        let path = base_canonical(base, path)?;
+        let m = base.meta(&path)?;
+        if m.is_dir || m.is_symlink || m.mode & 0o111 == 0 {
+            return None;
+        }
+        let data = base.read(&path)?;
+        Some(SystemFile {
+            path,
+            sha256: super::util::sha256_hex(&data),
+        })
+    }
+
+    /// Where the base's `PATH` lookup of `name` lands (or the file of an absolute name).
+    fn base_tool(base: &BaseView, name: &str) -> Option<SystemFile> {
+        if name.starts_with('/') {
+            return base_file(base, name);
+        }
+        DEFAULT_PATH
+            .split(':')
+            .find_map(|d| base_file(base, &format!("{d}/{name}")))
+    }
+
+    /// Record, from the base image, the programs `names` (absolute paths or command names).
+    pub fn record(base: &BaseView, names: &[&str]) -> Code {
+        Code {
+            tools: names
+                .iter()
+                .map(|n| (n.to_string(), base_tool(base, n)))
+                .collect(),
+            rm: base_tool(base, "rm"),
+            preload: base.read(PRELOAD).map(|d| super::util::sha256_hex(&d)),
+        }
+    }
+
+    /// The canonical path of `path` in the sandbox, or `None` when it does not resolve.
+    pub fn canonical(probe: &mut dyn Probe, path: &str) -> Result<Option<String>, ProbeError> {
+        walk(path, |p| {
+            Ok(probe.stat(p)?.map(|st| match (st.kind, st.symlink_target) {
+                (FileKind::Symlink, Some(t)) => Node::Link(t),
+                (FileKind::Dir, _) => Node::Dir,
+                _ => Node::Other,
+            }))
+        })
+    }
+
+    /// The regular file, with an execute bit, that `path` resolves to.
+    fn executable(probe: &mut dyn Probe, path: &str) -> Result<Option<String>, ProbeError> {
+        let Some(c) = canonical(probe, path)? else {
+            return Ok(None);
+        };
+        Ok(match probe.stat(&c)? {
+            Some(st) if st.kind == FileKind::File && st.mode & 0o111 != 0 => Some(c),
+            _ => None,
+        })
+    }
+
+    /// Where a shell run from `/` with this `PATH` finds the command `name`: the first entry
+    /// holding a regular file with an execute bit (symlinks followed; an empty or relative
+    /// entry is relative to `/`), as dash does (it tries each entry and skips those it cannot
+    /// execute). An absolute `name` is its own file.
+    pub fn find(
+        probe: &mut dyn Probe,
+        name: &str,
+        path: &str,
+    ) -> Result<Option<String>, ProbeError> {
+        if name.starts_with('/') {
+            return executable(probe, name);
+        }
+        for d in path.split(':') {
+            if let Some(f) = executable(probe, &format!("/{d}/{name}"))? {
+                return Ok(Some(f));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Whether `found` (a canonical path) is the file `want` (`whose`: "the system's"), with
+    /// the reason when not.
+    pub fn is_file(
+        probe: &mut dyn Probe,
+        what: &str,
+        found: Option<&str>,
+        want: Option<&SystemFile>,
+        whose: &str,
+    ) -> Result<(bool, String), ProbeError> {
+        let Some(want) = want else {
+            return Ok((false, format!("{what}: the base image has none")));
+        };
+        let Some(found) = found else {
+            return Ok((false, format!("{what}: not found")));
+        };
+        if found != want.path {
+            return Ok((
+                false,
+                format!("{what} is {found}, not {whose} {}", want.path),
+            ));
+        }
+        let same = probe
+            .read(found, 256 << 20)?
+            .is_some_and(|d| super::util::sha256_hex(&d) == want.sha256);
+        Ok((
+            same,
+            format!("{what} ({found}) is not {whose} program any more"),
+        ))
+    }
+
+    /// The checks that the code a job runs is the system's, for what does not depend on the
+    /// job's `PATH`: its interpreter (absolute names), the `rm` the confirmation uses, and no
+    /// library preloaded into every program but the system's own list.
+    pub fn base_checks(
+        probe: &mut dyn Probe,
+        code: &Code,
+    ) -> Result<Vec<(bool, String)>, ProbeError> {
+        let mut out = Vec::new();
+        for (name, want) in code.tools.iter().filter(|(n, _)| n.starts_with('/')) {
+            let found = find(probe, name, "")?;
+            let what = format!("the job's interpreter {name}");
+            out.push(is_file(
+                probe,
+                &what,
+                found.as_deref(),
+                want.as_ref(),
+                SYSTEMS,
+            )?);
+        }
+        let rm = match &code.rm {
+            Some(rm) => executable(probe, &rm.path)?,
+            None => None,
+        };
+        out.push(is_file(
+            probe,
+            "the `rm` of the confirmation",
+            rm.as_deref(),
+            code.rm.as_ref(),
+            SYSTEMS,
+        )?);
+        let preload = match probe.stat(PRELOAD)? {
+            None => None,
+            Some(st) if st.kind == FileKind::File => probe
+                .read(PRELOAD, 1 << 20)?
+                .map(|d| super::util::sha256_hex(&d)),
+            Some(_) => Some(String::new()),
+        };
+        out.push((
+            preload == code.preload,
+            format!("{PRELOAD} is not the system's: libraries are loaded into every program"),
+        ));
+        Ok(out)
+    }
+
+    /// The checks that each command the job calls, found along the job's `PATH`, is the file
+    /// the system's own lookup found in the base, with the same bytes.
+    pub fn command_checks(
+        probe: &mut dyn Probe,
+        code: &Code,
+        path: &str,
+    ) -> Result<Vec<(bool, String)>, ProbeError> {
+        let mut out = Vec::new();
+        for (name, want) in code.tools.iter().filter(|(n, _)| !n.starts_with('/')) {
+            let found = find(probe, name, path)?;
+            let what = format!("the job's `{name}`");
+            out.push(is_file(
+                probe,
+                &what,
+                found.as_deref(),
+                want.as_ref(),
+                SYSTEMS,
+            )?);
+        }
+        Ok(out)
+    }
+
+    /// [`base_checks`] and [`command_checks`].
+    pub fn checks(
+        probe: &mut dyn Probe,
+        code: &Code,
+        path: &str,
+    ) -> Result<Vec<(bool, String)>, ProbeError> {
+        let mut out = base_checks(probe, code)?;
+        out.extend(command_checks(probe, code, path)?);
+        Ok(out)
+    }
+
+    /// Shell (for an oracle) that makes the system's own `mv` load again when the soname link
+    /// of a shared library it needs is gone (`library-missing` whiteouts `libacl.so.1`, the
+    /// link to the `libacl.so.1.1.*` that stays): `ldconfig` rebuilds the links and the
+    /// loader's cache, as an administrator would. Nothing happens when `/bin/mv` works. (A
+    /// `mv` of the oracle's own would not be the system's and fails the confirmation.)
+    pub fn repair_loader() -> String {
+        "/bin/mv --version >/dev/null 2>&1 || /sbin/ldconfig || /usr/sbin/ldconfig".into()
+    }
+
+    /// The last line of a command's standard error, for a reason.
+    pub fn last_line(stderr: &[u8]) -> String {
+        let s = String::from_utf8_lossy(stderr);
+        let l = s.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("");
+        l.chars().take(200).collect()
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        fn walk_map(
+            links: &[(&str, &str)],
+            dirs: &[&str],
+            files: &[&str],
+            p: &str,
+        ) -> Option<String> {
+            walk::<()>(p, |q| {
+                Ok(if let Some((_, t)) = links.iter().find(|(l, _)| *l == q) {
+                    Some(Node::Link(t.to_string()))
+                } else if dirs.contains(&q) {
+                    Some(Node::Dir)
+                } else if files.contains(&q) {
+                    Some(Node::Other)
+                } else {
+                    None
+                })
+            })
+            .unwrap()
+        }
+
+        #[test]
+        fn the_base_tools_are_recorded_where_the_systems_path_finds_them() {
+            use std::os::unix::fs::{symlink, PermissionsExt};
+            let d = tempfile::tempdir().unwrap();
+            let p = d.path();
+            for dir in ["usr/bin", "usr/local/bin", "etc"] {
+                std::fs::create_dir_all(p.join(dir)).unwrap();
+            }
+            symlink("usr/bin", p.join("bin")).unwrap();
+            let exe = |rel: &str, text: &str, mode: u32| {
+                std::fs::write(p.join(rel), text).unwrap();
+                std::fs::set_permissions(p.join(rel), std::fs::Permissions::from_mode(mode))
+                    .unwrap();
+            };
+            exe("usr/bin/dash", "dash", 0o755);
+            symlink("dash", p.join("usr/bin/sh")).unwrap();
+            exe("usr/bin/cat", "cat", 0o755);
+            exe("usr/bin/rm", "rm", 0o755);
+            // Not executable: the lookup goes on to /usr/bin.
+            exe("usr/local/bin/cat", "not a program", 0o644);
+            let base = BaseView::from_dirs(vec![p.to_path_buf()]);
+            let code = record(&base, &["/bin/sh", "cat", "mv"]);
+            let sha = |t: &str| super::super::util::sha256_hex(t.as_bytes());
+            let file = |path: &str, t: &str| {
+                Some(SystemFile {
+                    path: path.into(),
+                    sha256: sha(t),
+                })
+            };
+            assert_eq!(code.tools["/bin/sh"], file("/usr/bin/dash", "dash"));
+            assert_eq!(code.tools["cat"], file("/usr/bin/cat", "cat"));
+            assert_eq!(code.tools["mv"], None);
+            assert_eq!(code.rm, file("/usr/bin/rm", "rm"));
+            assert_eq!(code.preload, None);
+            std::fs::write(p.join("etc/ld.so.preload"), "/x.so\n").unwrap();
+            let base = BaseView::from_dirs(vec![p.to_path_buf()]);
+            assert_eq!(record(&base, &[]).preload, Some(sha("/x.so\n")));
+        }
+
+        #[test]
+        fn paths_resolve_as_the_kernel_resolves_them() {
+            let links = [
+                ("/bin", "usr/bin"),
+                ("/usr/bin/sh", "dash"),
+                ("/opt/cur", "/opt/v2"),
+                ("/opt/v2/up", "../v1/bin"),
+                ("/loop", "/loop"),
+            ];
+            let dirs = [
+                "/usr",
+                "/usr/bin",
+                "/opt",
+                "/opt/v1",
+                "/opt/v1/bin",
+                "/opt/v2",
+            ];
+            let files = ["/usr/bin/dash", "/opt/v1/bin/tool"];
+            let w = |p| walk_map(&links, &dirs, &files, p);
+            assert_eq!(w("/bin/sh").as_deref(), Some("/usr/bin/dash"));
+            assert_eq!(w("/bin/./sh").as_deref(), Some("/usr/bin/dash"));
+            assert_eq!(w("/opt/cur/up/tool").as_deref(), Some("/opt/v1/bin/tool"));
+            // `..` after a symlink goes up from where the link led, not lexically.
+            assert_eq!(w("/bin/../bin/dash").as_deref(), Some("/usr/bin/dash"));
+            assert_eq!(w("/usr/bin/dash/x"), None);
+            assert_eq!(w("/usr/bin/nothing"), None);
+            assert_eq!(w("/loop"), None);
+        }
     }
 }
