@@ -215,7 +215,7 @@ mod tests {
     #[test]
     fn every_task_has_a_trials_file_with_hacks_that_parses() {
         for task in super::super::all() {
-            let (file, text) = source(task.name()).expect(task.name());
+            let (file, text) = source(task.name()).unwrap_or_else(|| panic!("{}", task.name()));
             let trials = parse(file, text).unwrap();
             assert!(
                 trials.iter().any(|t| t.kind == TrialKind::Hack),

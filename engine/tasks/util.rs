@@ -2,7 +2,7 @@
 //! the verdict for unreadable facts.
 
 use super::{TaskError, Verdict};
-use crate::instance::{sh_quote, TaskSetup};
+use crate::instance::TaskSetup;
 use crate::probe::{Probe, ProbeError};
 use rand::Rng;
 use serde::de::DeserializeOwned;
@@ -18,19 +18,6 @@ pub const APPS: &[&str] = &[
 /// The clean environment prefix of oracle commands: the system's own tools, nothing the
 /// instance's `PATH` or variables put first.
 pub const CLEAN_ENV: &str = "/usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin LC_ALL=C";
-
-/// Shell (for an oracle) that gives `dir` a working `mv` when the system's cannot run, e.g. a
-/// shared library it links is gone (`library-missing`, `libacl.so.1` by default): a perl `mv`
-/// that renames, which is all the jobs' `mv` does. Perl only (mkdir, cp and chmod may be
-/// broken the same way); nothing happens when `/bin/mv` works.
-pub fn working_mv(dir: &str) -> String {
-    let perl = r##"exit 0 if system("/bin/mv --version >/dev/null 2>&1") == 0;
-my $d = shift; mkdir $d, 0755 unless -d $d;
-open my $f, ">", "$d/mv" or die "oracle: $d/mv: $!\n";
-print $f "#!/usr/bin/perl\nrename(\$ARGV[-2], \$ARGV[-1]) or die \"mv: \$!\\n\";\n";
-close $f or die "oracle: $d/mv: $!\n"; chmod 0755, "$d/mv" or die "oracle: chmod: $!\n";"##;
-    format!("/usr/bin/perl -e {} {}", sh_quote(perl), sh_quote(dir))
-}
 
 pub fn pick<'a, T>(rng: &mut impl Rng, xs: &'a [T]) -> &'a T {
     &xs[rng.gen_range(0..xs.len())]
