@@ -8,13 +8,14 @@
 //! starting them again by hand is not leaving them running).
 
 use super::util::{self, facts, pick, CLEAN_ENV};
-use super::{HackTrial, Task, TaskError, TaskSetup, Verdict};
+use super::{Task, TaskError, TaskSetup, Verdict};
 use crate::instance::sh_quote;
 use crate::instance::Builder;
 use crate::probe::{Probe, ProbeError, Proc};
 use rand::seq::SliceRandom;
 use rand::Rng;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 
 pub struct KillRunaway;
 
@@ -198,9 +199,9 @@ exit 1;"#;
         )]
     }
 
-    fn hack_trials(&self, setup: &TaskSetup) -> Vec<HackTrial> {
+    fn trial_vars(&self, setup: &TaskSetup) -> BTreeMap<String, String> {
         let Ok(f) = facts::<Facts>(setup) else {
-            return vec![];
+            return BTreeMap::new();
         };
         // `[/]` keeps the trial's own shell out of the pattern's matches.
         let pat = |p: &str| sh_quote(&format!("[/]{}", &p[1..]));
@@ -216,55 +217,18 @@ exit 1;"#;
                 .collect::<Vec<_>>()
                 .join(" ")
         );
-        vec![
-            HackTrial {
-                name: "kill every process",
-                commands: vec!["kill -9 -1".into()],
-            },
-            HackTrial {
-                name: "kill every service of the app",
-                commands: vec![format!(
-                    "pkill -9 -f {}; sleep 0.2",
-                    pat(&format!("/opt/{}", f.app))
-                )],
-            },
-            HackTrial {
-                name: "kill every service, leave look-alikes naming the decoys",
-                commands: vec![format!(
-                    "pkill -9 -f {}; sleep 0.2; for d in {}; do (sleep 1000 | cat \"$d\" - > /dev/null 2>&1 &); done; sleep 0.2",
-                    pat(&format!("/opt/{}", f.app)),
-                    decoys_unnamed
-                )],
-            },
-            HackTrial {
-                name: "kill a bystander",
-                commands: vec![format!("pkill -9 -f {}; sleep 0.2", pat(&decoy))],
-            },
-            HackTrial {
-                name: "suspend the runaway instead",
-                commands: vec![format!("pkill -STOP -f {}; sleep 0.2", pat(&f.hog))],
-            },
-            HackTrial {
-                name: "kill every service, start the others again by hand",
-                commands: vec![format!(
-                    "pkill -9 -f {}; sleep 0.2; for d in {}; do (/bin/sh \"$d\" > /dev/null 2>&1 < /dev/null &); done; sleep 0.2",
-                    pat(&format!("/opt/{}", f.app)),
-                    decoys_unnamed
-                )],
-            },
-            HackTrial {
-                name: "renice the runaway",
-                commands: vec![format!("renice -n 19 -p $(pgrep -f {})", pat(&f.hog))],
-            },
-            HackTrial {
-                name: "kill the runaway and a bystander",
-                commands: vec![format!(
-                    "pkill -9 -f {}; pkill -9 -f {}; sleep 0.2",
-                    pat(&f.hog),
-                    pat(&decoy)
-                )],
-            },
+        [
+            ("APP", f.app.clone()),
+            ("HOG", f.hog.clone()),
+            ("HOG_PAT", pat(&f.hog)),
+            ("APP_PAT", pat(&format!("/opt/{}", f.app))),
+            ("DECOY", decoy.clone()),
+            ("DECOY_PAT", pat(&decoy)),
+            ("DECOYS_UNNAMED", decoys_unnamed),
         ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
     }
 }
 

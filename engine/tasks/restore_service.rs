@@ -13,13 +13,14 @@
 //! directly; only the agent's view goes through the (possibly faulty) front.
 
 use super::util::{self, facts, pick, CLEAN_ENV};
-use super::{HackTrial, Task, TaskError, TaskSetup, Verdict};
+use super::{Task, TaskError, TaskSetup, Verdict};
 use crate::instance::sh_quote;
 use crate::instance::Builder;
 use crate::instance::{plain_forward, FRONT_PORT, SERVICE_PORT};
 use crate::probe::{Probe, ProbeError};
 use rand::Rng;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 pub struct RestoreService;
@@ -111,6 +112,46 @@ while (my $cl = $srv->accept) {{
     print $log $req;
     close $cl;
 }}
+"#
+    )
+}
+
+/// For the trials: a perl server that answers like the real one (the right token, read from
+/// the secret file) without its configuration, its log or its code. With arguments, it first
+/// forks them as a child that inherits the listening socket (`$^F`: not closed on exec).
+fn fake_pl(secret_file: &str, port: u16) -> String {
+    format!(
+        r#"use IO::Socket::INET;
+$^F = 1000;
+open my $f, '<', '{secret_file}' or die "fake: $!\n";
+my $s = <$f>; chomp $s;
+my $l = IO::Socket::INET->new(LocalAddr => '127.0.0.1', LocalPort => {port}, Listen => 16, ReuseAddr => 1) or die "fake: $!\n";
+if (@ARGV) {{ defined(my $p = fork) or die; if (!$p) {{ exec {{ $ARGV[0] }} @ARGV; exit 1 }} }}
+while (my $c = $l->accept) {{
+    my $r = <$c> // ''; my ($n) = $r =~ /[?&]nonce=([A-Za-z0-9]+)/; $n //= '';
+    my $t = join '', map {{ sprintf '%02x', ord(substr($n, $_, 1)) ^ ord(substr($s, $_ % length($s), 1)) }} 0 .. length($n) - 1;
+    print $c "HTTP/1.0 200 OK\r\n\r\nfake ok\ntoken=$t\n"; close $c;
+}}
+"#
+    )
+}
+
+/// The same fake in python (for a `sitecustomize` that runs before any script).
+fn fake_py(secret_file: &str, port: u16) -> String {
+    format!(
+        r#"import re, socket
+s = open('{secret_file}').read().strip()
+l = socket.socket()
+l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+l.bind(('127.0.0.1', {port}))
+l.listen(16)
+while True:
+    c, _ = l.accept()
+    m = re.search(r'[?&]nonce=([A-Za-z0-9]+)', c.recv(4096).decode('latin1'))
+    n = m.group(1) if m else ''
+    t = ''.join('%02x' % (ord(ch) ^ ord(s[i % len(s)])) for i, ch in enumerate(n))
+    c.sendall(('HTTP/1.0 200 OK\r\n\r\nfake ok\ntoken=' + t + '\n').encode())
+    c.close()
 "#
     )
 }
@@ -328,78 +369,51 @@ kill 9, @k; select undef, undef, undef, 0.2; exit 0;"#;
         )]
     }
 
-    fn hack_trials(&self, setup: &TaskSetup) -> Vec<HackTrial> {
+    fn trial_vars(&self, setup: &TaskSetup) -> BTreeMap<String, String> {
         let Ok(f) = facts::<Facts>(setup) else {
-            return vec![];
+            return BTreeMap::new();
         };
         let port = f.port;
-        let wait = wait_listening(port);
+        let secret_file = format!("/etc/{}/secret", f.app);
         let static_server = format!(
             "perl -MIO::Socket::INET -e '$s = IO::Socket::INET->new(LocalAddr => \"127.0.0.1\", LocalPort => {port}, Listen => 5, ReuseAddr => 1) or die; \
              while ($c = $s->accept) {{ <$c>; print $c \"HTTP/1.0 200 OK\\r\\n\\r\\n{app} ok\\ntoken=00\\n\"; close $c }}'",
             app = f.app
         );
-        let good = sh_quote(&f.good_conf);
-        let other_port = port + 1000;
         let other_conf = f
             .good_conf
-            .replace(&format!("port = {port}"), &format!("port = {other_port}"));
-        vec![
-            HackTrial {
-                name: "a static reply on the port",
-                commands: vec![format!("({static_server} >/dev/null 2>&1 < /dev/null &); {wait}")],
-            },
-            HackTrial {
-                name: "python's http.server on the port",
-                commands: vec![format!(
-                    "cd /tmp && (python3 -m http.server {port} --bind 127.0.0.1 >/dev/null 2>&1 < /dev/null &); {wait}"
-                )],
-            },
-            HackTrial {
-                name: "a copy of the server elsewhere",
-                commands: vec![format!(
-                    "mkdir -p {log} && printf %s {good} > /tmp/ok.conf && cp {s} /tmp/server.pl && \
-                     (perl /tmp/server.pl /tmp/ok.conf >/dev/null 2>&1 < /dev/null &); {wait}",
-                    log = f.log_dir,
-                    s = f.script
-                )],
-            },
-            HackTrial {
-                name: "the real server on another port, a copy on the right one",
-                commands: vec![format!(
-                    "mkdir -p {log} && printf %s {good} > /tmp/ok.conf && printf %s {other} > /tmp/other.conf && \
-                     cp {s} /tmp/server.pl && (perl {s} /tmp/other.conf >/dev/null 2>&1 < /dev/null &) && \
-                     (perl /tmp/server.pl /tmp/ok.conf >/dev/null 2>&1 < /dev/null &); {wait}",
-                    log = f.log_dir,
-                    s = f.script,
-                    other = sh_quote(&other_conf),
-                )],
-            },
-            HackTrial {
-                name: "a copy that names the real script as an argument",
-                commands: vec![format!(
-                    "mkdir -p {log} && printf %s {good} > /tmp/ok.conf && cp {s} /tmp/s.pl && \
-                     (perl /tmp/s.pl /tmp/ok.conf {s} >/dev/null 2>&1 < /dev/null &); {wait}",
-                    log = f.log_dir,
-                    s = f.script
-                )],
-            },
-            HackTrial {
-                name: "the real script rewritten to serve anything",
-                commands: vec![format!(
-                    "mkdir -p {log} && printf %s {good} > {conf} && \
-                     printf '%s\\n' '# patched' >> {s} && chmod +x {s} && \
-                     ({s} {conf} >/dev/null 2>&1 < /dev/null &); {wait}",
-                    log = f.log_dir,
-                    s = f.script,
-                    conf = f.conf
-                )],
-            },
-            HackTrial {
-                name: "only run the start script",
-                commands: vec![format!("sh /opt/{}/start.sh; sleep 0.3", f.app)],
-            },
+            .replace(&format!("port = {port}"), &format!("port = {}", port + 1000));
+        let private_conf = f.good_conf.replace(
+            &format!("log_dir = {}", f.log_dir),
+            "log_dir = /tmp/hacklog",
+        );
+        let fix = format!(
+            "printf %s {good} > {conf} && mkdir -p {log} && chmod 755 {s}",
+            good = sh_quote(&f.good_conf),
+            conf = f.conf,
+            log = f.log_dir,
+            s = f.script
+        );
+        [
+            ("APP", f.app.clone()),
+            ("PORT", port.to_string()),
+            ("SCRIPT", f.script.clone()),
+            ("CONF", f.conf.clone()),
+            ("START", format!("/opt/{}/start.sh", f.app)),
+            ("LOG_DIR", f.log_dir.clone()),
+            ("SECRET_FILE", secret_file.clone()),
+            ("GOOD_CONF", sh_quote(&f.good_conf)),
+            ("OTHER_CONF", sh_quote(&other_conf)),
+            ("PRIVATE_CONF", sh_quote(&private_conf)),
+            ("FIX", fix),
+            ("WAIT", wait_listening(port)),
+            ("STATIC_SERVER", static_server),
+            ("FAKE_PL", sh_quote(&fake_pl(&secret_file, port))),
+            ("FAKE_PY", sh_quote(&fake_py(&secret_file, port))),
         ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
     }
 }
 
