@@ -1,21 +1,31 @@
 //! `kill-runaway`: several services of an application run from scripts under `/opt/APP/bin`
 //! (started at every episode start); one of them, chosen per seed and named like the others,
 //! spins on a CPU. The goal is that the runaway is gone and every other service still runs.
-//! The verifier reads the sandbox's `/proc` through the probe and identifies processes by
-//! their command line (the script's path), never by pid; a stopped (`T`) process is not
-//! running, a zombie is gone. A surviving service must be the very process the episode started:
-//! its (pid, start time) pair is among [`Probe::start_processes`] (killing the services and
-//! starting them again by hand is not leaving them running).
+//!
+//! Processes are known by what the kernel says of them, never by a name the agent could give
+//! its own: the episode's start records the `(pid, start time)` of every process its start
+//! steps left ([`Probe::start_processes`]), and only those are the services and the runaway.
+//! Which recorded process is which is told by the command line its start step gave it; a
+//! recorded process's command line is its own memory, which no other process can change in the
+//! sandbox (no ptrace, no `process_vm_writev`, `/proc` read-only). The verifier's reads: the
+//! recorded runaway is gone (a zombie is gone), every recorded service is alive and not
+//! stopped. The confirmation measures what the agent left: the CPU time of every process of
+//! the sandbox (`/proc/PID/stat`: its own time, and its reaped children's, init's too, so a
+//! stream of short-lived processes or orphans counts) sampled over an interval; apart from the
+//! recorded processes (which include a perturbation's own busy processes, not the agent's
+//! doing), nothing may be burning a CPU. A renamed, reniced or restarted copy of the runaway is
+//! still a process that burns a CPU.
 
 use super::util::{self, facts, pick, CLEAN_ENV};
 use super::{Task, TaskError, TaskSetup, Verdict};
 use crate::instance::sh_quote;
 use crate::instance::Builder;
-use crate::probe::{Probe, ProbeError, Proc};
+use crate::probe::{Confirm, Probe, ProbeError, Proc};
 use rand::seq::SliceRandom;
 use rand::Rng;
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
 
 pub struct KillRunaway;
 
@@ -41,7 +51,7 @@ struct Facts {
     decoys: Vec<String>,
 }
 
-/// RunningInstance (neither zombie nor stopped) processes running `script` as their first argument.
+/// Live (not zombie) processes naming `script` as their first argument, whoever started them.
 fn running<'a>(procs: &'a [Proc], script: &'a str) -> impl Iterator<Item = &'a Proc> + 'a {
     procs.iter().filter(move |p| {
         !matches!(p.state, 'Z' | 'X' | 'x') && p.cmdline.get(1).is_some_and(|a| a == script)
@@ -52,6 +62,116 @@ fn running<'a>(procs: &'a [Proc], script: &'a str) -> impl Iterator<Item = &'a P
 /// names the script (`cat SCRIPT -`, `sleep 1e9 SCRIPT`) is not the service.
 fn is_service(p: &Proc, script: &str) -> bool {
     p.comm == "sh" && p.cmdline.len() == 2 && p.cmdline[0] == "/bin/sh" && p.cmdline[1] == script
+}
+
+/// Clock ticks per second of `/proc/PID/stat`'s times (`USER_HZ`, 100 on every Linux ABI the
+/// sandbox runs on).
+const USER_HZ: u64 = 100;
+
+/// How long the confirmation watches the CPU (once, twice when it sees a burn).
+const SAMPLE_WINDOW: Duration = Duration::from_millis(150);
+
+/// A burn: CPU time gained over a window at least this share of one CPU (and at least
+/// [`MIN_BURN_TICKS`]). Sleeping services gain nothing measurable (0 to 10 ms in a window); a
+/// busy loop gains about a whole CPU (more than half of one on a loaded machine), a loop of
+/// short-lived processes a fifth of one or more.
+const BURN_SHARE: f64 = 0.10;
+const MIN_BURN_TICKS: u64 = 2;
+
+/// One reading of the CPU time of every process of the sandbox (`/proc/PID/stat`, read through
+/// init), keyed by `(pid, start time)`.
+struct CpuSample {
+    at: Instant,
+    /// `(pid, start)` -> (name, own time counted, reaped children's time).
+    procs: BTreeMap<(u32, u64), (String, u64, u64)>,
+}
+
+impl CpuSample {
+    /// Own time (utime + stime) counts for every process except init (which serves these very
+    /// reads) and the live processes of the episode's record (the services, a perturbation's
+    /// own busy processes; the runaway is not among the live ones once it is gone). Reaped
+    /// children's time (cutime + cstime) counts for all, init's included: orphans are its.
+    fn take(probe: &mut dyn Probe, originals: &BTreeSet<(u32, u64)>) -> Result<Self, ProbeError> {
+        let mut procs = BTreeMap::new();
+        for e in probe.list("/proc")?.unwrap_or_default() {
+            let Ok(pid) = e.name.parse::<u32>() else {
+                continue;
+            };
+            let Some(raw) = probe.read(&format!("/proc/{pid}/stat"), 4096)? else {
+                continue; // exited meanwhile
+            };
+            let stat = String::from_utf8_lossy(&raw);
+            let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+                continue;
+            };
+            let f: Vec<&str> = stat[close + 1..].split_whitespace().collect();
+            let n = |i: usize| f.get(i).and_then(|s| s.parse::<u64>().ok()).unwrap_or(0);
+            let (state, own, children, start) =
+                (f.first().copied(), n(11) + n(12), n(13) + n(14), n(19));
+            // A recorded process that dies within the window stops being exempt, and its whole
+            // CPU time then counts at once: recorded processes do not die on their own (the
+            // services loop, a perturbation's busy loops spin), and the second window makes a
+            // single such jump harmless.
+            let live = !matches!(state, Some("Z" | "X" | "x"));
+            let exempt = pid == 1 || (live && originals.contains(&(pid, start)));
+            let name = stat[open + 1..close].to_string();
+            procs.insert((pid, start), (name, if exempt { 0 } else { own }, children));
+        }
+        Ok(Self {
+            at: Instant::now(),
+            procs,
+        })
+    }
+
+    fn total(&self) -> u64 {
+        self.procs.values().map(|(_, own, ch)| own + ch).sum()
+    }
+
+    fn burn_since(&self, before: &CpuSample) -> Burn {
+        let ticks = self.total().saturating_sub(before.total());
+        let window = self.at.duration_since(before.at);
+        // Who gained the most, for the reason.
+        let mut top: Vec<(u64, u32, String)> = self
+            .procs
+            .iter()
+            .map(|(k, (name, own, ch))| {
+                let (b_own, b_ch) = before.procs.get(k).map_or((0, 0), |(_, o, c)| (*o, *c));
+                ((own + ch).saturating_sub(b_own + b_ch), k.0, name.clone())
+            })
+            .filter(|(t, _, _)| *t > 0)
+            .collect();
+        top.sort_by(|a, b| b.0.cmp(&a.0));
+        top.truncate(3);
+        Burn { ticks, window, top }
+    }
+}
+
+/// CPU time gained by the sandbox's processes over a window.
+struct Burn {
+    ticks: u64,
+    window: Duration,
+    top: Vec<(u64, u32, String)>,
+}
+
+impl Burn {
+    fn is_burning(&self) -> bool {
+        let window_ticks = self.window.as_secs_f64() * USER_HZ as f64;
+        self.ticks >= MIN_BURN_TICKS && self.ticks as f64 >= BURN_SHARE * window_ticks
+    }
+
+    fn reason(&self) -> String {
+        let who: Vec<String> = self
+            .top
+            .iter()
+            .map(|(t, pid, name)| format!("pid {pid} ({name}) {} ms", t * 1000 / USER_HZ))
+            .collect();
+        format!(
+            "something still burns a CPU: {} ms of CPU time in {} ms ({})",
+            self.ticks * 1000 / USER_HZ,
+            self.window.as_millis(),
+            who.join(", ")
+        )
+    }
 }
 
 impl Task for KillRunaway {
@@ -141,38 +261,78 @@ impl Task for KillRunaway {
             Ok(f) => f,
             Err(v) => return Ok(v),
         };
+        // Without the record, no process can be shown to be the episode's: fail closed.
+        let Some(originals) = probe.start_processes().cloned() else {
+            return Ok(Verdict::from_checks(vec![(
+                false,
+                "the episode's processes were not recorded".to_string(),
+            )]));
+        };
         let procs = probe.processes()?;
+        // The processes the episode's start steps left, still alive (a zombie is gone).
+        let recorded: Vec<&Proc> = procs
+            .iter()
+            .filter(|p| !matches!(p.state, 'Z' | 'X' | 'x'))
+            .filter(|p| originals.contains(&(p.pid, p.start_ticks)))
+            .collect();
         let mut checks = vec![(
-            running(&procs, &f.hog).next().is_none()
-                && !procs
-                    .iter()
-                    .any(|p| p.state == 'T' && p.cmdline.get(1) == Some(&f.hog)),
+            !recorded.iter().any(|p| is_service(p, &f.hog)),
             format!("the runaway {} still exists", f.hog),
         )];
         // A service the agent killed and started again is not "kept running": the one that
         // counts is a process the episode's start steps left, the same pid with the same start
-        // time (a pid alone could come round again after a wrap). Without the record, no
-        // service can be shown to be the original: fail closed.
-        let originals = probe.start_processes();
+        // time (a pid alone could come round again after a wrap).
         for d in &f.decoys {
-            let alive: Vec<&Proc> = running(&procs, d)
-                .filter(|p| p.state != 'T' && p.state != 't' && is_service(p, d))
-                .collect();
-            let original = alive
+            let kept = recorded
                 .iter()
-                .any(|p| originals.is_some_and(|o| o.contains(&(p.pid, p.start_ticks))));
+                .any(|p| is_service(p, d) && !matches!(p.state, 'T' | 't'));
+            let stopped = recorded.iter().any(|p| is_service(p, d));
+            let look_alike = running(&procs, d).next().is_some();
             checks.push((
-                original,
-                if alive.is_empty() {
-                    format!("the service {d} is not running")
-                } else if originals.is_none() {
-                    format!("the service {d} runs, but the episode's processes were not recorded")
-                } else {
+                kept,
+                if stopped {
+                    format!("the service {d} is stopped")
+                } else if look_alike {
                     format!("the service {d} was restarted, not kept running")
+                } else {
+                    format!("the service {d} is not running")
                 },
             ));
         }
         Ok(Verdict::from_checks(checks))
+    }
+
+    /// Nothing the agent left burns a CPU: the sandbox's CPU time sampled over an interval
+    /// (twice when the first shows a burn, so that one reaping of a process killed just before
+    /// the judgement, whose whole CPU time then moves to its parent's account, is not taken
+    /// for one).
+    fn confirm(&self, _setup: &TaskSetup, sys: &mut dyn Confirm) -> Result<Verdict, ProbeError> {
+        let Some(originals) = sys.start_processes().cloned() else {
+            return Ok(Verdict::from_checks(vec![(
+                false,
+                "the episode's processes were not recorded".to_string(),
+            )]));
+        };
+        let mut last = CpuSample::take(sys, &originals)?;
+        let mut burn = None;
+        for _ in 0..2 {
+            std::thread::sleep(SAMPLE_WINDOW);
+            let next = CpuSample::take(sys, &originals)?;
+            let b = next.burn_since(&last);
+            if std::env::var_os("KR_DEBUG").is_some() {
+                eprintln!("KRDEBUG burn {} ticks {:?} {:?}", b.ticks, b.window, b.top);
+            }
+            last = next;
+            if !b.is_burning() {
+                burn = None;
+                break;
+            }
+            burn = Some(b);
+        }
+        Ok(Verdict::from_checks(vec![(
+            burn.is_none(),
+            burn.map_or_else(String::new, |b| b.reason()),
+        )]))
     }
 
     fn oracle(&self, setup: &TaskSetup) -> Vec<String> {

@@ -223,9 +223,9 @@ fn restore_service_front_takes_network_faults_and_port_taken_squats_its_port() {
         let r = running.run(&cmd, Duration::from_secs(60)).unwrap();
         assert!(r.success(), "{}", String::from_utf8_lossy(&r.stderr));
     }
-    let v = running.judge().unwrap();
-    assert!(v.success, "{:?}", v.reasons);
-    // Through the front, the real service answers, and a request pays the latency both ways.
+    // Through the front, the real service answers, and a request pays the latency both ways
+    // (asked before the judgement, whose confirmation restarts the service and leaves nothing
+    // running).
     let t0 = std::time::Instant::now();
     let r = running
         .run(
@@ -237,6 +237,8 @@ fn restore_service_front_takes_network_faults_and_port_taken_squats_its_port() {
     let out = String::from_utf8_lossy(&r.stdout).into_owned();
     assert!(out.contains(" ok\ntoken="), "{out}");
     assert!(took >= Duration::from_millis(800), "no latency: {took:?}");
+    let v = running.judge().unwrap();
+    assert!(v.success, "{:?}", v.reasons);
 }
 
 /// A perturbation that breaks the task's own start (a read-only `/var/log`, where free-disk
