@@ -140,7 +140,7 @@ impl CpuSample {
             })
             .filter(|(t, _, _)| *t > 0)
             .collect();
-        top.sort_by(|a, b| b.0.cmp(&a.0));
+        top.sort_by_key(|t| std::cmp::Reverse(t.0));
         top.truncate(3);
         Burn { ticks, window, top }
     }
@@ -319,9 +319,6 @@ impl Task for KillRunaway {
             std::thread::sleep(SAMPLE_WINDOW);
             let next = CpuSample::take(sys, &originals)?;
             let b = next.burn_since(&last);
-            if std::env::var_os("KR_DEBUG").is_some() {
-                eprintln!("KRDEBUG burn {} ticks {:?} {:?}", b.ticks, b.window, b.top);
-            }
             last = next;
             if !b.is_burning() {
                 burn = None;
@@ -399,21 +396,52 @@ mod tests {
     use std::collections::BTreeSet;
     use std::time::Duration;
 
-    /// A probe that shows fixed processes and a fixed record of the episode's start.
+    /// A probe that shows fixed processes and a fixed record of the episode's start, and
+    /// `/proc/PID/stat` files for the CPU samples.
+    #[derive(Default)]
     struct Fake {
         procs: Vec<Proc>,
         start: Option<BTreeSet<(u32, u64)>>,
+        stats: BTreeMap<u32, String>,
     }
 
     impl Probe for Fake {
-        fn read(&mut self, _: &str, _: u64) -> Result<Option<Vec<u8>>, ProbeError> {
-            Ok(None)
+        fn read(&mut self, path: &str, _: u64) -> Result<Option<Vec<u8>>, ProbeError> {
+            let pid = path
+                .strip_prefix("/proc/")
+                .and_then(|p| p.strip_suffix("/stat"))
+                .and_then(|p| p.parse::<u32>().ok());
+            Ok(pid
+                .and_then(|p| self.stats.get(&p))
+                .map(|s| s.as_bytes().to_vec()))
         }
         fn stat(&mut self, _: &str) -> Result<Option<FileStat>, ProbeError> {
             Ok(None)
         }
-        fn list(&mut self, _: &str) -> Result<Option<Vec<DirEntry>>, ProbeError> {
-            Ok(None)
+        fn list(&mut self, path: &str) -> Result<Option<Vec<DirEntry>>, ProbeError> {
+            if path != "/proc" {
+                return Ok(None);
+            }
+            let st = FileStat {
+                kind: sandbox::protocol::FileKind::Dir,
+                mode: 0o555,
+                uid: 0,
+                gid: 0,
+                size: 0,
+                mtime_ns: 0,
+                symlink_target: None,
+            };
+            let mut names: Vec<String> = self.stats.keys().map(|p| p.to_string()).collect();
+            names.push("self".into());
+            Ok(Some(
+                names
+                    .into_iter()
+                    .map(|name| DirEntry {
+                        name,
+                        stat: st.clone(),
+                    })
+                    .collect(),
+            ))
         }
         fn processes(&mut self) -> Result<Vec<Proc>, ProbeError> {
             Ok(self.procs.clone())
@@ -461,7 +489,14 @@ mod tests {
         let record: BTreeSet<(u32, u64)> = [(40, 1000), (41, 1000)].into();
         let verdict = |procs: Vec<Proc>, start: Option<BTreeSet<(u32, u64)>>| {
             KillRunaway
-                .verify(&setup(), &mut Fake { procs, start })
+                .verify(
+                    &setup(),
+                    &mut Fake {
+                        procs,
+                        start,
+                        ..Fake::default()
+                    },
+                )
                 .unwrap()
         };
         // The original, runaway gone: solved.
@@ -478,5 +513,112 @@ mod tests {
         let v = verdict(vec![service(41, decoy, 1000)], None);
         assert!(!v.success);
         assert!(v.reasons[0].contains("not recorded"), "{:?}", v.reasons);
+    }
+
+    #[test]
+    fn the_runaway_counts_as_the_recorded_process_running_its_script() {
+        let (hog, decoy) = ("/opt/orbit/bin/sync.sh", "/opt/orbit/bin/mailer.sh");
+        let record: BTreeSet<(u32, u64)> = [(40, 1000), (41, 1000)].into();
+        let verdict = |procs: Vec<Proc>| {
+            KillRunaway
+                .verify(
+                    &setup(),
+                    &mut Fake {
+                        procs,
+                        start: Some(record.clone()),
+                        ..Fake::default()
+                    },
+                )
+                .unwrap()
+        };
+        let mut stopped = service(40, hog, 1000);
+        stopped.state = 'T';
+        let v = verdict(vec![stopped, service(41, decoy, 1000)]);
+        assert!(v.reasons[0].contains("runaway"), "{:?}", v.reasons);
+        // Gone as a zombie.
+        let mut zombie = service(40, hog, 1000);
+        (zombie.state, zombie.cmdline) = ('Z', vec![]);
+        assert!(verdict(vec![zombie, service(41, decoy, 1000)]).success);
+        // A process the agent started naming the runaway's script is not the runaway (the
+        // confirmation's CPU sample judges what it does).
+        assert!(verdict(vec![service(77, hog, 9000), service(41, decoy, 1000)]).success);
+        // A stopped service is not running.
+        let mut d = service(41, decoy, 1000);
+        d.state = 'T';
+        let v = verdict(vec![d]);
+        assert!(v.reasons[0].contains("stopped"), "{:?}", v.reasons);
+    }
+
+    /// A `/proc/PID/stat` line with these times (utime, cutime; stime and cstime 0).
+    fn stat_line(pid: u32, comm: &str, state: char, utime: u64, cutime: u64, start: u64) -> String {
+        format!(
+            "{pid} ({comm}) {state} 1 1 1 0 -1 0 0 0 0 0 {utime} 0 {cutime} 0 20 0 1 0 {start} 0 0"
+        )
+    }
+
+    #[test]
+    fn the_cpu_sample_counts_what_burns_outside_the_record() {
+        let record: BTreeSet<(u32, u64)> = [(40, 1000), (41, 1000), (42, 1000)].into();
+        let burn = |before: Vec<String>, after: Vec<String>| {
+            let mut fake = Fake::default();
+            let parse = |lines: Vec<String>| -> BTreeMap<u32, String> {
+                lines
+                    .into_iter()
+                    .map(|l| (l.split(' ').next().unwrap().parse().unwrap(), l))
+                    .collect()
+            };
+            fake.stats = parse(before);
+            let a = CpuSample::take(&mut fake, &record).unwrap();
+            fake.stats = parse(after);
+            let b = CpuSample::take(&mut fake, &record).unwrap();
+            b.burn_since(&a)
+        };
+        let init = |ut, ct| stat_line(1, "envfactory-init", 'S', ut, ct, 1);
+        let service = |ut| stat_line(41, "sh", 'S', ut, 0, 1000);
+        // Init's own work (serving the reads) and a recorded busy process (a perturbation's)
+        // do not count.
+        let b = burn(
+            vec![
+                init(5, 0),
+                service(0),
+                stat_line(42, "gzip", 'R', 100, 0, 1000),
+            ],
+            vec![
+                init(9, 0),
+                service(0),
+                stat_line(42, "gzip", 'R', 115, 0, 1000),
+            ],
+        );
+        assert_eq!(b.ticks, 0);
+        // A process the agent started does, whatever its name.
+        let b = burn(
+            vec![init(5, 0), stat_line(90, "kworker/0:1", 'R', 3, 0, 5000)],
+            vec![init(5, 0), stat_line(90, "kworker/0:1", 'R', 18, 0, 5000)],
+        );
+        assert_eq!(b.ticks, 15);
+        assert!(b.is_burning() && b.reason().contains("pid 90 (kworker/0:1)"));
+        // So do short-lived children its parent reaped, and orphans init reaped.
+        let b = burn(
+            vec![init(5, 100), stat_line(91, "sh", 'S', 1, 50, 6000)],
+            vec![init(5, 104), stat_line(91, "sh", 'S', 2, 58, 6000)],
+        );
+        assert_eq!(b.ticks, 13);
+        // A process that had run before the window and is reaped in it moves its time to its
+        // reaper's account: no burn (the runaway killed just before the judgement, a zombie
+        // for a moment).
+        let b = burn(
+            vec![init(5, 0), stat_line(40, "sh", 'Z', 900, 0, 1000)],
+            vec![init(5, 900)],
+        );
+        assert_eq!(b.ticks, 0);
+        let b = burn(
+            vec![
+                stat_line(91, "sh", 'S', 0, 0, 6000),
+                stat_line(92, "perl", 'R', 40, 0, 6100),
+            ],
+            vec![stat_line(91, "sh", 'S', 0, 41, 6000)],
+        );
+        assert_eq!(b.ticks, 1);
+        assert!(!b.is_burning());
     }
 }

@@ -559,4 +559,29 @@ mod tests {
         assert_eq!(token("ke", "abc"), "0a0708");
         assert_eq!(token("", "abc"), "");
     }
+
+    #[test]
+    fn a_reply_counts_only_as_a_200_with_the_nonces_token() {
+        let ok = b"HTTP/1.0 200 OK\r\nContent-Length: 20\r\n\r\norbit ok\ntoken=0a0708\n";
+        assert!(right_reply(ok, "ke", "abc"));
+        assert!(!right_reply(ok, "ke", "abd"));
+        let err = b"HTTP/1.0 503 Service Unavailable\r\n\r\ntoken=0a0708\n";
+        assert!(!right_reply(err, "ke", "abc"));
+        // The token in a header is not the body's.
+        let hdr = b"HTTP/1.0 200 OK\r\ntoken=0a0708\r\n\r\nok\n";
+        assert!(!right_reply(hdr, "ke", "abc"));
+        assert_eq!(nonce().len(), 16);
+        assert_ne!(nonce(), nonce());
+    }
+
+    #[test]
+    fn the_start_script_is_the_one_instances_ship() {
+        // The confirmation runs this text; instances built before it was a function hold it.
+        assert_eq!(
+            start_script("orbit"),
+            "#!/bin/sh\n# Start the orbit service in the background.\ncd /opt/orbit || exit 1\n\
+             /opt/orbit/server.pl /etc/orbit/orbit.conf >> /var/log/orbit/server.out 2>&1 < /dev/null &\n\
+             echo \"orbit started\"\n"
+        );
+    }
 }
