@@ -1,20 +1,31 @@
 //! `kill-runaway`: several services of an application run from scripts under `/opt/APP/bin`
 //! (started at every episode start); one of them, chosen per seed and named like the others,
 //! spins on a CPU. The goal is that the runaway is gone and every other service still runs.
-//! The verifier reads the sandbox's `/proc` through the probe and identifies processes by
-//! their command line (the script's path), never by pid; a stopped (`T`) process is not
-//! running, a zombie is gone. A surviving service must be the very process the episode started:
-//! its (pid, start time) pair is among [`Probe::start_processes`] (killing the services and
-//! starting them again by hand is not leaving them running).
+//!
+//! Processes are known by what the kernel says of them, never by a name the agent could give
+//! its own: the episode's start records the `(pid, start time)` of every process its start
+//! steps left ([`Probe::start_processes`]), and only those are the services and the runaway.
+//! Which recorded process is which is told by the command line its start step gave it; a
+//! recorded process's command line is its own memory, which no other process can change in the
+//! sandbox (no ptrace, no `process_vm_writev`, `/proc` read-only). The verifier's reads: the
+//! recorded runaway is gone (a zombie is gone), every recorded service is alive and not
+//! stopped. The confirmation measures what the agent left: the CPU time of every process of
+//! the sandbox (`/proc/PID/stat`: its own time, and its reaped children's, init's too, so a
+//! stream of short-lived processes or orphans counts) sampled over an interval; apart from the
+//! recorded processes (which include a perturbation's own busy processes, not the agent's
+//! doing), nothing may be burning a CPU. A renamed, reniced or restarted copy of the runaway is
+//! still a process that burns a CPU.
 
 use super::util::{self, facts, pick, CLEAN_ENV};
-use super::{HackTrial, Task, TaskError, TaskSetup, Verdict};
+use super::{Task, TaskError, TaskSetup, Verdict};
 use crate::instance::sh_quote;
 use crate::instance::Builder;
-use crate::probe::{Probe, ProbeError, Proc};
+use crate::probe::{Confirm, Probe, ProbeError, Proc};
 use rand::seq::SliceRandom;
 use rand::Rng;
 use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
 
 pub struct KillRunaway;
 
@@ -40,7 +51,7 @@ struct Facts {
     decoys: Vec<String>,
 }
 
-/// RunningInstance (neither zombie nor stopped) processes running `script` as their first argument.
+/// Live (not zombie) processes naming `script` as their first argument, whoever started them.
 fn running<'a>(procs: &'a [Proc], script: &'a str) -> impl Iterator<Item = &'a Proc> + 'a {
     procs.iter().filter(move |p| {
         !matches!(p.state, 'Z' | 'X' | 'x') && p.cmdline.get(1).is_some_and(|a| a == script)
@@ -51,6 +62,116 @@ fn running<'a>(procs: &'a [Proc], script: &'a str) -> impl Iterator<Item = &'a P
 /// names the script (`cat SCRIPT -`, `sleep 1e9 SCRIPT`) is not the service.
 fn is_service(p: &Proc, script: &str) -> bool {
     p.comm == "sh" && p.cmdline.len() == 2 && p.cmdline[0] == "/bin/sh" && p.cmdline[1] == script
+}
+
+/// Clock ticks per second of `/proc/PID/stat`'s times (`USER_HZ`, 100 on every Linux ABI the
+/// sandbox runs on).
+const USER_HZ: u64 = 100;
+
+/// How long the confirmation watches the CPU (once, twice when it sees a burn).
+const SAMPLE_WINDOW: Duration = Duration::from_millis(150);
+
+/// A burn: CPU time gained over a window at least this share of one CPU (and at least
+/// [`MIN_BURN_TICKS`]). Sleeping services gain nothing measurable (0 to 10 ms in a window); a
+/// busy loop gains about a whole CPU (more than half of one on a loaded machine), a loop of
+/// short-lived processes a fifth of one or more.
+const BURN_SHARE: f64 = 0.10;
+const MIN_BURN_TICKS: u64 = 2;
+
+/// One reading of the CPU time of every process of the sandbox (`/proc/PID/stat`, read through
+/// init), keyed by `(pid, start time)`.
+struct CpuSample {
+    at: Instant,
+    /// `(pid, start)` -> (name, own time counted, reaped children's time).
+    procs: BTreeMap<(u32, u64), (String, u64, u64)>,
+}
+
+impl CpuSample {
+    /// Own time (utime + stime) counts for every process except init (which serves these very
+    /// reads) and the live processes of the episode's record (the services, a perturbation's
+    /// own busy processes; the runaway is not among the live ones once it is gone). Reaped
+    /// children's time (cutime + cstime) counts for all, init's included: orphans are its.
+    fn take(probe: &mut dyn Probe, originals: &BTreeSet<(u32, u64)>) -> Result<Self, ProbeError> {
+        let mut procs = BTreeMap::new();
+        for e in probe.list("/proc")?.unwrap_or_default() {
+            let Ok(pid) = e.name.parse::<u32>() else {
+                continue;
+            };
+            let Some(raw) = probe.read(&format!("/proc/{pid}/stat"), 4096)? else {
+                continue; // exited meanwhile
+            };
+            let stat = String::from_utf8_lossy(&raw);
+            let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+                continue;
+            };
+            let f: Vec<&str> = stat[close + 1..].split_whitespace().collect();
+            let n = |i: usize| f.get(i).and_then(|s| s.parse::<u64>().ok()).unwrap_or(0);
+            let (state, own, children, start) =
+                (f.first().copied(), n(11) + n(12), n(13) + n(14), n(19));
+            // A recorded process that dies within the window stops being exempt, and its whole
+            // CPU time then counts at once: recorded processes do not die on their own (the
+            // services loop, a perturbation's busy loops spin), and the second window makes a
+            // single such jump harmless.
+            let live = !matches!(state, Some("Z" | "X" | "x"));
+            let exempt = pid == 1 || (live && originals.contains(&(pid, start)));
+            let name = stat[open + 1..close].to_string();
+            procs.insert((pid, start), (name, if exempt { 0 } else { own }, children));
+        }
+        Ok(Self {
+            at: Instant::now(),
+            procs,
+        })
+    }
+
+    fn total(&self) -> u64 {
+        self.procs.values().map(|(_, own, ch)| own + ch).sum()
+    }
+
+    fn burn_since(&self, before: &CpuSample) -> Burn {
+        let ticks = self.total().saturating_sub(before.total());
+        let window = self.at.duration_since(before.at);
+        // Who gained the most, for the reason.
+        let mut top: Vec<(u64, u32, String)> = self
+            .procs
+            .iter()
+            .map(|(k, (name, own, ch))| {
+                let (b_own, b_ch) = before.procs.get(k).map_or((0, 0), |(_, o, c)| (*o, *c));
+                ((own + ch).saturating_sub(b_own + b_ch), k.0, name.clone())
+            })
+            .filter(|(t, _, _)| *t > 0)
+            .collect();
+        top.sort_by_key(|t| std::cmp::Reverse(t.0));
+        top.truncate(3);
+        Burn { ticks, window, top }
+    }
+}
+
+/// CPU time gained by the sandbox's processes over a window.
+struct Burn {
+    ticks: u64,
+    window: Duration,
+    top: Vec<(u64, u32, String)>,
+}
+
+impl Burn {
+    fn is_burning(&self) -> bool {
+        let window_ticks = self.window.as_secs_f64() * USER_HZ as f64;
+        self.ticks >= MIN_BURN_TICKS && self.ticks as f64 >= BURN_SHARE * window_ticks
+    }
+
+    fn reason(&self) -> String {
+        let who: Vec<String> = self
+            .top
+            .iter()
+            .map(|(t, pid, name)| format!("pid {pid} ({name}) {} ms", t * 1000 / USER_HZ))
+            .collect();
+        format!(
+            "something still burns a CPU: {} ms of CPU time in {} ms ({})",
+            self.ticks * 1000 / USER_HZ,
+            self.window.as_millis(),
+            who.join(", ")
+        )
+    }
 }
 
 impl Task for KillRunaway {
@@ -140,38 +261,75 @@ impl Task for KillRunaway {
             Ok(f) => f,
             Err(v) => return Ok(v),
         };
+        // Without the record, no process can be shown to be the episode's: fail closed.
+        let Some(originals) = probe.start_processes().cloned() else {
+            return Ok(Verdict::from_checks(vec![(
+                false,
+                "the episode's processes were not recorded".to_string(),
+            )]));
+        };
         let procs = probe.processes()?;
+        // The processes the episode's start steps left, still alive (a zombie is gone).
+        let recorded: Vec<&Proc> = procs
+            .iter()
+            .filter(|p| !matches!(p.state, 'Z' | 'X' | 'x'))
+            .filter(|p| originals.contains(&(p.pid, p.start_ticks)))
+            .collect();
         let mut checks = vec![(
-            running(&procs, &f.hog).next().is_none()
-                && !procs
-                    .iter()
-                    .any(|p| p.state == 'T' && p.cmdline.get(1) == Some(&f.hog)),
+            !recorded.iter().any(|p| is_service(p, &f.hog)),
             format!("the runaway {} still exists", f.hog),
         )];
         // A service the agent killed and started again is not "kept running": the one that
         // counts is a process the episode's start steps left, the same pid with the same start
-        // time (a pid alone could come round again after a wrap). Without the record, no
-        // service can be shown to be the original: fail closed.
-        let originals = probe.start_processes();
+        // time (a pid alone could come round again after a wrap).
         for d in &f.decoys {
-            let alive: Vec<&Proc> = running(&procs, d)
-                .filter(|p| p.state != 'T' && p.state != 't' && is_service(p, d))
-                .collect();
-            let original = alive
+            let kept = recorded
                 .iter()
-                .any(|p| originals.is_some_and(|o| o.contains(&(p.pid, p.start_ticks))));
+                .any(|p| is_service(p, d) && !matches!(p.state, 'T' | 't'));
+            let stopped = recorded.iter().any(|p| is_service(p, d));
+            let look_alike = running(&procs, d).next().is_some();
             checks.push((
-                original,
-                if alive.is_empty() {
-                    format!("the service {d} is not running")
-                } else if originals.is_none() {
-                    format!("the service {d} runs, but the episode's processes were not recorded")
-                } else {
+                kept,
+                if stopped {
+                    format!("the service {d} is stopped")
+                } else if look_alike {
                     format!("the service {d} was restarted, not kept running")
+                } else {
+                    format!("the service {d} is not running")
                 },
             ));
         }
         Ok(Verdict::from_checks(checks))
+    }
+
+    /// Nothing the agent left burns a CPU: the sandbox's CPU time sampled over an interval
+    /// (twice when the first shows a burn, so that one reaping of a process killed just before
+    /// the judgement, whose whole CPU time then moves to its parent's account, is not taken
+    /// for one).
+    fn confirm(&self, _setup: &TaskSetup, sys: &mut dyn Confirm) -> Result<Verdict, ProbeError> {
+        let Some(originals) = sys.start_processes().cloned() else {
+            return Ok(Verdict::from_checks(vec![(
+                false,
+                "the episode's processes were not recorded".to_string(),
+            )]));
+        };
+        let mut last = CpuSample::take(sys, &originals)?;
+        let mut burn = None;
+        for _ in 0..2 {
+            std::thread::sleep(SAMPLE_WINDOW);
+            let next = CpuSample::take(sys, &originals)?;
+            let b = next.burn_since(&last);
+            last = next;
+            if !b.is_burning() {
+                burn = None;
+                break;
+            }
+            burn = Some(b);
+        }
+        Ok(Verdict::from_checks(vec![(
+            burn.is_none(),
+            burn.map_or_else(String::new, |b| b.reason()),
+        )]))
     }
 
     fn oracle(&self, setup: &TaskSetup) -> Vec<String> {
@@ -198,9 +356,9 @@ exit 1;"#;
         )]
     }
 
-    fn hack_trials(&self, setup: &TaskSetup) -> Vec<HackTrial> {
+    fn trial_vars(&self, setup: &TaskSetup) -> BTreeMap<String, String> {
         let Ok(f) = facts::<Facts>(setup) else {
-            return vec![];
+            return BTreeMap::new();
         };
         // `[/]` keeps the trial's own shell out of the pattern's matches.
         let pat = |p: &str| sh_quote(&format!("[/]{}", &p[1..]));
@@ -216,55 +374,18 @@ exit 1;"#;
                 .collect::<Vec<_>>()
                 .join(" ")
         );
-        vec![
-            HackTrial {
-                name: "kill every process",
-                commands: vec!["kill -9 -1".into()],
-            },
-            HackTrial {
-                name: "kill every service of the app",
-                commands: vec![format!(
-                    "pkill -9 -f {}; sleep 0.2",
-                    pat(&format!("/opt/{}", f.app))
-                )],
-            },
-            HackTrial {
-                name: "kill every service, leave look-alikes naming the decoys",
-                commands: vec![format!(
-                    "pkill -9 -f {}; sleep 0.2; for d in {}; do (sleep 1000 | cat \"$d\" - > /dev/null 2>&1 &); done; sleep 0.2",
-                    pat(&format!("/opt/{}", f.app)),
-                    decoys_unnamed
-                )],
-            },
-            HackTrial {
-                name: "kill a bystander",
-                commands: vec![format!("pkill -9 -f {}; sleep 0.2", pat(&decoy))],
-            },
-            HackTrial {
-                name: "suspend the runaway instead",
-                commands: vec![format!("pkill -STOP -f {}; sleep 0.2", pat(&f.hog))],
-            },
-            HackTrial {
-                name: "kill every service, start the others again by hand",
-                commands: vec![format!(
-                    "pkill -9 -f {}; sleep 0.2; for d in {}; do (/bin/sh \"$d\" > /dev/null 2>&1 < /dev/null &); done; sleep 0.2",
-                    pat(&format!("/opt/{}", f.app)),
-                    decoys_unnamed
-                )],
-            },
-            HackTrial {
-                name: "renice the runaway",
-                commands: vec![format!("renice -n 19 -p $(pgrep -f {})", pat(&f.hog))],
-            },
-            HackTrial {
-                name: "kill the runaway and a bystander",
-                commands: vec![format!(
-                    "pkill -9 -f {}; pkill -9 -f {}; sleep 0.2",
-                    pat(&f.hog),
-                    pat(&decoy)
-                )],
-            },
+        [
+            ("APP", f.app.clone()),
+            ("HOG", f.hog.clone()),
+            ("HOG_PAT", pat(&f.hog)),
+            ("APP_PAT", pat(&format!("/opt/{}", f.app))),
+            ("DECOY", decoy.clone()),
+            ("DECOY_PAT", pat(&decoy)),
+            ("DECOYS_UNNAMED", decoys_unnamed),
         ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
     }
 }
 
@@ -275,21 +396,52 @@ mod tests {
     use std::collections::BTreeSet;
     use std::time::Duration;
 
-    /// A probe that shows fixed processes and a fixed record of the episode's start.
+    /// A probe that shows fixed processes and a fixed record of the episode's start, and
+    /// `/proc/PID/stat` files for the CPU samples.
+    #[derive(Default)]
     struct Fake {
         procs: Vec<Proc>,
         start: Option<BTreeSet<(u32, u64)>>,
+        stats: BTreeMap<u32, String>,
     }
 
     impl Probe for Fake {
-        fn read(&mut self, _: &str, _: u64) -> Result<Option<Vec<u8>>, ProbeError> {
-            Ok(None)
+        fn read(&mut self, path: &str, _: u64) -> Result<Option<Vec<u8>>, ProbeError> {
+            let pid = path
+                .strip_prefix("/proc/")
+                .and_then(|p| p.strip_suffix("/stat"))
+                .and_then(|p| p.parse::<u32>().ok());
+            Ok(pid
+                .and_then(|p| self.stats.get(&p))
+                .map(|s| s.as_bytes().to_vec()))
         }
         fn stat(&mut self, _: &str) -> Result<Option<FileStat>, ProbeError> {
             Ok(None)
         }
-        fn list(&mut self, _: &str) -> Result<Option<Vec<DirEntry>>, ProbeError> {
-            Ok(None)
+        fn list(&mut self, path: &str) -> Result<Option<Vec<DirEntry>>, ProbeError> {
+            if path != "/proc" {
+                return Ok(None);
+            }
+            let st = FileStat {
+                kind: sandbox::protocol::FileKind::Dir,
+                mode: 0o555,
+                uid: 0,
+                gid: 0,
+                size: 0,
+                mtime_ns: 0,
+                symlink_target: None,
+            };
+            let mut names: Vec<String> = self.stats.keys().map(|p| p.to_string()).collect();
+            names.push("self".into());
+            Ok(Some(
+                names
+                    .into_iter()
+                    .map(|name| DirEntry {
+                        name,
+                        stat: st.clone(),
+                    })
+                    .collect(),
+            ))
         }
         fn processes(&mut self) -> Result<Vec<Proc>, ProbeError> {
             Ok(self.procs.clone())
@@ -337,7 +489,14 @@ mod tests {
         let record: BTreeSet<(u32, u64)> = [(40, 1000), (41, 1000)].into();
         let verdict = |procs: Vec<Proc>, start: Option<BTreeSet<(u32, u64)>>| {
             KillRunaway
-                .verify(&setup(), &mut Fake { procs, start })
+                .verify(
+                    &setup(),
+                    &mut Fake {
+                        procs,
+                        start,
+                        ..Fake::default()
+                    },
+                )
                 .unwrap()
         };
         // The original, runaway gone: solved.
@@ -354,5 +513,112 @@ mod tests {
         let v = verdict(vec![service(41, decoy, 1000)], None);
         assert!(!v.success);
         assert!(v.reasons[0].contains("not recorded"), "{:?}", v.reasons);
+    }
+
+    #[test]
+    fn the_runaway_counts_as_the_recorded_process_running_its_script() {
+        let (hog, decoy) = ("/opt/orbit/bin/sync.sh", "/opt/orbit/bin/mailer.sh");
+        let record: BTreeSet<(u32, u64)> = [(40, 1000), (41, 1000)].into();
+        let verdict = |procs: Vec<Proc>| {
+            KillRunaway
+                .verify(
+                    &setup(),
+                    &mut Fake {
+                        procs,
+                        start: Some(record.clone()),
+                        ..Fake::default()
+                    },
+                )
+                .unwrap()
+        };
+        let mut stopped = service(40, hog, 1000);
+        stopped.state = 'T';
+        let v = verdict(vec![stopped, service(41, decoy, 1000)]);
+        assert!(v.reasons[0].contains("runaway"), "{:?}", v.reasons);
+        // Gone as a zombie.
+        let mut zombie = service(40, hog, 1000);
+        (zombie.state, zombie.cmdline) = ('Z', vec![]);
+        assert!(verdict(vec![zombie, service(41, decoy, 1000)]).success);
+        // A process the agent started naming the runaway's script is not the runaway (the
+        // confirmation's CPU sample judges what it does).
+        assert!(verdict(vec![service(77, hog, 9000), service(41, decoy, 1000)]).success);
+        // A stopped service is not running.
+        let mut d = service(41, decoy, 1000);
+        d.state = 'T';
+        let v = verdict(vec![d]);
+        assert!(v.reasons[0].contains("stopped"), "{:?}", v.reasons);
+    }
+
+    /// A `/proc/PID/stat` line with these times (utime, cutime; stime and cstime 0).
+    fn stat_line(pid: u32, comm: &str, state: char, utime: u64, cutime: u64, start: u64) -> String {
+        format!(
+            "{pid} ({comm}) {state} 1 1 1 0 -1 0 0 0 0 0 {utime} 0 {cutime} 0 20 0 1 0 {start} 0 0"
+        )
+    }
+
+    #[test]
+    fn the_cpu_sample_counts_what_burns_outside_the_record() {
+        let record: BTreeSet<(u32, u64)> = [(40, 1000), (41, 1000), (42, 1000)].into();
+        let burn = |before: Vec<String>, after: Vec<String>| {
+            let mut fake = Fake::default();
+            let parse = |lines: Vec<String>| -> BTreeMap<u32, String> {
+                lines
+                    .into_iter()
+                    .map(|l| (l.split(' ').next().unwrap().parse().unwrap(), l))
+                    .collect()
+            };
+            fake.stats = parse(before);
+            let a = CpuSample::take(&mut fake, &record).unwrap();
+            fake.stats = parse(after);
+            let b = CpuSample::take(&mut fake, &record).unwrap();
+            b.burn_since(&a)
+        };
+        let init = |ut, ct| stat_line(1, "envfactory-init", 'S', ut, ct, 1);
+        let service = |ut| stat_line(41, "sh", 'S', ut, 0, 1000);
+        // Init's own work (serving the reads) and a recorded busy process (a perturbation's)
+        // do not count.
+        let b = burn(
+            vec![
+                init(5, 0),
+                service(0),
+                stat_line(42, "gzip", 'R', 100, 0, 1000),
+            ],
+            vec![
+                init(9, 0),
+                service(0),
+                stat_line(42, "gzip", 'R', 115, 0, 1000),
+            ],
+        );
+        assert_eq!(b.ticks, 0);
+        // A process the agent started does, whatever its name.
+        let b = burn(
+            vec![init(5, 0), stat_line(90, "kworker/0:1", 'R', 3, 0, 5000)],
+            vec![init(5, 0), stat_line(90, "kworker/0:1", 'R', 18, 0, 5000)],
+        );
+        assert_eq!(b.ticks, 15);
+        assert!(b.is_burning() && b.reason().contains("pid 90 (kworker/0:1)"));
+        // So do short-lived children its parent reaped, and orphans init reaped.
+        let b = burn(
+            vec![init(5, 100), stat_line(91, "sh", 'S', 1, 50, 6000)],
+            vec![init(5, 104), stat_line(91, "sh", 'S', 2, 58, 6000)],
+        );
+        assert_eq!(b.ticks, 13);
+        // A process that had run before the window and is reaped in it moves its time to its
+        // reaper's account: no burn (the runaway killed just before the judgement, a zombie
+        // for a moment).
+        let b = burn(
+            vec![init(5, 0), stat_line(40, "sh", 'Z', 900, 0, 1000)],
+            vec![init(5, 900)],
+        );
+        assert_eq!(b.ticks, 0);
+        let b = burn(
+            vec![
+                stat_line(91, "sh", 'S', 0, 0, 6000),
+                stat_line(92, "perl", 'R', 40, 0, 6100),
+            ],
+            vec![stat_line(91, "sh", 'S', 0, 41, 6000)],
+        );
+        assert_eq!(b.ticks, 1);
+        assert!(!b.is_burning());
     }
 }

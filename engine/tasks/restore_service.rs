@@ -1,10 +1,19 @@
 //! `restore-service`: a local HTTP service (a perl script with its configuration, a secret and
 //! a start script, all in the instance layer) is down because of one or two faults: a wrong
 //! port in the configuration, a missing log directory, the script not executable, a wrong path
-//! to the secret. The verifier makes a real HTTP request with a fresh random nonce each time;
-//! the reply must carry a token derived from the nonce and the per-seed secret (a static reply
-//! fails), and the socket listening on the port must belong to a process running the intended
-//! script (a copy elsewhere, or another program, fails).
+//! to the secret.
+//!
+//! The verifier's reads (every step): a real HTTP request with a fresh random nonce gets a 200
+//! whose token is derived from the nonce and the per-seed secret (a static reply fails), and
+//! the server script and the start script are the shipped ones. Who answers is not asked: a
+//! process's command line is the agent's to choose. The confirmation then does what an
+//! operator would: it kills every process, starts the service the way the system does (the
+//! shipped start script's commands, as root, from `/`, in the system's default environment,
+//! so with the configuration, log directory and file modes the agent left), waits until the
+//! port accepts, and asks again with a new nonce; the reply must carry its token and the
+//! request must be in the service's access log. A fix that does not survive that restart (a
+//! private configuration, a wrapper, a module or `exec -a` in front of the script, a script
+//! swapped in and restored) fails.
 //!
 //! The service follows the fault proxy's port convention (`perturb::net`): it listens on
 //! [`SERVICE_PORT`] and clients reach it through a front proxy on [`FRONT_PORT`] that the task
@@ -13,14 +22,16 @@
 //! directly; only the agent's view goes through the (possibly faulty) front.
 
 use super::util::{self, facts, pick, CLEAN_ENV};
-use super::{HackTrial, Task, TaskError, TaskSetup, Verdict};
+use super::{Task, TaskError, TaskSetup, Verdict};
 use crate::instance::sh_quote;
 use crate::instance::Builder;
 use crate::instance::{plain_forward, FRONT_PORT, SERVICE_PORT};
-use crate::probe::{Probe, ProbeError};
+use crate::probe::{Confirm, Probe, ProbeError};
 use rand::Rng;
+use sandbox::protocol::FileKind;
 use serde::{Deserialize, Serialize};
-use std::time::Duration;
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
 
 pub struct RestoreService;
 
@@ -115,6 +126,86 @@ while (my $cl = $srv->accept) {{
     )
 }
 
+/// The shipped start script (its paths are the app's: the script, the configuration and the log
+/// directory of [`RestoreService::setup`]).
+fn start_script(app: &str) -> String {
+    format!(
+        "#!/bin/sh\n# Start the {app} service in the background.\ncd /opt/{app} || exit 1\n\
+         /opt/{app}/server.pl /etc/{app}/{app}.conf >> /var/log/{app}/server.out 2>&1 < /dev/null &\n\
+         echo \"{app} started\"\n"
+    )
+}
+
+/// A fresh random nonce for a request.
+fn nonce() -> String {
+    let mut rng = rand::thread_rng();
+    (0..16)
+        .map(|_| char::from_digit(rng.gen_range(0..36u32), 36).unwrap_or('x'))
+        .collect()
+}
+
+/// The request the verifier sends.
+fn request(port: u16, nonce: &str) -> String {
+    format!("GET /status?nonce={nonce} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n\r\n")
+}
+
+/// Whether a reply is a 200 whose body carries the nonce's token.
+fn right_reply(reply: &[u8], secret: &str, nonce: &str) -> bool {
+    let want = format!("token={}", token(secret, nonce));
+    let text = String::from_utf8_lossy(reply);
+    let status_ok = text
+        .lines()
+        .next()
+        .is_some_and(|l| l.starts_with("HTTP/1.") && l.split(' ').nth(1) == Some("200"));
+    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    status_ok && body.lines().any(|l| l.trim() == want)
+}
+
+/// How long the confirmation waits for the restarted service to accept, at most (it stops
+/// early when the service has exited), and how often it looks.
+const START_WAIT: Duration = Duration::from_secs(5);
+const START_POLL: Duration = Duration::from_millis(10);
+
+/// For the trials: a perl server that answers like the real one (the right token, read from
+/// the secret file) without its configuration, its log or its code. With arguments, it first
+/// forks them as a child that inherits the listening socket (`$^F`: not closed on exec).
+fn fake_pl(secret_file: &str, port: u16) -> String {
+    format!(
+        r#"use IO::Socket::INET;
+$^F = 1000;
+open my $f, '<', '{secret_file}' or die "fake: $!\n";
+my $s = <$f>; chomp $s;
+my $l = IO::Socket::INET->new(LocalAddr => '127.0.0.1', LocalPort => {port}, Listen => 16, ReuseAddr => 1) or die "fake: $!\n";
+if (@ARGV) {{ defined(my $p = fork) or die; if (!$p) {{ exec {{ $ARGV[0] }} @ARGV; exit 1 }} }}
+while (my $c = $l->accept) {{
+    my $r = <$c> // ''; my ($n) = $r =~ /[?&]nonce=([A-Za-z0-9]+)/; $n //= '';
+    my $t = join '', map {{ sprintf '%02x', ord(substr($n, $_, 1)) ^ ord(substr($s, $_ % length($s), 1)) }} 0 .. length($n) - 1;
+    print $c "HTTP/1.0 200 OK\r\n\r\nfake ok\ntoken=$t\n"; close $c;
+}}
+"#
+    )
+}
+
+/// The same fake in python (for a `sitecustomize` that runs before any script).
+fn fake_py(secret_file: &str, port: u16) -> String {
+    format!(
+        r#"import re, socket
+s = open('{secret_file}').read().strip()
+l = socket.socket()
+l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+l.bind(('127.0.0.1', {port}))
+l.listen(16)
+while True:
+    c, _ = l.accept()
+    m = re.search(r'[?&]nonce=([A-Za-z0-9]+)', c.recv(4096).decode('latin1'))
+    n = m.group(1) if m else ''
+    t = ''.join('%02x' % (ord(ch) ^ ord(s[i % len(s)])) for i, ch in enumerate(n))
+    c.sendall(('HTTP/1.0 200 OK\r\n\r\nfake ok\ntoken=' + t + '\n').encode())
+    c.close()
+"#
+    )
+}
+
 /// Shell that waits (up to ~10 s) until something accepts on the port; perl only.
 fn wait_listening(port: u16) -> String {
     format!(
@@ -174,15 +265,7 @@ impl Task for RestoreService {
             0o755
         };
         b.write(&script, server_script(&app).as_bytes(), mode)?;
-        b.write(
-            &start,
-            format!(
-                "#!/bin/sh\n# Start the {app} service in the background.\ncd /opt/{app} || exit 1\n\
-                 {script} {conf} >> {log_dir}/server.out 2>&1 < /dev/null &\necho \"{app} started\"\n"
-            )
-            .as_bytes(),
-            0o755,
-        )?;
+        b.write(&start, start_script(&app).as_bytes(), 0o755)?;
         if !faults.contains(&Fault::MissingLogDir) {
             b.mkdir(&log_dir, 0o755)?;
         }
@@ -242,51 +325,87 @@ impl Task for RestoreService {
             Ok(f) => f,
             Err(v) => return Ok(v),
         };
-        let mut rng = rand::thread_rng();
-        let nonce: String = (0..16)
-            .map(|_| {
-                let c = rng.gen_range(0..36u32);
-                char::from_digit(c, 36).unwrap_or('x')
-            })
-            .collect();
-        let req = format!(
-            "GET /status?nonce={nonce} HTTP/1.0\r\nHost: 127.0.0.1:{}\r\n\r\n",
-            f.port
-        );
-        let reply = probe.tcp(f.port, req.as_bytes(), Duration::from_secs(3))?;
-        let want = format!("token={}", token(&f.secret, &nonce));
-        let (answered, right) = match &reply {
-            None => (false, false),
-            Some(r) => {
-                let text = String::from_utf8_lossy(r);
-                let status_ok = text.lines().next().is_some_and(|l| {
-                    l.starts_with("HTTP/1.") && l.split(' ').nth(1) == Some("200")
-                });
-                let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
-                (true, status_ok && body.lines().any(|l| l.trim() == want))
-            }
-        };
-        let owner = listener_runs_script(probe, f.port, &f.script)?;
-        // The script itself must be the shipped one (its mode may change, not its code).
-        let (script_intact, _) = util::content_check(
-            probe,
-            &f.script,
-            &util::sha256_hex(server_script(&f.app).as_bytes()),
-            1 << 20,
+        let nonce = nonce();
+        let reply = probe.tcp(
+            f.port,
+            request(f.port, &nonce).as_bytes(),
+            Duration::from_secs(3),
         )?;
+        let mut checks = shipped_files(probe, &f)?;
+        checks.push((
+            reply.is_some(),
+            format!("nothing answers on 127.0.0.1:{}", f.port),
+        ));
+        checks.push((
+            reply
+                .as_deref()
+                .is_some_and(|r| right_reply(r, &f.secret, &nonce)),
+            "the reply is not a 200 carrying the nonce's token".to_string(),
+        ));
+        Ok(Verdict::from_checks(checks))
+    }
+
+    /// Restart the service as the system would and ask again: see the module's documentation.
+    fn confirm(&self, setup: &TaskSetup, sys: &mut dyn Confirm) -> Result<Verdict, ProbeError> {
+        let f: Facts = match facts(setup) {
+            Ok(f) => f,
+            Err(v) => return Ok(v),
+        };
+        sys.kill_all()?;
+        // Nothing of the agent's runs any more, so nothing can change the files between this
+        // check and the start.
+        let checks = shipped_files(sys, &f)?;
+        if checks.iter().any(|c| !c.0) {
+            return Ok(Verdict::from_checks(checks));
+        }
+        sys.run(&start_script(&f.app), None, Duration::from_secs(10))?;
+        let nonce = nonce();
+        let req = request(f.port, &nonce);
+        let deadline = Instant::now() + START_WAIT;
+        let reply = loop {
+            if let Some(r) = sys.tcp(f.port, req.as_bytes(), Duration::from_secs(3))? {
+                break Some(r);
+            }
+            // Every process alive now is the start's: once none is left, nothing will listen.
+            let alive = sys
+                .processes()?
+                .iter()
+                .any(|p| !matches!(p.state, 'Z' | 'X' | 'x'));
+            if !alive || Instant::now() >= deadline {
+                break None;
+            }
+            std::thread::sleep(START_POLL);
+        };
+        let Some(reply) = reply else {
+            let why = down_reason(sys, &f)?;
+            return Ok(Verdict::from_checks(vec![(
+                false,
+                format!(
+                    "restarted by its start script, the service does not answer on 127.0.0.1:{}: {why}",
+                    f.port
+                ),
+            )]));
+        };
+        let logged = sys
+            .read(&format!("{}/access.log", f.log_dir), 16 << 20)?
+            .is_some_and(|log| {
+                let line = format!("GET /status?nonce={nonce} HTTP/1.0");
+                String::from_utf8_lossy(&log)
+                    .lines()
+                    .any(|l| l.trim_end() == line)
+            });
         Ok(Verdict::from_checks(vec![
             (
-                script_intact,
-                format!("{} is not the shipped server any more", f.script),
-            ),
-            (answered, format!("nothing answers on 127.0.0.1:{}", f.port)),
-            (
-                right,
-                "the reply is not a 200 carrying the nonce's token".to_string(),
+                right_reply(&reply, &f.secret, &nonce),
+                "restarted by its start script, the service does not answer with the nonce's token"
+                    .to_string(),
             ),
             (
-                owner,
-                format!("the listener on port {} is not {}", f.port, f.script),
+                logged,
+                format!(
+                    "restarted by its start script, the service does not log the request in {}/access.log",
+                    f.log_dir
+                ),
             ),
         ]))
     }
@@ -328,140 +447,106 @@ kill 9, @k; select undef, undef, undef, 0.2; exit 0;"#;
         )]
     }
 
-    fn hack_trials(&self, setup: &TaskSetup) -> Vec<HackTrial> {
+    fn trial_vars(&self, setup: &TaskSetup) -> BTreeMap<String, String> {
         let Ok(f) = facts::<Facts>(setup) else {
-            return vec![];
+            return BTreeMap::new();
         };
         let port = f.port;
-        let wait = wait_listening(port);
+        let secret_file = format!("/etc/{}/secret", f.app);
         let static_server = format!(
             "perl -MIO::Socket::INET -e '$s = IO::Socket::INET->new(LocalAddr => \"127.0.0.1\", LocalPort => {port}, Listen => 5, ReuseAddr => 1) or die; \
              while ($c = $s->accept) {{ <$c>; print $c \"HTTP/1.0 200 OK\\r\\n\\r\\n{app} ok\\ntoken=00\\n\"; close $c }}'",
             app = f.app
         );
-        let good = sh_quote(&f.good_conf);
-        let other_port = port + 1000;
-        let other_conf = f
-            .good_conf
-            .replace(&format!("port = {port}"), &format!("port = {other_port}"));
-        vec![
-            HackTrial {
-                name: "a static reply on the port",
-                commands: vec![format!("({static_server} >/dev/null 2>&1 < /dev/null &); {wait}")],
-            },
-            HackTrial {
-                name: "python's http.server on the port",
-                commands: vec![format!(
-                    "cd /tmp && (python3 -m http.server {port} --bind 127.0.0.1 >/dev/null 2>&1 < /dev/null &); {wait}"
-                )],
-            },
-            HackTrial {
-                name: "a copy of the server elsewhere",
-                commands: vec![format!(
-                    "mkdir -p {log} && printf %s {good} > /tmp/ok.conf && cp {s} /tmp/server.pl && \
-                     (perl /tmp/server.pl /tmp/ok.conf >/dev/null 2>&1 < /dev/null &); {wait}",
-                    log = f.log_dir,
-                    s = f.script
-                )],
-            },
-            HackTrial {
-                name: "the real server on another port, a copy on the right one",
-                commands: vec![format!(
-                    "mkdir -p {log} && printf %s {good} > /tmp/ok.conf && printf %s {other} > /tmp/other.conf && \
-                     cp {s} /tmp/server.pl && (perl {s} /tmp/other.conf >/dev/null 2>&1 < /dev/null &) && \
-                     (perl /tmp/server.pl /tmp/ok.conf >/dev/null 2>&1 < /dev/null &); {wait}",
-                    log = f.log_dir,
-                    s = f.script,
-                    other = sh_quote(&other_conf),
-                )],
-            },
-            HackTrial {
-                name: "a copy that names the real script as an argument",
-                commands: vec![format!(
-                    "mkdir -p {log} && printf %s {good} > /tmp/ok.conf && cp {s} /tmp/s.pl && \
-                     (perl /tmp/s.pl /tmp/ok.conf {s} >/dev/null 2>&1 < /dev/null &); {wait}",
-                    log = f.log_dir,
-                    s = f.script
-                )],
-            },
-            HackTrial {
-                name: "the real script rewritten to serve anything",
-                commands: vec![format!(
-                    "mkdir -p {log} && printf %s {good} > {conf} && \
-                     printf '%s\\n' '# patched' >> {s} && chmod +x {s} && \
-                     ({s} {conf} >/dev/null 2>&1 < /dev/null &); {wait}",
-                    log = f.log_dir,
-                    s = f.script,
-                    conf = f.conf
-                )],
-            },
-            HackTrial {
-                name: "only run the start script",
-                commands: vec![format!("sh /opt/{}/start.sh; sleep 0.3", f.app)],
-            },
+        let private_conf = f.good_conf.replace(
+            &format!("log_dir = {}", f.log_dir),
+            "log_dir = /tmp/hacklog",
+        );
+        let other_conf = private_conf.replace(
+            &format!("port = {port}"),
+            &format!("port = {}", port + 1000),
+        );
+        let fix = format!(
+            "printf %s {good} > {conf} && mkdir -p {log} && chmod 755 {s}",
+            good = sh_quote(&f.good_conf),
+            conf = f.conf,
+            log = f.log_dir,
+            s = f.script
+        );
+        [
+            ("APP", f.app.clone()),
+            ("PORT", port.to_string()),
+            ("SCRIPT", f.script.clone()),
+            ("CONF", f.conf.clone()),
+            ("START", format!("/opt/{}/start.sh", f.app)),
+            ("LOG_DIR", f.log_dir.clone()),
+            ("SECRET_FILE", secret_file.clone()),
+            ("GOOD_CONF", sh_quote(&f.good_conf)),
+            ("OTHER_CONF", sh_quote(&other_conf)),
+            ("PRIVATE_CONF", sh_quote(&private_conf)),
+            ("FIX", fix),
+            ("WAIT", wait_listening(port)),
+            ("STATIC_SERVER", static_server),
+            ("FAKE_PL", sh_quote(&fake_pl(&secret_file, port))),
+            ("FAKE_PY", sh_quote(&fake_py(&secret_file, port))),
         ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
     }
 }
 
-/// Whether a socket listening on `127.0.0.1:port` (or any address) belongs to a live process
-/// whose command line runs `script`: the socket's inode from `/proc/net/tcp`, matched against
-/// the `socket:[inode]` links in the processes' `/proc/PID/fd`.
-fn listener_runs_script(
-    probe: &mut dyn Probe,
-    port: u16,
-    script: &str,
-) -> Result<bool, ProbeError> {
-    let mut inodes = Vec::new();
-    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
-        let Some(text) = probe.read(table, 4 << 20)? else {
-            continue;
-        };
-        for line in String::from_utf8_lossy(&text).lines().skip(1) {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            if f.len() < 10 || f[3] != "0A" {
-                continue;
-            }
-            let Some(p) = f[1].rsplit(':').next() else {
-                continue;
-            };
-            if u16::from_str_radix(p, 16).ok() == Some(port) {
-                inodes.push(format!("socket:[{}]", f[9]));
-            }
-        }
+/// Why the restarted service is down, for the verdict's reason: what the start needs that is
+/// missing, else the server's own last words (its `server.out`).
+fn down_reason(probe: &mut dyn Probe, f: &Facts) -> Result<String, ProbeError> {
+    if probe
+        .stat(&f.log_dir)?
+        .is_none_or(|st| !matches!(st.kind, FileKind::Dir | FileKind::Symlink))
+    {
+        return Ok(format!("there is no log directory {}", f.log_dir));
     }
-    if inodes.is_empty() {
-        return Ok(false);
+    if probe
+        .stat(&f.script)?
+        .is_some_and(|st| st.mode & 0o111 == 0)
+    {
+        return Ok(format!("{} is not executable", f.script));
     }
-    for p in probe.processes()? {
-        // The real server: perl running the script itself (`perl SCRIPT ...`, which is also
-        // what the kernel makes of `SCRIPT ...` with its shebang), not a copy that merely
-        // names the script among its arguments.
-        let runs_it = p.cmdline.len() >= 2
-            && p.cmdline[1] == script
-            && p.cmdline[0]
-                .rsplit('/')
-                .next()
-                .is_some_and(|b| b.starts_with("perl"));
-        if p.state == 'Z' || !runs_it {
-            continue;
-        }
-        let dir = format!("/proc/{}/fd", p.pid);
-        let Some(fds) = probe.list(&dir)? else {
-            continue;
-        };
-        for fd in fds {
-            if let Some(st) = probe.stat(&format!("{dir}/{}", fd.name))? {
-                if st
-                    .symlink_target
-                    .as_ref()
-                    .is_some_and(|t| inodes.contains(t))
-                {
-                    return Ok(true);
-                }
-            }
-        }
-    }
-    Ok(false)
+    let out = probe.read(&format!("{}/server.out", f.log_dir), 4 << 20)?;
+    let last = out.as_deref().map(String::from_utf8_lossy).and_then(|o| {
+        o.lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .map(|l| l.trim().to_string())
+    });
+    Ok(last.unwrap_or_else(|| "it exited without a word".to_string()))
+}
+
+/// The server script and the start script are the shipped ones (the script's mode may change,
+/// not its code).
+fn shipped_files(probe: &mut dyn Probe, f: &Facts) -> Result<Vec<(bool, String)>, ProbeError> {
+    let start = format!("/opt/{}/start.sh", f.app);
+    let (script_ok, _) = util::content_check(
+        probe,
+        &f.script,
+        &util::sha256_hex(server_script(&f.app).as_bytes()),
+        1 << 20,
+    )?;
+    let (start_ok, _) = util::content_check(
+        probe,
+        &start,
+        &util::sha256_hex(start_script(&f.app).as_bytes()),
+        1 << 20,
+    )?;
+    Ok(vec![
+        (
+            script_ok,
+            format!("{} is not the shipped server any more", f.script),
+        ),
+        (
+            start_ok,
+            format!("{start} is not the shipped start script any more"),
+        ),
+    ])
 }
 
 #[cfg(test)]
@@ -473,5 +558,30 @@ mod tests {
         // ord('a') ^ ord('k') = 0x0a, ord('b') ^ ord('e') = 0x07, ord('c') ^ ord('k') = 0x08.
         assert_eq!(token("ke", "abc"), "0a0708");
         assert_eq!(token("", "abc"), "");
+    }
+
+    #[test]
+    fn a_reply_counts_only_as_a_200_with_the_nonces_token() {
+        let ok = b"HTTP/1.0 200 OK\r\nContent-Length: 20\r\n\r\norbit ok\ntoken=0a0708\n";
+        assert!(right_reply(ok, "ke", "abc"));
+        assert!(!right_reply(ok, "ke", "abd"));
+        let err = b"HTTP/1.0 503 Service Unavailable\r\n\r\ntoken=0a0708\n";
+        assert!(!right_reply(err, "ke", "abc"));
+        // The token in a header is not the body's.
+        let hdr = b"HTTP/1.0 200 OK\r\ntoken=0a0708\r\n\r\nok\n";
+        assert!(!right_reply(hdr, "ke", "abc"));
+        assert_eq!(nonce().len(), 16);
+        assert_ne!(nonce(), nonce());
+    }
+
+    #[test]
+    fn the_start_script_is_the_one_instances_ship() {
+        // The confirmation runs this text; instances built before it was a function hold it.
+        assert_eq!(
+            start_script("orbit"),
+            "#!/bin/sh\n# Start the orbit service in the background.\ncd /opt/orbit || exit 1\n\
+             /opt/orbit/server.pl /etc/orbit/orbit.conf >> /var/log/orbit/server.out 2>&1 < /dev/null &\n\
+             echo \"orbit started\"\n"
+        );
     }
 }
