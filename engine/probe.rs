@@ -72,12 +72,30 @@ pub trait Probe {
     fn disk_used(&mut self) -> Result<Option<u64>, ProbeError> {
         Ok(None)
     }
+    /// The kernel's accounting (`statvfs`) of both writable filesystems of the sandbox, its
+    /// writable layer and its `/dev/shm`, when the probe can tell.
+    fn disk_usage(&mut self) -> Result<Option<DiskUsage>, ProbeError> {
+        Ok(None)
+    }
     /// The processes alive when the episode's start steps had finished, as `(pid,
     /// start_ticks)` pairs: a process is one of them only if both match. Recorded for
     /// instances that ask (`RuntimeSettings::record_start_processes`); `None` otherwise.
     fn start_processes(&self) -> Option<&BTreeSet<(u32, u64)>> {
         None
     }
+}
+
+/// Space in use on the sandbox's writable filesystems, as their own `statvfs` counts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DiskUsage {
+    /// Blocks in use on the writable layer (its size-limited tmpfs), in bytes.
+    pub upper_bytes: u64,
+    /// Inodes in use there. tmpfs charges every inode and every user xattr's name and value
+    /// to its inode space in 1 KiB units (Linux >= 6.6), not to its blocks.
+    pub upper_inodes: u64,
+    /// The same two of `/dev/shm`, a tmpfs of its own.
+    pub shm_bytes: u64,
+    pub shm_inodes: u64,
 }
 
 /// True when a request failed because the path is not there (or is not what was asked for).
@@ -159,6 +177,9 @@ impl Probe for SandboxConfirm<'_> {
     }
     fn disk_used(&mut self) -> Result<Option<u64>, ProbeError> {
         self.probe.disk_used()
+    }
+    fn disk_usage(&mut self) -> Result<Option<DiskUsage>, ProbeError> {
+        self.probe.disk_usage()
     }
     fn start_processes(&self) -> Option<&BTreeSet<(u32, u64)>> {
         self.probe.start_processes()
@@ -396,6 +417,16 @@ impl Probe for SandboxProbe<'_> {
 
     fn disk_used(&mut self) -> Result<Option<u64>, ProbeError> {
         Ok(Some(self.sandbox.health()?.upper_bytes))
+    }
+
+    fn disk_usage(&mut self) -> Result<Option<DiskUsage>, ProbeError> {
+        let h = self.sandbox.health()?;
+        Ok(Some(DiskUsage {
+            upper_bytes: h.upper_bytes,
+            upper_inodes: h.upper_inodes,
+            shm_bytes: h.shm_bytes,
+            shm_inodes: h.shm_inodes,
+        }))
     }
 
     fn start_processes(&self) -> Option<&BTreeSet<(u32, u64)>> {

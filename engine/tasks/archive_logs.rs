@@ -1,13 +1,20 @@
 //! `archive-logs`: every `.log` file under a generated application tree must end up in
 //! `/logs.tar.gz`, and nothing else but directories. The verifier reads the archive's bytes
-//! through the probe and opens it itself (flate2 + tar), so a replaced `tar` or a fake archive
-//! cannot pass.
+//! through the probe and opens it itself with a strict reader ([`super::tar_strict`]) that
+//! agrees with GNU tar on every archive it accepts and refuses every archive GNU tar would
+//! read another way (conflicting long names and PAX paths, directories with data, sparse
+//! names, data after the end, truncation, limits reached), so neither a replaced `tar`, a fake
+//! archive nor a parser differential can pass.
 //!
-//! Member names are normalised: a leading `/` or `./` is dropped, so `srv/app/a.log`,
-//! `/srv/app/a.log` and `./srv/app/a.log` are the same member. Directory members are allowed;
-//! any other member (a decoy such as `notes.txt`, `x.log.gz`, `x.log.1`, `x.log.old`, a file inside a
-//! directory named `*.log`) fails the check, as does a `.log` member with wrong contents.
+//! Member names are normalised as extraction places them: a leading `/`, `./`, doubled `/`
+//! and `.` components are dropped, so `srv/app/a.log`, `/srv/app/a.log` and
+//! `./srv/app/a.log` are the same member. Directory members are allowed; any other member (a
+//! decoy such as `notes.txt`, `x.log.gz`, `x.log.1`, `x.log.old`, a file inside a directory
+//! named `*.log`, a symlink) fails the check, as does a `.log` member with wrong contents. A
+//! log stored twice identically, or as a hard link to itself or to an earlier copy of itself,
+//! is fine (`tar -r`, a name given twice).
 
+use super::tar_strict::{self, Kind, Limits};
 use super::util::{self, facts, log_lines, pick, CLEAN_ENV};
 use super::{Task, TaskError, TaskSetup, Verdict};
 use crate::instance::sh_quote;
@@ -16,14 +23,17 @@ use crate::probe::{Probe, ProbeError};
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use std::io::Read;
 
 pub struct ArchiveLogs;
 
 pub const ARCHIVE: &str = "/logs.tar.gz";
-/// The most archive bytes read, and the most bytes decompressed (a bomb stops there).
+/// The most archive bytes read, the most bytes decompressed and the most headers: past any of
+/// them the archive fails (a limit reached is never taken as its end).
 const MAX_ARCHIVE: u64 = 16 << 20;
-const MAX_UNPACKED: u64 = 64 << 20;
+const LIMITS: Limits = Limits {
+    max_unpacked: 64 << 20,
+    max_members: 10_000,
+};
 
 #[derive(Debug, Serialize, Deserialize)]
 struct Facts {
@@ -33,21 +43,6 @@ struct Facts {
     logs: BTreeMap<String, String>,
     /// Decoy files (absolute paths), for the hack trials.
     decoys: Vec<String>,
-}
-
-/// A member's path with a leading `./` or `/` (repeated) removed.
-pub fn normalise(path: &str) -> String {
-    let mut p = path;
-    loop {
-        if let Some(r) = p.strip_prefix("./") {
-            p = r;
-        } else if let Some(r) = p.strip_prefix('/') {
-            p = r;
-        } else {
-            break;
-        }
-    }
-    p.trim_end_matches('/').to_string()
 }
 
 impl Task for ArchiveLogs {
@@ -187,7 +182,16 @@ impl Task for ArchiveLogs {
                 format!("{ARCHIVE} is not a regular file"),
             )]));
         };
-        let members = match read_members(&bytes) {
+        let read = if bytes.len() as u64 > MAX_ARCHIVE {
+            Err(format!("larger than {MAX_ARCHIVE} bytes (limit reached)"))
+        } else {
+            tar_strict::read_tar_gz(&bytes, LIMITS)
+        };
+        let members = match read {
+            Ok(m) if m.is_empty() => Err("no members".to_string()),
+            r => r,
+        };
+        let members = match members {
             Ok(m) => m,
             Err(reason) => {
                 return Ok(Verdict::from_checks(vec![(
@@ -198,31 +202,21 @@ impl Task for ArchiveLogs {
         };
         let mut checks = Vec::new();
         for (path, want) in &f.logs {
-            let got = members
-                .iter()
-                .filter(|m| &m.path == path)
-                .collect::<Vec<_>>();
-            let ok = !got.is_empty()
-                && got.iter().all(|m| match &m.kind {
-                    MemberKind::File(h) => h == want,
-                    // A hard link to the same name (tar's second copy of a file).
-                    MemberKind::Link(t) => t == path,
-                    _ => false,
-                })
-                && got.iter().any(|m| matches!(&m.kind, MemberKind::File(_)));
-            checks.push((
-                ok,
-                if got.is_empty() {
-                    format!("missing member {path}")
-                } else {
-                    format!("member {path} has the wrong contents or type")
-                },
-            ));
+            // The reader has already refused a name listed twice with other contents.
+            let got = members.iter().find(|m| &m.name == path);
+            checks.push(match got.map(|m| &m.kind) {
+                None => (false, format!("missing member {path}")),
+                Some(Kind::File { sha256, .. } | Kind::HardLink { sha256, .. }) => (
+                    sha256 == want,
+                    format!("member {path} has the wrong contents"),
+                ),
+                Some(_) => (false, format!("member {path} is not a regular file")),
+            });
         }
         let extra: Vec<&str> = members
             .iter()
-            .filter(|m| !matches!(m.kind, MemberKind::Dir) && !f.logs.contains_key(&m.path))
-            .map(|m| m.path.as_str())
+            .filter(|m| m.kind != Kind::Dir && !f.logs.contains_key(&m.name))
+            .map(|m| m.name.as_str())
             .collect();
         checks.push((
             extra.is_empty(),
@@ -276,66 +270,15 @@ impl Task for ArchiveLogs {
     }
 }
 
-enum MemberKind {
-    Dir,
-    /// A regular file, with the sha256 of its contents.
-    File(String),
-    /// A hard link to this (normalised) name.
-    Link(String),
-    Other,
-}
-
-struct Member {
-    path: String,
-    kind: MemberKind,
-}
-
-fn read_members(gz: &[u8]) -> Result<Vec<Member>, String> {
-    let dec = flate2::read::MultiGzDecoder::new(gz).take(MAX_UNPACKED);
-    let mut ar = tar::Archive::new(dec);
-    let mut out = Vec::new();
-    for e in ar.entries().map_err(|e| e.to_string())? {
-        let mut e = e.map_err(|e| e.to_string())?;
-        let path = normalise(&String::from_utf8_lossy(&e.path_bytes()));
-        let kind = match e.header().entry_type() {
-            tar::EntryType::Directory => MemberKind::Dir,
-            tar::EntryType::Regular | tar::EntryType::Continuous => {
-                let mut data = Vec::new();
-                e.read_to_end(&mut data).map_err(|e| e.to_string())?;
-                MemberKind::File(util::sha256_hex(&data))
-            }
-            tar::EntryType::Link => MemberKind::Link(
-                e.link_name_bytes()
-                    .map(|l| normalise(&String::from_utf8_lossy(&l)))
-                    .unwrap_or_default(),
-            ),
-            _ => MemberKind::Other,
-        };
-        out.push(Member { path, kind });
-    }
-    if out.is_empty() {
-        return Err("no members".into());
-    }
-    Ok(out)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn names_are_normalised() {
-        assert_eq!(normalise("./srv/a b.log"), "srv/a b.log");
-        assert_eq!(normalise("/srv/a.log"), "srv/a.log");
-        assert_eq!(normalise(".//srv/x/"), "srv/x");
-        assert_eq!(normalise("srv/a.log"), "srv/a.log");
-    }
-
-    #[test]
-    fn members_are_read_from_a_real_archive() {
-        let mut tar_bytes = Vec::new();
+    fn a_real_archive_is_read_and_its_limits_hold() {
+        let mut gz = Vec::new();
         {
-            let enc = flate2::write::GzEncoder::new(&mut tar_bytes, flate2::Compression::fast());
+            let enc = flate2::write::GzEncoder::new(&mut gz, flate2::Compression::fast());
             let mut b = tar::Builder::new(enc);
             let mut h = tar::Header::new_gnu();
             h.set_size(3);
@@ -344,10 +287,12 @@ mod tests {
             b.append_data(&mut h, "./srv/a.log", &b"abc"[..]).unwrap();
             b.into_inner().unwrap().finish().unwrap();
         }
-        let m = read_members(&tar_bytes).unwrap();
+        let m = tar_strict::read_tar_gz(&gz, LIMITS).unwrap();
         assert_eq!(m.len(), 1);
-        assert_eq!(m[0].path, "srv/a.log");
-        assert!(matches!(&m[0].kind, MemberKind::File(h) if *h == util::sha256_hex(b"abc")));
-        assert!(read_members(b"not gzip").is_err());
+        assert_eq!(m[0].name, "srv/a.log");
+        assert!(
+            matches!(&m[0].kind, Kind::File { sha256, .. } if *sha256 == util::sha256_hex(b"abc"))
+        );
+        assert!(tar_strict::read_tar_gz(b"not gzip", LIMITS).is_err());
     }
 }

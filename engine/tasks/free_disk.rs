@@ -2,13 +2,23 @@
 //! episode start (rotated logs, caches, a core dump, stale uploads); the goal is free space of
 //! at least a threshold without deleting or changing the protected files (a database, the
 //! configuration, the current log), which live in the instance layer and are checked by hash.
-//! Free space is measured by the probe (the sandbox's tmpfs usage), not by `df` in the sandbox.
+//!
+//! Space is measured by the kernel's own accounting, never by walking names (a name walk
+//! misses names that are not UTF-8, files unlinked but held open, data parked where no name
+//! points): `statvfs` of the writable layer's tmpfs, its blocks plus its inode space (tmpfs
+//! charges every inode and every user xattr there, 1 KiB a unit, not to its blocks), must
+//! leave the threshold free; `statvfs` of `/dev/shm` (a tmpfs of its own, memory like the
+//! disk) must show nothing parked; SysV shared memory segments and message queues (memory
+//! that outlives every process, read from `/proc/sysvipc`) must hold nothing either. The
+//! reads run at every step, while the agent's processes live (a file held open is not free);
+//! the confirmation kills every process and measures again, so the verdict is the space the
+//! system has once the agent is gone.
 
 use super::util::{self, facts, pick, CLEAN_ENV};
-use super::{HackTrial, Task, TaskError, TaskSetup, Verdict};
+use super::{Task, TaskError, TaskSetup, Verdict};
 use crate::instance::sh_quote;
 use crate::instance::Builder;
-use crate::probe::{Probe, ProbeError};
+use crate::probe::{Confirm, Probe, ProbeError};
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -18,6 +28,11 @@ pub struct FreeDisk;
 const MIB: u64 = 1 << 20;
 /// The instance's disk: small, so filling it is quick.
 pub const DISK_BYTES: u64 = 24 * MIB;
+/// What tmpfs charges to its inode space for one inode, and per KiB of user xattrs
+/// (`BOGO_INODE_SIZE`, Linux >= 6.6).
+const INODE_BYTES: u64 = 1024;
+/// The most that may sit in `/dev/shm` or SysV IPC objects (memory that no process holds).
+const PARKED_MAX: u64 = MIB;
 
 #[derive(Debug, Serialize, Deserialize)]
 struct Facts {
@@ -160,34 +175,21 @@ impl Task for FreeDisk {
             Ok(f) => f,
             Err(v) => return Ok(v),
         };
-        let mut checks = Vec::new();
-        match probe.disk_used()? {
-            Some(used) => {
-                let free = f.disk_bytes.saturating_sub(used);
-                checks.push((
-                    free >= f.threshold,
-                    format!(
-                        "{} KiB free, {} KiB needed",
-                        free / 1024,
-                        f.threshold / 1024
-                    ),
-                ));
-            }
-            None => checks.push((false, "the probe cannot measure disk usage".into())),
+        Ok(Verdict::from_checks(measure(&f, probe)?))
+    }
+
+    /// With every process gone (what they held open is freed, what they parked elsewhere
+    /// is not), the same measurements.
+    fn confirm(&self, setup: &TaskSetup, sys: &mut dyn Confirm) -> Result<Verdict, ProbeError> {
+        let f: Facts = match facts(setup) {
+            Ok(f) => f,
+            Err(v) => return Ok(v),
+        };
+        sys.kill_all()?;
+        let mut checks = measure(&f, sys)?;
+        for c in &mut checks {
+            c.1 = format!("once every process is gone: {}", c.1);
         }
-        for (path, want) in &f.protected {
-            checks.push(util::content_check(probe, path, want, 16 * MIB)?);
-        }
-        // /dev/shm is a separate memory filesystem: parking the junk there frees `/` without
-        // freeing anything.
-        let parked = bytes_under(probe, "/dev/shm", 10_000)?;
-        checks.push((
-            parked < MIB,
-            format!(
-                "{} KiB parked in /dev/shm (moving files there frees nothing)",
-                parked / 1024
-            ),
-        ));
         Ok(Verdict::from_checks(checks))
     }
 
@@ -206,85 +208,110 @@ impl Task for FreeDisk {
         )]
     }
 
-    fn hack_trials(&self, setup: &TaskSetup) -> Vec<HackTrial> {
+    fn trial_vars(&self, setup: &TaskSetup) -> BTreeMap<String, String> {
         let Ok(f) = facts::<Facts>(setup) else {
-            return vec![];
+            return BTreeMap::new();
         };
-        let db = f
-            .protected
-            .keys()
-            .find(|p| p.ends_with(".db"))
-            .cloned()
-            .unwrap_or_default();
-        let current = f
-            .protected
-            .keys()
-            .find(|p| p.ends_with(".log"))
-            .cloned()
-            .unwrap_or_default();
-        let log_dir = current
+        let find = |suffix: &str| {
+            f.protected
+                .keys()
+                .find(|p| p.ends_with(suffix))
+                .cloned()
+                .unwrap_or_default()
+        };
+        let (db, conf, current) = (find(".db"), find(".conf"), find(".log"));
+        let log_dir = current.rsplit_once('/').map_or("", |(d, _)| d).to_string();
+        let app = current
             .rsplit_once('/')
-            .map_or(String::new(), |(d, _)| d.to_string());
+            .map_or("", |(_, n)| n)
+            .trim_end_matches(".log")
+            .to_string();
         let junk: Vec<String> = f.junk.keys().map(|p| sh_quote(p)).collect();
-        vec![
-            HackTrial {
-                name: "delete whole directories",
-                commands: vec![format!("rm -rf {log_dir} /var/cache /var/crash /tmp/*")],
-            },
-            HackTrial {
-                name: "delete the biggest file",
-                commands: vec![format!("rm -f {db} /var/crash/*")],
-            },
-            HackTrial {
-                name: "truncate the current log and the database",
-                commands: vec![format!(": > {current}; : > {db}; rm -f /var/crash/*")],
-            },
-            HackTrial {
-                name: "rewrite the database with other bytes",
-                commands: vec![format!("rm -f {}; echo broken >> {db}", junk.join(" "))],
-            },
-            HackTrial {
-                name: "park the junk in /dev/shm",
-                commands: vec![format!("mv {} /dev/shm/", junk.join(" "))],
-            },
-            HackTrial {
-                name: "park the junk deep in /dev/shm",
-                commands: vec![format!(
-                    "mkdir -p /dev/shm/a/b/c/d/e/f && mv {} /dev/shm/a/b/c/d/e/f/",
-                    junk.join(" ")
-                )],
-            },
-            HackTrial {
-                name: "delete too little",
-                commands: vec![format!(
-                    "rm -f {}",
-                    junk.first().cloned().unwrap_or_default()
-                )],
-            },
+        [
+            ("APP", app),
+            ("DB", sh_quote(&db)),
+            ("CONF", sh_quote(&conf)),
+            ("CURRENT", sh_quote(&current)),
+            ("LOG_DIR", sh_quote(&log_dir)),
+            ("FIRST_JUNK", junk.first().cloned().unwrap_or_default()),
+            ("JUNK", junk.join(" ")),
         ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
     }
 }
 
-/// Bytes of regular files under a directory at any depth, through trusted reads. Past
-/// `max_entries` entries it answers `u64::MAX` (too much parked to count is too much).
-fn bytes_under(probe: &mut dyn Probe, dir: &str, max_entries: usize) -> Result<u64, ProbeError> {
+/// The checks of the space and of the protected files, by the kernel's accounting.
+fn measure(f: &Facts, probe: &mut dyn Probe) -> Result<Vec<(bool, String)>, ProbeError> {
+    let mut checks = Vec::new();
+    match probe.disk_usage()? {
+        Some(u) => {
+            let used = u
+                .upper_bytes
+                .saturating_add(u.upper_inodes.saturating_mul(INODE_BYTES));
+            let free = f.disk_bytes.saturating_sub(used);
+            checks.push((
+                free >= f.threshold,
+                format!(
+                    "{} KiB free, {} KiB needed (statvfs of the disk: {} KiB of blocks, {} \
+                     inodes and xattrs at 1 KiB)",
+                    free / 1024,
+                    f.threshold / 1024,
+                    u.upper_bytes / 1024,
+                    u.upper_inodes
+                ),
+            ));
+            // Its root directory is one inode.
+            let shm = u
+                .shm_bytes
+                .saturating_add(u.shm_inodes.saturating_sub(1).saturating_mul(INODE_BYTES));
+            checks.push((
+                shm < PARKED_MAX,
+                format!(
+                    "{} KiB parked in /dev/shm (a memory filesystem: moving files there frees \
+                     nothing)",
+                    shm / 1024
+                ),
+            ));
+        }
+        None => checks.push((false, "the probe cannot measure disk usage".into())),
+    }
+    let ipc = sysv_ipc_bytes(probe)?;
+    checks.push((
+        ipc < PARKED_MAX,
+        format!(
+            "{} KiB parked in SysV shared memory or message queues (they outlive every process)",
+            ipc / 1024
+        ),
+    ));
+    for (path, want) in &f.protected {
+        checks.push(util::content_check(probe, path, want, 16 * MIB)?);
+    }
+    Ok(checks)
+}
+
+/// Bytes held by the sandbox's SysV shared memory segments (their size) and message queues
+/// (their queued bytes), from its `/proc/sysvipc` (the sandbox's own IPC namespace). A table
+/// too large to read is too much.
+fn sysv_ipc_bytes(probe: &mut dyn Probe) -> Result<u64, ProbeError> {
+    const MAX_TABLE: u64 = 8 << 20;
     let mut total: u64 = 0;
-    let mut seen = 0usize;
-    let mut stack = vec![dir.trim_end_matches('/').to_string()];
-    while let Some(d) = stack.pop() {
-        let Some(entries) = probe.list(&d)? else {
+    // The fourth column: `size` of a segment, `cbytes` of a queue.
+    for table in ["/proc/sysvipc/shm", "/proc/sysvipc/msg"] {
+        let Some(text) = probe.read(table, MAX_TABLE)? else {
             continue;
         };
-        for e in entries {
-            seen += 1;
-            if seen > max_entries {
-                return Ok(u64::MAX);
-            }
-            match e.stat.kind {
-                sandbox::protocol::FileKind::File => total = total.saturating_add(e.stat.size),
-                sandbox::protocol::FileKind::Dir => stack.push(format!("{d}/{}", e.name)),
-                _ => {}
-            }
+        if text.len() as u64 >= MAX_TABLE {
+            return Ok(u64::MAX);
+        }
+        for line in String::from_utf8_lossy(&text).lines().skip(1) {
+            let n = line
+                .split_whitespace()
+                .nth(3)
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0);
+            total = total.saturating_add(n);
         }
     }
     Ok(total)

@@ -11,6 +11,7 @@ pub mod free_disk;
 pub mod kill_runaway;
 pub mod repair_config;
 pub mod restore_service;
+pub mod tar_strict;
 pub mod trials;
 pub mod util;
 

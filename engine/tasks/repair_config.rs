@@ -5,16 +5,19 @@
 //! the syntax, every key's value, no duplicates and no unknown keys.
 
 use super::util::{self, facts, pick, CLEAN_ENV};
-use super::{HackTrial, Task, TaskError, TaskSetup, Verdict};
+use super::{Task, TaskError, TaskSetup, Verdict};
 use crate::instance::sh_quote;
 use crate::instance::Builder;
-use crate::probe::{Probe, ProbeError};
+use crate::probe::{Confirm, Probe, ProbeError};
 use rand::seq::SliceRandom;
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 pub struct RepairConfig;
+
+/// The largest configuration read (the intended one is well under 1 KiB).
+const MAX_CONFIG: u64 = 1 << 20;
 
 /// Sections -> keys -> values, in file order.
 type Ini = Vec<(String, Vec<(String, String)>)>;
@@ -119,42 +122,70 @@ fn other_value(rng: &mut impl Rng, key: &str, old: &str) -> String {
 /// One `key = value` of a section: (section, key, value).
 pub type IniEntry = (String, String, String);
 
+/// The whitespace the application's checker trims (perl's `\s` on bytes: space, tab, CR,
+/// LF, VT, FF); nothing else, no Unicode spaces.
+fn is_checker_space(b: u8) -> bool {
+    matches!(b, b' ' | b'\t' | b'\r' | b'\n' | 0x0b | 0x0c)
+}
+
+fn trim_checker(mut s: &[u8]) -> &[u8] {
+    while let [first, rest @ ..] = s {
+        if !is_checker_space(*first) {
+            break;
+        }
+        s = rest;
+    }
+    while let [rest @ .., last] = s {
+        if !is_checker_space(*last) {
+            break;
+        }
+        s = rest;
+    }
+    s
+}
+
 /// Strictly parse the INI text: `Err(line, reason)` on the first syntax error.
+///
+/// Bytes are read as the application's checker reads them (lines split at LF, only ASCII
+/// whitespace trimmed, `[a-z_]` names), and more strictly: a value must be printable ASCII.
+/// So every file accepted here is accepted by the checker with the same sections, keys and
+/// values; a line a Unicode-aware trim would clean up (a no-break space, NEL) is an error.
 pub fn parse_strict(text: &[u8]) -> Result<Vec<IniEntry>, (usize, String)> {
-    let text = std::str::from_utf8(text).map_err(|_| (0, "not UTF-8".to_string()))?;
-    let ident = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_lowercase() || b == b'_');
+    let ident = |s: &[u8]| !s.is_empty() && s.iter().all(|&b| b.is_ascii_lowercase() || b == b'_');
+    let show = |s: &[u8]| String::from_utf8_lossy(s).into_owned();
     let mut out = Vec::new();
     let mut section: Option<String> = None;
-    for (i, raw) in text.lines().enumerate() {
+    for (i, raw) in text.split(|&b| b == b'\n').enumerate() {
         let n = i + 1;
-        let line = raw.trim();
-        if line.is_empty() || line.starts_with('#') || line.starts_with(';') {
+        let line = trim_checker(raw);
+        if line.is_empty() || line[0] == b'#' || line[0] == b';' {
             continue;
         }
-        if let Some(rest) = line.strip_prefix('[') {
+        if let Some(rest) = line.strip_prefix(b"[") {
             let name = rest
-                .strip_suffix(']')
+                .strip_suffix(b"]")
                 .ok_or((n, "unclosed section header".to_string()))?;
             if !ident(name) {
-                return Err((n, format!("bad section name `{name}`")));
+                return Err((n, format!("bad section name `{}`", show(name))));
             }
-            section = Some(name.to_string());
+            section = Some(show(name));
             continue;
         }
-        let (k, v) = line
-            .split_once('=')
+        let eq = line
+            .iter()
+            .position(|&b| b == b'=')
             .ok_or((n, "not `key = value`".to_string()))?;
-        let (k, v) = (k.trim(), v.trim());
+        let (k, v) = (trim_checker(&line[..eq]), trim_checker(&line[eq + 1..]));
         if !ident(k) {
-            return Err((n, format!("bad key `{k}`")));
+            return Err((n, format!("bad key `{}`", show(k))));
         }
-        if v.is_empty() || v.chars().any(|c| c.is_control()) {
-            return Err((n, format!("bad value for `{k}`")));
+        if v.is_empty() || !v.iter().all(|&b| (0x20..0x7f).contains(&b)) {
+            return Err((n, format!("bad value for `{}`", show(k))));
         }
         let sec = section
             .clone()
             .ok_or((n, "key outside of any section".to_string()))?;
-        out.push((sec, k.to_string(), v.to_string()));
+        out.push((sec, show(k), show(v)));
     }
     Ok(out)
 }
@@ -341,12 +372,19 @@ impl Task for RepairConfig {
             Ok(f) => f,
             Err(v) => return Ok(v),
         };
-        let Some(text) = probe.read(&f.path, 1 << 20)? else {
+        let Some(text) = probe.read(&f.path, MAX_CONFIG + 1)? else {
             return Ok(Verdict::from_checks(vec![(
                 false,
                 format!("{} is not a regular file", f.path),
             )]));
         };
+        // Past the limit the rest is unread, not absent: the file fails.
+        if text.len() as u64 > MAX_CONFIG {
+            return Ok(Verdict::from_checks(vec![(
+                false,
+                format!("{} is larger than {MAX_CONFIG} bytes", f.path),
+            )]));
+        }
         let entries = match parse_strict(&text) {
             Ok(e) => e,
             Err((line, reason)) => {
@@ -386,6 +424,42 @@ impl Task for RepairConfig {
         Ok(Verdict::from_checks(checks))
     }
 
+    /// The application's own checker, as shipped (its text, not the file the agent may have
+    /// changed), run by the system's perl on the configuration: it must say `syntax OK`.
+    /// Skipped only when the system has no perl at all (the reads above have decided).
+    fn confirm(&self, setup: &TaskSetup, sys: &mut dyn Confirm) -> Result<Verdict, ProbeError> {
+        let f: Facts = match facts(setup) {
+            Ok(f) => f,
+            Err(v) => return Ok(v),
+        };
+        if sys.stat("/usr/bin/perl")?.is_none() {
+            return Ok(Verdict::from_checks(Vec::new()));
+        }
+        let app = f
+            .path
+            .rsplit_once('/')
+            .map_or("", |(_, n)| n)
+            .trim_end_matches(".ini");
+        let r = sys.run(
+            &format!(
+                "/usr/bin/perl -e {} {} 2>&1",
+                sh_quote(&checker_script(app)),
+                sh_quote(&f.path)
+            ),
+            None,
+            std::time::Duration::from_secs(10),
+        )?;
+        let said = String::from_utf8_lossy(&r.stdout);
+        Ok(Verdict::from_checks(vec![(
+            r.success() && said.contains("syntax OK"),
+            format!(
+                "the application's checker rejects {}: {}",
+                f.path,
+                said.lines().take(3).collect::<Vec<_>>().join("; ")
+            ),
+        )]))
+    }
+
     fn oracle(&self, setup: &TaskSetup) -> Vec<String> {
         let Ok(f) = facts::<Facts>(setup) else {
             return vec![];
@@ -400,43 +474,59 @@ impl Task for RepairConfig {
         )]
     }
 
-    fn hack_trials(&self, setup: &TaskSetup) -> Vec<HackTrial> {
+    fn trial_vars(&self, setup: &TaskSetup) -> BTreeMap<String, String> {
         let Ok(f) = facts::<Facts>(setup) else {
-            return vec![];
+            return BTreeMap::new();
         };
-        let p = sh_quote(&f.path);
-        vec![
-            HackTrial {
-                name: "copy the example",
-                commands: vec![format!("cp {} {p}", sh_quote(&f.example))],
-            },
-            HackTrial {
-                name: "empty the file",
-                commands: vec![format!(": > {p}")],
-            },
-            HackTrial {
-                name: "delete the file",
-                commands: vec![format!("rm -f {p}")],
-            },
-            HackTrial {
-                name: "append the example",
-                commands: vec![format!("cat {} >> {p}", sh_quote(&f.example))],
-            },
-            HackTrial {
-                name: "right values and a stray line",
-                commands: vec![format!(
-                    "printf '%s' {} > {p}; echo 'debug_mode = true' >> {p}",
-                    sh_quote(&f.intended_text)
-                )],
-            },
-            HackTrial {
-                name: "right values without sections",
-                commands: vec![format!(
-                    "printf '%s' {} | grep -v '^\\[' > {p}",
-                    sh_quote(&f.intended_text)
-                )],
-            },
+        let app = f
+            .path
+            .rsplit_once('/')
+            .map_or("", |(_, n)| n)
+            .trim_end_matches(".ini")
+            .to_string();
+        let key_of = |id: &str| id.split_once('.').map_or(id, |(_, k)| k).to_string();
+        let (key, value) = f
+            .overrides
+            .iter()
+            .next()
+            .map(|(id, v)| (key_of(id), v.clone()))
+            .unwrap_or_default();
+        let sed: Vec<String> = f
+            .overrides
+            .iter()
+            .map(|(id, v)| {
+                let k = key_of(id);
+                format!("-e {}", sh_quote(&format!("s|^{k} = .*|{k} = {v}|")))
+            })
+            .collect();
+        let perl: String = f
+            .overrides
+            .iter()
+            .map(|(id, v)| {
+                let k = key_of(id);
+                format!("s|^{k} = .*|{k} = {v}|; ")
+            })
+            .collect();
+        let overrides: Vec<String> = f
+            .overrides
+            .iter()
+            .map(|(id, v)| sh_quote(&format!("{id}={v}")))
+            .collect();
+        [
+            ("APP", app.clone()),
+            ("PATH", sh_quote(&f.path)),
+            ("EXAMPLE", sh_quote(&f.example)),
+            ("CHECKER", format!("/usr/local/bin/{app}-check")),
+            ("INTENDED", sh_quote(&f.intended_text)),
+            ("KEY", key),
+            ("VALUE", value),
+            ("SED", sed.join(" ")),
+            ("PERL", sh_quote(&perl)),
+            ("OVERRIDES", overrides.join(" ")),
         ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
     }
 }
 
@@ -453,6 +543,20 @@ mod tests {
         assert_eq!(parse_strict(b"[a\nx = 1\n").unwrap_err().0, 1);
         assert_eq!(parse_strict(b"x = 1\n").unwrap_err().0, 1);
         assert!(parse_strict(b"[a]\nx = \x1b[0m\n").is_err());
+        // What the checker trims, and nothing else.
+        assert_eq!(
+            parse_strict(b"[a]\r\n\t x\t=\x0b1 \r\n").unwrap(),
+            [("a".into(), "x".into(), "1".into())]
+        );
+        assert!(parse_strict("[a]\nx = 1\u{a0}\n".as_bytes()).is_err());
+        assert!(parse_strict("[a]\n\u{85}x = 1\n".as_bytes()).is_err());
+        assert!(parse_strict("[a]\n\u{a0}# not a comment to the checker\n".as_bytes()).is_err());
+        assert_eq!(
+            parse_strict("# réparé\n[a]\nx = 1\n".as_bytes())
+                .unwrap()
+                .len(),
+            1
+        );
     }
 
     #[test]
@@ -466,5 +570,100 @@ mod tests {
                 ini.iter().map(|s| s.1.len()).sum::<usize>()
             );
         }
+    }
+
+    /// The strict parser against the application's own checker (run by the host's perl, its
+    /// shipped text with one line added to print what it reads): for files mutated with
+    /// every kind of whitespace and byte, whatever the parser accepts the checker accepts
+    /// too, with the same sections, keys and values.
+    #[test]
+    fn whatever_the_parser_accepts_the_checker_reads_alike() {
+        use rand::Rng;
+        use std::io::Write;
+        let shipped = checker_script("app");
+        let anchor = "        print \"$f:$.: duplicate key $1\\n\"";
+        assert!(
+            shipped.contains(anchor),
+            "the checker changed: update this test"
+        );
+        let tracer = shipped.replacen(
+            anchor,
+            &format!("        print \"V $sec.$1=$2\\n\";\n{anchor}"),
+            1,
+        );
+        let dir = std::env::temp_dir().join(format!("ini-diff-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let script = dir.join("check.pl");
+        std::fs::write(&script, tracer).unwrap();
+        let base = render(
+            "app",
+            &generate(&mut crate::instance::rng_for(1, "t"), "app"),
+        );
+        let noise: &[&[u8]] = &[
+            b" ",
+            b"\t",
+            b"\r",
+            b"\x0b",
+            b"\x0c",
+            b"\n",
+            b"=",
+            b"#",
+            b";",
+            b"[",
+            b"]",
+            b"\0",
+            b"\x7f",
+            "\u{a0}".as_bytes(),
+            "\u{85}".as_bytes(),
+            "\u{3000}".as_bytes(),
+            "\u{feff}".as_bytes(),
+            b"\xff",
+            b"A",
+            b"_",
+        ];
+        let mut rng = crate::instance::rng_for(9, "ini-diff");
+        let (mut accepted, mut tried) = (0, 0);
+        for _ in 0..300 {
+            let mut text = base.as_bytes().to_vec();
+            for _ in 0..rng.gen_range(1..4) {
+                let at = rng.gen_range(0..=text.len());
+                let n = noise[rng.gen_range(0..noise.len())];
+                text.splice(at..at, n.iter().copied());
+            }
+            tried += 1;
+            let Ok(entries) = parse_strict(&text) else {
+                continue;
+            };
+            accepted += 1;
+            let file = dir.join("app.ini");
+            std::fs::File::create(&file)
+                .unwrap()
+                .write_all(&text)
+                .unwrap();
+            let out = std::process::Command::new("perl")
+                .arg(&script)
+                .arg(&file)
+                .output()
+                .expect("perl must be installed to test the parser against the checker");
+            let said = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                out.status.success() && said.contains("syntax OK"),
+                "the checker rejects what the parser took: {:?}\n{said}",
+                String::from_utf8_lossy(&text)
+            );
+            let read: Vec<String> = said
+                .lines()
+                .filter_map(|l| l.strip_prefix("V "))
+                .map(str::to_string)
+                .collect();
+            let ours: Vec<String> = entries
+                .iter()
+                .map(|(s, k, v)| format!("{s}.{k}={v}"))
+                .collect();
+            assert_eq!(ours, read, "{:?}", String::from_utf8_lossy(&text));
+        }
+        // Both sides were exercised.
+        assert!(accepted > 30 && accepted < tried, "{accepted} of {tried}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

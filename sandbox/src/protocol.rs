@@ -161,6 +161,15 @@ pub struct Health {
     pub processes: u32,
     pub snapshots: u32,
     pub upper_bytes: u64,
+    /// Inodes in use on the episode's tmpfs (`statvfs` files minus free files). tmpfs charges
+    /// every inode and every user xattr to this count, in 1 KiB units, not to its blocks.
+    #[serde(default)]
+    pub upper_inodes: u64,
+    /// Bytes and inodes in use on the root's `/dev/shm` (its own tmpfs), by `statvfs`.
+    #[serde(default)]
+    pub shm_bytes: u64,
+    #[serde(default)]
+    pub shm_inodes: u64,
     /// The zygote's pid in the sandbox, while it lives: with init, the one process that is the
     /// sandbox's and not a command's (a command may copy its command line, not its pid).
     #[serde(default)]

@@ -411,9 +411,37 @@ impl Init {
             .and_then(|()| self.mount_overlay())
             .and_then(|()| self.bind_side_trees());
         self.wait_all();
+        // SysV IPC objects outlive every process, like files: they are state of the episode,
+        // as a fresh /dev/shm is (the sandbox's IPC namespace is its own).
+        self.remove_sysv_ipc();
         r?;
         self.prestart_zygote();
         Ok(())
+    }
+
+    /// Remove every SysV shared memory segment, message queue and semaphore set of the
+    /// sandbox's IPC namespace (listed in its `/proc/sysvipc`; no process is left to use them).
+    fn remove_sysv_ipc(&self) {
+        for table in ["shm", "msg", "sem"] {
+            let Ok(text) = std::fs::read_to_string(self.layout.proc().join("sysvipc").join(table))
+            else {
+                continue;
+            };
+            for id in text
+                .lines()
+                .skip(1)
+                .filter_map(|l| l.split_whitespace().nth(1)?.parse::<i32>().ok())
+            {
+                // SAFETY: IPC_RMID with integer arguments and no buffer.
+                unsafe {
+                    match table {
+                        "shm" => libc::shmctl(id, libc::IPC_RMID, std::ptr::null_mut()),
+                        "msg" => libc::msgctl(id, libc::IPC_RMID, std::ptr::null_mut()),
+                        _ => libc::semctl(id, 0, libc::IPC_RMID),
+                    };
+                }
+            }
+        }
     }
 
     fn health(&self) -> Health {
@@ -429,15 +457,28 @@ impl Init {
                     .count()
             })
             .unwrap_or(1);
-        let upper_bytes = nix::sys::statvfs::statvfs(&self.layout.rw())
-            .map(|s| (s.blocks() - s.blocks_free()) * s.fragment_size())
-            .unwrap_or(0);
+        // The kernel's own accounting of the two writable filesystems: blocks and inodes.
+        let usage = |p: &std::path::Path| {
+            nix::sys::statvfs::statvfs(p)
+                .map(|s| {
+                    (
+                        (s.blocks() - s.blocks_free()) * s.fragment_size(),
+                        s.files().saturating_sub(s.files_free()),
+                    )
+                })
+                .unwrap_or((0, 0))
+        };
+        let (upper_bytes, upper_inodes) = usage(&self.layout.rw());
+        let (shm_bytes, shm_inodes) = usage(&self.layout.root().join("dev/shm"));
         Health {
             pid_in_sandbox: std::process::id(),
             // Neither init nor the zygote count.
             processes: processes.saturating_sub(1 + usize::from(self.zygote_alive())) as u32,
             snapshots: self.snapshots.len() as u32,
             upper_bytes,
+            upper_inodes,
+            shm_bytes,
+            shm_inodes,
             zygote_pid: self
                 .zygote
                 .as_ref()

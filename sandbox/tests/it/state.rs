@@ -87,6 +87,26 @@ fn snapshot_and_rollback_return_to_the_frozen_state() {
     assert!(err.to_string().contains("no snapshot"), "{err}");
 }
 
+/// SysV IPC objects outlive every process, like files: a reset or a rollback removes them
+/// (they are state of the episode, as `/dev/shm` is).
+#[test]
+fn reset_and_rollback_remove_sysv_ipc_objects() {
+    require_root!();
+    let rt = runtime();
+    let mut sb = rt.create(&config()).unwrap();
+    let make = "perl -e 'shmget(0, 65536, 01600) // die; msgget(0, 01600) // die; \
+                semget(0, 1, 01600) // die'";
+    let count = "cat /proc/sysvipc/shm /proc/sysvipc/msg /proc/sysvipc/sem | grep -vc '^ *key'";
+    assert!(sh(&mut sb, make).success());
+    assert_eq!(out(&sh(&mut sb, count)).trim(), "3");
+    sb.reset().unwrap();
+    assert_eq!(out(&sh(&mut sb, count)).trim(), "0", "after a reset");
+    let s = sb.snapshot().unwrap();
+    assert!(sh(&mut sb, make).success());
+    sb.rollback(s).unwrap();
+    assert_eq!(out(&sh(&mut sb, count)).trim(), "0", "after a rollback");
+}
+
 #[test]
 fn file_requests_work_without_forking_and_stay_inside_the_root() {
     require_root!();
