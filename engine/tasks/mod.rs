@@ -1,8 +1,9 @@
 //! Task families: procedurally generated per seed, each with an instruction, a setup (files
 //! in the instance's layer, processes started at every episode start), a verifier on the final
-//! state that uses only trusted reads ([`crate::probe::Probe`]), an oracle solution, a discrete
-//! action catalogue for small policies, and hack trials that must score as failures.
-//! A file per task.
+//! state that uses only trusted reads ([`crate::probe::Probe`]) and a confirmation by the
+//! system's own entry points ([`Task::confirm`]), an oracle solution, a discrete action
+//! catalogue for small policies, and trials as data ([`trials`]: hacks that must fail, honest
+//! alternatives that must pass). A file per task.
 
 pub mod archive_logs;
 pub mod fix_path;
@@ -67,13 +68,6 @@ impl Verdict {
     }
 }
 
-/// A cheat that must not pass the verifier.
-#[derive(Debug, Clone)]
-pub struct HackTrial {
-    pub name: &'static str,
-    pub commands: Vec<String>,
-}
-
 pub trait Task: Send + Sync {
     fn name(&self) -> &'static str;
     /// One line for listings.
@@ -93,10 +87,6 @@ pub trait Task: Send + Sync {
     /// A solution as shell commands, robust to the faults the catalogue can inject that leave
     /// the task solvable (absolute paths, fallbacks).
     fn oracle(&self, setup: &TaskSetup) -> Vec<String>;
-    /// Cheats that must score as failures (being replaced by the data files of [`trials`]).
-    fn hack_trials(&self, _setup: &TaskSetup) -> Vec<HackTrial> {
-        Vec::new()
-    }
     /// The values of the `@NAME@` variables of this task's trials file ([`trials`]) for one
     /// instance: paths, ports and names drawn from its seed.
     fn trial_vars(&self, _setup: &TaskSetup) -> std::collections::BTreeMap<String, String> {
