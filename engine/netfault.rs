@@ -1,8 +1,8 @@
 //! The fault proxy runtime: a TCP proxy that the engine runs inside a sandbox's network
 //! namespace (this kernel has no netem), forwarding to the real service and applying the
 //! toxics of a [`ProxySpec`] (Toxiproxy's design, written from its documentation). The
-//! network perturbations (`crate::perturb::net`) only declare proxies; a running instance
-//! (`crate::running`) starts them.
+//! network perturbations (`perturb/net.rs`) only declare proxies; a running instance
+//! (`running.rs`) starts them.
 //!
 //! The proxy is host-side threads: a listener thread joins the sandbox's network namespace
 //! (`setns` changes only the calling thread; threads it spawns inherit its namespaces), binds

@@ -42,8 +42,8 @@ impl Value {
 /// Parameters by name (sorted, so plans hash deterministically).
 pub type Params = BTreeMap<String, Value>;
 
-/// Typed access to checked parameters (after [`Info::check`](crate::perturb::Info::check), every parameter is present
-/// with its declared type).
+/// Typed access to checked parameters (after the perturbation catalogue's `Info::check`, every
+/// parameter is present with its declared type).
 pub trait ParamsExt {
     fn int(&self, name: &str) -> i64;
     fn float(&self, name: &str) -> f64;

@@ -1,6 +1,6 @@
 //! What a layer cannot hold: the command environment, limits, read-only paths, steps run at
 //! every episode start, and the fault proxies (their specification; the running proxy is
-//! `crate::netfault`).
+//! `netfault.rs`).
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;

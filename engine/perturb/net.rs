@@ -10,7 +10,7 @@
 //! network perturbation applies only to a front the task declared (else it is not
 //! applicable: the proxy would carry no traffic); without a task, to any port.
 //!
-//! The proxy itself is `crate::netfault`; these perturbations only declare it (a
+//! The proxy itself is `netfault.rs`; these perturbations only declare it (a
 //! [`ProxySpec`](crate::instance::ProxySpec) in the instance's runtime settings).
 
 use super::{Info, Kind, ParamSpec, Params, ParamsExt, PerturbError, Perturbation};

@@ -25,6 +25,9 @@ pub struct Sandbox {
     cgroup: Cgroup,
     rootfs: Rootfs,
     dead: bool,
+    /// The cgroup's count of forks refused at the pids limit when a refused fork was last
+    /// classified (read only then, never on the path of a normal step).
+    limit_hits_seen: u64,
 }
 
 impl std::fmt::Debug for Sandbox {
@@ -59,6 +62,7 @@ impl Sandbox {
             cgroup,
             rootfs,
             dead: false,
+            limit_hits_seen: 0,
         }
     }
 
@@ -164,7 +168,6 @@ impl Sandbox {
     /// Run one command.
     pub fn exec(&mut self, req: &ExecRequest) -> Result<ExecResult, SandboxError> {
         let oom_before = self.cgroup.oom_kills();
-        let limit_hits_before = self.cgroup.pids_limit_hits();
         let timeout = Duration::from_millis(req.timeout_ms) + CONTROL_TIMEOUT;
         match self.call(Request::Exec(Box::new(req.clone())), timeout)? {
             Response::Exec(mut r) => {
@@ -181,8 +184,7 @@ impl Sandbox {
                 kind: FailureKind::Internal,
                 message,
             } if (message.contains("clone failed") || message.contains("fork:"))
-                && (self.cgroup.pids_limit_hits() > limit_hits_before
-                    || self.own_processes_at_limit()) =>
+                && self.refused_by_own_processes() =>
             {
                 // The command (or a new zygote) could not be forked because the sandbox's own
                 // processes fill its pids limit (a fork bomb whose forks outlived their
@@ -204,6 +206,16 @@ impl Sandbox {
     /// Processes (tasks) in the sandbox's cgroup now, and its limit.
     pub fn pids_usage(&self) -> (u64, Option<u64>) {
         self.cgroup.pids_usage()
+    }
+
+    /// Whether a fork just refused was refused because of the sandbox's own processes: the
+    /// cgroup counted a fork refused at its pids limit since the last such check (the forks
+    /// may be gone by now), or the limit is (nearly) full right now.
+    fn refused_by_own_processes(&mut self) -> bool {
+        let hits = self.cgroup.pids_limit_hits();
+        let new_hits = hits > self.limit_hits_seen;
+        self.limit_hits_seen = hits;
+        new_hits || self.own_processes_at_limit()
     }
 
     /// Whether the sandbox's own processes have (nearly) used up its pids limit: a new
