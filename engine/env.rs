@@ -161,9 +161,9 @@ impl Default for EnvConfig {
         Self {
             reward: RewardConfig::default(),
             max_steps: None,
-            step_timeout_ms: 10_000,
-            output_cap: 256 << 10,
-            observation_bytes: 2048,
+            step_timeout_ms: crate::running::AGENT_STEP_TIMEOUT_MS,
+            output_cap: crate::running::AGENT_OUTPUT_CAP,
+            observation_bytes: crate::running::OBSERVATION_BYTES,
             dangerous: DEFAULT_DANGEROUS.iter().map(|s| s.to_string()).collect(),
             require_certified: false,
             feature_dim: 512,
@@ -240,9 +240,6 @@ pub struct Step {
 /// Numeric features appended to the hashed text: exit ok, exit failed, timeout, truncated
 /// output, step fraction, disk fraction, stdout size (log), listing size (log).
 pub const NUMERIC_FEATURES: usize = 8;
-
-/// Marker that ends a command's stderr with its final working directory.
-const CWD_MARK: &str = "\u{1e}envfactory-cwd:";
 
 /// One agent's environment.
 pub struct Env {
@@ -468,11 +465,10 @@ impl Env {
             Ok(v) => v,
             Err(e) if e.is_infrastructure() => return Ok(self.infra_step(e, obs, info, t0)),
             // A read the agent's state refused (not the sandbox failing): not solved.
-            Err(e) => Verdict {
-                success: false,
-                progress: 0.0,
-                reasons: vec![format!("the verifier could not read the state: {e}")],
-            },
+            Err(e) => Verdict::failed(
+                "state readable",
+                format!("the verifier could not read the state: {e}"),
+            ),
         };
         info.success = verdict.success;
         info.progress = verdict.progress;
@@ -585,33 +581,11 @@ impl Env {
         let Some(running) = self.running.as_mut() else {
             return Err(EnvError::NotReset);
         };
-        // The command runs as written (its own line, so a trailing comment cannot swallow the
-        // epilogue); the epilogue reports the final directory on stderr and keeps the status.
-        let wrapped =
-            format!("{cmd}\n__ef_rc=$?; printf '{CWD_MARK}%s' \"$PWD\" >&2; exit $__ef_rc");
-        let mut req = sandbox::ExecRequest::shell(wrapped);
-        req.cwd = running.cwd.clone();
-        req.env = Some(running.env.clone());
-        req.timeout_ms = self.cfg.step_timeout_ms;
-        req.output_cap = self.cfg.output_cap;
-        let res = running.sandbox.exec(&req).map_err(RunningError::from)?;
-        let mut stderr = res.stderr.clone();
-        if let Some(pos) = find_last(&stderr, CWD_MARK.as_bytes()) {
-            // The directory runs to the end of the line: a background process may write to
-            // stderr after the epilogue.
-            let rest = &stderr[pos + CWD_MARK.len()..];
-            let end = rest.iter().position(|b| *b == b'\n').unwrap_or(rest.len());
-            let dir = String::from_utf8_lossy(&rest[..end]).into_owned();
-            if dir.starts_with('/') && !dir.chars().any(char::is_control) {
-                running.cwd = dir;
-            }
-            let tail = rest[end..].to_vec();
-            stderr.truncate(pos);
-            stderr.extend_from_slice(&tail);
-        }
+        let res = running.run_agent(cmd, self.cfg.step_timeout_ms, self.cfg.output_cap)?;
+        let stderr = &res.stderr;
         obs.exit_code = Some(res.exit_code());
         obs.stdout = clip(&res.stdout, self.cfg.observation_bytes);
-        obs.stderr = clip(&stderr, self.cfg.observation_bytes);
+        obs.stderr = clip(stderr, self.cfg.observation_bytes);
         obs.stdout_truncated =
             res.stdout_truncated || res.stdout.len() > self.cfg.observation_bytes;
         obs.stderr_truncated = res.stderr_truncated || stderr.len() > self.cfg.observation_bytes;
@@ -737,15 +711,6 @@ fn clip(b: &[u8], max: usize) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
-fn find_last(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    if needle.len() > hay.len() {
-        return None;
-    }
-    (0..=hay.len() - needle.len())
-        .rev()
-        .find(|&i| &hay[i..i + needle.len()] == needle)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -799,14 +764,6 @@ mod tests {
         ] {
             assert!(!dangerous(c), "{c} should be allowed");
         }
-    }
-
-    #[test]
-    fn last_marker_wins() {
-        let s = b"a\x1eenvfactory-cwd:/x b \x1eenvfactory-cwd:/y";
-        let p = find_last(s, CWD_MARK.as_bytes()).unwrap();
-        assert_eq!(&s[p + CWD_MARK.len()..], b"/y");
-        assert_eq!(find_last(b"ab", b"abc"), None);
     }
 
     #[test]

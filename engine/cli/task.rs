@@ -28,6 +28,13 @@ pub enum TaskCmd {
         workers: usize,
         #[arg(long, default_value = "host")]
         base: String,
+        /// Instead of the catalogue's faults: `--samples` plans sampled from this template
+        /// (seeds 1..=N), the task being the template's.
+        #[arg(long, value_name = "FILE")]
+        template: Option<std::path::PathBuf>,
+        /// How many plans of `--template` to check.
+        #[arg(long, default_value_t = 200)]
+        samples: u64,
         /// A JSON line per instance.
         #[arg(long)]
         json: bool,
@@ -45,17 +52,22 @@ pub fn run(cmd: TaskCmd) -> anyhow::Result<i32> {
             combos,
             workers,
             base,
+            template,
+            samples,
             json,
-        } => task_check(
-            &task,
-            &base,
-            &perturbations,
-            &perturb,
-            seeds,
-            combos,
-            workers,
-            json,
-        ),
+        } => match template {
+            Some(file) => template_check(&task, &file, samples, workers, json),
+            None => task_check(
+                &task,
+                &base,
+                &perturbations,
+                &perturb,
+                seeds,
+                combos,
+                workers,
+                json,
+            ),
+        },
     }
 }
 
@@ -95,12 +107,39 @@ fn task_check(
     };
     let rt = super::sandbox::runtime()?;
     let rows = engine::certify::check(&rt, &cache()?, &spec);
+    print_rows(&rows, json)
+}
+
+/// `engine task check TASK --template FILE --samples N`.
+fn template_check(
+    task: &str,
+    file: &std::path::Path,
+    samples: u64,
+    workers: usize,
+    json: bool,
+) -> anyhow::Result<i32> {
+    let t = engine::template::Template::load(file)?;
+    if t.task.as_deref() != Some(task) {
+        bail!(
+            "{}: the template's task is {:?}, not `{task}`",
+            file.display(),
+            t.task.as_deref().unwrap_or("none")
+        );
+    }
+    let plans = t.sample_many(1, samples.max(1));
+    let rt = super::sandbox::runtime()?;
+    let rows = engine::certify::check_plans(&rt, &cache()?, &plans, workers);
+    print_rows(&rows, json)
+}
+
+/// Print a check's rows; the exit status is 1 on errors or an unsolvable unperturbed task.
+fn print_rows(rows: &[engine::certify::CheckRow], json: bool) -> anyhow::Result<i32> {
     if json {
-        for r in &rows {
+        for r in rows {
             outln!("{}", serde_json::to_string(r)?);
         }
     } else {
-        out!("{}", engine::certify::render(&rows));
+        out!("{}", engine::certify::render(rows));
     }
     let errors = rows.iter().filter(|r| r.status == "error").count();
     let unsolved_plain = rows

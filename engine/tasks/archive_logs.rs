@@ -165,6 +165,7 @@ impl Task for ArchiveLogs {
             instruction,
             cwd: root.clone(),
             actions,
+            action_costs: Vec::new(),
             keywords: util::words(&["tar", "log", "find", "gzip", "archive", app, "ls"]),
             max_steps: 30,
             facts: util::to_facts(&Facts { root, logs, decoys })?,

@@ -239,6 +239,7 @@ impl Task for FixPath {
             instruction,
             cwd: "/root".into(),
             actions,
+            action_costs: Vec::new(),
             keywords: util::words(&[
                 "path", "export", "which", "ls", "cat", "sed", "render", "nightly", "report", &app,
             ]),

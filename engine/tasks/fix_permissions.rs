@@ -235,6 +235,7 @@ impl Task for FixPermissions {
             instruction,
             cwd: format!("/opt/{app}"),
             actions,
+            action_costs: Vec::new(),
             keywords: util::words(&[
                 "chmod", "chown", "ls", "setpriv", "runuser", "deploy", "nobody", "id", &app,
             ]),

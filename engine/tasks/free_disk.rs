@@ -157,6 +157,7 @@ impl Task for FreeDisk {
             instruction,
             cwd: "/root".into(),
             actions,
+            action_costs: Vec::new(),
             keywords: util::words(&[
                 "df", "du", "rm", "find", "log", "cache", "crash", "tmp", "ls", app,
             ]),

@@ -8,6 +8,7 @@ extern crate sandbox;
 
 mod common;
 
+mod catalogue;
 mod cli;
 mod env;
 mod experiment;
