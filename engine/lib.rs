@@ -14,16 +14,22 @@
 //! | [`synth`] | plan -> instance: the task's setup and the faults on a builder, the instance cache |
 //! | [`running`] | an instance running in its sandbox: episode starts, fault proxies, probes |
 //! | [`certify`] | solvability certificates, and the `engine task check` campaign |
+//! | [`features`] | the feature vector of an observation: text blocks, numbers, action history |
 //! | [`env`] | the RL environment: `Env::reset`, `Env::step`, rewards, observations |
+//! | [`agents`] | what chooses actions: random, oracle, catalogue oracle, scripts, trained policies |
+//! | [`episode`] | the one episode loop: an agent in an `Env` |
 //! | [`fingerprint`] | feature vectors of systems (real or synthesized) for realism |
 //! | [`template`] | templates: the positioned TOML/YAML tree, validation, sampling into plans |
 //! | [`experiment`] | `engine run`: config, runner, statistics |
 //! | [`bench`] | `engine bench sandbox` and `engine bench env` |
 
+pub mod agents;
 pub mod bench;
 pub mod certify;
 pub mod env;
+pub mod episode;
 pub mod experiment;
+pub mod features;
 pub mod fingerprint;
 pub mod instance;
 pub mod netfault;

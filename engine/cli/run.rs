@@ -15,10 +15,7 @@ pub fn run(experiment: &Path) -> anyhow::Result<i32> {
             .as_ref()
             .map(|t| format!(" (template {})", t.display()))
             .unwrap_or_default(),
-        match report.agent {
-            engine::experiment::Agent::Random => "random",
-            engine::experiment::Agent::Oracle => "oracle",
-        },
+        report.agent.name(),
         report.episodes_per_seed,
         report.workers
     );

@@ -42,12 +42,24 @@ fn default_out() -> PathBuf {
 
 /// Who acts in the episodes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "kebab-case")]
 pub enum Agent {
     /// Uniformly random actions of the task's catalogue (seeded per episode).
     Random,
     /// The task's oracle solution.
     Oracle,
+    /// The task's reactive catalogue oracle (catalogue actions only).
+    CatalogueOracle,
+}
+
+impl Agent {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Random => "random",
+            Self::Oracle => "oracle",
+            Self::CatalogueOracle => "catalogue-oracle",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
