@@ -271,6 +271,9 @@ pub struct EnvConfig {
     /// Refuse instances whose certificate says the oracle cannot solve them (certifying on
     /// first use).
     pub require_certified: bool,
+    /// Also refuse certified instances that the task's catalogue oracle cannot solve (what a
+    /// policy acting through the catalogue could never learn).
+    pub require_catalogue: bool,
     /// Width of the hashed text features (split over the text blocks, [`crate::features`]).
     pub feature_dim: usize,
     /// Past actions in the features (the last `history`).
@@ -290,6 +293,7 @@ impl Default for EnvConfig {
             observation_bytes: crate::running::OBSERVATION_BYTES,
             dangerous: DEFAULT_DANGEROUS.iter().map(|s| s.to_string()).collect(),
             require_certified: false,
+            require_catalogue: false,
             feature_dim: 512,
             history: 4,
             history_slots: 32,
@@ -486,12 +490,22 @@ impl Env {
         if !restarted {
             self.running = None; // the old sandbox goes first (its limits, its memory)
             let held = crate::running::synthesize(&self.rt, &self.cache, plan)?;
-            if self.cfg.require_certified {
+            if self.cfg.require_certified || self.cfg.require_catalogue {
                 let cert = self.certificates.get_or_check(&self.rt, &held.instance)?;
                 if !cert.solvable {
                     return Err(EnvError::Uncertified {
                         id: held.instance.id.clone(),
                         reason: cert.reason,
+                    });
+                }
+                let catalogue = cert.catalogue.as_ref();
+                if self.cfg.require_catalogue && !catalogue.is_some_and(|c| c.solvable) {
+                    return Err(EnvError::Uncertified {
+                        id: held.instance.id.clone(),
+                        reason: format!(
+                            "not solvable through the catalogue: {}",
+                            catalogue.map_or("not checked", |c| c.reason.as_str())
+                        ),
                     });
                 }
             }

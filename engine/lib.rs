@@ -18,6 +18,8 @@
 //! | [`env`] | the RL environment: `Env::reset`, `Env::step`, rewards, observations |
 //! | [`agents`] | what chooses actions: random, oracle, catalogue oracle, scripts, trained policies |
 //! | [`episode`] | the one episode loop: an agent in an `Env` |
+//! | [`learn`] | PPO in the factory's environments: the adapter, training runs, evaluation, plots |
+//! | [`exploit`] | the reward exploit check: no constant or two-action cycle beats the catalogue oracle |
 //! | [`fingerprint`] | feature vectors of systems (real or synthesized) for realism |
 //! | [`template`] | templates: the positioned TOML/YAML tree, validation, sampling into plans |
 //! | [`experiment`] | `engine run`: config, runner, statistics |
@@ -29,9 +31,11 @@ pub mod certify;
 pub mod env;
 pub mod episode;
 pub mod experiment;
+pub mod exploit;
 pub mod features;
 pub mod fingerprint;
 pub mod instance;
+pub mod learn;
 pub mod netfault;
 pub mod perturb;
 pub mod probe;

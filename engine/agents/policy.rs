@@ -1,41 +1,32 @@
-//! A trained PPO policy acting through the task's catalogue.
+//! A trained PPO policy acting greedily through the task's catalogue.
 
 use super::{Agent, AgentError};
 use crate::env::{Action, Observation};
 use crate::instance::TaskSetup;
 use policies::ppo::PpoAgent;
+use std::sync::Arc;
 
-/// A PPO policy over one task's catalogue: greedy (evaluation) or sampled.
+/// A PPO policy over one task's catalogue, taking its most likely action (evaluation); the
+/// weights are shared by every agent made from them.
 pub struct PolicyAgent {
-    ppo: PpoAgent,
-    greedy: bool,
+    ppo: Arc<PpoAgent>,
     count: usize,
     task: String,
 }
 
 impl PolicyAgent {
-    pub fn new(ppo: PpoAgent, greedy: bool) -> Self {
+    pub fn new(ppo: Arc<PpoAgent>) -> Self {
         Self {
             ppo,
-            greedy,
             count: 0,
             task: String::new(),
         }
-    }
-
-    pub fn ppo(&self) -> &PpoAgent {
-        &self.ppo
     }
 }
 
 impl Agent for PolicyAgent {
     fn name(&self) -> String {
-        if self.greedy {
-            "policy (greedy)"
-        } else {
-            "policy"
-        }
-        .into()
+        "policy (greedy)".into()
     }
     fn begin(&mut self, setup: &TaskSetup) -> Result<(), AgentError> {
         self.count = setup.actions.len();
@@ -50,11 +41,7 @@ impl Agent for PolicyAgent {
                 got: obs.features.len(),
             });
         }
-        let out = if self.greedy {
-            self.ppo.act_greedy(&obs.features, None)?
-        } else {
-            self.ppo.act(&obs.features, None)?
-        };
+        let out = self.ppo.act_greedy(&obs.features, None)?;
         let index = out.actions.first().copied().unwrap_or(0) as usize;
         if index >= self.count {
             return Err(AgentError::BadIndex {

@@ -5,6 +5,13 @@ use std::path::Path;
 pub fn run(experiment: &Path) -> anyhow::Result<i32> {
     let exp = engine::experiment::Experiment::load(experiment)?;
     let rt = super::sandbox::runtime()?;
+    if let Some(training) = &exp.training {
+        let (report, path) =
+            engine::experiment::study::run(&exp, training, &rt, &super::sandbox::cache()?)?;
+        out!("{}", engine::experiment::study::render(&report));
+        outln!("report: {}", path.display());
+        return Ok(0);
+    }
     let (report, path) = engine::experiment::run(&exp, &rt, &super::sandbox::cache()?)?;
     outln!(
         "{}: task {}{}, agent {}, {} episodes per seed on {} workers",

@@ -20,13 +20,15 @@
 //! |---|---|
 //! | `config.rs` | [`Experiment`] and its tables: loading, validation, [`Experiment::plan`], [`Experiment::env_config`] |
 //! | `runner.rs` | [`run`]: the episodes on worker threads, [`EpisodeRecord`], the report and episode files |
+//! | `study.rs` | a training study (`[training]`): PPO per task and seed, held-out evaluation, `report.md` |
 //! | `stats.rs` | [`summarize`], [`SeedResult`], [`Interval`], [`Report`] |
 
 mod config;
 mod runner;
 mod stats;
+pub mod study;
 
-pub use config::{resolve_template, Agent, Environment, Experiment, Meta, SEED_STRIDE};
+pub use config::{resolve_template, Agent, Environment, Experiment, Meta, Training, SEED_STRIDE};
 pub use runner::{run, EpisodeRecord};
 pub use stats::{summarize, Interval, Report, SeedResult};
 
@@ -63,6 +65,8 @@ pub enum ExperimentError {
     Env(#[from] EnvError),
     #[error(transparent)]
     Running(#[from] crate::running::RunningError),
+    #[error(transparent)]
+    Learn(#[from] crate::learn::LearnError),
     #[error("worker {worker} of seed {seed} panicked")]
     Worker { seed: u64, worker: usize },
     #[error("writing {file}: {source}")]

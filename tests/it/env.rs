@@ -176,10 +176,8 @@ fn dangerous_hanging_and_flooding_commands_end_their_step_cleanly() {
     let s = e.step(&cmd("rm -rf /")).unwrap();
     assert!(s.info.dangerous.is_some());
     assert!(s.observation.stderr.contains("refused"));
-    assert_eq!(
-        s.reward,
-        -1.0 - 20.0 - 5.0 + if s.info.irrelevant { 0.0 } else { 5.0 }
-    );
+    // The step's cost (the default reward charges nothing more for a refused command).
+    assert_eq!(s.reward, -0.01);
     // The refused command did not run.
     assert!(
         e.step(&cmd("test -d /usr/bin"))

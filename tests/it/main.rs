@@ -14,6 +14,7 @@ mod env;
 mod experiment;
 mod fingerprint;
 mod layout;
+mod learn;
 mod netfuzz;
 mod perturb;
 mod synth;
