@@ -49,6 +49,19 @@ pub struct Certificate {
     /// [`Task::catalogue_step`]: crate::tasks::Task::catalogue_step
     pub catalogue: Option<CatalogueRun>,
     pub duration_ms: u64,
+    /// Digest of the task setup certified (instruction, catalogue, costs, facts): a certificate
+    /// of an instance whose task code has changed since is not reused.
+    #[serde(default)]
+    pub setup_digest: String,
+}
+
+/// The digest of an instance's task setup (empty without a task).
+pub fn setup_digest(inst: &Instance) -> String {
+    inst.task
+        .as_ref()
+        .and_then(|t| serde_json::to_vec(t).ok())
+        .map(|b| crate::tasks::util::sha256_hex(&b))
+        .unwrap_or_default()
 }
 
 /// What the catalogue oracle did in one episode of an instance.
@@ -81,10 +94,11 @@ impl Certificates {
         self.cache.dir().join(format!("{id}.cert.json"))
     }
 
-    /// The stored certificate of an instance, if any.
-    pub fn get(&self, id: &str) -> Option<Certificate> {
-        let text = std::fs::read(self.path(id)).ok()?;
-        serde_json::from_slice(&text).ok()
+    /// The stored certificate of an instance, if any and still of the same task setup.
+    pub fn get(&self, instance: &Instance) -> Option<Certificate> {
+        let text = std::fs::read(self.path(&instance.id)).ok()?;
+        let c: Certificate = serde_json::from_slice(&text).ok()?;
+        (c.setup_digest == setup_digest(instance)).then_some(c)
     }
 
     /// The certificate of an instance, certifying it now if there is none.
@@ -93,7 +107,7 @@ impl Certificates {
         rt: &Runtime,
         instance: &Instance,
     ) -> Result<Certificate, RunningError> {
-        if let Some(c) = self.get(&instance.id) {
+        if let Some(c) = self.get(instance) {
             return Ok(c);
         }
         // A perturbation that breaks the task's own start (a read-only directory the task
@@ -148,6 +162,7 @@ fn blank(inst: &Instance) -> Certificate {
         verdict: None,
         catalogue: None,
         duration_ms: 0,
+        setup_digest: setup_digest(inst),
     }
 }
 
