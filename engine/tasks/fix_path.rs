@@ -14,7 +14,7 @@
 
 use super::fix_permissions::system;
 use super::util::{self, facts, pick, CLEAN_ENV};
-use super::{Check, Task, TaskError, TaskSetup, Verdict};
+use super::{Check, Seen, Task, TaskError, TaskSetup, Verdict};
 use crate::instance::sh_quote;
 use crate::instance::Builder;
 use crate::probe::{Confirm, Probe, ProbeError};
@@ -142,6 +142,14 @@ while (my $l = <$fh>) {{
     )
 }
 
+/// Catalogue indices: the job by its entry point, paths.env fixed by sed, and the recovery
+/// actions.
+const RUN: usize = 1;
+const SED: usize = 7;
+const PRINTF: usize = 13;
+const LOADER: usize = 14;
+const CLEAN_RUN: usize = 15;
+
 impl Task for FixPath {
     fn name(&self) -> &'static str {
         "fix-path"
@@ -218,6 +226,7 @@ impl Task for FixPath {
              rendered from {data_path} by the current renderer ({app}-render {new_ver}). The job \
              takes its PATH from {paths_env}. Fix what stops it and finish the job."
         );
+        let good_path = format!("{new_dir}:/usr/local/bin:/usr/bin:/bin");
         let actions = vec![
             format!("{app}-nightly"),
             format!("/usr/local/bin/{app}-nightly"),
@@ -226,20 +235,37 @@ impl Task for FixPath {
             format!("cat {paths_env}"),
             format!("ls -R {tools}"),
             format!("cat {job}"),
-            format!("sed -i 's#^PATH=.*#PATH={new_dir}:/usr/local/bin:/usr/bin:/bin#' {paths_env}"),
+            format!("sed -i 's#^PATH=.*#PATH={good_path}#' {paths_env}"),
             format!("export PATH=$PATH:/usr/local/bin:{new_dir}"),
             format!("{new_dir}/{app}-render --version"),
             format!("cat {out}"),
             format!("rm -rf {tools}"),
             format!("touch {out}"),
+            // Recovery: paths.env written by the shell itself (no sed), the loader's links
+            // rebuilt (a library of the job's `mv` gone), the job run in a clean environment.
+            format!(
+                "printf '%s\\n' {} 'export PATH' > {paths_env}",
+                sh_quote(&format!("PATH={good_path}"))
+            ),
+            system::repair_loader(),
+            format!("cd / && {CLEAN_ENV} {entry}"),
         ];
+        debug_assert_eq!(
+            actions.len(),
+            CLEAN_RUN + 1,
+            "the catalogue's recovery indices"
+        );
+        let mut action_costs = vec![0.0; actions.len()];
+        action_costs[PRINTF] = 1.0;
+        action_costs[LOADER] = 1.0;
+        action_costs[CLEAN_RUN] = 1.0;
         Ok(TaskSetup {
             task: self.name().into(),
             seed,
             instruction,
             cwd: "/root".into(),
             actions,
-            action_costs: Vec::new(),
+            action_costs,
             keywords: util::words(&[
                 "path", "export", "which", "ls", "cat", "sed", "render", "nightly", "report", &app,
             ]),
@@ -459,6 +485,33 @@ impl Task for FixPath {
             "cd / && {CLEAN_ENV} /bin/sh -c {}",
             sh_quote(&script)
         )]
+    }
+
+    /// Fix paths.env with sed (by the shell's own printf when sed fails or complains), then
+    /// run the job by its entry point; when the job's `mv` cannot load its library, rebuild
+    /// the loader's links and run it again; when it fails otherwise, run it in a clean
+    /// environment.
+    fn catalogue_step(&self, _setup: &TaskSetup, seen: &[Seen]) -> Option<usize> {
+        let tried = |i: usize| seen.iter().any(|s| s.action == i);
+        let Some(last) = seen.last() else {
+            return Some(SED);
+        };
+        let complained = last.exit_code != 0 || !last.stderr.trim().is_empty();
+        match last.action {
+            SED if complained => Some(PRINTF),
+            SED | PRINTF | LOADER => Some(RUN),
+            RUN | CLEAN_RUN => {
+                let next = if last.stderr.contains("error while loading shared libraries") {
+                    LOADER
+                } else if !tried(PRINTF) {
+                    PRINTF
+                } else {
+                    CLEAN_RUN
+                };
+                (!tried(next)).then_some(next)
+            }
+            _ => None,
+        }
     }
 
     fn trial_vars(&self, setup: &TaskSetup) -> BTreeMap<String, String> {
