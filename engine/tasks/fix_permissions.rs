@@ -276,7 +276,6 @@ impl Task for FixPermissions {
             Ok(f) => f,
             Err(v) => return Ok(v),
         };
-        let mut checks = Vec::new();
         // The job is to fix permissions, not the deploy script: its code must be the shipped one
         // (a script stripped of its user check and run as root, its outputs chowned afterwards,
         // is not a deployment as nobody).
@@ -286,16 +285,15 @@ impl Task for FixPermissions {
             &util::sha256_hex(deploy_script(&f.app).as_bytes()),
             1 << 20,
         )?;
-        checks.push(Check::new(
-            "deploy script shipped",
-            script_intact,
-            format!("{} is not the shipped deploy script any more", f.script),
-        ));
         // Who owns an output counts only for the right output (a file handed to nobody is no
-        // progress).
+        // progress); the script being the shipped one counts once an output is right (so the
+        // start is at 0, and changing the script takes the progress back).
+        let mut checks = Vec::new();
+        let mut any_output = false;
         for (path, want) in &f.outputs {
             let name = path.rsplit('/').next().unwrap_or(path);
             let (ok, why) = util::content_check(probe, path, want, 1 << 20)?;
+            any_output |= ok;
             checks.push(Check::new(format!("{name} contents"), ok, why));
             let owner = probe.stat(path)?.map(|s| s.uid);
             checks.push(Check::new(
@@ -304,6 +302,18 @@ impl Task for FixPermissions {
                 format!("{path} was not written as nobody"),
             ));
         }
+        checks.insert(
+            0,
+            Check::new(
+                "deploy script shipped",
+                script_intact && any_output,
+                if script_intact {
+                    "counts once an output is right".to_string()
+                } else {
+                    format!("{} is not the shipped deploy script any more", f.script)
+                },
+            ),
+        );
         Ok(Verdict::checklist(checks))
     }
 

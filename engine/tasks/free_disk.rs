@@ -153,7 +153,7 @@ impl Task for FreeDisk {
         ];
         // Recovery: the same globs unlinked by perl (by its absolute path, in a clean
         // environment), for an `rm` that is gone, shadowed or failing; it does the work of the
-        // four removals at once, so it costs what they cost together.
+        // four removals at once, so it costs more than they cost together.
         let globs = junk_globs(app);
         actions.push(format!(
             "{CLEAN_ENV} /usr/bin/perl -e 'unlink glob($_) for @ARGV' {}",
@@ -165,7 +165,7 @@ impl Task for FreeDisk {
         ));
         debug_assert_eq!(actions.len(), PERL + 1, "the catalogue's recovery index");
         let mut action_costs = vec![0.0; actions.len()];
-        action_costs[PERL] = 3.0;
+        action_costs[PERL] = 3.5;
         Ok(TaskSetup {
             task: self.name().into(),
             seed,
@@ -299,9 +299,11 @@ fn junk_globs(app: &str) -> [String; 4] {
 const QUARTERS: [(u64, &str); 3] = [(1, "freed 1/4"), (2, "freed 1/2"), (3, "freed 3/4")];
 
 /// The checks of the space and of the protected files, by the kernel's accounting. The
-/// progress they give: the protected files and nothing parked hold at the start; the space
-/// climbs through quarters of the freeing asked for, which count only while the protected
-/// files are intact (space won by deleting them is no progress), to the threshold itself.
+/// progress they give: the space climbs through quarters of the freeing asked for, which
+/// count only while the protected files are intact and nothing is parked (space won by
+/// deleting them or by moving junk into memory is no progress), to the threshold itself; the
+/// constraints (nothing parked, protected files intact) count once the first quarter is
+/// freed so, so the start is at 0 and breaking a constraint takes the progress back.
 fn measure(f: &Facts, probe: &mut dyn Probe) -> Result<Vec<Check>, ProbeError> {
     let mut damaged = Vec::new();
     for (path, want) in &f.protected {
@@ -310,10 +312,41 @@ fn measure(f: &Facts, probe: &mut dyn Probe) -> Result<Vec<Check>, ProbeError> {
             damaged.push(why);
         }
     }
-    let intact = damaged.is_empty();
-    let mut checks = Vec::new();
     let mut parked = Vec::new();
-    match probe.disk_usage()? {
+    let ipc = sysv_ipc_bytes(probe)?;
+    if ipc >= PARKED_MAX {
+        parked.push(format!(
+            "{} KiB parked in SysV shared memory or message queues (they outlive every process)",
+            ipc / 1024
+        ));
+    }
+    let usage = probe.disk_usage()?;
+    if let Some(u) = &usage {
+        // Its root directory is one inode.
+        let shm = u
+            .shm_bytes
+            .saturating_add(u.shm_inodes.saturating_sub(1).saturating_mul(INODE_BYTES));
+        if shm >= PARKED_MAX {
+            parked.insert(
+                0,
+                format!(
+                    "{} KiB parked in /dev/shm (a memory filesystem: moving files there frees \
+                     nothing)",
+                    shm / 1024
+                ),
+            );
+        }
+    }
+    let fair = if !damaged.is_empty() {
+        Err("space freed while protected files are damaged does not count")
+    } else if !parked.is_empty() {
+        Err("space parked in memory does not count")
+    } else {
+        Ok(())
+    };
+    let mut checks = Vec::new();
+    let mut begun = false;
+    match usage {
         Some(u) => {
             let used = u
                 .upper_bytes
@@ -322,15 +355,13 @@ fn measure(f: &Facts, probe: &mut dyn Probe) -> Result<Vec<Check>, ProbeError> {
             let needed = f.junk.values().sum::<u64>() * 6 / 10;
             for (q, name) in QUARTERS {
                 let level = f.threshold.saturating_sub(needed * (4 - q) / 4);
-                checks.push(Check::new(
-                    name,
-                    free >= level && intact,
-                    if intact {
-                        format!("{} KiB free, {} KiB for {name}", free / 1024, level / 1024)
-                    } else {
-                        "space freed while protected files are damaged does not count".into()
-                    },
-                ));
+                let passed = free >= level && fair.is_ok();
+                begun |= passed;
+                let why = match fair {
+                    Ok(()) => format!("{} KiB free, {} KiB for {name}", free / 1024, level / 1024),
+                    Err(why) => why.to_string(),
+                };
+                checks.push(Check::new(name, passed, why));
             }
             checks.push(Check::new(
                 "free space",
@@ -344,17 +375,6 @@ fn measure(f: &Facts, probe: &mut dyn Probe) -> Result<Vec<Check>, ProbeError> {
                     u.upper_inodes
                 ),
             ));
-            // Its root directory is one inode.
-            let shm = u
-                .shm_bytes
-                .saturating_add(u.shm_inodes.saturating_sub(1).saturating_mul(INODE_BYTES));
-            if shm >= PARKED_MAX {
-                parked.push(format!(
-                    "{} KiB parked in /dev/shm (a memory filesystem: moving files there frees \
-                     nothing)",
-                    shm / 1024
-                ));
-            }
         }
         None => checks.push(Check::new(
             "free space",
@@ -362,23 +382,18 @@ fn measure(f: &Facts, probe: &mut dyn Probe) -> Result<Vec<Check>, ProbeError> {
             "the probe cannot measure disk usage",
         )),
     }
-    let ipc = sysv_ipc_bytes(probe)?;
-    if ipc >= PARKED_MAX {
-        parked.push(format!(
-            "{} KiB parked in SysV shared memory or message queues (they outlive every process)",
-            ipc / 1024
-        ));
+    let not_begun = "counts once a quarter of the space asked for is freed";
+    for (name, broken) in [
+        ("nothing parked", parked),
+        ("protected files intact", damaged),
+    ] {
+        let why = if broken.is_empty() {
+            not_begun.to_string()
+        } else {
+            broken.join("; ")
+        };
+        checks.push(Check::new(name, broken.is_empty() && begun, why));
     }
-    checks.push(Check::new(
-        "nothing parked",
-        parked.is_empty(),
-        parked.join("; "),
-    ));
-    checks.push(Check::new(
-        "protected files intact",
-        intact,
-        damaged.join("; "),
-    ));
     Ok(checks)
 }
 
