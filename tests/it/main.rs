@@ -12,6 +12,7 @@ mod catalogue;
 mod cli;
 mod env;
 mod experiment;
+mod exploit;
 mod fingerprint;
 mod layout;
 mod learn;
