@@ -332,12 +332,12 @@ impl Task for RestoreService {
             format!("rm -f {conf}"),
             format!("python3 -m http.server {port} --bind 127.0.0.1 >/dev/null 2>&1 &"),
             // Recovery: the configuration fixed by perl (no sed), the start in the system's
-            // clean environment, whatever squats the port killed.
+            // clean environment (waiting until the port accepts), whatever squats the port killed.
             format!(
                 "{CLEAN_ENV} /usr/bin/perl -i -pe 's/^port = .*/port = {port}/; \
                  s#^secret_file = .*#secret_file = {secret_file}#' {conf}"
             ),
-            format!("cd / && {CLEAN_ENV} /bin/sh {start}"),
+            format!("cd / && {CLEAN_ENV} /bin/sh {start}; {}", wait_listening(port)),
             format!("{CLEAN_ENV} /usr/bin/perl -e {} {port}", sh_quote(EVICT)),
             format!("{CLEAN_ENV} /usr/bin/perl -e 'mkdir q({log_dir}); chmod 0755, q({script}) or die \"chmod: $!\\n\"'"),
         ];
