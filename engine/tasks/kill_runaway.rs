@@ -17,7 +17,7 @@
 //! still a process that burns a CPU.
 
 use super::util::{self, facts, pick, CLEAN_ENV};
-use super::{Task, TaskError, TaskSetup, Verdict};
+use super::{Check, Seen, Task, TaskError, TaskSetup, Verdict};
 use crate::instance::sh_quote;
 use crate::instance::Builder;
 use crate::probe::{Confirm, Probe, ProbeError, Proc};
@@ -62,6 +62,11 @@ fn running<'a>(procs: &'a [Proc], script: &'a str) -> impl Iterator<Item = &'a P
 /// names the script (`cat SCRIPT -`, `sleep 1e9 SCRIPT`) is not the service.
 fn is_service(p: &Proc, script: &str) -> bool {
     p.comm == "sh" && p.cmdline.len() == 2 && p.cmdline[0] == "/bin/sh" && p.cmdline[1] == script
+}
+
+/// A script's file name (`/opt/APP/bin/mailer.sh` -> `mailer.sh`), a check's name.
+fn script_name(path: &str) -> &str {
+    path.rsplit('/').next().unwrap_or(path)
 }
 
 /// Clock ticks per second of `/proc/PID/stat`'s times (`USER_HZ`, 100 on every Linux ABI the
@@ -174,6 +179,57 @@ impl Burn {
     }
 }
 
+/// Perl that samples the CPU time (`/proc/PID/stat`) of every process running a script under
+/// the directory given as its first argument (argv[1], as `/bin/sh SCRIPT` runs it) over
+/// 500 ms, lists them busiest first and names the busiest (`busiest: SCRIPT (pid N)`) when it
+/// burns (at least 3 ticks, 30 ms, in the window); with a second argument `kill`, kills that one and
+/// waits until it is gone. It exits 1 when nothing there burns.
+const BUSIEST: &str = r#"my ($dir, $kill) = @ARGV;
+sub sample { my %t;
+  for my $d (glob "/proc/[0-9]*") { my ($pid) = $d =~ /(\d+)$/; next if $pid == $$;
+    open my $c, "<", "$d/cmdline" or next; my @a = split /\0/, do { local $/; <$c> // "" };
+    next unless defined $a[1] && index($a[1], $dir) == 0;
+    open my $s, "<", "$d/stat" or next; my $st = <$s> // ""; $st =~ s/^.*\)\s+//;
+    my @f = split " ", $st; next if $f[0] =~ /^[ZXx]/;
+    $t{"$pid $f[19]"} = [$f[11] + $f[12], $pid, $a[1]] }
+  %t }
+my %t0 = sample(); select undef, undef, undef, 0.5; my %t1 = sample();
+my @r = sort { $b->[0] <=> $a->[0] }
+  map { [$t1{$_}[0] - ($t0{$_} ? $t0{$_}[0] : $t1{$_}[0]), $t1{$_}[1], $t1{$_}[2]] } keys %t1;
+printf "%-8s %-12s %s\n", "PID", "CPU_MS_500", "SCRIPT";
+printf "%-8d %-12d %s\n", $_->[1], $_->[0] * 10, $_->[2] for @r;
+unless (@r && $r[0][0] >= 3) { print "nothing under $dir burns a CPU\n"; exit 1 }
+print "busiest: $r[0][2] (pid $r[0][1])\n"; exit 0 unless $kill;
+kill 9, $r[0][1];
+for (1 .. 100) {
+  open my $s, "<", "/proc/$r[0][1]/stat" or last; last if (<$s> // "") =~ /\) [ZX] /;
+  select undef, undef, undef, 0.02 }
+print "killed pid $r[0][1] ($r[0][2])\n"; exit 0;"#;
+
+/// The catalogue's actions by index (see [`KillRunaway::setup`]); one `pkill` per service
+/// follows, from [`act::FIRST_PKILL`].
+mod act {
+    pub const PS_SORTED: usize = 1;
+    pub const BUSIEST: usize = 7;
+    pub const KILL_BUSIEST: usize = 8;
+    pub const FIRST_PKILL: usize = 9;
+}
+
+/// The script a `BUSIEST` listing or a `ps` listing sorted by CPU names first: the `busiest:`
+/// line, else the first row that runs a script under `bin`.
+fn named_busiest(out: &str, bin: &str) -> Option<String> {
+    if let Some(l) = out.lines().find_map(|l| l.strip_prefix("busiest: ")) {
+        return l.split_whitespace().next().map(str::to_string);
+    }
+    out.lines()
+        .filter(|l| !l.starts_with("PID") && !l.trim_start().starts_with("PID"))
+        .find_map(|l| {
+            l.split_whitespace()
+                .find(|w| w.len() > bin.len() && w.starts_with(bin))
+        })
+        .map(str::to_string)
+}
+
 impl Task for KillRunaway {
     fn name(&self) -> &'static str {
         "kill-runaway"
@@ -232,25 +288,35 @@ impl Task for KillRunaway {
              burning a CPU. Terminate that process and only it: every other {app} service must \
              keep running."
         );
+        let bin = format!("/opt/{app}/bin/");
         let mut actions = vec![
             "ps aux".to_string(),
-            "ps -eo pid,pcpu,stat,args --sort=-pcpu | head".to_string(),
+            "ps -ww -eo pid,pcpu,stat,args --sort=-pcpu | head".to_string(),
             "top -b -n 1 | head -15".to_string(),
             format!("ls -la /opt/{app}/bin /run/{app}"),
             "kill -9 -1".to_string(),
             format!("pkill -f /opt/{app}"),
             "uptime".to_string(),
+            // Which of the app's services burns the CPU now, named (robust: perl, /proc).
+            format!("{CLEAN_ENV} /usr/bin/perl -e {} {bin}", sh_quote(BUSIEST)),
+            // Kill the app's service that burns the CPU now, whichever it is.
+            format!(
+                "{CLEAN_ENV} /usr/bin/perl -e {} {bin} kill",
+                sh_quote(BUSIEST)
+            ),
         ];
         for name in &names {
             actions.push(format!("pkill -f '[/]opt/{app}/bin/{name}.sh'"));
         }
+        let mut action_costs = vec![0.0; actions.len()];
+        action_costs[act::KILL_BUSIEST] = 1.5;
         Ok(TaskSetup {
             task: self.name().into(),
             seed,
             instruction,
             cwd: "/root".into(),
             actions,
-            action_costs: Vec::new(),
+            action_costs,
             keywords: util::words(&["ps", "top", "kill", "pkill", "pgrep", "cpu", "proc", &app]),
             max_steps: 20,
             facts: util::to_facts(&Facts { app, hog, decoys })?,
@@ -264,10 +330,10 @@ impl Task for KillRunaway {
         };
         // Without the record, no process can be shown to be the episode's: fail closed.
         let Some(originals) = probe.start_processes().cloned() else {
-            return Ok(Verdict::from_checks(vec![(
-                false,
-                "the episode's processes were not recorded".to_string(),
-            )]));
+            return Ok(Verdict::failed(
+                "processes recorded",
+                "the episode's processes were not recorded",
+            ));
         };
         let procs = probe.processes()?;
         // The processes the episode's start steps left, still alive (a zombie is gone).
@@ -276,7 +342,8 @@ impl Task for KillRunaway {
             .filter(|p| !matches!(p.state, 'Z' | 'X' | 'x'))
             .filter(|p| originals.contains(&(p.pid, p.start_ticks)))
             .collect();
-        let mut checks = vec![(
+        let mut checks = vec![Check::new(
+            "runaway gone",
             !recorded.iter().any(|p| is_service(p, &f.hog)),
             format!("the runaway {} still exists", f.hog),
         )];
@@ -289,7 +356,8 @@ impl Task for KillRunaway {
                 .any(|p| is_service(p, d) && !matches!(p.state, 'T' | 't'));
             let stopped = recorded.iter().any(|p| is_service(p, d));
             let look_alike = running(&procs, d).next().is_some();
-            checks.push((
+            checks.push(Check::new(
+                format!("service {} running", script_name(d)),
                 kept,
                 if stopped {
                     format!("the service {d} is stopped")
@@ -300,7 +368,7 @@ impl Task for KillRunaway {
                 },
             ));
         }
-        Ok(Verdict::from_checks(checks))
+        Ok(Verdict::checklist(checks))
     }
 
     /// Nothing the agent left burns a CPU: the sandbox's CPU time sampled over an interval
@@ -309,10 +377,10 @@ impl Task for KillRunaway {
     /// for one).
     fn confirm(&self, _setup: &TaskSetup, sys: &mut dyn Confirm) -> Result<Verdict, ProbeError> {
         let Some(originals) = sys.start_processes().cloned() else {
-            return Ok(Verdict::from_checks(vec![(
-                false,
-                "the episode's processes were not recorded".to_string(),
-            )]));
+            return Ok(Verdict::failed(
+                "processes recorded",
+                "the episode's processes were not recorded",
+            ));
         };
         let mut last = CpuSample::take(sys, &originals)?;
         let mut burn = None;
@@ -327,10 +395,53 @@ impl Task for KillRunaway {
             }
             burn = Some(b);
         }
-        Ok(Verdict::from_checks(vec![(
+        Ok(Verdict::checklist(vec![Check::new(
+            "nothing burns a CPU",
             burn.is_none(),
             burn.map_or_else(String::new, |b| b.reason()),
         )]))
+    }
+
+    /// Name the busiest of the app's services (the perl sampler; `ps` sorted by CPU when it
+    /// fails), `pkill` that one by its script; when that does not do, kill the busiest directly.
+    fn catalogue_step(&self, setup: &TaskSetup, seen: &[Seen]) -> Option<usize> {
+        let bin = setup
+            .actions
+            .get(act::BUSIEST)?
+            .split_whitespace()
+            .find(|w| w.starts_with("/opt/") && w.ends_with("/bin/"))?
+            .to_string();
+        let did = |a: usize| seen.iter().any(|s| s.action == a);
+        let named = seen
+            .iter()
+            .filter(|s| matches!(s.action, act::BUSIEST | act::PS_SORTED) && s.exit_code == 0)
+            .find_map(|s| named_busiest(&s.stdout, &bin));
+        let Some(script) = named else {
+            for diag in [act::BUSIEST, act::PS_SORTED] {
+                if !did(diag) {
+                    return Some(diag);
+                }
+            }
+            return (!did(act::KILL_BUSIEST)).then_some(act::KILL_BUSIEST);
+        };
+        let pattern = format!("'[/]{}'", script.trim_start_matches('/'));
+        let pkill =
+            (act::FIRST_PKILL..setup.actions.len()).find(|&i| setup.actions[i].ends_with(&pattern));
+        let Some(i) = pkill.filter(|&i| !did(i)) else {
+            // The kill was done and the task is not solved yet: look again (the runaway may
+            // just be dying), then kill whatever still burns.
+            let after = seen
+                .iter()
+                .rposition(|s| pkill == Some(s.action))
+                .unwrap_or(0);
+            let looked = seen[after..].iter().any(|s| s.action == act::BUSIEST);
+            return if pkill.is_some() && !looked {
+                Some(act::BUSIEST)
+            } else {
+                (!did(act::KILL_BUSIEST)).then_some(act::KILL_BUSIEST)
+            };
+        };
+        Some(i)
     }
 
     fn oracle(&self, setup: &TaskSetup) -> Vec<String> {
@@ -549,6 +660,27 @@ mod tests {
         d.state = 'T';
         let v = verdict(vec![d]);
         assert!(v.reasons[0].contains("stopped"), "{:?}", v.reasons);
+    }
+
+    #[test]
+    fn the_busiest_service_is_named_by_the_sampler_or_the_sorted_ps() {
+        let bin = "/opt/orbit/bin/";
+        let sampler = "PID      CPU_MS_500   SCRIPT\n41       480          /opt/orbit/bin/sync.sh\n\
+                       40       0            /opt/orbit/bin/mailer.sh\nbusiest: /opt/orbit/bin/sync.sh (pid 41)\n";
+        assert_eq!(
+            named_busiest(sampler, bin).as_deref(),
+            Some("/opt/orbit/bin/sync.sh")
+        );
+        let ps = "    PID %CPU STAT COMMAND\n     77 99.0 R    perl -e 1 while 1\n     \
+                  41 97.5 R    /bin/sh /opt/orbit/bin/sync.sh\n     40  0.0 S    /bin/sh /opt/orbit/bin/mailer.sh\n";
+        assert_eq!(
+            named_busiest(ps, bin).as_deref(),
+            Some("/opt/orbit/bin/sync.sh")
+        );
+        assert_eq!(
+            named_busiest("nothing under /opt/orbit/bin/ burns a CPU\n", bin),
+            None
+        );
     }
 
     /// A `/proc/PID/stat` line with these times (utime, cutime; stime and cstime 0).

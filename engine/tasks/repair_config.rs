@@ -5,7 +5,7 @@
 //! the syntax, every key's value, no duplicates and no unknown keys.
 
 use super::util::{self, facts, pick, CLEAN_ENV};
-use super::{Task, TaskError, TaskSetup, Verdict};
+use super::{Check, Seen, Task, TaskError, TaskSetup, Verdict};
 use crate::instance::sh_quote;
 use crate::instance::Builder;
 use crate::probe::{Confirm, Probe, ProbeError};
@@ -33,6 +33,13 @@ struct Facts {
     /// `section.key` -> value where the intended differs from the example.
     overrides: BTreeMap<String, String>,
     corruptions: Vec<String>,
+}
+
+/// The catalogue's actions by index (see [`RepairConfig::setup`]); one `sed` per value the
+/// instruction names follows the perl restore.
+mod act {
+    pub const COPY: usize = 4;
+    pub const PERL_RESTORE: usize = 10;
 }
 
 fn render(app: &str, ini: &Ini) -> String {
@@ -344,17 +351,34 @@ impl Task for RepairConfig {
             format!("{app}-check {example}"),
             format!("ls -la /etc/{app}"),
         ];
+        // Recovery: the example copied with every value the instruction names, by perl (no cp,
+        // no sed); it costs more than the plain copy and edits together.
+        let subst: String = overrides
+            .iter()
+            .map(|(id, v)| {
+                let key = id.split_once('.').map_or(id.as_str(), |(_, k)| k);
+                format!("s|^{key} = .*|{key} = {v}|; ")
+            })
+            .collect();
+        actions.push(format!(
+            "{CLEAN_ENV} /usr/bin/perl -e 'open my $i, q(<), q({example}) or die qq(read: $!\\n); \
+             open my $o, q(>), q({path}) or die qq(write: $!\\n); \
+             while (<$i>) {{ {subst}print $o $_ }} close $o or die qq(write: $!\\n)'"
+        ));
         for (id, v) in &overrides {
             let key = id.split_once('.').map_or(id.as_str(), |(_, k)| k);
             actions.push(format!("sed -i 's|^{key} = .*|{key} = {v}|' {path}"));
         }
+        let mut action_costs = vec![0.0; actions.len()];
+        // One step more than the plain route (the copy and one edit per value).
+        action_costs[act::PERL_RESTORE] = overrides.len() as f64;
         Ok(TaskSetup {
             task: self.name().into(),
             seed,
             instruction,
             cwd: format!("/etc/{app}"),
             actions,
-            action_costs: Vec::new(),
+            action_costs,
             keywords: util::words(&["cat", "cp", "sed", "diff", "ini", "check", "example", app]),
             max_steps: 30,
             facts: util::to_facts(&Facts {
@@ -374,25 +398,25 @@ impl Task for RepairConfig {
             Err(v) => return Ok(v),
         };
         let Some(text) = probe.read(&f.path, MAX_CONFIG + 1)? else {
-            return Ok(Verdict::from_checks(vec![(
-                false,
+            return Ok(Verdict::failed(
+                "config is a file",
                 format!("{} is not a regular file", f.path),
-            )]));
+            ));
         };
         // Past the limit the rest is unread, not absent: the file fails.
         if text.len() as u64 > MAX_CONFIG {
-            return Ok(Verdict::from_checks(vec![(
-                false,
+            return Ok(Verdict::failed(
+                "config size",
                 format!("{} is larger than {MAX_CONFIG} bytes", f.path),
-            )]));
+            ));
         }
         let entries = match parse_strict(&text) {
             Ok(e) => e,
             Err((line, reason)) => {
-                return Ok(Verdict::from_checks(vec![(
-                    false,
+                return Ok(Verdict::failed(
+                    "config parses",
                     format!("{}:{line}: {reason}", f.path),
-                )]))
+                ))
             }
         };
         let mut checks = Vec::new();
@@ -403,7 +427,8 @@ impl Task for RepairConfig {
         for (s, kvs) in &f.intended {
             for (k, want) in kvs {
                 let got = seen.get(&(s.clone(), k.clone()));
-                checks.push((
+                checks.push(Check::new(
+                    format!("key {s}.{k}"),
                     got.is_some_and(|g| g.len() == 1 && &g[0] == want),
                     match got {
                         None => format!("[{s}] {k} is missing"),
@@ -418,11 +443,12 @@ impl Task for RepairConfig {
             .filter(|(s, k)| !f.intended.get(s).is_some_and(|m| m.contains_key(k)))
             .map(|(s, k)| format!("[{s}] {k}"))
             .collect();
-        checks.push((
+        checks.push(Check::new(
+            "no unknown keys",
             unknown.is_empty(),
             format!("unknown keys: {}", unknown.join(", ")),
         ));
-        Ok(Verdict::from_checks(checks))
+        Ok(Verdict::checklist(checks))
     }
 
     /// The application's own checker, as shipped (its text, not the file the agent may have
@@ -434,7 +460,7 @@ impl Task for RepairConfig {
             Err(v) => return Ok(v),
         };
         if sys.stat("/usr/bin/perl")?.is_none() {
-            return Ok(Verdict::from_checks(Vec::new()));
+            return Ok(Verdict::checklist(Vec::new()));
         }
         let app = f
             .path
@@ -451,7 +477,8 @@ impl Task for RepairConfig {
             std::time::Duration::from_secs(10),
         )?;
         let said = String::from_utf8_lossy(&r.stdout);
-        Ok(Verdict::from_checks(vec![(
+        Ok(Verdict::checklist(vec![Check::new(
+            "checker accepts",
             r.success() && said.contains("syntax OK"),
             format!(
                 "the application's checker rejects {}: {}",
@@ -459,6 +486,25 @@ impl Task for RepairConfig {
                 said.lines().take(3).collect::<Vec<_>>().join("; ")
             ),
         )]))
+    }
+
+    /// Copy the example, set each value the instruction names with its `sed`; when the copy or
+    /// an edit fails, the perl restore does it all.
+    fn catalogue_step(&self, setup: &TaskSetup, seen: &[Seen]) -> Option<usize> {
+        let did = |a: usize| seen.iter().any(|s| s.action == a);
+        if did(act::PERL_RESTORE) {
+            return None;
+        }
+        if seen.iter().all(|s| s.exit_code == 0) {
+            if !did(act::COPY) {
+                return Some(act::COPY);
+            }
+            if let Some(edit) = (act::PERL_RESTORE + 1..setup.actions.len()).find(|&i| !did(i)) {
+                return Some(edit);
+            }
+        }
+        // A failed copy or edit, or all done and still not solved.
+        Some(act::PERL_RESTORE)
     }
 
     fn oracle(&self, setup: &TaskSetup) -> Vec<String> {
@@ -558,6 +604,36 @@ mod tests {
                 .len(),
             1
         );
+    }
+
+    #[test]
+    fn the_catalogue_oracle_copies_edits_and_falls_back_to_perl() {
+        let base = crate::instance::BaseView::from_dirs(vec![]);
+        let mut b = Builder::new(&base, 1, crate::instance::Resources::default());
+        let setup = RepairConfig.setup(1, &mut b).unwrap();
+        let step = |seen: &[(usize, i32)]| {
+            let seen: Vec<Seen> = seen
+                .iter()
+                .map(|&(action, exit_code)| Seen {
+                    action,
+                    exit_code,
+                    stdout: String::new(),
+                    stderr: String::new(),
+                })
+                .collect();
+            RepairConfig.catalogue_step(&setup, &seen)
+        };
+        let first_edit = act::PERL_RESTORE + 1;
+        assert_eq!(step(&[]), Some(act::COPY));
+        assert_eq!(step(&[(act::COPY, 0)]), Some(first_edit));
+        // cp cannot load its library: perl does it all, once.
+        assert_eq!(step(&[(act::COPY, 127)]), Some(act::PERL_RESTORE));
+        assert_eq!(step(&[(act::COPY, 127), (act::PERL_RESTORE, 0)]), None);
+        let all: Vec<(usize, i32)> = std::iter::once((act::COPY, 0))
+            .chain((first_edit..setup.actions.len()).map(|i| (i, 0)))
+            .collect();
+        assert_eq!(step(&all), Some(act::PERL_RESTORE));
+        assert!(setup.action_costs[act::PERL_RESTORE] >= 2.0);
     }
 
     #[test]

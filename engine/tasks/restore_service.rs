@@ -22,7 +22,7 @@
 //! directly; only the agent's view goes through the (possibly faulty) front.
 
 use super::util::{self, facts, pick, CLEAN_ENV};
-use super::{Task, TaskError, TaskSetup, Verdict};
+use super::{Check, Seen, Task, TaskError, TaskSetup, Verdict};
 use crate::instance::sh_quote;
 use crate::instance::Builder;
 use crate::instance::{plain_forward, FRONT_PORT, SERVICE_PORT};
@@ -134,6 +134,42 @@ fn start_script(app: &str) -> String {
          /opt/{app}/server.pl /etc/{app}/{app}.conf >> /var/log/{app}/server.out 2>&1 < /dev/null &\n\
          echo \"{app} started\"\n"
     )
+}
+
+/// Perl that kills whatever listens on the TCP port given as its argument (a squatter): the
+/// listening sockets' inodes from `/proc/net/tcp{,6}`, their owners from `/proc/PID/fd`. It
+/// says whom it killed.
+const EVICT: &str = r#"my $port = shift; my %ino;
+for my $t ("/proc/net/tcp", "/proc/net/tcp6") {
+  open my $f, "<", $t or next; <$f>;
+  while (<$f>) { my @c = split; next unless $c[3] eq "0A";
+    my ($p) = $c[1] =~ /:([0-9A-F]+)$/; $ino{$c[9]} = 1 if hex($p) == $port }
+}
+unless (%ino) { print "nothing listens on port $port\n"; exit 0 } my @k;
+for my $d (glob "/proc/[0-9]*") {
+  my ($pid) = $d =~ /(\d+)$/; next if $pid == $$; opendir my $fd, "$d/fd" or next;
+  for (readdir $fd) { my $l = readlink("$d/fd/$_") // next;
+    if ($l =~ /^socket:\[(\d+)\]$/ && $ino{$1}) { push @k, $pid; last } }
+}
+for my $pid (@k) { open my $c, "<", "/proc/$pid/cmdline"; my $a = <$c> // ""; $a =~ tr/\0/ /;
+  print "killed pid $pid ($a), which listened on port $port\n" }
+kill 9, @k; select undef, undef, undef, 0.2; exit 0;"#;
+
+/// The catalogue's actions by index (see [`RestoreService::setup`]).
+mod act {
+    pub const CAT_CONF: usize = 0;
+    pub const START: usize = 2;
+    pub const LS: usize = 3;
+    pub const CHMOD: usize = 5;
+    pub const MKDIR: usize = 6;
+    pub const SED_PORT: usize = 7;
+    pub const SED_SECRET: usize = 8;
+    pub const CHECK: usize = 10;
+    pub const SERVER_OUT: usize = 11;
+    pub const PERL_CONF: usize = 15;
+    pub const CLEAN_START: usize = 16;
+    pub const EVICT: usize = 17;
+    pub const PERL_FIX: usize = 18;
 }
 
 /// A fresh random nonce for a request.
@@ -290,19 +326,32 @@ impl Task for RestoreService {
             format!("sed -i 's/^port = .*/port = {port}/' {conf}"),
             format!("sed -i 's#^secret_file = .*#secret_file = {secret_file}#' {conf}"),
             format!("curl -s http://127.0.0.1:{front}/"),
-            format!("curl -s http://127.0.0.1:{port}/"),
+            format!("curl -si --retry 3 --retry-connrefused --retry-delay 1 http://127.0.0.1:{port}/status"),
             format!("cat {log_dir}/server.out"),
             "ps aux".to_string(),
             format!("rm -f {conf}"),
             format!("python3 -m http.server {port} --bind 127.0.0.1 >/dev/null 2>&1 &"),
+            // Recovery: the configuration fixed by perl (no sed), the start in the system's
+            // clean environment (waiting until the port accepts), whatever squats the port killed.
+            format!(
+                "{CLEAN_ENV} /usr/bin/perl -i -pe 's/^port = .*/port = {port}/; \
+                 s#^secret_file = .*#secret_file = {secret_file}#' {conf}"
+            ),
+            format!("cd / && {CLEAN_ENV} /bin/sh {start}; {}", wait_listening(port)),
+            format!("{CLEAN_ENV} /usr/bin/perl -e {} {port}", sh_quote(EVICT)),
+            format!("{CLEAN_ENV} /usr/bin/perl -e 'mkdir q({log_dir}); chmod 0755, q({script}) or die \"chmod: $!\\n\"'"),
         ];
+        let mut action_costs = vec![0.0; actions.len()];
+        for a in [act::PERL_CONF, act::CLEAN_START, act::EVICT, act::PERL_FIX] {
+            action_costs[a] = 1.0;
+        }
         Ok(TaskSetup {
             task: self.name().into(),
             seed,
             instruction,
             cwd: "/root".into(),
             actions,
-            action_costs: Vec::new(),
+            action_costs,
             keywords: util::words(&[
                 "curl", "perl", "chmod", "mkdir", "sed", "cat", "ps", "ss", "port", "service",
                 "start", &app,
@@ -333,17 +382,20 @@ impl Task for RestoreService {
             Duration::from_secs(3),
         )?;
         let mut checks = shipped_files(probe, &f)?;
-        checks.push((
+        checks.extend(restart_needs(probe, &f)?);
+        checks.push(Check::new(
+            "service answers",
             reply.is_some(),
             format!("nothing answers on 127.0.0.1:{}", f.port),
         ));
-        checks.push((
+        checks.push(Check::new(
+            "reply carries the token",
             reply
                 .as_deref()
                 .is_some_and(|r| right_reply(r, &f.secret, &nonce)),
-            "the reply is not a 200 carrying the nonce's token".to_string(),
+            "the reply is not a 200 carrying the nonce's token",
         ));
-        Ok(Verdict::from_checks(checks))
+        Ok(Verdict::checklist(checks))
     }
 
     /// Restart the service as the system would and ask again: see the module's documentation.
@@ -356,8 +408,8 @@ impl Task for RestoreService {
         // Nothing of the agent's runs any more, so nothing can change the files between this
         // check and the start.
         let checks = shipped_files(sys, &f)?;
-        if checks.iter().any(|c| !c.0) {
-            return Ok(Verdict::from_checks(checks));
+        if checks.iter().any(|c| !c.passed) {
+            return Ok(Verdict::checklist(checks));
         }
         sys.run(&start_script(&f.app), None, Duration::from_secs(10))?;
         let nonce = nonce();
@@ -379,13 +431,13 @@ impl Task for RestoreService {
         };
         let Some(reply) = reply else {
             let why = down_reason(sys, &f)?;
-            return Ok(Verdict::from_checks(vec![(
-                false,
+            return Ok(Verdict::failed(
+                "restarted service answers",
                 format!(
                     "restarted by its start script, the service does not answer on 127.0.0.1:{}: {why}",
                     f.port
                 ),
-            )]));
+            ));
         };
         let logged = sys
             .read(&format!("{}/access.log", f.log_dir), 16 << 20)?
@@ -395,13 +447,15 @@ impl Task for RestoreService {
                     .lines()
                     .any(|l| l.trim_end() == line)
             });
-        Ok(Verdict::from_checks(vec![
-            (
+        Ok(Verdict::checklist(vec![
+            Check::new("restarted service answers", true, ""),
+            Check::new(
+                "restarted reply carries the token",
                 right_reply(&reply, &f.secret, &nonce),
-                "restarted by its start script, the service does not answer with the nonce's token"
-                    .to_string(),
+                "restarted by its start script, the service does not answer with the nonce's token",
             ),
-            (
+            Check::new(
+                "request logged",
                 logged,
                 format!(
                     "restarted by its start script, the service does not log the request in {}/access.log",
@@ -411,30 +465,125 @@ impl Task for RestoreService {
         ]))
     }
 
+    /// Diagnose with the configuration and a listing, fix what they show (sed, perl when sed
+    /// fails), start, ask the service; when it does not answer, read its last words or evict
+    /// whatever answers in its place, and start again.
+    fn catalogue_step(&self, setup: &TaskSetup, seen: &[Seen]) -> Option<usize> {
+        let paths = Paths::of(setup)?;
+        let did = |a: usize| seen.iter().any(|s| s.action == a);
+        let ok = |a: usize| seen.iter().any(|s| s.action == a && s.exit_code == 0);
+        let failed = |a: usize| seen.iter().any(|s| s.action == a && s.exit_code != 0);
+        for first in [act::CAT_CONF, act::LS] {
+            if !did(first) {
+                return Some(first);
+            }
+        }
+        let last_of = |a: usize| seen.iter().rev().find(|s| s.action == a);
+        // The configuration as the first look showed it.
+        let conf = last_of(act::CAT_CONF).map_or("", |s| s.stdout.as_str());
+        let values = conf_values(conf);
+        let conf_fixed = ok(act::PERL_CONF);
+        let wrong_port = !conf_fixed && values.get("port").map(String::as_str) != Some(&paths.port);
+        let wrong_secret = !conf_fixed && values.get("secret_file") != Some(&paths.secret_file);
+        if wrong_port || wrong_secret {
+            let sed_broke = failed(act::SED_PORT) || failed(act::SED_SECRET);
+            if sed_broke && !did(act::PERL_CONF) {
+                return Some(act::PERL_CONF);
+            }
+            if !sed_broke {
+                if wrong_port && !did(act::SED_PORT) {
+                    return Some(act::SED_PORT);
+                }
+                if wrong_secret && !did(act::SED_SECRET) {
+                    return Some(act::SED_SECRET);
+                }
+            }
+        }
+        let listing = last_of(act::LS);
+        let (no_log_dir, not_executable) =
+            listing.map_or((true, true), |l| listing_faults(l, &paths));
+        if no_log_dir && !did(act::MKDIR) {
+            return Some(act::MKDIR);
+        }
+        if not_executable && !did(act::CHMOD) {
+            return Some(act::CHMOD);
+        }
+        if (failed(act::MKDIR) || failed(act::CHMOD)) && !did(act::PERL_FIX) {
+            return Some(act::PERL_FIX);
+        }
+        // Start, ask, react: at most three starts.
+        let starts: Vec<usize> = (0..seen.len())
+            .filter(|&i| matches!(seen[i].action, act::START | act::CLEAN_START))
+            .collect();
+        let Some(&last_start) = starts.last() else {
+            return Some(act::START);
+        };
+        let since = &seen[last_start + 1..];
+        let start_failed = seen[last_start].exit_code != 0;
+        let check = since.iter().find(|s| s.action == act::CHECK);
+        let out = since.iter().find(|s| s.action == act::SERVER_OUT);
+        // A fix since the last start: start again.
+        let fixed = since.iter().any(|s| {
+            matches!(
+                s.action,
+                act::EVICT | act::PERL_CONF | act::PERL_FIX | act::CHMOD | act::MKDIR
+            )
+        });
+        let restart = |clean: bool| {
+            if starts.len() >= 3 {
+                None
+            } else if clean || start_failed {
+                Some(act::CLEAN_START)
+            } else {
+                Some(act::START)
+            }
+        };
+        if fixed {
+            return restart(false);
+        }
+        if start_failed && !did(act::CLEAN_START) {
+            return Some(act::CLEAN_START);
+        }
+        let Some(check) = check else {
+            return Some(act::CHECK);
+        };
+        // Something answers, and not as the service does: a squatter.
+        let answered = check.stdout.starts_with("HTTP/");
+        if answered && !check.stdout.contains(&format!("{} ok", paths.app)) {
+            return Some(act::EVICT);
+        }
+        let Some(out) = out else {
+            return Some(act::SERVER_OUT);
+        };
+        let last = out
+            .stdout
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("");
+        if last.contains("cannot listen") || last.contains("in use") {
+            return Some(act::EVICT);
+        }
+        if last.contains("secret") || last.contains("no port") {
+            return (!did(act::PERL_CONF)).then_some(act::PERL_CONF);
+        }
+        if last.contains("Permission denied") || last.contains("access.log") {
+            return (!did(act::PERL_FIX)).then_some(act::PERL_FIX);
+        }
+        // Up but slow to answer, or a start the environment broke: once more, cleanly.
+        restart(true)
+    }
+
     fn oracle(&self, setup: &TaskSetup) -> Vec<String> {
         let Ok(f) = facts::<Facts>(setup) else {
             return vec![];
         };
-        // Whatever already listens on the port (a squatter) goes first: the sockets' inodes
-        // from /proc/net/tcp{,6}, their owners from /proc/PID/fd.
-        let evict = r#"my $port = shift; my %ino;
-for my $t ("/proc/net/tcp", "/proc/net/tcp6") {
-  open my $f, "<", $t or next; <$f>;
-  while (<$f>) { my @c = split; next unless $c[3] eq "0A";
-    my ($p) = $c[1] =~ /:([0-9A-F]+)$/; $ino{$c[9]} = 1 if hex($p) == $port }
-}
-exit 0 unless %ino; my @k;
-for my $d (glob "/proc/[0-9]*") {
-  my ($pid) = $d =~ /(\d+)$/; next if $pid == $$; opendir my $fd, "$d/fd" or next;
-  for (readdir $fd) { my $l = readlink("$d/fd/$_") // next;
-    if ($l =~ /^socket:\[(\d+)\]$/ && $ino{$1}) { push @k, $pid; last } }
-}
-kill 9, @k; select undef, undef, undef, 0.2; exit 0;"#;
+        // Whatever already listens on the port (a squatter) goes first.
         let script = format!(
-            "/usr/bin/perl -e {evict} {port}; \
+            "/usr/bin/perl -e {evict} {port} >/dev/null; \
              /bin/chmod 644 {conf} 2>/dev/null; printf %s {good} > {conf} && /bin/mkdir -p {log} && \
              /bin/chmod 755 {s} && ( /usr/bin/perl {s} {conf} >/dev/null 2>&1 < /dev/null & ) && {wait}",
-            evict = sh_quote(evict),
+            evict = sh_quote(EVICT),
             port = f.port,
             conf = sh_quote(&f.conf),
             good = sh_quote(&f.good_conf),
@@ -524,7 +673,7 @@ fn down_reason(probe: &mut dyn Probe, f: &Facts) -> Result<String, ProbeError> {
 
 /// The server script and the start script are the shipped ones (the script's mode may change,
 /// not its code).
-fn shipped_files(probe: &mut dyn Probe, f: &Facts) -> Result<Vec<(bool, String)>, ProbeError> {
+fn shipped_files(probe: &mut dyn Probe, f: &Facts) -> Result<Vec<Check>, ProbeError> {
     let start = format!("/opt/{}/start.sh", f.app);
     let (script_ok, _) = util::content_check(
         probe,
@@ -539,15 +688,155 @@ fn shipped_files(probe: &mut dyn Probe, f: &Facts) -> Result<Vec<(bool, String)>
         1 << 20,
     )?;
     Ok(vec![
-        (
+        Check::new(
+            "server script shipped",
             script_ok,
             format!("{} is not the shipped server any more", f.script),
         ),
-        (
+        Check::new(
+            "start script shipped",
             start_ok,
             format!("{start} is not the shipped start script any more"),
         ),
     ])
+}
+
+/// The configuration's values as the server reads them: `key = value` lines (`\w+` keys,
+/// values trimmed), comments and blank lines skipped, the last of a key winning.
+fn conf_values(text: &str) -> BTreeMap<String, String> {
+    let is_space = |c: char| matches!(c, ' ' | '\t' | '\r' | '\n' | '\x0b' | '\x0c');
+    let mut out = BTreeMap::new();
+    for line in text.split('\n') {
+        let l = line.trim_start_matches(is_space);
+        if l.is_empty() || l.starts_with('#') {
+            continue;
+        }
+        let key_len = l
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(l.len());
+        let (key, rest) = l.split_at(key_len);
+        if let Some(v) = rest.trim_start_matches(is_space).strip_prefix('=') {
+            if !key.is_empty() {
+                out.insert(key.to_string(), v.trim_matches(is_space).to_string());
+            }
+        }
+    }
+    out
+}
+
+/// What the system's restart needs of the files the agent may fix, each a necessary condition
+/// of the confirmation (which decides): the configuration's port is the service's, its secret
+/// file holds the secret, the log directory exists and the server script is executable. A
+/// configuration or secret file that is a symbolic link is left to the restart to judge.
+fn restart_needs(probe: &mut dyn Probe, f: &Facts) -> Result<Vec<Check>, ProbeError> {
+    let conf = probe.read(&f.conf, 1 << 20)?;
+    let linked = |probe: &mut dyn Probe, path: &str| -> Result<bool, ProbeError> {
+        Ok(probe
+            .stat(path)?
+            .is_some_and(|st| st.kind == FileKind::Symlink))
+    };
+    let (port_ok, secret_ok) = match conf {
+        None => {
+            let l = linked(probe, &f.conf)?;
+            (l, l)
+        }
+        Some(text) => {
+            let values = conf_values(&String::from_utf8_lossy(&text));
+            let port_ok = values
+                .get("port")
+                .and_then(|p| p.parse::<u16>().ok())
+                .is_some_and(|p| p == f.port);
+            let secret_ok = match values.get("secret_file") {
+                None => false,
+                Some(path) => {
+                    // The start runs the server from its directory.
+                    let path = if path.starts_with('/') {
+                        path.clone()
+                    } else {
+                        format!("/opt/{}/{path}", f.app)
+                    };
+                    match probe.read(&path, 1 << 20)? {
+                        Some(d) => {
+                            let first = d.split(|b| *b == b'\n').next().unwrap_or(&[]);
+                            first == f.secret.as_bytes()
+                        }
+                        None => linked(probe, &path)?,
+                    }
+                }
+            };
+            (port_ok, secret_ok)
+        }
+    };
+    let log_dir_ok = probe
+        .stat(&f.log_dir)?
+        .is_some_and(|st| matches!(st.kind, FileKind::Dir | FileKind::Symlink));
+    let executable = probe
+        .stat(&f.script)?
+        .is_some_and(|st| st.mode & 0o111 != 0);
+    Ok(vec![
+        Check::new(
+            "configured port",
+            port_ok,
+            format!("{} does not give the port {}", f.conf, f.port),
+        ),
+        Check::new(
+            "configured secret",
+            secret_ok,
+            format!("the secret file {} names does not hold the secret", f.conf),
+        ),
+        Check::new(
+            "log directory",
+            log_dir_ok,
+            format!("there is no log directory {}", f.log_dir),
+        ),
+        Check::new(
+            "script executable",
+            executable,
+            format!("{} is not executable", f.script),
+        ),
+    ])
+}
+
+/// The instance's paths as the agent sees them (the instruction and the catalogue name them).
+struct Paths {
+    app: String,
+    port: String,
+    secret_file: String,
+    log_dir: String,
+}
+
+impl Paths {
+    fn of(setup: &TaskSetup) -> Option<Self> {
+        let conf = setup
+            .actions
+            .get(act::CAT_CONF)?
+            .strip_prefix("cat /etc/")?;
+        let app = conf.split('/').next()?.to_string();
+        Some(Self {
+            port: SERVICE_PORT.to_string(),
+            secret_file: format!("/etc/{app}/secret"),
+            log_dir: format!("/var/log/{app}"),
+            app,
+        })
+    }
+}
+
+/// What a listing (`ls -la` of the script's, the configuration's and the log's directories)
+/// shows: (the log directory is missing, the server script is not executable). A listing that
+/// does not show the script says both (fix blind).
+fn listing_faults(l: &Seen, p: &Paths) -> (bool, bool) {
+    let script_line = l
+        .stdout
+        .lines()
+        .find(|line| line.trim_end().ends_with(" server.pl"));
+    let Some(line) = script_line else {
+        return (true, true);
+    };
+    let mode = line.split_whitespace().next().unwrap_or("");
+    let not_executable = !mode.contains('x');
+    let no_log_dir =
+        l.stderr.contains(&p.log_dir) || !l.stdout.contains(&format!("{}:", p.log_dir));
+    (no_log_dir, not_executable)
 }
 
 #[cfg(test)]
@@ -573,6 +862,69 @@ mod tests {
         assert!(!right_reply(hdr, "ke", "abc"));
         assert_eq!(nonce().len(), 16);
         assert_ne!(nonce(), nonce());
+    }
+
+    #[test]
+    fn the_configuration_reads_as_the_server_reads_it() {
+        let v = conf_values(
+            "# c\nport = 1\n  port=18080 \r\nsecret_file =  /x y \n#port = 3\nbad line\n",
+        );
+        assert_eq!(v.get("port").map(String::as_str), Some("18080"));
+        assert_eq!(v.get("secret_file").map(String::as_str), Some("/x y"));
+        assert_eq!(v.len(), 2);
+    }
+
+    #[test]
+    fn the_catalogue_oracle_fixes_what_it_sees_then_starts_and_asks() {
+        let base = crate::instance::BaseView::from_dirs(vec![]);
+        let mut b = Builder::new(&base, 1, crate::instance::Resources::default());
+        let setup = RestoreService.setup(1, &mut b).unwrap();
+        let app = Paths::of(&setup).unwrap().app;
+        let seen = |action: usize, exit_code: i32, stdout: &str, stderr: &str| Seen {
+            action,
+            exit_code,
+            stdout: stdout.into(),
+            stderr: stderr.into(),
+        };
+        let conf =
+            format!("port = 18099\nsecret_file = /etc/{app}/secret\nlog_dir = /var/log/{app}\n");
+        let listing = format!(
+            "/opt/{app}:\n-rw-r--r-- 1 root root 9 Jan 1 00:00 server.pl\n\n/var/log/{app}:\ntotal 0\n"
+        );
+        let mut s = vec![seen(act::CAT_CONF, 0, &conf, "")];
+        assert_eq!(RestoreService.catalogue_step(&setup, &s), Some(act::LS));
+        s.push(seen(act::LS, 0, &listing, ""));
+        assert_eq!(
+            RestoreService.catalogue_step(&setup, &s),
+            Some(act::SED_PORT)
+        );
+        // sed cannot load its library: perl edits the configuration.
+        s.push(seen(
+            act::SED_PORT,
+            127,
+            "",
+            "sed: error while loading shared libraries",
+        ));
+        assert_eq!(
+            RestoreService.catalogue_step(&setup, &s),
+            Some(act::PERL_CONF)
+        );
+        s.push(seen(act::PERL_CONF, 0, "", ""));
+        assert_eq!(RestoreService.catalogue_step(&setup, &s), Some(act::CHMOD));
+        s.push(seen(act::CHMOD, 0, "", ""));
+        assert_eq!(RestoreService.catalogue_step(&setup, &s), Some(act::START));
+        s.push(seen(act::START, 0, "started", ""));
+        assert_eq!(RestoreService.catalogue_step(&setup, &s), Some(act::CHECK));
+        // A squatter answers: evict it, start again.
+        s.push(seen(
+            act::CHECK,
+            0,
+            "HTTP/1.0 503 Service Unavailable\r\n",
+            "",
+        ));
+        assert_eq!(RestoreService.catalogue_step(&setup, &s), Some(act::EVICT));
+        s.push(seen(act::EVICT, 0, "killed pid 7", ""));
+        assert_eq!(RestoreService.catalogue_step(&setup, &s), Some(act::START));
     }
 
     #[test]
