@@ -242,10 +242,11 @@ while True:
     )
 }
 
-/// Shell that waits (up to ~10 s) until something accepts on the port; perl only.
+/// Shell that waits (up to ~3 s: a healthy start takes well under one) until something
+/// accepts on the port; perl only.
 fn wait_listening(port: u16) -> String {
     format!(
-        "/usr/bin/perl -MIO::Socket::INET -e 'for (1..200) {{ exit 0 if IO::Socket::INET->new(PeerAddr => \"127.0.0.1:{port}\"); select undef, undef, undef, 0.05 }} exit 1'"
+        "/usr/bin/perl -MIO::Socket::INET -e 'for (1..60) {{ exit 0 if IO::Socket::INET->new(PeerAddr => \"127.0.0.1:{port}\"); select undef, undef, undef, 0.05 }} exit 1'"
     )
 }
 
