@@ -5,7 +5,8 @@
 //!
 //! | module | what it is |
 //! |---|---|
-//! | [`units`] | durations and sizes as users write them (`10s`, `64M`) |
+//! | [`text`] | input files read bounded and located, long values cut, control characters escaped |
+//! | [`units`] | durations and sizes as users write them (`10s`, `64M`), range-checked |
 //! | [`instance`] | LEAF vocabulary: plans, parameters, resources, instance ids, the layer model and its builder, path helpers |
 //! | [`netfault`] | the fault proxy runtime (threads in a sandbox's network namespace) |
 //! | [`probe`] | trusted reads for verifiers: files and `/proc` through init, TCP via `setns` |
@@ -15,11 +16,13 @@
 //! | [`running`] | an instance running in its sandbox: episode starts, fault proxies, probes |
 //! | [`certify`] | solvability certificates, and the `engine task check` campaign |
 //! | [`env`] | the RL environment: `Env::reset`, `Env::step`, rewards, observations |
+//! | [`actions`] | action files: one action per line, errors located |
 //! | [`fingerprint`] | feature vectors of systems (real or synthesized) for realism |
 //! | [`template`] | templates: the positioned TOML/YAML tree, validation, sampling into plans |
 //! | [`experiment`] | `engine run`: config, runner, statistics |
 //! | [`bench`] | `engine bench sandbox` and `engine bench env` |
 
+pub mod actions;
 pub mod bench;
 pub mod certify;
 pub mod env;
@@ -33,4 +36,5 @@ pub mod running;
 pub mod synth;
 pub mod tasks;
 pub mod template;
+pub mod text;
 pub mod units;

@@ -24,8 +24,8 @@ fn main() {
     match cli::run(cli.command) {
         Ok(code) => std::process::exit(code),
         Err(e) => {
-            eprintln!("engine: {e:#}");
-            std::process::exit(cli::sandbox::EXIT_SANDBOX_FAILURE);
+            eprintln!("engine: {}", cli::errors::message(&e));
+            std::process::exit(cli::errors::exit_code(&e));
         }
     }
 }

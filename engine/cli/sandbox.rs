@@ -1,5 +1,6 @@
 //! Options shared by the sandbox commands, `engine sandbox exec`, and `engine reap`.
 
+use super::errors::usage;
 use clap::Subcommand;
 use engine::units::{parse_duration, parse_size};
 use sandbox::{ExecRequest, InitProgram, Runtime, SandboxConfig, Termination};
@@ -40,24 +41,36 @@ pub struct SandboxOpts {
 impl SandboxOpts {
     /// Validate into a sandbox configuration.
     pub fn config(&self) -> anyhow::Result<SandboxConfig> {
+        use anyhow::Context;
         let mut c = SandboxConfig {
-            rootfs: self.rootfs.parse()?,
+            rootfs: self.rootfs.parse().context("--rootfs")?,
             ..SandboxConfig::default()
         };
-        c.limits.memory_bytes =
-            parse_size(&self.memory).map_err(|e| anyhow::anyhow!("--memory: {e}"))?;
-        c.disk_bytes = parse_size(&self.disk).map_err(|e| anyhow::anyhow!("--disk: {e}"))?;
-        anyhow::ensure!(self.pids >= 2, "--pids: at least 2 (init and one command)");
-        anyhow::ensure!(
-            self.cpus >= 0.0 && self.cpus.is_finite(),
-            "--cpus: a non-negative number of cores"
-        );
+        c.limits.memory_bytes = parse_size(&self.memory).context("--memory")?;
+        c.disk_bytes = parse_size(&self.disk).context("--disk")?;
+        if !(2..=MAX_PIDS).contains(&self.pids) {
+            return Err(usage(format!(
+                "--pids: {} is outside 2..={MAX_PIDS} (init and one command at least, the kernel's pid limit at most)",
+                self.pids
+            )));
+        }
+        if !(self.cpus >= 0.0 && self.cpus <= MAX_CPUS) {
+            return Err(usage(format!(
+                "--cpus: {} is not a number of cores in 0..={MAX_CPUS} (0 for no quota)",
+                self.cpus
+            )));
+        }
         c.limits.pids = self.pids;
         c.limits.cpus = self.cpus;
         c.userns = self.userns;
         Ok(c)
     }
 }
+
+/// The most processes a sandbox may be given (the kernel's `PID_MAX_LIMIT`).
+pub const MAX_PIDS: u64 = 1 << 22;
+/// The largest CPU quota, in cores.
+pub const MAX_CPUS: f64 = 1024.0;
 
 /// The instance cache of the state directory (mounted on first use).
 pub fn cache() -> anyhow::Result<engine::synth::Cache> {
@@ -78,12 +91,13 @@ pub fn runtime() -> anyhow::Result<Runtime> {
 
 /// `engine sandbox exec`: run CMD in a fresh sandbox, print its output, return its exit code.
 pub fn exec(opts: &SandboxOpts, timeout: &str, cmd: &[String]) -> anyhow::Result<i32> {
-    anyhow::ensure!(
-        !cmd.is_empty(),
-        "no command given: engine sandbox exec [OPTIONS] -- CMD..."
-    );
+    if cmd.is_empty() {
+        return Err(usage(
+            "no command given: engine sandbox exec [OPTIONS] -- CMD...",
+        ));
+    }
     let cfg = opts.config()?;
-    let timeout = parse_duration(timeout).map_err(|e| anyhow::anyhow!("--timeout: {e}"))?;
+    let timeout = anyhow::Context::context(parse_duration(timeout), "--timeout")?;
     let rt = runtime()?;
     let mut sb = rt.create(&cfg)?;
     let mut req = ExecRequest::argv(cmd.iter().cloned());

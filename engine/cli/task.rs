@@ -1,7 +1,7 @@
 //! `engine task list` and `engine task check`.
 
 use super::sandbox::cache;
-use anyhow::{bail, Context};
+use anyhow::Context;
 use clap::Subcommand;
 use engine::instance::PerturbationChoice;
 
@@ -19,12 +19,12 @@ pub enum TaskCmd {
         #[arg(long = "perturb", value_name = "SPEC")]
         perturb: Vec<String>,
         /// Seeds 1..=N of each instance.
-        #[arg(long, default_value_t = 1)]
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=100_000))]
         seeds: u64,
         /// Sampled combinations of two or three perturbations.
-        #[arg(long, default_value_t = 8)]
-        combos: usize,
-        #[arg(long, default_value_t = 2)]
+        #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(0..=100_000))]
+        combos: u64,
+        #[arg(long, default_value = "2", value_parser = super::count::<64>)]
         workers: usize,
         #[arg(long, default_value = "host")]
         base: String,
@@ -52,7 +52,7 @@ pub fn run(cmd: TaskCmd) -> anyhow::Result<i32> {
             &perturbations,
             &perturb,
             seeds,
-            combos,
+            combos as usize,
             workers,
             json,
         ),
@@ -72,18 +72,22 @@ fn task_check(
     json: bool,
 ) -> anyhow::Result<i32> {
     if engine::tasks::get(task).is_none() {
-        bail!(
-            "unknown task `{task}` (known: {})",
+        return Err(super::errors::usage(format!(
+            "unknown task `{}` (known: {})",
+            engine::text::cut(task),
             engine::tasks::names().join(", ")
-        );
+        )));
     }
     let mut singles: Vec<PerturbationChoice> = match perturbations {
         "all" => engine::certify::all_defaults(),
         "none" => Vec::new(),
-        other => bail!("--perturbations {other}: expected `all` or `none` (use --perturb SPEC for specific ones)"),
+        other => return Err(super::errors::usage(format!(
+            "--perturbations {}: expected `all` or `none` (use --perturb SPEC for specific ones)",
+            engine::text::cut(other)
+        ))),
     };
     for s in perturb {
-        singles.push(engine::perturb::parse_spec(s).with_context(|| format!("--perturb {s}"))?);
+        singles.push(engine::perturb::parse_spec(s).context("--perturb")?);
     }
     let spec = engine::certify::CheckSpec {
         task: task.into(),

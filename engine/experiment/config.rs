@@ -12,6 +12,12 @@ use std::path::{Path, PathBuf};
 
 /// Plan seeds of seed `s` start at `s * SEED_STRIDE`.
 pub const SEED_STRIDE: u64 = 1_000_003;
+/// The most episodes per seed (and per instance) a config may ask for.
+pub const MAX_EPISODES: usize = 10_000_000;
+/// The most seeds of one experiment.
+pub const MAX_SEEDS: usize = 10_000;
+/// The largest reward magnitude: sums of a million steps stay exact enough.
+pub const MAX_REWARD: f64 = 1e6;
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -117,10 +123,7 @@ fn locate(text: &str, key: &str) -> (usize, usize) {
 impl Experiment {
     /// Load and validate; errors name the file, line, column, key and reason.
     pub fn load(file: &Path) -> Result<Self, ExperimentError> {
-        let text = std::fs::read_to_string(file).map_err(|source| ExperimentError::Read {
-            file: file.into(),
-            source,
-        })?;
+        let text = crate::text::read_input(file)?;
         Self::parse(&text, file)
     }
 
@@ -148,27 +151,55 @@ impl Experiment {
         if exp.experiment.seeds.is_empty() {
             return Err(invalid("experiment.seeds", "at least one seed".into()));
         }
+        if exp.experiment.seeds.len() > MAX_SEEDS {
+            return Err(invalid(
+                "experiment.seeds",
+                format!(
+                    "at most {MAX_SEEDS} seeds, not {}",
+                    exp.experiment.seeds.len()
+                ),
+            ));
+        }
         if exp.experiment.name.is_empty()
-            || exp.experiment.name.contains('/')
+            || exp.experiment.name.len() > 255
+            || exp.experiment.name.contains(['/', '\0'])
             || exp.experiment.name.starts_with('.')
         {
             return Err(invalid(
                 "experiment.name",
-                "a non-empty name without `/` that does not start with `.` (it names the report's directory)".into(),
+                "a name of 1 to 255 bytes without `/` that does not start with `.` (it names the report's directory)".into(),
             ));
         }
         let env = &exp.environment;
-        if env.episodes == 0 {
+        if !(1..=MAX_EPISODES).contains(&env.episodes) {
             return Err(invalid(
                 "environment.episodes",
-                "at least one episode".into(),
+                format!("between 1 and {MAX_EPISODES}, not {}", env.episodes),
             ));
         }
-        if env.episodes_per_instance == 0 {
+        if !(1..=MAX_EPISODES).contains(&env.episodes_per_instance) {
             return Err(invalid(
                 "environment.episodes_per_instance",
-                "at least 1".into(),
+                format!(
+                    "between 1 and {MAX_EPISODES}, not {}",
+                    env.episodes_per_instance
+                ),
             ));
+        }
+        let r = &exp.reward;
+        for (key, x) in [
+            ("reward.success", r.success),
+            ("reward.goal", r.goal),
+            ("reward.step", r.step),
+            ("reward.error", r.error),
+            ("reward.irrelevant", r.irrelevant),
+        ] {
+            if !(x.is_finite() && x.abs() <= MAX_REWARD) {
+                return Err(invalid(
+                    key,
+                    format!("{x} is not a reward: a finite number in -{MAX_REWARD}..={MAX_REWARD}"),
+                ));
+            }
         }
         if !(1..=64).contains(&env.workers) {
             return Err(invalid(
@@ -180,14 +211,9 @@ impl Experiment {
             return Err(invalid("environment.max_steps", "at least 1".into()));
         }
         if let Some(t) = &env.step_timeout {
-            let d = crate::units::parse_duration(t)
+            // In range (1ms..=30 days) or an error: the conversion to milliseconds is exact.
+            crate::units::parse_duration(t)
                 .map_err(|e| invalid("environment.step_timeout", e.to_string()))?;
-            if d.is_zero() {
-                return Err(invalid(
-                    "environment.step_timeout",
-                    "must be positive".into(),
-                ));
-            }
         }
         if let Some(task) = &env.task {
             if crate::tasks::get(task).is_none() {
@@ -377,7 +403,7 @@ episodes = 2
         let e = err(&OK.replace("episodes = 2", "episodes = 0"));
         assert_eq!(
             e,
-            "exp.toml:8:1: key `environment.episodes`: at least one episode"
+            "exp.toml:8:1: key `environment.episodes`: between 1 and 10000000, not 0"
         );
         let e = err(&OK.replace("episodes = 2", "episodes = 2\nworkers = 65"));
         assert_eq!(
@@ -417,6 +443,28 @@ episodes = 2
             e.starts_with("exp.toml:6:1: key `environment.template`: give a `template`"),
             "{e}"
         );
+        let e = err(&OK.replace(
+            "episodes = 2",
+            "episodes = 2\nstep_timeout = \"18446744073709551615s\"",
+        ));
+        assert!(
+            e.starts_with("exp.toml:9:1: key `environment.step_timeout`: `18446744073709551615s` is out of range"),
+            "{e}"
+        );
+        let e = err(&OK.replace("episodes = 2", "episodes = 99999999999"));
+        assert!(
+            e.contains("environment.episodes") && e.contains("between 1 and"),
+            "{e}"
+        );
+        for bad in ["nan", "inf", "-inf", "1e300"] {
+            let e = err(&format!("{OK}[reward]\ngoal = {bad}\n"));
+            assert!(
+                e.starts_with("exp.toml:10:1: key `reward.goal`") && e.contains("is not a reward"),
+                "{bad}: {e}"
+            );
+        }
+        let e = err(&OK.replace("name = \"t\"", &format!("name = \"{}\"", "n".repeat(300))));
+        assert!(e.contains("experiment.name") && e.len() < 300, "{e}");
         let e = err(&OK.replace("[environment]", "[environment]\nepisodes_per_instance = 0"));
         assert!(
             e.starts_with("exp.toml:7:1: key `environment.episodes_per_instance`"),

@@ -37,11 +37,8 @@ use std::path::PathBuf;
 /// Errors of loading or running an experiment.
 #[derive(Debug, thiserror::Error)]
 pub enum ExperimentError {
-    #[error("{file}: {source}")]
-    Read {
-        file: PathBuf,
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Read(#[from] crate::text::TextError),
     #[error("{file}:{line}:{column}: {message}")]
     Parse {
         file: PathBuf,
@@ -65,6 +62,11 @@ pub enum ExperimentError {
     Running(#[from] crate::running::RunningError),
     #[error("worker {worker} of seed {seed} panicked")]
     Worker { seed: u64, worker: usize },
+    #[error("output directory {dir}: {source}")]
+    Output {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
     #[error("writing {file}: {source}")]
     Write {
         file: PathBuf,

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 /// Errors of root filesystem resolution.
 #[derive(Debug, thiserror::Error)]
 pub enum LayerError {
-    #[error("unknown rootfs {0:?}: expected `host`, `oci:PATH` (an OCI layout or docker-save tarball) or an existing directory")]
+    #[error("unknown rootfs `{0}`: expected `host`, `oci:PATH` (an OCI layout or docker-save tarball) or an existing directory")]
     UnknownRootfs(String),
     #[error("rootfs directory {path}: {reason}")]
     BadDirectory { path: PathBuf, reason: String },
