@@ -10,6 +10,7 @@ mod fingerprint;
 mod perturb;
 mod run;
 pub mod sandbox;
+pub mod signals;
 mod synth;
 mod task;
 

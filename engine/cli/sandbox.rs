@@ -86,7 +86,9 @@ pub fn runtime() -> anyhow::Result<Runtime> {
         Ok(i) => i,
         Err(_) => InitProgram::at(std::env::current_exe()?, vec!["__sandbox-init".into()])?,
     };
-    Ok(Runtime::new(&sandbox::state::default_state_dir(), init)?)
+    let rt = Runtime::new(&sandbox::state::default_state_dir(), init)?;
+    super::signals::track(&rt);
+    Ok(rt)
 }
 
 /// `engine sandbox exec`: run CMD in a fresh sandbox, print its output, return its exit code.

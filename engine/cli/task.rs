@@ -81,10 +81,12 @@ fn task_check(
     let mut singles: Vec<PerturbationChoice> = match perturbations {
         "all" => engine::certify::all_defaults(),
         "none" => Vec::new(),
-        other => return Err(super::errors::usage(format!(
+        other => {
+            return Err(super::errors::usage(format!(
             "--perturbations {}: expected `all` or `none` (use --perturb SPEC for specific ones)",
             engine::text::cut(other)
-        ))),
+        )))
+        }
     };
     for s in perturb {
         singles.push(engine::perturb::parse_spec(s).context("--perturb")?);

@@ -19,15 +19,17 @@
 //! | file | what it is |
 //! |---|---|
 //! | `config.rs` | [`Experiment`] and its tables: loading, validation, [`Experiment::plan`], [`Experiment::env_config`] |
-//! | `runner.rs` | [`run`]: the episodes on worker threads, [`EpisodeRecord`], the report and episode files |
+//! | `runner.rs` | [`run`], [`run_until`] (stops on a flag): the episodes on worker threads, [`EpisodeRecord`] |
+//! | `output.rs` | the output directory (checked before the first episode), episodes appended as they finish, the report at the end or on interruption |
 //! | `stats.rs` | [`summarize`], [`SeedResult`], [`Interval`], [`Report`] |
 
 mod config;
+mod output;
 mod runner;
 mod stats;
 
 pub use config::{resolve_template, Agent, Environment, Experiment, Meta, SEED_STRIDE};
-pub use runner::{run, EpisodeRecord};
+pub use runner::{run, run_until, EpisodeRecord};
 pub use stats::{summarize, Interval, Report, SeedResult};
 
 use crate::env::EnvError;
