@@ -34,7 +34,7 @@ mod synthesize;
 pub mod tree;
 mod validate;
 
-pub use synthesize::{synthesize, Synthesized};
+pub use synthesize::{synthesize, NotApplicable, Synthesis, Synthesized};
 
 use crate::instance::{self, Params, PerturbationChoice, Plan, Resources, TaskRef, Value};
 use crate::perturb::{self, Info};
