@@ -15,6 +15,7 @@ mod fingerprint;
 mod fuzz;
 mod layout;
 mod netfuzz;
+mod observe;
 mod perturb;
 mod signals;
 mod synth;
