@@ -86,9 +86,49 @@ pub fn runtime() -> anyhow::Result<Runtime> {
         Ok(i) => i,
         Err(_) => InitProgram::at(std::env::current_exe()?, vec!["__sandbox-init".into()])?,
     };
+    let admission = admission_from_env()?;
     let rt = Runtime::new(&sandbox::state::default_state_dir(), init)?;
     super::signals::track(&rt);
+    rt.set_admission(admission);
     Ok(rt)
+}
+
+/// Admission control from the environment: `ENVFACTORY_MAX_SANDBOXES` (a count; unset: no
+/// cap) and `ENVFACTORY_MEMORY_RESERVE` (a size such as `2G`, a share such as `5%`, or `0`
+/// for none; unset: 3% of the machine's memory).
+pub fn admission_from_env() -> anyhow::Result<sandbox::Admission> {
+    let mut a = sandbox::Admission::default();
+    let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+    if let Some(v) = var("ENVFACTORY_MAX_SANDBOXES") {
+        a.max_sandboxes = Some(super::count::<1_000_000>(&v).map_err(|e| {
+            usage(format!(
+                "ENVFACTORY_MAX_SANDBOXES: `{}`: {e}",
+                engine::text::cut(&v)
+            ))
+        })?);
+    }
+    if let Some(v) = var("ENVFACTORY_MEMORY_RESERVE") {
+        let bad = |why: String| usage(format!("ENVFACTORY_MEMORY_RESERVE: {why}"));
+        a.memory_reserve_bytes = match v.trim() {
+            "0" => 0,
+            t if t.ends_with('%') => {
+                let pct: u64 = t[..t.len() - 1]
+                    .trim()
+                    .parse()
+                    .ok()
+                    .filter(|p| *p <= 90)
+                    .ok_or_else(|| {
+                        bad(format!(
+                            "`{}` is not a share of memory in 0%..=90%",
+                            engine::text::cut(t)
+                        ))
+                    })?;
+                sandbox::admission::host_memory_bytes().unwrap_or(0) / 100 * pct
+            }
+            t => parse_size(t).map_err(|e| bad(e.to_string()))?,
+        };
+    }
+    Ok(a)
 }
 
 /// `engine sandbox exec`: run CMD in a fresh sandbox, print its output, return its exit code.

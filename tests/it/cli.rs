@@ -350,6 +350,51 @@ fn bench_sandbox_json_has_the_documented_keys() {
     assert!(v["ratios"]["exec_vs_host"].as_f64().unwrap() > 0.0);
 }
 
+#[test]
+fn admission_control_stops_bench_sandbox_concurrent_and_says_where() {
+    if !is_root() {
+        return;
+    }
+    let o = engine()
+        .env("ENVFACTORY_MAX_SANDBOXES", "3")
+        .args([
+            "bench",
+            "sandbox",
+            "--json",
+            "--iterations",
+            "1",
+            "--concurrent",
+            "5",
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let c = &v["concurrent"];
+    assert_eq!(c["requested"], 5, "{c}");
+    assert_eq!(c["sandboxes"], 3, "{c}");
+    assert_eq!(c["answered"], 3, "{c}");
+    let why = c["stopped"].as_str().unwrap();
+    assert!(
+        why.starts_with("stopped after 3 sandboxes: admission control refused a new sandbox: 3 sandboxes are alive"),
+        "{why}"
+    );
+    for (var, value) in [
+        ("ENVFACTORY_MAX_SANDBOXES", "0"),
+        ("ENVFACTORY_MEMORY_RESERVE", "95%"),
+        ("ENVFACTORY_MEMORY_RESERVE", "lots"),
+    ] {
+        let o = engine()
+            .env(var, value)
+            .args(["sandbox", "exec", "--", "true"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{var}={value}: {err}");
+        assert!(err.starts_with(&format!("engine: {var}: ")), "{err}");
+    }
+}
+
 fn json_lines(out: &[u8]) -> Vec<serde_json::Value> {
     String::from_utf8_lossy(out)
         .lines()
