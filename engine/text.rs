@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 /// The largest config, template or action file read (1 MiB): more is refused before parsing.
 pub const MAX_INPUT_BYTES: u64 = 1 << 20;
 
-/// Characters of a value shown in a message before it is cut.
-pub const SHOWN_CHARS: usize = 80;
+/// Long values cut for messages: the sandbox crate's helper, the one of the workspace.
+pub use sandbox::text_pos::{cut, SHOWN_CHARS};
 
 /// Errors of reading an input file.
 #[derive(Debug, thiserror::Error)]
@@ -64,15 +64,6 @@ pub fn utf8(bytes: Vec<u8>, file: &Path) -> Result<String, TextError> {
             column,
         }
     })
-}
-
-/// `s` for a message: whole when short, else its first [`SHOWN_CHARS`] characters and how
-/// long it was.
-pub fn cut(s: &str) -> Cow<'_, str> {
-    match s.char_indices().nth(SHOWN_CHARS) {
-        None => Cow::Borrowed(s),
-        Some((i, _)) => Cow::Owned(format!("{}... ({} bytes)", &s[..i], s.len())),
-    }
 }
 
 /// Text for an observation: control characters (NUL, ESC, DEL, C1 ...) become `\xNN` or

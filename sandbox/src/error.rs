@@ -31,7 +31,7 @@ pub enum SandboxError {
     Unresponsive(Duration),
     #[error("the sandbox is dead (its init exited); create a new one")]
     Dead,
-    #[error("{kind:?}: {message}")]
+    #[error("{kind}: {message}")]
     Request { kind: FailureKind, message: String },
     #[error("unexpected response to {request}: {response}")]
     Unexpected {
