@@ -172,3 +172,33 @@ fn a_signal_tears_down_a_command_that_does_not_stop_by_itself() {
         assert_eq!(leftovers(&st, pid), Vec::<String>::new(), "{err}");
     }
 }
+
+#[test]
+fn a_second_signal_tears_a_run_down_at_once() {
+    if !is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let st = TempState::new();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = experiment(dir.path());
+    let partial = dir.path().join("sig/.episodes.jsonl.partial");
+    let mut child = engine_in(&st)
+        .args(["run", cfg.to_str().unwrap()])
+        .spawn()
+        .unwrap();
+    assert!(wait_for(&mut child, || lines(&partial) >= 2));
+    let pid = child.id();
+    for _ in 0..2 {
+        // SAFETY: kill with integer arguments, to our own child.
+        unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    }
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(143), "{err}");
+    // Either the run stopped by itself before the second signal was read, or the watcher tore
+    // it down: nothing is left behind, and the episodes finished so far are on disk.
+    assert_eq!(leftovers(&st, pid), Vec::<String>::new(), "{err}");
+    let kept = lines(&partial).max(lines(&dir.path().join("sig/episodes.jsonl")));
+    assert!(kept >= 2, "{kept} episodes kept: {err}");
+}
