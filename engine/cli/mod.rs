@@ -34,7 +34,10 @@ pub struct Cli {
 
 #[derive(Subcommand)]
 pub enum Cmd {
-    /// Run an experiment (the main job) and write its report.
+    /// Run an experiment (the main job) and write its report. Episodes are appended to
+    /// `<out_dir>/<name>/.episodes.jsonl.partial` as they finish; SIGINT, SIGTERM or SIGHUP
+    /// stop the run after the running episodes and write what was measured (exit 130, 143,
+    /// 129; a second signal tears down at once).
     Run { experiment: PathBuf },
     /// Sandbox commands.
     #[command(subcommand)]

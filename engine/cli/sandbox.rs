@@ -189,8 +189,9 @@ pub fn exec(opts: &SandboxOpts, timeout: &str, cmd: &[String]) -> anyhow::Result
 
 #[derive(Subcommand)]
 pub enum SandboxCmd {
-    /// Run CMD in a fresh sandbox; exit with its status (124 timeout, 125 sandbox failure,
-    /// 126 cannot execute, 127 not found, 128+N killed by signal N).
+    /// Run CMD in a fresh sandbox; exit with its status (2 bad option, 124 timeout, 125
+    /// sandbox failure, 126 cannot execute, 127 not found, 128+N killed by signal N; 130, 143,
+    /// 129 when the engine itself gets SIGINT, SIGTERM, SIGHUP: the sandbox is torn down).
     Exec {
         #[command(flatten)]
         opts: SandboxOpts,
