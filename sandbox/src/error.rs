@@ -40,6 +40,8 @@ pub enum SandboxError {
     },
     #[error("policy: {0}")]
     Policy(String),
+    #[error("sandbox config: {0}")]
+    Config(String),
     #[error("admission control refused a new sandbox: {0}")]
     Admission(#[from] crate::admission::Refusal),
 }

@@ -314,6 +314,7 @@ impl Runtime {
     /// Create a sandbox: cgroups, namespaces, init, root filesystem.
     pub fn create(&self, cfg: &SandboxConfig) -> Result<Sandbox, SandboxError> {
         let t0 = std::time::Instant::now();
+        cfg.validate().map_err(SandboxError::Config)?;
         self.admission().admit(&self.inner.live)?;
         // The place goes back if creation fails before the sandbox owns it.
         let mut place = Place(Some(self));
