@@ -15,20 +15,30 @@
 //! | [`synth`] | plan -> instance: the task's setup and the faults on a builder, the instance cache |
 //! | [`running`] | an instance running in its sandbox: episode starts, fault proxies, probes |
 //! | [`certify`] | solvability certificates, and the `engine task check` campaign |
+//! | [`features`] | the feature vector of an observation: text blocks, numbers, action history |
 //! | [`env`] | the RL environment: `Env::reset`, `Env::step`, rewards, observations |
 //! | [`actions`] | action files: one action per line, errors located |
+//! | [`agents`] | what chooses actions: random, oracle, catalogue oracle, scripts, trained policies |
+//! | [`episode`] | the one episode loop: an agent in an `Env` |
+//! | [`learn`] | PPO in the factory's environments: the adapter, training runs, evaluation, plots |
+//! | [`exploit`] | the reward exploit check: no constant or two-action cycle beats the catalogue oracle |
 //! | [`fingerprint`] | feature vectors of systems (real or synthesized) for realism |
 //! | [`template`] | templates: the positioned TOML/YAML tree, validation, sampling into plans |
 //! | [`experiment`] | `engine run`: config, runner, statistics |
 //! | [`bench`] | `engine bench sandbox` and `engine bench env` |
 
 pub mod actions;
+pub mod agents;
 pub mod bench;
 pub mod certify;
 pub mod env;
+pub mod episode;
 pub mod experiment;
+pub mod exploit;
+pub mod features;
 pub mod fingerprint;
 pub mod instance;
+pub mod learn;
 pub mod netfault;
 pub mod perturb;
 pub mod probe;

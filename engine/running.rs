@@ -99,6 +99,16 @@ pub fn sandbox_config(instance: &Instance) -> Result<SandboxConfig, RunningError
     })
 }
 
+/// The default wall-clock limit of one agent command, in milliseconds.
+pub const AGENT_STEP_TIMEOUT_MS: u64 = 10_000;
+/// The default bytes kept of each output stream of an agent command.
+pub const AGENT_OUTPUT_CAP: u64 = 256 << 10;
+/// The default bytes of each output stream an agent is shown.
+pub const OBSERVATION_BYTES: usize = 2048;
+
+/// Marker that ends an agent command's stderr with its final working directory.
+const CWD_MARK: &str = "\u{1e}envfactory-cwd:";
+
 /// An instance in its sandbox.
 pub struct RunningInstance {
     pub sandbox: sandbox::Sandbox,
@@ -187,6 +197,41 @@ impl RunningInstance {
         Ok(self.sandbox.exec(&req)?)
     }
 
+    /// Run a command the way the agent's commands run: the instance's environment, the current
+    /// cwd, and the directory the command ends in becomes the next command's cwd (as in an
+    /// interactive shell). The engine's epilogue is removed from the result's stderr.
+    pub fn run_agent(
+        &mut self,
+        cmd: &str,
+        timeout_ms: u64,
+        output_cap: u64,
+    ) -> Result<ExecResult, RunningError> {
+        // The command runs as written (its own line, so a trailing comment cannot swallow the
+        // epilogue); the epilogue reports the final directory on stderr and keeps the status.
+        let wrapped =
+            format!("{cmd}\n__ef_rc=$?; printf '{CWD_MARK}%s' \"$PWD\" >&2; exit $__ef_rc");
+        let mut req = ExecRequest::shell(wrapped);
+        req.cwd = self.cwd.clone();
+        req.env = Some(self.env.clone());
+        req.timeout_ms = timeout_ms;
+        req.output_cap = output_cap;
+        let mut res = self.sandbox.exec(&req)?;
+        if let Some(pos) = find_last(&res.stderr, CWD_MARK.as_bytes()) {
+            // The directory runs to the end of the line: a background process may write to
+            // stderr after the epilogue.
+            let rest = &res.stderr[pos + CWD_MARK.len()..];
+            let end = rest.iter().position(|b| *b == b'\n').unwrap_or(rest.len());
+            let dir = String::from_utf8_lossy(&rest[..end]).into_owned();
+            if dir.starts_with('/') && !dir.chars().any(char::is_control) {
+                self.cwd = dir;
+            }
+            let tail = rest[end..].to_vec();
+            res.stderr.truncate(pos);
+            res.stderr.extend_from_slice(&tail);
+        }
+        Ok(res)
+    }
+
     /// The task's verdict on the current state: its verifier's reads, and when they pass, its
     /// confirmation by the system's own entry points from a clean state ([`Task::confirm`]),
     /// after which the files are as the agent left them and no process runs.
@@ -213,5 +258,27 @@ impl RunningInstance {
             sandbox: &mut self.sandbox,
             start_processes: self.start_processes.as_ref(),
         }
+    }
+}
+
+fn find_last(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    if needle.len() > hay.len() {
+        return None;
+    }
+    (0..=hay.len() - needle.len())
+        .rev()
+        .find(|&i| &hay[i..i + needle.len()] == needle)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn last_marker_wins() {
+        let s = b"a\x1eenvfactory-cwd:/x b \x1eenvfactory-cwd:/y";
+        let p = find_last(s, CWD_MARK.as_bytes()).unwrap();
+        assert_eq!(&s[p + CWD_MARK.len()..], b"/y");
+        assert_eq!(find_last(b"ab", b"abc"), None);
     }
 }

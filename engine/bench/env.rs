@@ -14,7 +14,7 @@
 //!   commands sent straight to the sandbox, no Env: the ceiling), `random`, `oracle`.
 
 use super::{ms, Summary};
-use crate::env::{Action, Env, EnvConfig};
+use crate::env::{Env, EnvConfig};
 use crate::instance::Plan;
 use crate::synth::Cache;
 use rand::{Rng, SeedableRng};
@@ -32,6 +32,8 @@ pub enum BenchEnvError {
     Synth(#[from] crate::synth::SynthError),
     #[error(transparent)]
     Sandbox(#[from] sandbox::SandboxError),
+    #[error(transparent)]
+    Episode(#[from] crate::episode::EpisodeError),
     #[error("unknown task `{0}`")]
     UnknownTask(String),
     #[error("a benchmark worker panicked")]
@@ -247,45 +249,22 @@ fn measure(
     on_workers(agent, workers, seconds, |w| {
         let mut env = Env::new(rt.clone(), cache.clone(), EnvConfig::default())?;
         let plan = Plan::for_task(task, 1 + w as u64, vec![]);
-        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(w as u64);
+        let mut agent: Box<dyn crate::agents::Agent> = if agent == "oracle" {
+            Box::new(crate::agents::Oracle::default())
+        } else {
+            Box::new(crate::agents::Random::new(w as u64))
+        };
         // Warm: the instance synthesized and its sandbox created.
         env.reset(&plan)?;
         let (mut steps, mut episodes, mut wins, mut infra) = (0, 0, 0, 0);
         let t0 = Instant::now();
         while t0.elapsed() < deadline {
-            env.reset(&plan)?;
+            let first = env.reset(&plan)?;
             episodes += 1;
-            let setup = env.task().cloned().ok_or(crate::env::EnvError::NoTask)?;
-            let oracle: Vec<String> = if agent == "oracle" {
-                crate::tasks::get(&setup.task)
-                    .map(|t| t.oracle(&setup))
-                    .unwrap_or_default()
-            } else {
-                Vec::new()
-            };
-            let mut i = 0;
-            loop {
-                let a = if agent == "oracle" {
-                    match oracle.get(i) {
-                        Some(c) => Action::Command(c.clone()),
-                        None => break,
-                    }
-                } else {
-                    Action::Index(rng.gen_range(0..setup.actions.len().max(1)))
-                };
-                i += 1;
-                let st = env.step(&a)?;
-                steps += 1;
-                if st.info.infra_failure {
-                    infra += 1;
-                }
-                if st.terminated {
-                    wins += 1;
-                }
-                if st.terminated || st.truncated || t0.elapsed() >= deadline {
-                    break;
-                }
-            }
+            let p = crate::episode::play(&mut env, &first, agent.as_mut(), &mut |_, _| {})?;
+            steps += u64::from(p.steps);
+            wins += u64::from(p.success);
+            infra += u64::from(p.infra);
         }
         Ok((steps, episodes, wins, infra))
     })

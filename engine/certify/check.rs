@@ -20,6 +20,15 @@ pub struct CheckRow {
     /// `solvable`, `unsolvable`, `trivial`, `not-applicable` or `error`.
     pub status: String,
     pub reason: String,
+    /// Whether the catalogue oracle solved it (`None` when it was not run: trivial,
+    /// not applicable or an error).
+    pub catalogue_solvable: Option<bool>,
+    /// Why the catalogue oracle did not solve it.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub catalogue_reason: String,
+    /// The catalogue indices the catalogue oracle took.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub catalogue_actions: Vec<usize>,
     pub duration_ms: u64,
 }
 
@@ -116,6 +125,11 @@ pub fn check(rt: &Runtime, cache: &Cache, spec: &CheckSpec) -> Vec<CheckRow> {
     rows
 }
 
+/// Certify given plans (a template's samples, say) on `workers` threads; rows in plan order.
+pub fn check_plans(rt: &Runtime, cache: &Cache, plans: &[Plan], workers: usize) -> Vec<CheckRow> {
+    check_all(rt, cache, &Certificates::new(cache.clone()), plans, workers)
+}
+
 /// Certify `plans` on `workers` threads; rows in plan order.
 fn check_all(
     rt: &Runtime,
@@ -164,6 +178,9 @@ fn check_one(rt: &Runtime, cache: &Cache, certs: &Certificates, plan: &Plan) -> 
         instance: None,
         status: String::new(),
         reason: String::new(),
+        catalogue_solvable: None,
+        catalogue_reason: String::new(),
+        catalogue_actions: Vec::new(),
         duration_ms: 0,
     };
     let held = match crate::running::synthesize(rt, cache, plan) {
@@ -196,6 +213,11 @@ fn check_one(rt: &Runtime, cache: &Cache, certs: &Certificates, plan: &Plan) -> 
             }
             .into();
             row.reason = c.reason;
+            if let Some(k) = c.catalogue {
+                row.catalogue_solvable = Some(k.solvable);
+                row.catalogue_reason = k.reason;
+                row.catalogue_actions = k.actions;
+            }
         }
         Err(e) => {
             row.status = "error".into();
@@ -226,8 +248,8 @@ pub fn render(rows: &[CheckRow]) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "{:<w$}  {:>4}  {:<14}  reason",
-        "perturbations", "seed", "status"
+        "{:<w$}  {:>4}  {:<14}  {:<9}  reason",
+        "perturbations", "seed", "status", "catalogue"
     );
     for r in rows {
         let mut p = names(r);
@@ -235,20 +257,35 @@ pub fn render(rows: &[CheckRow]) -> String {
             p.truncate(w - 1);
             p.push('~');
         }
+        let catalogue = match r.catalogue_solvable {
+            Some(true) => "solvable",
+            Some(false) => "no",
+            None => "-",
+        };
+        let reason = if r.reason.is_empty() {
+            &r.catalogue_reason
+        } else {
+            &r.reason
+        };
         let _ = writeln!(
             s,
-            "{p:<w$}  {:>4}  {:<14}  {}",
+            "{p:<w$}  {:>4}  {:<14}  {catalogue:<9}  {}",
             r.seed,
             r.status,
-            r.reason.lines().next().unwrap_or("")
+            reason.lines().next().unwrap_or("")
         );
     }
     let count = |st: &str| rows.iter().filter(|r| r.status == st).count();
+    let by_catalogue = rows
+        .iter()
+        .filter(|r| r.status == "solvable" && r.catalogue_solvable == Some(true))
+        .count();
     let _ = writeln!(
         s,
-        "{} instances: {} solvable, {} unsolvable, {} trivial, {} not applicable, {} errors",
+        "{} instances: {} solvable ({} of them through the catalogue), {} unsolvable, {} trivial, {} not applicable, {} errors",
         rows.len(),
         count("solvable"),
+        by_catalogue,
         count("unsolvable"),
         count("trivial"),
         count("not-applicable"),

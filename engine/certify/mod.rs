@@ -11,12 +11,14 @@
 
 mod check;
 
-pub use check::{all_defaults, check, render, CheckRow, CheckSpec};
+pub use check::{all_defaults, check, check_plans, render, CheckRow, CheckSpec};
 
-use crate::instance::{Instance, PerturbationChoice};
-use crate::running::{RunningError, RunningInstance};
+use crate::instance::{Instance, PerturbationChoice, TaskSetup};
+use crate::running::{
+    RunningError, RunningInstance, AGENT_OUTPUT_CAP, AGENT_STEP_TIMEOUT_MS, OBSERVATION_BYTES,
+};
 use crate::synth::Cache;
-use crate::tasks::{self, Verdict};
+use crate::tasks::{self, Seen, Verdict};
 use sandbox::Runtime;
 use serde::{Deserialize, Serialize};
 use std::time::{Duration, Instant};
@@ -41,7 +43,40 @@ pub struct Certificate {
     /// Exit status of each oracle command.
     pub exit_codes: Vec<i32>,
     pub verdict: Option<Verdict>,
+    /// The catalogue oracle's run on a fresh episode ([`Task::catalogue_step`]): whether the
+    /// instance is solvable through the discrete catalogue a small policy acts with.
+    ///
+    /// [`Task::catalogue_step`]: crate::tasks::Task::catalogue_step
+    pub catalogue: Option<CatalogueRun>,
     pub duration_ms: u64,
+    /// Digest of the task setup certified (instruction, catalogue, costs, facts): a certificate
+    /// of an instance whose task code has changed since is not reused.
+    #[serde(default)]
+    pub setup_digest: String,
+}
+
+/// The digest of an instance's task setup (empty without a task).
+pub fn setup_digest(inst: &Instance) -> String {
+    inst.task
+        .as_ref()
+        .and_then(|t| serde_json::to_vec(t).ok())
+        .map(|b| crate::tasks::util::sha256_hex(&b))
+        .unwrap_or_default()
+}
+
+/// What the catalogue oracle did in one episode of an instance.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CatalogueRun {
+    /// The goal was reached within the task's step limit.
+    pub solvable: bool,
+    /// The catalogue indices taken, in order.
+    pub actions: Vec<usize>,
+    /// Exit status of each.
+    pub exit_codes: Vec<i32>,
+    /// Why not solvable (the last verdict's reasons, or that the oracle gave up).
+    pub reason: String,
+    /// Progress of the last verdict.
+    pub progress: f64,
 }
 
 /// Certificates stored in an instance cache.
@@ -59,10 +94,11 @@ impl Certificates {
         self.cache.dir().join(format!("{id}.cert.json"))
     }
 
-    /// The stored certificate of an instance, if any.
-    pub fn get(&self, id: &str) -> Option<Certificate> {
-        let text = std::fs::read(self.path(id)).ok()?;
-        serde_json::from_slice(&text).ok()
+    /// The stored certificate of an instance, if any and still of the same task setup.
+    pub fn get(&self, instance: &Instance) -> Option<Certificate> {
+        let text = std::fs::read(self.path(&instance.id)).ok()?;
+        let c: Certificate = serde_json::from_slice(&text).ok()?;
+        (c.setup_digest == setup_digest(instance)).then_some(c)
     }
 
     /// The certificate of an instance, certifying it now if there is none.
@@ -71,7 +107,7 @@ impl Certificates {
         rt: &Runtime,
         instance: &Instance,
     ) -> Result<Certificate, RunningError> {
-        if let Some(c) = self.get(&instance.id) {
+        if let Some(c) = self.get(instance) {
             return Ok(c);
         }
         // A perturbation that breaks the task's own start (a read-only directory the task
@@ -124,7 +160,9 @@ fn blank(inst: &Instance) -> Certificate {
         oracle_commands: 0,
         exit_codes: Vec::new(),
         verdict: None,
+        catalogue: None,
         duration_ms: 0,
+        setup_digest: setup_digest(inst),
     }
 }
 
@@ -168,8 +206,67 @@ pub fn run_oracle(mut running: RunningInstance) -> Result<Certificate, RunningEr
         v.reasons.join("; ")
     };
     cert.verdict = Some(v);
+    if !cert.trivial {
+        running.restart()?;
+        cert.catalogue = Some(run_catalogue_oracle(&mut running, task, &setup)?);
+    }
     cert.duration_ms = t0.elapsed().as_millis() as u64;
     Ok(cert)
+}
+
+/// Run the task's catalogue oracle in a fresh episode of `running` (started, start steps done),
+/// the way the environment runs an agent's catalogue actions (the agent's cwd tracking, its
+/// step timeout and output cap, the verdict after every step), up to the task's step limit.
+pub fn run_catalogue_oracle(
+    running: &mut RunningInstance,
+    task: &dyn tasks::Task,
+    setup: &TaskSetup,
+) -> Result<CatalogueRun, RunningError> {
+    running.cwd = setup.cwd.clone();
+    let mut seen: Vec<Seen> = Vec::new();
+    let mut run = CatalogueRun {
+        solvable: false,
+        actions: Vec::new(),
+        exit_codes: Vec::new(),
+        reason: String::new(),
+        progress: 0.0,
+    };
+    for _ in 0..setup.max_steps {
+        let Some(i) = task.catalogue_step(setup, &seen) else {
+            run.reason = format!("the catalogue oracle gave up after {} steps", seen.len());
+            return Ok(run);
+        };
+        let Some(cmd) = setup.actions.get(i) else {
+            run.reason = format!(
+                "the catalogue oracle chose action {i} of {}",
+                setup.actions.len()
+            );
+            return Ok(run);
+        };
+        let r = running.run_agent(cmd, AGENT_STEP_TIMEOUT_MS, AGENT_OUTPUT_CAP)?;
+        let clip =
+            |b: &[u8]| String::from_utf8_lossy(&b[..b.len().min(OBSERVATION_BYTES)]).into_owned();
+        seen.push(Seen {
+            action: i,
+            exit_code: r.exit_code(),
+            stdout: clip(&r.stdout),
+            stderr: clip(&r.stderr),
+        });
+        run.actions.push(i);
+        run.exit_codes.push(r.exit_code());
+        let v = running.judge()?;
+        run.progress = v.progress;
+        if v.success {
+            run.solvable = true;
+            return Ok(run);
+        }
+        run.reason = v.reasons.join("; ");
+    }
+    run.reason = format!(
+        "not solved within {} catalogue steps: {}",
+        setup.max_steps, run.reason
+    );
+    Ok(run)
 }
 
 /// `name` or `name:k=v,k=v`.

@@ -3,7 +3,6 @@
 use anyhow::Context;
 use engine::env::{Action, Env, EnvConfig, Step};
 use engine::instance::Plan;
-use rand::{Rng, SeedableRng};
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
 
@@ -47,8 +46,10 @@ impl InstanceOpts {
 /// Who acts in `engine episode`.
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Agent {
-    /// The task's oracle solution.
+    /// The task's free-text oracle solution.
     Oracle,
+    /// The task's reactive catalogue oracle (catalogue actions only).
+    CatalogueOracle,
     /// Uniformly random catalogue actions.
     Random,
 }
@@ -90,50 +91,35 @@ pub fn episode(
     if !json {
         outln!("{}", obs.text);
     }
-    let mut script: std::collections::VecDeque<Action> = match (actions_file, agent) {
-        (Some(f), _) => engine::actions::read(f)?.into(),
-        (None, Some(Agent::Oracle)) => engine::tasks::get(&setup.task)
-            .map(|t| t.oracle(&setup))
-            .unwrap_or_default()
-            .into_iter()
-            .map(Action::Command)
-            .collect(),
-        (None, Some(Agent::Random)) | (None, None) => Default::default(),
+    let mut agent: Box<dyn engine::agents::Agent> = match (actions_file, agent) {
+        (Some(f), _) => Box::new(engine::agents::Script::once(
+            "actions file",
+            engine::actions::read(f)?,
+        )),
+        (None, Some(Agent::Oracle)) => Box::new(engine::agents::Oracle::default()),
+        (None, Some(Agent::CatalogueOracle)) => {
+            Box::new(engine::agents::CatalogueOracle::default())
+        }
+        (None, Some(Agent::Random)) | (None, None) => {
+            Box::new(engine::agents::Random::new(agent_seed))
+        }
     };
-    let random = actions_file.is_none() && agent != Some(Agent::Oracle);
-    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(agent_seed);
     let mut last: Option<Step> = None;
-    let mut infra = false;
-    loop {
-        let action = if random {
-            if setup.actions.is_empty() {
-                break;
-            }
-            Action::Index(rng.gen_range(0..setup.actions.len()))
-        } else {
-            match script.pop_front() {
-                Some(a) => a,
-                None => break,
-            }
-        };
-        let cmd = env.command_of(&action)?;
-        let s = env.step(&action)?;
+    let played = engine::episode::play(&mut env, &obs, agent.as_mut(), &mut |cmd, s| {
         if json {
-            outln!("{}", step_line(env.steps(), &cmd, &s));
+            outln!("{}", step_line(s.observation.step, cmd, s));
         } else {
             outln!("{}", s.observation.text);
-            outln!("reward {:+.1}\n", s.reward);
+            outln!("reward {:+.3}\n", s.reward);
         }
-        infra |= s.info.infra_failure;
-        let done = s.terminated || s.truncated;
-        last = Some(s);
-        if done {
-            break;
-        }
-    }
-    let success = last.as_ref().is_some_and(|s| s.info.success);
+        last = Some(s.clone());
+    })?;
+    let infra = played.infra;
+    let success = played.success;
     let summary = serde_json::json!({
         "success": success,
+        "progress": played.progress,
+        "checks": last.as_ref().map(|s| s.info.checks.clone()).unwrap_or_default(),
         "return": env.episode_return(),
         "steps": env.steps(),
         "instance": env.instance_id(),
@@ -145,7 +131,7 @@ pub fn episode(
         outln!("{summary}");
     } else {
         outln!(
-            "episode over: success {success}, return {:.1}, {} steps, instance {}",
+            "episode over: success {success}, return {:.3}, {} steps, instance {}",
             env.episode_return(),
             env.steps(),
             env.instance_id().unwrap_or("-")

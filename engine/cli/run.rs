@@ -5,6 +5,13 @@ use std::path::Path;
 pub fn run(experiment: &Path) -> anyhow::Result<i32> {
     let exp = engine::experiment::Experiment::load(experiment)?;
     let rt = super::sandbox::runtime()?;
+    if let Some(training) = &exp.training {
+        let (report, path) =
+            engine::experiment::study::run(&exp, training, &rt, &super::sandbox::cache()?)?;
+        out!("{}", engine::experiment::study::render(&report));
+        outln!("report: {}", path.display());
+        return Ok(0);
+    }
     let cache = super::sandbox::cache()?;
     super::signals::cooperative();
     let (report, path) = engine::experiment::run_until(&exp, &rt, &cache, &super::signals::STOP)?;
@@ -17,10 +24,7 @@ pub fn run(experiment: &Path) -> anyhow::Result<i32> {
             .as_ref()
             .map(|t| format!(" (template {})", t.display()))
             .unwrap_or_default(),
-        match report.agent {
-            engine::experiment::Agent::Random => "random",
-            engine::experiment::Agent::Oracle => "oracle",
-        },
+        report.agent.name(),
         report.episodes_per_seed,
         report.workers
     );

@@ -28,6 +28,24 @@ pub enum TaskCmd {
         workers: usize,
         #[arg(long, default_value = "host")]
         base: String,
+        /// Instead of the catalogue's faults: `--samples` plans sampled from this template
+        /// (seeds 1..=N), the task being the template's.
+        #[arg(long, value_name = "FILE")]
+        template: Option<std::path::PathBuf>,
+        /// How many plans of `--template` to check (with `--rewards`: how many instances).
+        #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+        samples: u64,
+        /// Instead: the reward exploit check. On instances of the task (seeds 1..=--seeds, or
+        /// `--samples` plans of `--template`), no constant-action policy and no two-action
+        /// cycle of the catalogue may earn more than the catalogue oracle.
+        #[arg(long)]
+        rewards: bool,
+        /// The reward mode the exploit check uses: potential, sparse or shaped.
+        #[arg(long, default_value = "potential")]
+        reward_mode: String,
+        /// The exploit check's episode step limit (default: the task's).
+        #[arg(long)]
+        max_steps: Option<u32>,
         /// A JSON line per instance.
         #[arg(long)]
         json: bool,
@@ -39,23 +57,49 @@ pub fn run(cmd: TaskCmd) -> anyhow::Result<i32> {
         TaskCmd::List => Ok(task_list()),
         TaskCmd::Check {
             task,
+            seeds,
+            workers,
+            template,
+            samples,
+            rewards: true,
+            reward_mode,
+            max_steps,
+            json,
+            ..
+        } => rewards_check(
+            &task,
+            template.as_deref(),
+            if template.is_some() { samples } else { seeds },
+            &reward_mode,
+            max_steps,
+            workers,
+            json,
+        ),
+        TaskCmd::Check {
+            task,
             perturbations,
             perturb,
             seeds,
             combos,
             workers,
             base,
+            template,
+            samples,
             json,
-        } => task_check(
-            &task,
-            &base,
-            &perturbations,
-            &perturb,
-            seeds,
-            combos as usize,
-            workers,
-            json,
-        ),
+            ..
+        } => match template {
+            Some(file) => template_check(&task, &file, samples, workers, json),
+            None => task_check(
+                &task,
+                &base,
+                &perturbations,
+                &perturb,
+                seeds,
+                combos as usize,
+                workers,
+                json,
+            ),
+        },
     }
 }
 
@@ -71,13 +115,7 @@ fn task_check(
     workers: usize,
     json: bool,
 ) -> anyhow::Result<i32> {
-    if engine::tasks::get(task).is_none() {
-        return Err(super::errors::usage(format!(
-            "unknown task `{}` (known: {})",
-            engine::text::cut(task),
-            engine::tasks::names().join(", ")
-        )));
-    }
+    known_task(task)?;
     let mut singles: Vec<PerturbationChoice> = match perturbations {
         "all" => engine::certify::all_defaults(),
         "none" => Vec::new(),
@@ -101,18 +139,135 @@ fn task_check(
     };
     let rt = super::sandbox::runtime()?;
     let rows = engine::certify::check(&rt, &cache()?, &spec);
+    print_rows(&rows, json)
+}
+
+/// `engine task check TASK --template FILE --samples N`.
+fn template_check(
+    task: &str,
+    file: &std::path::Path,
+    samples: u64,
+    workers: usize,
+    json: bool,
+) -> anyhow::Result<i32> {
+    let t = engine::template::Template::load(file)?;
+    if t.task.as_deref() != Some(task) {
+        return Err(super::errors::usage(format!(
+            "{}: the template's task is `{}`, not `{}`",
+            file.display(),
+            t.task.as_deref().unwrap_or("none"),
+            engine::text::cut(task)
+        )));
+    }
+    let plans = t.sample_many(1, samples.max(1));
+    let rt = super::sandbox::runtime()?;
+    let rows = engine::certify::check_plans(&rt, &cache()?, &plans, workers);
+    print_rows(&rows, json)
+}
+
+/// `engine task check TASK --rewards`.
+fn rewards_check(
+    task: &str,
+    template: Option<&std::path::Path>,
+    count: u64,
+    mode: &str,
+    max_steps: Option<u32>,
+    workers: usize,
+    json: bool,
+) -> anyhow::Result<i32> {
+    known_task(task)?;
+    let reward = match mode {
+        "potential" => engine::env::RewardConfig::default(),
+        "sparse" => engine::env::RewardConfig::sparse(),
+        "shaped" => engine::env::RewardConfig::shaped_demo(),
+        other => {
+            return Err(super::errors::usage(format!(
+                "--reward-mode {}: expected potential, sparse or shaped",
+                engine::text::cut(other)
+            )))
+        }
+    };
+    let plans = match template {
+        Some(file) => {
+            let t = engine::template::Template::load(file)?;
+            if t.task.as_deref() != Some(task) {
+                return Err(super::errors::usage(format!(
+                    "{}: the template's task is not `{}`",
+                    file.display(),
+                    engine::text::cut(task)
+                )));
+            }
+            t.sample_many(1, count.max(1))
+        }
+        None => (1..=count.max(1))
+            .map(|s| engine::instance::Plan::for_task(task, s, vec![]))
+            .collect(),
+    };
+    let cfg = engine::env::EnvConfig {
+        reward,
+        max_steps,
+        ..engine::env::EnvConfig::default()
+    };
+    let rt = super::sandbox::runtime()?;
+    let rows = engine::exploit::check(&rt, &cache()?, &cfg, &plans, workers)?;
+    let mut exploited = 0;
+    for r in &rows {
+        exploited += usize::from(!r.exploits.is_empty());
+        if json {
+            outln!("{}", serde_json::to_string(r)?);
+        } else {
+            outln!(
+                "plan seed {:>4}  {}  oracle {:+.3} ({} steps)  best of {} scripted: {} {:+.3}{}",
+                r.plan_seed,
+                r.instance,
+                r.oracle.return_,
+                r.oracle.steps,
+                r.policies_tried,
+                r.best.policy,
+                r.best.return_,
+                if r.exploits.is_empty() {
+                    String::new()
+                } else {
+                    format!("  EXPLOITED by {} policies", r.exploits.len())
+                }
+            );
+        }
+    }
+    if !json {
+        outln!(
+            "{} instances, reward `{mode}`: {exploited} exploited",
+            rows.len()
+        );
+    }
+    Ok(i32::from(exploited > 0))
+}
+
+/// Print a check's rows; the exit status is 1 on errors or an unsolvable unperturbed task.
+fn print_rows(rows: &[engine::certify::CheckRow], json: bool) -> anyhow::Result<i32> {
     if json {
-        for r in &rows {
+        for r in rows {
             outln!("{}", serde_json::to_string(r)?);
         }
     } else {
-        out!("{}", engine::certify::render(&rows));
+        out!("{}", engine::certify::render(rows));
     }
     let errors = rows.iter().filter(|r| r.status == "error").count();
     let unsolved_plain = rows
         .iter()
         .any(|r| r.perturbations == "none" && r.status != "solvable");
     Ok(if errors > 0 || unsolved_plain { 1 } else { 0 })
+}
+
+/// An error naming the known tasks unless `task` is one.
+fn known_task(task: &str) -> anyhow::Result<()> {
+    if engine::tasks::get(task).is_none() {
+        return Err(super::errors::usage(format!(
+            "unknown task `{}` (known: {})",
+            engine::text::cut(task),
+            engine::tasks::names().join(", ")
+        )));
+    }
+    Ok(())
 }
 
 /// `engine task list`.

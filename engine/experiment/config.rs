@@ -16,8 +16,6 @@ pub const SEED_STRIDE: u64 = 1_000_003;
 pub const MAX_EPISODES: usize = 10_000_000;
 /// The most seeds of one experiment.
 pub const MAX_SEEDS: usize = 10_000;
-/// The largest reward magnitude: sums of a million steps stay exact enough.
-pub const MAX_REWARD: f64 = 1e6;
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -27,10 +25,79 @@ pub struct Experiment {
     /// Reward shaping (`engine::env::RewardConfig`); the design's shaped reward by default.
     #[serde(default)]
     pub reward: RewardConfig,
+    /// PPO training (a study: train per task and seed, evaluate on held-out levels). Without
+    /// it the experiment runs `environment.agent`'s episodes.
+    pub training: Option<Training>,
     /// The loaded template, when `environment.template` is given (path resolved).
     #[serde(skip)]
     pub template: Option<Template>,
+    /// The loaded `training.eval_template`.
+    #[serde(skip)]
+    pub eval_template: Option<Template>,
 }
+
+/// The `[training]` table: PPO on each task's levels (the unperturbed task, or the
+/// environment's template: domain randomisation), one policy per task and seed, evaluated
+/// greedily on held-out levels beside the task's catalogue oracle.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Training {
+    /// Tasks to train on, one after the other (default: the environment's task).
+    pub tasks: Vec<String>,
+    /// Environment steps per task and seed.
+    pub total_steps: u64,
+    /// Vectorised environments (stepped on `environment.workers` threads).
+    pub num_envs: usize,
+    /// Steps per environment per rollout.
+    pub num_steps: usize,
+    pub learning_rate: f64,
+    pub update_epochs: usize,
+    pub num_minibatches: usize,
+    /// The learner's discount; the potential-based reward uses the same.
+    pub gamma: f64,
+    pub gae_lambda: f64,
+    pub ent_coef: f64,
+    pub hidden: Vec<usize>,
+    /// Distinct training levels (plan seeds `seed * SEED_STRIDE + k`).
+    pub train_levels: usize,
+    /// Consecutive episodes on one level (they share its sandbox).
+    pub episodes_per_level: usize,
+    /// Held-out levels (plan seeds from `seed * SEED_STRIDE + 500_000`), one greedy episode each.
+    pub eval_levels: usize,
+    /// Also evaluate on levels sampled from this template (faults of the task), e.g. the
+    /// robustness gap of a policy trained on clean instances.
+    pub eval_template: Option<PathBuf>,
+    /// Environment steps of the random agent's throughput baseline.
+    pub baseline_steps: u64,
+}
+
+impl Default for Training {
+    fn default() -> Self {
+        Self {
+            tasks: Vec::new(),
+            total_steps: 20_000,
+            num_envs: 8,
+            num_steps: 32,
+            learning_rate: 1e-3,
+            update_epochs: 4,
+            num_minibatches: 4,
+            gamma: 0.99,
+            gae_lambda: 0.95,
+            ent_coef: 0.01,
+            hidden: vec![64, 64],
+            train_levels: 64,
+            episodes_per_level: 4,
+            eval_levels: 50,
+            eval_template: None,
+            baseline_steps: 1024,
+        }
+    }
+}
+
+/// Plan seeds of held-out levels start this far into a seed's range.
+pub const HELD_OUT_OFFSET: u64 = 500_000;
+/// Plan seeds of faulted evaluation levels start this far into a seed's range.
+pub const FAULTED_OFFSET: u64 = 700_000;
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -48,12 +115,24 @@ fn default_out() -> PathBuf {
 
 /// Who acts in the episodes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "kebab-case")]
 pub enum Agent {
     /// Uniformly random actions of the task's catalogue (seeded per episode).
     Random,
     /// The task's oracle solution.
     Oracle,
+    /// The task's reactive catalogue oracle (catalogue actions only).
+    CatalogueOracle,
+}
+
+impl Agent {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Random => "random",
+            Self::Oracle => "oracle",
+            Self::CatalogueOracle => "catalogue-oracle",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -64,7 +143,8 @@ pub struct Environment {
     pub template: Option<PathBuf>,
     /// A task family: the unperturbed task, or the task of a template that names none.
     pub task: Option<String>,
-    /// Episodes per seed.
+    /// Episodes per seed (not used by a training study).
+    #[serde(default)]
     pub episodes: usize,
     /// Consecutive episodes that share one instance (and its sandbox, reset incrementally).
     #[serde(default = "one")]
@@ -171,7 +251,7 @@ impl Experiment {
             ));
         }
         let env = &exp.environment;
-        if !(1..=MAX_EPISODES).contains(&env.episodes) {
+        if (env.episodes == 0 && exp.training.is_none()) || env.episodes > MAX_EPISODES {
             return Err(invalid(
                 "environment.episodes",
                 format!("between 1 and {MAX_EPISODES}, not {}", env.episodes),
@@ -185,21 +265,6 @@ impl Experiment {
                     env.episodes_per_instance
                 ),
             ));
-        }
-        let r = &exp.reward;
-        for (key, x) in [
-            ("reward.success", r.success),
-            ("reward.goal", r.goal),
-            ("reward.step", r.step),
-            ("reward.error", r.error),
-            ("reward.irrelevant", r.irrelevant),
-        ] {
-            if !(x.is_finite() && x.abs() <= MAX_REWARD) {
-                return Err(invalid(
-                    key,
-                    format!("{x} is not a reward: a finite number in -{MAX_REWARD}..={MAX_REWARD}"),
-                ));
-            }
         }
         if !(1..=64).contains(&env.workers) {
             return Err(invalid(
@@ -268,9 +333,161 @@ impl Experiment {
             }
             (None, Some(_)) => {}
         }
+        if let Err(EnvError::BadReward { field, reason }) = exp.reward.validate() {
+            let key = match field {
+                "goal" => "reward.goal",
+                "step" => "reward.step",
+                "error" => "reward.error",
+                "irrelevant" => "reward.irrelevant",
+                "success" => "reward.success",
+                "potential" => "reward.potential",
+                _ => "reward.gamma",
+            };
+            return Err(invalid(key, reason));
+        }
+        if let Some(t) = exp.training.clone() {
+            exp.check_training(&t, file, &invalid)?;
+        }
         exp.env_config()
             .map_err(|e| invalid("reward", e.to_string()))?;
         Ok(exp)
+    }
+
+    /// Validate `[training]` (and load its evaluation template).
+    fn check_training(
+        &mut self,
+        t: &Training,
+        file: &Path,
+        invalid: &dyn Fn(&'static str, String) -> ExperimentError,
+    ) -> Result<(), ExperimentError> {
+        if self.reward.mode == crate::env::RewardMode::Shaped {
+            return Err(invalid(
+                "reward.mode",
+                "`shaped` pays more for repeating a harmless command than for solving (see `engine task check --rewards --reward-mode shaped`); train with `potential` or `sparse`".into(),
+            ));
+        }
+        if (self.reward.gamma - t.gamma).abs() > 1e-12 {
+            return Err(invalid(
+                "reward.gamma",
+                format!(
+                    "{} differs from training.gamma {}: potential-based shaping keeps the optimal policies only under the learner's own discount",
+                    self.reward.gamma, t.gamma
+                ),
+            ));
+        }
+        for task in &t.tasks {
+            if crate::tasks::get(task).is_none() {
+                return Err(invalid(
+                    "training.tasks",
+                    format!(
+                        "unknown task `{task}` (known: {})",
+                        crate::tasks::names().join(", ")
+                    ),
+                ));
+            }
+        }
+        if self.template.is_some() && t.tasks.iter().any(|x| x != self.task()) {
+            return Err(invalid(
+                "training.tasks",
+                format!(
+                    "a template's study trains its own task `{}` only",
+                    self.task()
+                ),
+            ));
+        }
+        for (key, ok, what) in [
+            ("training.total_steps", t.total_steps > 0, "at least 1"),
+            (
+                "training.num_envs",
+                (1..=256).contains(&t.num_envs),
+                "between 1 and 256",
+            ),
+            ("training.num_steps", t.num_steps > 0, "at least 1"),
+            ("training.train_levels", t.train_levels > 0, "at least 1"),
+            ("training.eval_levels", t.eval_levels > 0, "at least 1"),
+            (
+                "training.episodes_per_level",
+                t.episodes_per_level > 0,
+                "at least 1",
+            ),
+            (
+                "training.hidden",
+                !t.hidden.is_empty() && t.hidden.iter().all(|&h| h > 0),
+                "hidden layer widths above 0",
+            ),
+            (
+                "training.num_minibatches",
+                t.num_minibatches > 0
+                    && (t.num_envs * t.num_steps).is_multiple_of(t.num_minibatches),
+                "at least 1, dividing num_envs * num_steps",
+            ),
+        ] {
+            if !ok {
+                return Err(invalid(key, what.into()));
+            }
+        }
+        self.ppo_config(t)
+            .validate()
+            .map_err(|e| invalid("training", e.to_string()))?;
+        if let Some(path) = &t.eval_template {
+            let path = resolve_template(file, path);
+            let tpl = Template::load(&path)
+                .map_err(|e| invalid("training.eval_template", e.to_string()))?;
+            self.eval_template = Some(tpl);
+        }
+        Ok(())
+    }
+
+    /// The PPO hyper-parameters of `[training]`.
+    pub fn ppo_config(&self, t: &Training) -> policies::ppo::PpoConfig {
+        policies::ppo::PpoConfig {
+            num_envs: t.num_envs,
+            num_steps: t.num_steps,
+            learning_rate: t.learning_rate,
+            update_epochs: t.update_epochs,
+            num_minibatches: t.num_minibatches,
+            gamma: t.gamma,
+            gae_lambda: t.gae_lambda,
+            ent_coef: t.ent_coef,
+            ..policies::ppo::PpoConfig::default()
+        }
+    }
+
+    /// The tasks of a training study.
+    pub fn training_tasks(&self) -> Vec<String> {
+        match &self.training {
+            Some(t) if !t.tasks.is_empty() => t.tasks.clone(),
+            _ => vec![self.task().to_string()],
+        }
+    }
+
+    /// The plan of level `k` of seed `seed` at `offset` of its range: the template's sample,
+    /// or the unperturbed `task`.
+    pub fn level(
+        &self,
+        task: &str,
+        seed: u64,
+        offset: u64,
+        k: u64,
+        template: Option<&Template>,
+    ) -> Plan {
+        let s = seed
+            .wrapping_mul(SEED_STRIDE)
+            .wrapping_add(offset)
+            .wrapping_add(k);
+        match template {
+            Some(t) => {
+                let mut p = t.sample(s);
+                if p.task.is_none() {
+                    p.task = Some(crate::instance::TaskRef {
+                        name: task.to_string(),
+                        seed: s,
+                    });
+                }
+                p
+            }
+            None => Plan::for_task(task, s, vec![]),
+        }
     }
 
     /// The task of the episodes.
@@ -285,22 +502,13 @@ impl Experiment {
     /// The plan of episode `episode` of seed `seed`.
     pub fn plan(&self, seed: u64, episode: usize) -> Plan {
         let k = self.environment.episodes_per_instance.max(1);
-        let s = seed
-            .wrapping_mul(SEED_STRIDE)
-            .wrapping_add((episode / k) as u64);
-        match &self.template {
-            Some(t) => {
-                let mut p = t.sample(s);
-                if p.task.is_none() {
-                    p.task = Some(crate::instance::TaskRef {
-                        name: self.task().to_string(),
-                        seed: s,
-                    });
-                }
-                p
-            }
-            None => Plan::for_task(self.task(), s, vec![]),
-        }
+        self.level(
+            self.task(),
+            seed,
+            0,
+            (episode / k) as u64,
+            self.template.as_ref(),
+        )
     }
 
     /// The configuration of every worker's `Env`.
@@ -456,10 +664,11 @@ episodes = 2
             e.contains("environment.episodes") && e.contains("between 1 and"),
             "{e}"
         );
-        for bad in ["nan", "inf", "-inf", "1e300"] {
+        for bad in ["nan", "inf", "-inf"] {
             let e = err(&format!("{OK}[reward]\ngoal = {bad}\n"));
             assert!(
-                e.starts_with("exp.toml:10:1: key `reward.goal`") && e.contains("is not a reward"),
+                e.starts_with("exp.toml:10:1: key `reward.goal`")
+                    && e.contains("is not a finite number"),
                 "{bad}: {e}"
             );
         }

@@ -21,14 +21,16 @@
 //! | `config.rs` | [`Experiment`] and its tables: loading, validation, [`Experiment::plan`], [`Experiment::env_config`] |
 //! | `runner.rs` | [`run`], [`run_until`] (stops on a flag): the episodes on worker threads, [`EpisodeRecord`] |
 //! | `output.rs` | the output directory (checked before the first episode), episodes appended as they finish, the report at the end or on interruption |
+//! | `study.rs` | a training study (`[training]`): PPO per task and seed, held-out evaluation, `report.md` |
 //! | `stats.rs` | [`summarize`], [`SeedResult`], [`Interval`], [`Report`] |
 
 mod config;
 mod output;
 mod runner;
 mod stats;
+pub mod study;
 
-pub use config::{resolve_template, Agent, Environment, Experiment, Meta, SEED_STRIDE};
+pub use config::{resolve_template, Agent, Environment, Experiment, Meta, Training, SEED_STRIDE};
 pub use runner::{run, run_until, EpisodeRecord};
 pub use stats::{summarize, Interval, Report, SeedResult};
 
@@ -62,6 +64,8 @@ pub enum ExperimentError {
     Env(#[from] EnvError),
     #[error(transparent)]
     Running(#[from] crate::running::RunningError),
+    #[error(transparent)]
+    Learn(#[from] crate::learn::LearnError),
     #[error("worker {worker} of seed {seed} panicked")]
     Worker { seed: u64, worker: usize },
     #[error("output directory {dir}: {source}")]

@@ -5,7 +5,7 @@ use super::output::Output;
 use super::stats::{summarize, Interval, Report, SeedResult};
 use super::{Agent, Experiment, ExperimentError};
 use crate::certify;
-use crate::env::{Action, Env, EnvConfig, EnvError};
+use crate::env::{Env, EnvConfig, EnvError};
 use crate::synth::Cache;
 use rand::Rng;
 use sandbox::Runtime;
@@ -94,47 +94,26 @@ fn episode(
         }
     }
     rec.instance = env.instance_id().map(str::to_string);
-    let Some(setup) = env.task().cloned() else {
-        rec.infra = true;
-        rec.error = Some("the instance has no task".into());
-        return rec;
+    let mut agent: Box<dyn crate::agents::Agent> = match exp.environment.agent {
+        Agent::Random => {
+            let mut rng = crate::instance::rng_for(plan.seed, &format!("experiment/agent/{index}"));
+            Box::new(crate::agents::Random::new(rng.gen()))
+        }
+        Agent::Oracle => Box::new(crate::agents::Oracle::default()),
+        Agent::CatalogueOracle => Box::new(crate::agents::CatalogueOracle::default()),
     };
-    let mut oracle = match exp.environment.agent {
-        Agent::Oracle => crate::tasks::get(&setup.task)
-            .map(|t| t.oracle(&setup))
-            .unwrap_or_default(),
-        Agent::Random => Vec::new(),
-    }
-    .into_iter();
-    let mut rng = crate::instance::rng_for(plan.seed, &format!("experiment/agent/{index}"));
-    loop {
-        let action = match exp.environment.agent {
-            Agent::Random if setup.actions.is_empty() => break,
-            Agent::Random => Action::Index(rng.gen_range(0..setup.actions.len())),
-            Agent::Oracle => match oracle.next() {
-                Some(c) => Action::Command(c),
-                None => break,
-            },
-        };
-        match env.step(&action) {
-            Ok(st) => {
-                rec.steps += 1;
-                if st.info.infra_failure {
-                    rec.infra = true;
-                    rec.error = st.info.error.clone();
-                    break;
-                }
-                if st.terminated || st.truncated {
-                    rec.success = st.terminated && st.info.goal_reached;
-                    break;
-                }
-            }
-            Err(e) => {
-                tracing::warn!(seed, episode = index, error = %e, "step failed");
-                rec.infra = true;
-                rec.error = Some(e.to_string());
-                break;
-            }
+    let first = env.last_observation().clone();
+    match crate::episode::play(env, &first, agent.as_mut(), &mut |_, _| {}) {
+        Ok(p) => {
+            rec.steps = p.steps;
+            rec.success = p.success;
+            rec.infra = p.infra;
+            rec.error = p.error;
+        }
+        Err(e) => {
+            tracing::warn!(seed, episode = index, error = %e, "step failed");
+            rec.infra = true;
+            rec.error = Some(e.to_string());
         }
     }
     rec.return_ = env.episode_return();

@@ -16,7 +16,7 @@
 
 use super::tar_strict::{self, Kind, Limits};
 use super::util::{self, facts, log_lines, pick, CLEAN_ENV};
-use super::{Task, TaskError, TaskSetup, Verdict};
+use super::{Check, Seen, Task, TaskError, TaskSetup, Verdict};
 use crate::instance::sh_quote;
 use crate::instance::Builder;
 use crate::probe::{Probe, ProbeError};
@@ -138,17 +138,14 @@ impl Task for ArchiveLogs {
              except directories: no .gz, .1, .bak, .txt or other files.",
             &root[1..]
         );
-        let find = format!(
-            "cd / && find {} -type f -name '*.log' -print0 | tar --null -czf {ARCHIVE} -T -",
-            &root[1..]
-        );
-        let actions = vec![
+        let rel = &root[1..];
+        let mut actions = vec![
             "pwd".to_string(),
             "ls -la".to_string(),
             format!("ls -R {root}"),
             format!("find {root} -name '*.log'"),
             format!("find {root} -type f -name '*.log'"),
-            find,
+            format!("cd / && {}", find_tar(rel, "find", "tar")),
             format!("tar czf {ARCHIVE} {root}"),
             format!("tar czf {ARCHIVE} {root}/*.log"),
             format!("tar tzf {ARCHIVE}"),
@@ -159,13 +156,31 @@ impl Task for ArchiveLogs {
             "df -h /".to_string(),
             format!("cat {root}/*.md"),
         ];
+        // Recovery: which program each tool name runs, the same pipeline by absolute paths in
+        // a clean environment, python3's own tar and gzip.
+        actions.extend([
+            "type tar gzip find python3".to_string(),
+            robust_tar(rel),
+            python_archive(rel),
+        ]);
+        debug_assert_eq!(
+            actions.len(),
+            PYTHON + 1,
+            "the catalogue's recovery indices"
+        );
+        let mut action_costs = vec![0.0; actions.len()];
+        action_costs[ROBUST_TAR] = 1.0;
+        action_costs[PYTHON] = 2.0;
         Ok(TaskSetup {
             task: self.name().into(),
             seed,
             instruction,
             cwd: root.clone(),
             actions,
-            keywords: util::words(&["tar", "log", "find", "gzip", "archive", app, "ls"]),
+            action_costs,
+            keywords: util::words(&[
+                "tar", "log", "find", "gzip", "archive", app, "ls", "python3", "type",
+            ]),
             max_steps: 30,
             facts: util::to_facts(&Facts { root, logs, decoys })?,
         })
@@ -177,10 +192,10 @@ impl Task for ArchiveLogs {
             Err(v) => return Ok(v),
         };
         let Some(bytes) = probe.read(ARCHIVE, MAX_ARCHIVE + 1)? else {
-            return Ok(Verdict::from_checks(vec![(
-                false,
+            return Ok(Verdict::failed(
+                READABLE,
                 format!("{ARCHIVE} is not a regular file"),
-            )]));
+            ));
         };
         let read = if bytes.len() as u64 > MAX_ARCHIVE {
             Err(format!("larger than {MAX_ARCHIVE} bytes (limit reached)"))
@@ -194,23 +209,31 @@ impl Task for ArchiveLogs {
         let members = match members {
             Ok(m) => m,
             Err(reason) => {
-                return Ok(Verdict::from_checks(vec![(
-                    false,
+                return Ok(Verdict::failed(
+                    READABLE,
                     format!("{ARCHIVE} is not a readable tar.gz: {reason}"),
-                )]))
+                ))
             }
         };
+        // A readable archive is no progress by itself (any junk is one): the checklist is one
+        // check per expected log and one that nothing else is in, which needs a log in it.
         let mut checks = Vec::new();
+        let mut found = 0;
         for (path, want) in &f.logs {
             // The reader has already refused a name listed twice with other contents.
             let got = members.iter().find(|m| &m.name == path);
+            let name = format!("member {path}");
             checks.push(match got.map(|m| &m.kind) {
-                None => (false, format!("missing member {path}")),
-                Some(Kind::File { sha256, .. } | Kind::HardLink { sha256, .. }) => (
-                    sha256 == want,
-                    format!("member {path} has the wrong contents"),
-                ),
-                Some(_) => (false, format!("member {path} is not a regular file")),
+                None => Check::new(name, false, format!("missing member {path}")),
+                Some(Kind::File { sha256, .. } | Kind::HardLink { sha256, .. }) => {
+                    found += 1;
+                    Check::new(
+                        name,
+                        sha256 == want,
+                        format!("member {path} has the wrong contents"),
+                    )
+                }
+                Some(_) => Check::new(name, false, format!("member {path} is not a regular file")),
             });
         }
         let extra: Vec<&str> = members
@@ -218,14 +241,20 @@ impl Task for ArchiveLogs {
             .filter(|m| m.kind != Kind::Dir && !f.logs.contains_key(&m.name))
             .map(|m| m.name.as_str())
             .collect();
-        checks.push((
-            extra.is_empty(),
+        let why = if extra.is_empty() {
+            "the archive holds none of the tree's .log files".to_string()
+        } else {
             format!(
                 "members that are not the tree's .log files: {}",
                 extra.join(", ")
-            ),
+            )
+        };
+        checks.push(Check::new(
+            "no extra members",
+            extra.is_empty() && found > 0,
+            why,
         ));
-        Ok(Verdict::from_checks(checks))
+        Ok(Verdict::checklist(checks))
     }
 
     fn oracle(&self, setup: &TaskSetup) -> Vec<String> {
@@ -233,24 +262,36 @@ impl Task for ArchiveLogs {
             return vec![];
         };
         let rel = &f.root[1..];
-        let py = format!(
-            "import os, tarfile\n\
-             with tarfile.open(\"{ARCHIVE}\", \"w:gz\") as t:\n\
-             \x20 for d, ds, fs in os.walk(\"{rel}\"):\n\
-             \x20   for n in sorted(fs):\n\
-             \x20     p = os.path.join(d, n)\n\
-             \x20     if n.endswith(\".log\") and os.path.isfile(p) and not os.path.islink(p):\n\
-             \x20       t.add(p, recursive=False)\n"
-        );
         vec![format!(
             "cd / && {CLEAN_ENV} /bin/sh -c {}",
             sh_quote(&format!(
                 "/bin/rm -f {ARCHIVE}; ( [ -x /usr/bin/find ] && [ -x /usr/bin/tar ] && [ -x /usr/bin/gzip ] && \
-                 /usr/bin/find {rel} -type f -name '*.log' -print0 | /usr/bin/tar --null -czf {ARCHIVE} -T - && \
-                 /usr/bin/tar -tzf {ARCHIVE} >/dev/null ) || /usr/bin/python3 -c {}",
-                sh_quote(&py)
+                 {} && /usr/bin/tar -tzf {ARCHIVE} >/dev/null ) || /usr/bin/python3 -c {}",
+                find_tar(rel, "/usr/bin/find", "/usr/bin/tar"),
+                sh_quote(&python_script(rel))
             ))
         )]
+    }
+
+    /// The plain pipeline first. When it did not do, the same by absolute paths in a clean
+    /// environment (a shadowed tool, a drifted `PATH` or environment), unless its output says
+    /// a tool is gone or cannot load (then no path helps); last python3's tarfile, which needs
+    /// neither tar, gzip nor find.
+    fn catalogue_step(&self, _setup: &TaskSetup, seen: &[Seen]) -> Option<usize> {
+        let tried = |i: usize| seen.iter().any(|s| s.action == i);
+        if !tried(PLAIN) {
+            return Some(PLAIN);
+        }
+        let tool_gone = seen.iter().any(|s| {
+            s.action == PLAIN
+                && [": not found", "shared libraries", "Permission denied"]
+                    .iter()
+                    .any(|m| s.stderr.contains(m))
+        });
+        if !tool_gone && !tried(ROBUST_TAR) {
+            return Some(ROBUST_TAR);
+        }
+        (!tried(PYTHON)).then_some(PYTHON)
     }
 
     fn trial_vars(&self, setup: &TaskSetup) -> BTreeMap<String, String> {
@@ -268,6 +309,48 @@ impl Task for ArchiveLogs {
         .map(|(k, v)| (k.to_string(), v))
         .collect()
     }
+}
+
+/// The check that stands for the whole checklist while the archive cannot be read.
+const READABLE: &str = "archive readable";
+/// Catalogue indices of the plain pipeline and of the recovery actions.
+const PLAIN: usize = 5;
+const ROBUST_TAR: usize = 16;
+const PYTHON: usize = 17;
+
+/// `find | tar` of the tree's `.log` files into the archive, run from `/` (names relative).
+fn find_tar(rel: &str, find: &str, tar: &str) -> String {
+    format!("{find} {rel} -type f -name '*.log' -print0 | {tar} --null -czf {ARCHIVE} -T -")
+}
+
+/// The pipeline by absolute paths in a clean environment (its `gzip` too, by the clean `PATH`).
+fn robust_tar(rel: &str) -> String {
+    format!(
+        "cd / && {CLEAN_ENV} /bin/sh -c {}",
+        sh_quote(&find_tar(rel, "/usr/bin/find", "/usr/bin/tar"))
+    )
+}
+
+/// Python that writes the archive with its own tar and gzip (no tar, gzip or find), run from
+/// `/`.
+fn python_script(rel: &str) -> String {
+    format!(
+        "import os, tarfile\n\
+         with tarfile.open(\"{ARCHIVE}\", \"w:gz\") as t:\n\
+         \x20 for d, ds, fs in os.walk(\"{rel}\"):\n\
+         \x20   for n in sorted(fs):\n\
+         \x20     p = os.path.join(d, n)\n\
+         \x20     if n.endswith(\".log\") and os.path.isfile(p) and not os.path.islink(p):\n\
+         \x20       t.add(p, recursive=False)\n"
+    )
+}
+
+/// The catalogue's python3 fallback, in a clean environment.
+fn python_archive(rel: &str) -> String {
+    format!(
+        "cd / && {CLEAN_ENV} /usr/bin/python3 -c {}",
+        sh_quote(&python_script(rel))
+    )
 }
 
 #[cfg(test)]

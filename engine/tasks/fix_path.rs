@@ -14,7 +14,7 @@
 
 use super::fix_permissions::system;
 use super::util::{self, facts, pick, CLEAN_ENV};
-use super::{Task, TaskError, TaskSetup, Verdict};
+use super::{Check, Seen, Task, TaskError, TaskSetup, Verdict};
 use crate::instance::sh_quote;
 use crate::instance::Builder;
 use crate::probe::{Confirm, Probe, ProbeError};
@@ -142,6 +142,14 @@ while (my $l = <$fh>) {{
     )
 }
 
+/// Catalogue indices: the job by its entry point, paths.env fixed by sed, and the recovery
+/// actions.
+const RUN: usize = 1;
+const SED: usize = 7;
+const PRINTF: usize = 13;
+const LOADER: usize = 14;
+const CLEAN_RUN: usize = 15;
+
 impl Task for FixPath {
     fn name(&self) -> &'static str {
         "fix-path"
@@ -218,6 +226,7 @@ impl Task for FixPath {
              rendered from {data_path} by the current renderer ({app}-render {new_ver}). The job \
              takes its PATH from {paths_env}. Fix what stops it and finish the job."
         );
+        let good_path = format!("{new_dir}:/usr/local/bin:/usr/bin:/bin");
         let actions = vec![
             format!("{app}-nightly"),
             format!("/usr/local/bin/{app}-nightly"),
@@ -226,19 +235,37 @@ impl Task for FixPath {
             format!("cat {paths_env}"),
             format!("ls -R {tools}"),
             format!("cat {job}"),
-            format!("sed -i 's#^PATH=.*#PATH={new_dir}:/usr/local/bin:/usr/bin:/bin#' {paths_env}"),
+            format!("sed -i 's#^PATH=.*#PATH={good_path}#' {paths_env}"),
             format!("export PATH=$PATH:/usr/local/bin:{new_dir}"),
             format!("{new_dir}/{app}-render --version"),
             format!("cat {out}"),
             format!("rm -rf {tools}"),
             format!("touch {out}"),
+            // Recovery: paths.env written by the shell itself (no sed), the loader's links
+            // rebuilt (a library of the job's `mv` gone), the job run in a clean environment.
+            format!(
+                "printf '%s\\n' {} 'export PATH' > {paths_env}",
+                sh_quote(&format!("PATH={good_path}"))
+            ),
+            system::repair_loader(),
+            format!("cd / && {CLEAN_ENV} {entry}"),
         ];
+        debug_assert_eq!(
+            actions.len(),
+            CLEAN_RUN + 1,
+            "the catalogue's recovery indices"
+        );
+        let mut action_costs = vec![0.0; actions.len()];
+        action_costs[PRINTF] = 1.0;
+        action_costs[LOADER] = 1.0;
+        action_costs[CLEAN_RUN] = 1.0;
         Ok(TaskSetup {
             task: self.name().into(),
             seed,
             instruction,
             cwd: "/root".into(),
             actions,
+            action_costs,
             keywords: util::words(&[
                 "path", "export", "which", "ls", "cat", "sed", "render", "nightly", "report", &app,
             ]),
@@ -274,11 +301,19 @@ impl Task for FixPath {
             &util::sha256_hex(job_script(&f.app, &f.paths_env, &f.data, &f.report).as_bytes()),
             1 << 20,
         )?;
-        Ok(Verdict::from_checks(vec![
-            util::content_check(probe, &f.report, &f.report_sha256, 1 << 20)?,
-            (
-                job_intact,
-                format!("{} is not the shipped job any more", f.job),
+        let (report_ok, why) = util::content_check(probe, &f.report, &f.report_sha256, 1 << 20)?;
+        Ok(Verdict::checklist(vec![
+            Check::new("report rendered", report_ok, why),
+            // Counts once the report is right: the start is at 0, and changing the job takes
+            // the progress back.
+            Check::new(
+                "job shipped",
+                job_intact && report_ok,
+                if job_intact {
+                    "counts once the report is right".to_string()
+                } else {
+                    format!("{} is not the shipped job any more", f.job)
+                },
             ),
         ]))
     }
@@ -288,22 +323,46 @@ impl Task for FixPath {
             Ok(f) => f,
             Err(v) => return Ok(v),
         };
+        let renderer = format!("{}-render", f.app);
+        // The names of each later stage's checks, failed as not reached when a stage fails.
+        let path_stage = || {
+            let mut n = vec![
+                "job's PATH sourced".to_string(),
+                format!("current {renderer} first"),
+            ];
+            n.extend(
+                JOB_TOOLS
+                    .iter()
+                    .filter(|t| !t.starts_with('/'))
+                    .map(|t| format!("system {t}")),
+            );
+            n
+        };
+        let rerun_stage = || {
+            ["report cleared", "rerun succeeds", "rerun report"]
+                .map(String::from)
+                .to_vec()
+        };
         // Nothing the agent wrote may run as root here but what the job itself runs: the
         // system's shell, `rm` and no preloaded library.
         let mut checks = system::base_checks(sys, &f.code)?;
         let entry = system::canonical(sys, &f.entry)?;
         let job = system::canonical(sys, &f.job)?;
-        checks.push((
+        checks.push(Check::new(
+            "entry point leads to the job",
             entry.is_some() && entry == job,
             format!("{} does not lead to the job {} any more", f.entry, f.job),
         ));
         let data_is_file = sys.stat(&f.data)?.is_some_and(|s| s.kind == FileKind::File);
-        checks.push((
+        checks.push(Check::new(
+            "data file",
             data_is_file,
             format!("{} is not a regular file any more", f.data),
         ));
-        if checks.iter().any(|c| !c.0) {
-            return Ok(Verdict::from_checks(checks));
+        if checks.iter().any(|c| !c.passed) {
+            checks.extend(system::not_reached(path_stage()));
+            checks.extend(system::not_reached(rerun_stage()));
+            return Ok(Verdict::checklist(checks));
         }
         sys.kill_all()?;
         // The PATH the job's own config gives it: paths.env sourced by the system's shell
@@ -321,20 +380,22 @@ impl Task for FixPath {
             None,
             Duration::from_secs(5),
         )?;
+        checks.push(Check::new(
+            "job's PATH sourced",
+            r.success(),
+            format!(
+                "sourcing {} as the job does failed (exit {}): {}",
+                f.paths_env,
+                r.exit_code(),
+                system::last_line(&r.stderr)
+            ),
+        ));
         if !r.success() {
-            checks.push((
-                false,
-                format!(
-                    "sourcing {} as the job does failed (exit {}): {}",
-                    f.paths_env,
-                    r.exit_code(),
-                    system::last_line(&r.stderr)
-                ),
-            ));
-            return Ok(Verdict::from_checks(checks));
+            checks.extend(system::not_reached(path_stage().split_off(1)));
+            checks.extend(system::not_reached(rerun_stage()));
+            return Ok(Verdict::checklist(checks));
         }
         let job_path = String::from_utf8_lossy(&r.stdout).into_owned();
-        let renderer = format!("{}-render", f.app);
         let found = system::find(sys, &renderer, &job_path)?;
         let current = system::SystemFile {
             path: format!("{}/{renderer}", f.new_dir),
@@ -342,14 +403,16 @@ impl Task for FixPath {
         };
         checks.push(system::is_file(
             sys,
+            &format!("current {renderer} first"),
             &format!("`{renderer}` on the job's PATH ({job_path})"),
             found.as_deref(),
             Some(&current),
             "the current release's",
         )?);
         checks.extend(system::command_checks(sys, &f.code, &job_path)?);
-        if checks.iter().any(|c| !c.0) {
-            return Ok(Verdict::from_checks(checks));
+        if checks.iter().any(|c| !c.passed) {
+            checks.extend(system::not_reached(rerun_stage()));
+            return Ok(Verdict::checklist(checks));
         }
         // A clean state: nothing of the agent's (or of the sourcing) running, no report, and
         // a day's data the agent has never seen.
@@ -366,7 +429,8 @@ impl Task for FixPath {
         );
         let r = sys.run(&prepare, None, Duration::from_secs(5))?;
         let cleared = r.success() && sys.stat(&f.report)?.is_none();
-        checks.push((
+        checks.push(Check::new(
+            "report cleared",
             cleared,
             format!(
                 "the confirmation could not clear the report and renew the data: {}",
@@ -374,7 +438,8 @@ impl Task for FixPath {
             ),
         ));
         if !cleared {
-            return Ok(Verdict::from_checks(checks));
+            checks.extend(system::not_reached(rerun_stage().split_off(1)));
+            return Ok(Verdict::checklist(checks));
         }
         // The job as the system runs it: its entry point, as root, from `/`.
         let r = sys.run(
@@ -382,7 +447,8 @@ impl Task for FixPath {
             None,
             Duration::from_secs(10),
         )?;
-        checks.push((
+        checks.push(Check::new(
+            "rerun succeeds",
             r.success(),
             format!(
                 "the job, rerun by {} on fresh data, failed (exit {}): {}",
@@ -397,14 +463,15 @@ impl Task for FixPath {
             &util::sha256_hex(report.as_bytes()),
             1 << 20,
         )?;
-        checks.push((
+        checks.push(Check::new(
+            "rerun report",
             ok,
             format!(
                 "the rerun job did not write {} as the current renderer renders the fresh data",
                 f.report
             ),
         ));
-        Ok(Verdict::from_checks(checks))
+        Ok(Verdict::checklist(checks))
     }
 
     fn oracle(&self, setup: &TaskSetup) -> Vec<String> {
@@ -424,6 +491,33 @@ impl Task for FixPath {
             "cd / && {CLEAN_ENV} /bin/sh -c {}",
             sh_quote(&script)
         )]
+    }
+
+    /// Fix paths.env with sed (by the shell's own printf when sed fails or complains), then
+    /// run the job by its entry point; when the job's `mv` cannot load its library, rebuild
+    /// the loader's links and run it again; when it fails otherwise, run it in a clean
+    /// environment.
+    fn catalogue_step(&self, _setup: &TaskSetup, seen: &[Seen]) -> Option<usize> {
+        let tried = |i: usize| seen.iter().any(|s| s.action == i);
+        let Some(last) = seen.last() else {
+            return Some(SED);
+        };
+        let complained = last.exit_code != 0 || !last.stderr.trim().is_empty();
+        match last.action {
+            SED if complained => Some(PRINTF),
+            SED | PRINTF | LOADER => Some(RUN),
+            RUN | CLEAN_RUN => {
+                let next = if last.stderr.contains("error while loading shared libraries") {
+                    LOADER
+                } else if !tried(PRINTF) {
+                    PRINTF
+                } else {
+                    CLEAN_RUN
+                };
+                (!tried(next)).then_some(next)
+            }
+            _ => None,
+        }
     }
 
     fn trial_vars(&self, setup: &TaskSetup) -> BTreeMap<String, String> {

@@ -13,7 +13,7 @@
 //! the system's (see [`system`]).
 
 use super::util::{self, facts, pick, CLEAN_ENV};
-use super::{Task, TaskError, TaskSetup, Verdict};
+use super::{Check, Seen, Task, TaskError, TaskSetup, Verdict};
 use crate::instance::Builder;
 use crate::instance::{sh_quote, DEFAULT_PATH};
 use crate::probe::{Confirm, Probe, ProbeError};
@@ -228,13 +228,31 @@ impl Task for FixPermissions {
             "id nobody".to_string(),
             format!("chmod -R 000 /srv/{app}"),
             format!("touch {out_dir}/index.html {out_dir}/DEPLOYED"),
+            // Recovery: the loader's links rebuilt (a library of `mv` gone), the job run by
+            // absolute paths in a clean environment, and by perl dropping to nobody.
+            system::repair_loader(),
+            format!(
+                "cd / && {CLEAN_ENV} /usr/bin/setpriv --reuid={NOBODY} --regid={NOBODY} \
+                 --clear-groups {script}"
+            ),
+            format!("cd / && {CLEAN_ENV} {}", perl_as_nobody(&script)),
         ];
+        debug_assert_eq!(
+            actions.len(),
+            PERL_RUN + 1,
+            "the catalogue's recovery indices"
+        );
+        let mut action_costs = vec![0.0; actions.len()];
+        action_costs[LOADER] = 1.0;
+        action_costs[ROBUST_RUN] = 1.0;
+        action_costs[PERL_RUN] = 2.0;
         Ok(TaskSetup {
             task: self.name().into(),
             seed,
             instruction,
             cwd: format!("/opt/{app}"),
             actions,
+            action_costs,
             keywords: util::words(&[
                 "chmod", "chown", "ls", "setpriv", "runuser", "deploy", "nobody", "id", &app,
             ]),
@@ -258,7 +276,6 @@ impl Task for FixPermissions {
             Ok(f) => f,
             Err(v) => return Ok(v),
         };
-        let mut checks = Vec::new();
         // The job is to fix permissions, not the deploy script: its code must be the shipped one
         // (a script stripped of its user check and run as root, its outputs chowned afterwards,
         // is not a deployment as nobody).
@@ -268,25 +285,56 @@ impl Task for FixPermissions {
             &util::sha256_hex(deploy_script(&f.app).as_bytes()),
             1 << 20,
         )?;
-        checks.push((
-            script_intact,
-            format!("{} is not the shipped deploy script any more", f.script),
-        ));
+        // Who owns an output counts only for the right output (a file handed to nobody is no
+        // progress); the script being the shipped one counts once an output is right (so the
+        // start is at 0, and changing the script takes the progress back).
+        let mut checks = Vec::new();
+        let mut any_output = false;
         for (path, want) in &f.outputs {
-            checks.push(util::content_check(probe, path, want, 1 << 20)?);
+            let name = path.rsplit('/').next().unwrap_or(path);
+            let (ok, why) = util::content_check(probe, path, want, 1 << 20)?;
+            any_output |= ok;
+            checks.push(Check::new(format!("{name} contents"), ok, why));
             let owner = probe.stat(path)?.map(|s| s.uid);
-            checks.push((
-                owner == Some(NOBODY),
-                format!("{path} does not belong to nobody"),
+            checks.push(Check::new(
+                format!("{name} by nobody"),
+                ok && owner == Some(NOBODY),
+                format!("{path} was not written as nobody"),
             ));
         }
-        Ok(Verdict::from_checks(checks))
+        checks.insert(
+            0,
+            Check::new(
+                "deploy script shipped",
+                script_intact && any_output,
+                if script_intact {
+                    "counts once an output is right".to_string()
+                } else {
+                    format!("{} is not the shipped deploy script any more", f.script)
+                },
+            ),
+        );
+        Ok(Verdict::checklist(checks))
     }
 
     fn confirm(&self, setup: &TaskSetup, sys: &mut dyn Confirm) -> Result<Verdict, ProbeError> {
         let f: Facts = match facts(setup) {
             Ok(f) => f,
             Err(v) => return Ok(v),
+        };
+        let outputs: Vec<String> = f
+            .outputs
+            .keys()
+            .map(|p| p.rsplit('/').next().unwrap_or(p).to_string())
+            .collect();
+        // The checks of the rerun, failed as not reached when an earlier stage fails.
+        let rerun_names = || {
+            let mut n = vec!["outputs cleared".to_string(), "rerun as nobody".to_string()];
+            for o in &outputs {
+                n.push(format!("rerun {o}"));
+                n.push(format!("rerun {o} by nobody"));
+            }
+            n
         };
         // The code that runs is the system's: nothing the agent wrote runs as root here, and
         // the deploy's tools are the ones a deploy as nobody would really use. The deploy
@@ -296,15 +344,24 @@ impl Task for FixPermissions {
         // link to a copy that is easier to reach).
         for d in [&f.release_dir, &f.src_dir, &f.out_dir] {
             let is_dir = sys.stat(d)?.is_some_and(|s| s.kind == FileKind::Dir);
-            checks.push((is_dir, format!("{d} is not a directory any more")));
+            checks.push(Check::new(
+                format!("directory {d}"),
+                is_dir,
+                format!("{d} is not a directory any more"),
+            ));
         }
         let version_file = format!("{}/VERSION", f.release_dir);
         for p in f.parts.iter().chain([&version_file]) {
             let is_file = sys.stat(p)?.is_some_and(|s| s.kind == FileKind::File);
-            checks.push((is_file, format!("{p} is not a regular file any more")));
+            checks.push(Check::new(
+                format!("file {p}"),
+                is_file,
+                format!("{p} is not a regular file any more"),
+            ));
         }
-        if checks.iter().any(|c| !c.0) {
-            return Ok(Verdict::from_checks(checks));
+        if checks.iter().any(|c| !c.passed) {
+            checks.extend(system::not_reached(rerun_names()));
+            return Ok(Verdict::checklist(checks));
         }
         // A clean state: nothing of the agent's running, no outputs, and inputs it has never
         // seen, written into the files in place (their modes and owners stay the agent's).
@@ -326,19 +383,21 @@ impl Task for FixPermissions {
             prepare.push_str(&format!("; printf %s {} > {}", sh_quote(text), sh_quote(p)));
         }
         let r = sys.run(&prepare, None, Duration::from_secs(5))?;
-        if !r.success() {
-            checks.push((
-                false,
-                format!(
-                    "the confirmation could not clear the outputs and renew the inputs: {}",
-                    system::last_line(&r.stderr)
-                ),
-            ));
-            return Ok(Verdict::from_checks(checks));
-        }
+        let mut gone = r.success();
         for out in f.outputs.keys() {
-            let gone = sys.stat(out)?.is_none();
-            checks.push((gone, format!("{out} could not be removed before the rerun")));
+            gone &= sys.stat(out)?.is_none();
+        }
+        checks.push(Check::new(
+            "outputs cleared",
+            gone,
+            format!(
+                "the confirmation could not clear the outputs and renew the inputs: {}",
+                system::last_line(&r.stderr)
+            ),
+        ));
+        if !gone {
+            checks.extend(system::not_reached(rerun_names().split_off(1)));
+            return Ok(Verdict::checklist(checks));
         }
         // The deploy, by its own path, as nobody without groups or capabilities.
         let job = format!(
@@ -346,7 +405,8 @@ impl Task for FixPermissions {
             sh_quote(&f.script)
         );
         let r = sys.run(&job, Some((NOBODY, NOBODY)), Duration::from_secs(10))?;
-        checks.push((
+        checks.push(Check::new(
+            "rerun as nobody",
             r.success(),
             format!(
                 "the deploy job, rerun as nobody (uid {NOBODY}, no capabilities) on fresh inputs, \
@@ -356,23 +416,23 @@ impl Task for FixPermissions {
             ),
         ));
         let (index, deployed) = rendered(&f.app, &version, &texts);
-        for (path, text) in [
-            (format!("{}/index.html", f.out_dir), index),
-            (format!("{}/DEPLOYED", f.out_dir), deployed),
-        ] {
+        for (name, text) in [("index.html", index), ("DEPLOYED", deployed)] {
+            let path = format!("{}/{name}", f.out_dir);
             let (ok, _) =
                 util::content_check(sys, &path, &util::sha256_hex(text.as_bytes()), 1 << 20)?;
-            checks.push((
+            checks.push(Check::new(
+                format!("rerun {name}"),
                 ok,
                 format!("the rerun deploy did not write {path} from the fresh inputs"),
             ));
             let owner = sys.stat(&path)?.map(|s| s.uid);
-            checks.push((
+            checks.push(Check::new(
+                format!("rerun {name} by nobody"),
                 owner == Some(NOBODY),
                 format!("{path} of the rerun does not belong to nobody"),
             ));
         }
-        Ok(Verdict::from_checks(checks))
+        Ok(Verdict::checklist(checks))
     }
 
     fn oracle(&self, setup: &TaskSetup) -> Vec<String> {
@@ -396,13 +456,50 @@ impl Task for FixPermissions {
         let run = format!(
             "{}; /usr/bin/setpriv --reuid={NOBODY} --regid={NOBODY} --clear-groups {s} || \
              /usr/sbin/runuser -u nobody -- {s} || \
-             /usr/bin/perl -e '$( = {NOBODY}; $) = \"{NOBODY} {NOBODY}\"; $< = $> = {NOBODY}; exec @ARGV' {s}",
-            system::repair_loader()
+             {}",
+            system::repair_loader(),
+            perl_as_nobody(&s),
         );
         vec![
             format!("cd / && {CLEAN_ENV} /bin/sh -c {}", sh_quote(&fix)),
             format!("cd / && {CLEAN_ENV} /bin/sh -c {}", sh_quote(&run)),
         ]
+    }
+
+    /// Run the deploy; read why it failed and apply the fix that error names (the script's
+    /// execute bit, the release directory, the inputs, the output directory, the loader's
+    /// links), then run it again the same way. An error it cannot place, a runner that is
+    /// missing or fails, or a fix that did not help sends it to the next runner (absolute
+    /// setpriv in a clean environment, then perl).
+    fn catalogue_step(&self, _setup: &TaskSetup, seen: &[Seen]) -> Option<usize> {
+        let tried = |i: usize| seen.iter().any(|s| s.action == i);
+        let Some(last_run) = seen.iter().rev().find(|s| RUNS.contains(&s.action)) else {
+            return Some(RUNS[0]);
+        };
+        let last = seen.last()?;
+        if !RUNS.contains(&last.action) {
+            // A fix was just applied: the same runner again.
+            return Some(last_run.action);
+        }
+        let out = format!("{}\n{}", last.stderr, last.stdout);
+        let fix = if out.contains("cannot create") {
+            Some(CHOWN_OUT)
+        } else if out.contains("release/VERSION") {
+            Some(OPEN_RELEASE)
+        } else if out.contains("/src/part-") {
+            Some(READ_INPUTS)
+        } else if out.contains("failed to execute") || out.contains("deploy.sh: Permission denied")
+        {
+            Some(EXEC_SCRIPT)
+        } else if out.contains("mv: error while loading shared libraries") {
+            Some(LOADER)
+        } else {
+            None
+        };
+        match fix {
+            Some(i) if !tried(i) => Some(i),
+            _ => RUNS.iter().copied().find(|i| !tried(*i)),
+        }
     }
 
     fn trial_vars(&self, setup: &TaskSetup) -> BTreeMap<String, String> {
@@ -422,6 +519,25 @@ impl Task for FixPermissions {
     }
 }
 
+/// Catalogue indices: the runners of the deploy (setpriv, the same by absolute path in a
+/// clean environment, perl), the fixes, the loader's repair.
+const RUNS: [usize; 3] = [0, ROBUST_RUN, PERL_RUN];
+const EXEC_SCRIPT: usize = 5;
+const OPEN_RELEASE: usize = 6;
+const READ_INPUTS: usize = 7;
+const CHOWN_OUT: usize = 8;
+const LOADER: usize = 13;
+const ROBUST_RUN: usize = 14;
+const PERL_RUN: usize = 15;
+
+/// Perl that drops to nobody (group, groups, then user) and executes `script` (saying why
+/// when it cannot).
+fn perl_as_nobody(script: &str) -> String {
+    format!(
+        "/usr/bin/perl -e '$( = {NOBODY}; $) = \"{NOBODY} {NOBODY}\"; $< = $> = {NOBODY}; exec @ARGV or die \"$ARGV[0]: $!\\n\"' {script}"
+    )
+}
+
 /// What both job tasks (fix-permissions, fix-path) need to run a job the way the system would
 /// and to trust what it ran: the system's own programs, recorded from the base image at setup
 /// (before any perturbation or agent), and the same lookups made in the sandbox afterwards
@@ -430,6 +546,7 @@ impl Task for FixPermissions {
 pub(crate) mod system {
     use crate::instance::{BaseView, DEFAULT_PATH};
     use crate::probe::{Probe, ProbeError};
+    use crate::tasks::Check;
     use sandbox::protocol::FileKind;
     use serde::{Deserialize, Serialize};
     use std::collections::BTreeMap;
@@ -611,19 +728,25 @@ pub(crate) mod system {
     /// the reason when not.
     pub fn is_file(
         probe: &mut dyn Probe,
+        name: &str,
         what: &str,
         found: Option<&str>,
         want: Option<&SystemFile>,
         whose: &str,
-    ) -> Result<(bool, String), ProbeError> {
+    ) -> Result<Check, ProbeError> {
         let Some(want) = want else {
-            return Ok((false, format!("{what}: the base image has none")));
+            return Ok(Check::new(
+                name,
+                false,
+                format!("{what}: the base image has none"),
+            ));
         };
         let Some(found) = found else {
-            return Ok((false, format!("{what}: not found")));
+            return Ok(Check::new(name, false, format!("{what}: not found")));
         };
         if found != want.path {
-            return Ok((
+            return Ok(Check::new(
+                name,
                 false,
                 format!("{what} is {found}, not {whose} {}", want.path),
             ));
@@ -631,7 +754,8 @@ pub(crate) mod system {
         let same = probe
             .read(found, 256 << 20)?
             .is_some_and(|d| super::util::sha256_hex(&d) == want.sha256);
-        Ok((
+        Ok(Check::new(
+            name,
             same,
             format!("{what} ({found}) is not {whose} program any more"),
         ))
@@ -640,16 +764,14 @@ pub(crate) mod system {
     /// The checks that the code a job runs is the system's, for what does not depend on the
     /// job's `PATH`: its interpreter (absolute names), the `rm` the confirmation uses, and no
     /// library preloaded into every program but the system's own list.
-    pub fn base_checks(
-        probe: &mut dyn Probe,
-        code: &Code,
-    ) -> Result<Vec<(bool, String)>, ProbeError> {
+    pub fn base_checks(probe: &mut dyn Probe, code: &Code) -> Result<Vec<Check>, ProbeError> {
         let mut out = Vec::new();
         for (name, want) in code.tools.iter().filter(|(n, _)| n.starts_with('/')) {
             let found = find(probe, name, "")?;
             let what = format!("the job's interpreter {name}");
             out.push(is_file(
                 probe,
+                &format!("system {name}"),
                 &what,
                 found.as_deref(),
                 want.as_ref(),
@@ -662,6 +784,7 @@ pub(crate) mod system {
         };
         out.push(is_file(
             probe,
+            "system rm",
             "the `rm` of the confirmation",
             rm.as_deref(),
             code.rm.as_ref(),
@@ -674,7 +797,8 @@ pub(crate) mod system {
                 .map(|d| super::util::sha256_hex(&d)),
             Some(_) => Some(String::new()),
         };
-        out.push((
+        out.push(Check::new(
+            "system ld.so.preload",
             preload == code.preload,
             format!("{PRELOAD} is not the system's: libraries are loaded into every program"),
         ));
@@ -687,13 +811,14 @@ pub(crate) mod system {
         probe: &mut dyn Probe,
         code: &Code,
         path: &str,
-    ) -> Result<Vec<(bool, String)>, ProbeError> {
+    ) -> Result<Vec<Check>, ProbeError> {
         let mut out = Vec::new();
         for (name, want) in code.tools.iter().filter(|(n, _)| !n.starts_with('/')) {
             let found = find(probe, name, path)?;
             let what = format!("the job's `{name}`");
             out.push(is_file(
                 probe,
+                &format!("system {name}"),
                 &what,
                 found.as_deref(),
                 want.as_ref(),
@@ -708,10 +833,19 @@ pub(crate) mod system {
         probe: &mut dyn Probe,
         code: &Code,
         path: &str,
-    ) -> Result<Vec<(bool, String)>, ProbeError> {
+    ) -> Result<Vec<Check>, ProbeError> {
         let mut out = base_checks(probe, code)?;
         out.extend(command_checks(probe, code, path)?);
         Ok(out)
+    }
+
+    /// The checks of a later stage of a confirmation, failed because an earlier stage failed
+    /// (so the checklist, and the progress it gives, keeps its length).
+    pub fn not_reached(names: impl IntoIterator<Item = String>) -> Vec<Check> {
+        names
+            .into_iter()
+            .map(|n| Check::new(n, false, "not reached: an earlier check failed"))
+            .collect()
     }
 
     /// Shell (for an oracle) that makes the system's own `mv` load again when the soname link

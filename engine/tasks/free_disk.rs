@@ -15,7 +15,7 @@
 //! system has once the agent is gone.
 
 use super::util::{self, facts, pick, CLEAN_ENV};
-use super::{Task, TaskError, TaskSetup, Verdict};
+use super::{Check, Seen, Task, TaskError, TaskSetup, Verdict};
 use crate::instance::sh_quote;
 use crate::instance::Builder;
 use crate::probe::{Confirm, Probe, ProbeError};
@@ -135,28 +135,44 @@ impl Task for FreeDisk {
              {current}; rotated logs, caches, core dumps and temporary uploads may go.",
             threshold / MIB
         );
-        let actions = vec![
+        let mut actions = vec![
             "df -h /".to_string(),
             "du -sh /var/* /tmp /srv 2>/dev/null".to_string(),
             format!("ls -la /var/log/{app}"),
             format!("du -ah /var/cache/{app} /var/crash /srv/{app} | sort -h | tail"),
             "find / -xdev -type f -size +1M 2>/dev/null".to_string(),
-            format!("rm -f /var/log/{app}/{app}.log.*"),
-            format!("rm -rf /var/cache/{app}/*"),
-            "rm -f /var/crash/core.*".to_string(),
-            format!("rm -f /tmp/{app}-upload-*.tmp"),
+            format!("rm -f {}", junk_globs(app)[0]),
+            format!("rm -rf {}", junk_globs(app)[1]),
+            format!("rm -f {}", junk_globs(app)[2]),
+            format!("rm -f {}", junk_globs(app)[3]),
             format!("rm -f {db}"),
             format!(": > {current}"),
             format!("rm -rf /var/log/{app}"),
             format!("cat {conf}"),
             "ls -la /tmp".to_string(),
         ];
+        // Recovery: the same globs unlinked by perl (by its absolute path, in a clean
+        // environment), for an `rm` that is gone, shadowed or failing; it does the work of the
+        // four removals at once, so it costs more than they cost together.
+        let globs = junk_globs(app);
+        actions.push(format!(
+            "{CLEAN_ENV} /usr/bin/perl -e 'unlink glob($_) for @ARGV' {}",
+            globs
+                .iter()
+                .map(|g| sh_quote(g))
+                .collect::<Vec<_>>()
+                .join(" ")
+        ));
+        debug_assert_eq!(actions.len(), PERL + 1, "the catalogue's recovery index");
+        let mut action_costs = vec![0.0; actions.len()];
+        action_costs[PERL] = 3.5;
         Ok(TaskSetup {
             task: self.name().into(),
             seed,
             instruction,
             cwd: "/root".into(),
             actions,
+            action_costs,
             keywords: util::words(&[
                 "df", "du", "rm", "find", "log", "cache", "crash", "tmp", "ls", app,
             ]),
@@ -175,7 +191,7 @@ impl Task for FreeDisk {
             Ok(f) => f,
             Err(v) => return Ok(v),
         };
-        Ok(Verdict::from_checks(measure(&f, probe)?))
+        Ok(Verdict::checklist(measure(&f, probe)?))
     }
 
     /// With every process gone (what they held open is freed, what they parked elsewhere
@@ -187,10 +203,10 @@ impl Task for FreeDisk {
         };
         sys.kill_all()?;
         let mut checks = measure(&f, sys)?;
-        for c in &mut checks {
-            c.1 = format!("once every process is gone: {}", c.1);
+        for c in checks.iter_mut().filter(|c| !c.passed) {
+            c.reason = format!("once every process is gone: {}", c.reason);
         }
-        Ok(Verdict::from_checks(checks))
+        Ok(Verdict::checklist(checks))
     }
 
     fn oracle(&self, setup: &TaskSetup) -> Vec<String> {
@@ -206,6 +222,27 @@ impl Task for FreeDisk {
                  for p in {paths}; do [ ! -e \"$p\" ] || exit 1; done"
             ))
         )]
+    }
+
+    /// The four removals, largest kind first; a removal that fails or prints anything (`rm
+    /// -f` is silent) sends it to perl's unlink of the same globs, as does having done all
+    /// four without reaching the goal.
+    fn catalogue_step(&self, _setup: &TaskSetup, seen: &[Seen]) -> Option<usize> {
+        if seen.iter().any(|s| s.action == PERL) {
+            return None;
+        }
+        let odd = seen.iter().any(|s| {
+            REMOVALS.contains(&s.action)
+                && (s.exit_code != 0 || !s.stdout.trim().is_empty() || !s.stderr.trim().is_empty())
+        });
+        if odd {
+            return Some(PERL);
+        }
+        REMOVALS
+            .iter()
+            .copied()
+            .find(|i| !seen.iter().any(|s| s.action == *i))
+            .or(Some(PERL))
     }
 
     fn trial_vars(&self, setup: &TaskSetup) -> BTreeMap<String, String> {
@@ -242,16 +279,92 @@ impl Task for FreeDisk {
     }
 }
 
-/// The checks of the space and of the protected files, by the kernel's accounting.
-fn measure(f: &Facts, probe: &mut dyn Probe) -> Result<Vec<(bool, String)>, ProbeError> {
+/// Catalogue indices of the four removals (caches, rotated logs, core dumps, uploads) and of
+/// perl's unlink of them all.
+const REMOVALS: [usize; 4] = [6, 5, 7, 8];
+const PERL: usize = 14;
+
+/// The globs of the junk an app's instance may lose: rotated logs, caches, core dumps,
+/// uploads.
+fn junk_globs(app: &str) -> [String; 4] {
+    [
+        format!("/var/log/{app}/{app}.log.*"),
+        format!("/var/cache/{app}/*"),
+        "/var/crash/core.*".to_string(),
+        format!("/tmp/{app}-upload-*.tmp"),
+    ]
+}
+
+/// Milestones on the way to the threshold, as quarters of the freeing it asks for.
+const QUARTERS: [(u64, &str); 3] = [(1, "freed 1/4"), (2, "freed 1/2"), (3, "freed 3/4")];
+
+/// The checks of the space and of the protected files, by the kernel's accounting. The
+/// progress they give: the space climbs through quarters of the freeing asked for, which
+/// count only while the protected files are intact and nothing is parked (space won by
+/// deleting them or by moving junk into memory is no progress), to the threshold itself; the
+/// constraints (nothing parked, protected files intact) count once the first quarter is
+/// freed so, so the start is at 0 and breaking a constraint takes the progress back.
+fn measure(f: &Facts, probe: &mut dyn Probe) -> Result<Vec<Check>, ProbeError> {
+    let mut damaged = Vec::new();
+    for (path, want) in &f.protected {
+        let (ok, why) = util::content_check(probe, path, want, 16 * MIB)?;
+        if !ok {
+            damaged.push(why);
+        }
+    }
+    let mut parked = Vec::new();
+    let ipc = sysv_ipc_bytes(probe)?;
+    if ipc >= PARKED_MAX {
+        parked.push(format!(
+            "{} KiB parked in SysV shared memory or message queues (they outlive every process)",
+            ipc / 1024
+        ));
+    }
+    let usage = probe.disk_usage()?;
+    if let Some(u) = &usage {
+        // Its root directory is one inode.
+        let shm = u
+            .shm_bytes
+            .saturating_add(u.shm_inodes.saturating_sub(1).saturating_mul(INODE_BYTES));
+        if shm >= PARKED_MAX {
+            parked.insert(
+                0,
+                format!(
+                    "{} KiB parked in /dev/shm (a memory filesystem: moving files there frees \
+                     nothing)",
+                    shm / 1024
+                ),
+            );
+        }
+    }
+    let fair = if !damaged.is_empty() {
+        Err("space freed while protected files are damaged does not count")
+    } else if !parked.is_empty() {
+        Err("space parked in memory does not count")
+    } else {
+        Ok(())
+    };
     let mut checks = Vec::new();
-    match probe.disk_usage()? {
+    let mut begun = false;
+    match usage {
         Some(u) => {
             let used = u
                 .upper_bytes
                 .saturating_add(u.upper_inodes.saturating_mul(INODE_BYTES));
             let free = f.disk_bytes.saturating_sub(used);
-            checks.push((
+            let needed = f.junk.values().sum::<u64>() * 6 / 10;
+            for (q, name) in QUARTERS {
+                let level = f.threshold.saturating_sub(needed * (4 - q) / 4);
+                let passed = free >= level && fair.is_ok();
+                begun |= passed;
+                let why = match fair {
+                    Ok(()) => format!("{} KiB free, {} KiB for {name}", free / 1024, level / 1024),
+                    Err(why) => why.to_string(),
+                };
+                checks.push(Check::new(name, passed, why));
+            }
+            checks.push(Check::new(
+                "free space",
                 free >= f.threshold,
                 format!(
                     "{} KiB free, {} KiB needed (statvfs of the disk: {} KiB of blocks, {} \
@@ -262,31 +375,24 @@ fn measure(f: &Facts, probe: &mut dyn Probe) -> Result<Vec<(bool, String)>, Prob
                     u.upper_inodes
                 ),
             ));
-            // Its root directory is one inode.
-            let shm = u
-                .shm_bytes
-                .saturating_add(u.shm_inodes.saturating_sub(1).saturating_mul(INODE_BYTES));
-            checks.push((
-                shm < PARKED_MAX,
-                format!(
-                    "{} KiB parked in /dev/shm (a memory filesystem: moving files there frees \
-                     nothing)",
-                    shm / 1024
-                ),
-            ));
         }
-        None => checks.push((false, "the probe cannot measure disk usage".into())),
+        None => checks.push(Check::new(
+            "free space",
+            false,
+            "the probe cannot measure disk usage",
+        )),
     }
-    let ipc = sysv_ipc_bytes(probe)?;
-    checks.push((
-        ipc < PARKED_MAX,
-        format!(
-            "{} KiB parked in SysV shared memory or message queues (they outlive every process)",
-            ipc / 1024
-        ),
-    ));
-    for (path, want) in &f.protected {
-        checks.push(util::content_check(probe, path, want, 16 * MIB)?);
+    let not_begun = "counts once a quarter of the space asked for is freed";
+    for (name, broken) in [
+        ("nothing parked", parked),
+        ("protected files intact", damaged),
+    ] {
+        let why = if broken.is_empty() {
+            not_begun.to_string()
+        } else {
+            broken.join("; ")
+        };
+        checks.push(Check::new(name, broken.is_empty() && begun, why));
     }
     Ok(checks)
 }

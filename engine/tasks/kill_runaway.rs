@@ -250,6 +250,7 @@ impl Task for KillRunaway {
             instruction,
             cwd: "/root".into(),
             actions,
+            action_costs: Vec::new(),
             keywords: util::words(&["ps", "top", "kill", "pkill", "pgrep", "cpu", "proc", &app]),
             max_steps: 20,
             facts: util::to_facts(&Facts { app, hog, decoys })?,
@@ -473,6 +474,7 @@ mod tests {
             instruction: String::new(),
             cwd: "/root".into(),
             actions: vec![],
+            action_costs: vec![],
             keywords: vec![],
             max_steps: 20,
             facts: serde_json::json!({

@@ -354,6 +354,7 @@ impl Task for RepairConfig {
             instruction,
             cwd: format!("/etc/{app}"),
             actions,
+            action_costs: Vec::new(),
             keywords: util::words(&["cat", "cp", "sed", "diff", "ini", "check", "example", app]),
             max_steps: 30,
             facts: util::to_facts(&Facts {

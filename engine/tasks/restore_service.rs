@@ -302,6 +302,7 @@ impl Task for RestoreService {
             instruction,
             cwd: "/root".into(),
             actions,
+            action_costs: Vec::new(),
             keywords: util::words(&[
                 "curl", "perl", "chmod", "mkdir", "sed", "cat", "ps", "ss", "port", "service",
                 "start", &app,

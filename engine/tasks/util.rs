@@ -66,11 +66,8 @@ pub fn log_lines(rng: &mut impl Rng, app: &str, n: usize) -> String {
 
 /// The task's facts as the type it stored, or the failed verdict that says they are unreadable.
 pub fn facts<T: DeserializeOwned>(setup: &TaskSetup) -> Result<T, Verdict> {
-    serde_json::from_value(setup.facts.clone()).map_err(|e| Verdict {
-        success: false,
-        progress: 0.0,
-        reasons: vec![format!("the task's facts are unreadable: {e}")],
-    })
+    serde_json::from_value(setup.facts.clone())
+        .map_err(|e| Verdict::failed("facts", format!("the task's facts are unreadable: {e}")))
 }
 
 /// Facts as the JSON stored in [`TaskSetup::facts`].

@@ -242,6 +242,10 @@ pub struct GaeInput<'a> {
     pub final_values: &'a [f32],
     /// `V(s_T)` per environment: bootstrap after the last step of the rollout.
     pub last_values: &'a [f32],
+    /// Samples to learn from (`None`: all). An invalid sample (the environment failed after
+    /// it) gets advantage 0 and return `V(s_t)`, and no advantage flows into the step before
+    /// it, which bootstraps from `V(s_t)` as from a time limit.
+    pub valid: Option<&'a [bool]>,
 }
 
 /// Advantages and returns (`A + V`) by GAE:
@@ -273,6 +277,15 @@ pub fn gae(inp: &GaeInput<'_>, gamma: f64, lambda: f64) -> Result<(Vec<f32>, Vec
             got: format!("{}", inp.last_values.len()),
         });
     }
+    if let Some(v) = inp.valid {
+        if v.len() != n {
+            return Err(PpoError::Shape {
+                tensor: "valid",
+                expected: format!("{n} entries"),
+                got: format!("{}", v.len()),
+            });
+        }
+    }
     let ne = inp.num_envs;
     let mut adv = vec![0f32; n];
     let mut ret = vec![0f32; n];
@@ -280,6 +293,12 @@ pub fn gae(inp: &GaeInput<'_>, gamma: f64, lambda: f64) -> Result<(Vec<f32>, Vec
         let mut last = 0f64;
         for t in (0..inp.num_steps).rev() {
             let i = t * ne + e;
+            if inp.valid.is_some_and(|v| !v[i]) {
+                adv[i] = 0.0;
+                ret[i] = inp.values[i];
+                last = 0.0;
+                continue;
+            }
             let ended = inp.terminated[i] || inp.truncated[i];
             let next_v = if inp.terminated[i] {
                 0.0
@@ -426,6 +445,9 @@ pub struct StepRecord<'a> {
     pub obs: &'a [f32],
     /// Masks `[num_envs, sum(action_dims)]` (required iff the buffer is masked).
     pub masks: Option<&'a [f32]>,
+    /// Per sample: learn from it (`None`: every sample). A sample after which the environment
+    /// failed is `false`: no gradient, no bootstrap target.
+    pub valid: Option<&'a [bool]>,
     /// Actions `[num_envs, num_action_dims]`.
     pub actions: &'a [u32],
     /// Joint log-probabilities `[num_envs]`.
@@ -461,6 +483,7 @@ pub struct RolloutBuffer {
     terminated: Vec<bool>,
     truncated: Vec<bool>,
     final_values: Vec<f32>,
+    valid: Vec<bool>,
     last_values: Option<Vec<f32>>,
 }
 
@@ -509,6 +532,7 @@ impl RolloutBuffer {
             terminated: Vec::with_capacity(n),
             truncated: Vec::with_capacity(n),
             final_values: Vec::with_capacity(n),
+            valid: Vec::with_capacity(n),
             last_values: None,
         }
     }
@@ -525,6 +549,7 @@ impl RolloutBuffer {
         self.terminated.clear();
         self.truncated.clear();
         self.final_values.clear();
+        self.valid.clear();
         self.last_values = None;
     }
 
@@ -565,8 +590,19 @@ impl RolloutBuffer {
         check_len("terminated", s.terminated, ne)?;
         check_len("truncated", s.truncated, ne)?;
         check_len("final_values", s.final_values, ne)?;
+        if let Some(v) = s.valid {
+            check_len("valid", v, ne)?;
+        }
         check_finite("obs", s.obs, self.obs_dim)?;
-        check_finite("rewards", s.rewards, 1)?;
+        // The reward of a sample the environment failed on is never read.
+        match s.valid {
+            Some(v) => {
+                for e in (0..ne).filter(|&e| v[e]) {
+                    check_finite("rewards", &s.rewards[e..=e], 1)?;
+                }
+            }
+            None => check_finite("rewards", s.rewards, 1)?,
+        }
         check_finite("values", s.values, 1)?;
         check_finite("log_probs", s.log_probs, 1)?;
         for e in 0..ne {
@@ -603,6 +639,10 @@ impl RolloutBuffer {
         self.rewards.extend_from_slice(s.rewards);
         self.terminated.extend_from_slice(s.terminated);
         self.truncated.extend_from_slice(s.truncated);
+        match s.valid {
+            Some(v) => self.valid.extend_from_slice(v),
+            None => self.valid.extend(std::iter::repeat_n(true, ne)),
+        }
         // Only truncated entries are read; zero the rest so the buffer holds no garbage.
         self.final_values
             .extend(
@@ -638,6 +678,11 @@ impl RolloutBuffer {
         &self.terminated
     }
 
+    /// Which samples are learned from (time-major).
+    pub fn valid(&self) -> &[bool] {
+        &self.valid
+    }
+
     /// `V(final obs)` at truncated steps, 0 elsewhere (time-major).
     pub fn final_values(&self) -> &[f32] {
         &self.final_values
@@ -669,6 +714,7 @@ impl RolloutBuffer {
             truncated: &self.truncated,
             final_values: &self.final_values,
             last_values: last,
+            valid: Some(&self.valid),
         })
     }
 }
@@ -974,7 +1020,8 @@ impl PpoAgent {
         let batch = self.cfg.batch_size();
         let mb = self.cfg.minibatch_size();
         let (od, nd, mw) = (buf.obs_dim, buf.num_dims, buf.mask_width);
-        let mut inds: Vec<usize> = (0..batch).collect();
+        // Only the samples the environment did not fail on enter the loss.
+        let mut inds: Vec<usize> = (0..batch).filter(|&i| buf.valid[i]).collect();
         let mut sums = [0f64; 6];
         let mut grad_norm_sum = 0f64;
         let mut count = 0usize;
@@ -1078,7 +1125,13 @@ impl PpoAgent {
             approx_kl: (sums[3] / n) as f32,
             old_approx_kl: (sums[4] / n) as f32,
             clip_fraction: (sums[5] / n) as f32,
-            explained_variance: explained_variance(&buf.values, &returns),
+            explained_variance: {
+                let (v, r): (Vec<f32>, Vec<f32>) = (0..buf.values.len())
+                    .filter(|&i| buf.valid[i])
+                    .map(|i| (buf.values[i], returns[i]))
+                    .unzip();
+                explained_variance(&v, &r)
+            },
             grad_norm: grad_norm_sum / n,
             epochs,
             minibatches: count,

@@ -16,6 +16,14 @@ pub enum RolloutError {
         /// What went wrong.
         reason: String,
     },
+    /// An environment failed in a way it cannot recover from.
+    #[error("env {env} failed: {source}")]
+    Failed {
+        /// Environment index.
+        env: usize,
+        /// Its error.
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// Vector of environments is empty or inconsistent.
     #[error("vec env: {0}")]
     Config(String),
@@ -25,7 +33,7 @@ pub enum RolloutError {
 }
 
 /// One environment transition.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Step {
     /// The next observation (the final one if the episode ended).
     pub obs: Vec<f32>,
@@ -35,18 +43,37 @@ pub struct Step {
     pub terminated: bool,
     /// The episode was cut by a time limit (not terminal: bootstrapped).
     pub truncated: bool,
+    /// The environment failed, not the agent (a sandbox that died): the episode ends here, and
+    /// this sample gives no gradient and is no bootstrap target. Never a time limit.
+    pub masked: bool,
+    /// What the learner may want to know beyond the reward.
+    pub info: StepInfo,
 }
 
-/// A single-agent environment with a multi-discrete action space.
-pub trait Env {
+/// The level and the task's own judgement of a step.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StepInfo {
+    /// The level (instance) the episode runs on.
+    pub level: Option<String>,
+    /// The task's goal holds.
+    pub success: bool,
+    /// The task's progress (0..=1).
+    pub progress: f64,
+}
+
+/// A single-agent environment with a multi-discrete action space. Errors are failures the
+/// environment cannot recover from; recoverable failures are [`Step::masked`] steps.
+pub trait Env: Send {
+    /// Why the environment failed.
+    type Error: std::error::Error + Send + Sync + 'static;
     /// Observation width.
     fn obs_dim(&self) -> usize;
     /// Choices per action dimension.
     fn action_dims(&self) -> Vec<usize>;
     /// Start a new episode; returns its first observation.
-    fn reset(&mut self) -> Vec<f32>;
+    fn reset(&mut self) -> Result<Vec<f32>, Self::Error>;
     /// Apply one action (one index per dimension).
-    fn step(&mut self, action: &[u32]) -> Step;
+    fn step(&mut self, action: &[u32]) -> Result<Step, Self::Error>;
     /// 0/1 mask of valid actions for the current observation (`None`: all valid).
     fn action_mask(&self) -> Option<Vec<f32>> {
         None
@@ -54,7 +81,7 @@ pub trait Env {
 }
 
 /// A finished episode.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Episode {
     /// Environment index.
     pub env: usize,
@@ -64,6 +91,10 @@ pub struct Episode {
     pub len: u64,
     /// Ended by the time limit.
     pub truncated: bool,
+    /// Ended by a failure of the environment (its samples are masked from learning).
+    pub masked: bool,
+    /// The last step's info (level, success, progress).
+    pub info: StepInfo,
 }
 
 /// Result of stepping every environment once.
@@ -73,19 +104,22 @@ pub struct VecStep {
     pub rewards: Vec<f32>,
     /// Terminal flags.
     pub terminated: Vec<bool>,
-    /// Truncation flags.
+    /// Truncation flags (time limits only).
     pub truncated: Vec<bool>,
+    /// Samples to learn from (false: the environment failed).
+    pub valid: Vec<bool>,
     /// The last observation of each episode that ended this step.
     pub final_obs: Vec<Option<Vec<f32>>>,
     /// Episodes finished this step.
     pub episodes: Vec<Episode>,
 }
 
-/// Several environments stepped in lock-step; an ended episode is reset at once and its
-/// final observation handed back in [`VecStep::final_obs`].
+/// Several environments stepped together, on up to `workers` threads; an ended episode is
+/// reset at once and its final observation handed back in [`VecStep::final_obs`].
 #[derive(Debug, Clone)]
 pub struct VecEnv<E: Env> {
     envs: Vec<E>,
+    workers: usize,
     obs_dim: usize,
     action_dims: Vec<usize>,
     obs: Vec<f32>,
@@ -93,9 +127,22 @@ pub struct VecEnv<E: Env> {
     ep_len: Vec<u64>,
 }
 
+/// What one environment's step gave, before it is merged into a [`VecStep`].
+struct One {
+    step: Step,
+    next: Vec<f32>,
+    ended: bool,
+}
+
 impl<E: Env> VecEnv<E> {
-    /// Wrap and reset `envs`; all must share observation and action shapes.
-    pub fn new(mut envs: Vec<E>) -> Result<Self, RolloutError> {
+    /// Wrap and reset `envs` (stepped on one thread); all must share observation and action
+    /// shapes.
+    pub fn new(envs: Vec<E>) -> Result<Self, RolloutError> {
+        Self::with_workers(envs, 1)
+    }
+
+    /// Wrap and reset `envs`, stepped in parallel on up to `workers` threads.
+    pub fn with_workers(mut envs: Vec<E>, workers: usize) -> Result<Self, RolloutError> {
         let first = envs
             .first()
             .ok_or_else(|| RolloutError::Config("no environments".into()))?;
@@ -109,9 +156,10 @@ impl<E: Env> VecEnv<E> {
                 });
             }
         }
-        let mut obs = Vec::with_capacity(envs.len() * obs_dim);
-        for (i, e) in envs.iter_mut().enumerate() {
-            let o = e.reset();
+        let workers = workers.clamp(1, envs.len());
+        let firsts = par_map(&mut envs, workers, |_, e| e.reset())?;
+        let mut obs = Vec::with_capacity(firsts.len() * obs_dim);
+        for (i, o) in firsts.into_iter().enumerate() {
             if o.len() != obs_dim {
                 return Err(RolloutError::Env {
                     env: i,
@@ -123,6 +171,7 @@ impl<E: Env> VecEnv<E> {
         let n = envs.len();
         Ok(Self {
             envs,
+            workers,
             obs_dim,
             action_dims,
             obs,
@@ -151,6 +200,11 @@ impl<E: Env> VecEnv<E> {
         &self.envs
     }
 
+    /// The wrapped environments, mutably.
+    pub fn envs_mut(&mut self) -> &mut [E] {
+        &mut self.envs
+    }
+
     /// Choices per action dimension.
     pub fn action_dims(&self) -> &[usize] {
         &self.action_dims
@@ -170,7 +224,30 @@ impl<E: Env> VecEnv<E> {
         Some(out)
     }
 
-    /// Step every environment with its slice of `actions` (`[N, num_action_dims]`).
+    /// Reset every environment (a new episode everywhere; unfinished ones are dropped).
+    pub fn reset_all(&mut self) -> Result<(), RolloutError> {
+        let firsts = par_map(&mut self.envs, self.workers, |_, e| e.reset())?;
+        for (i, o) in firsts.into_iter().enumerate() {
+            self.check_width(i, "reset", &o)?;
+            self.obs[i * self.obs_dim..(i + 1) * self.obs_dim].copy_from_slice(&o);
+            self.ep_ret[i] = 0.0;
+            self.ep_len[i] = 0;
+        }
+        Ok(())
+    }
+
+    fn check_width(&self, env: usize, what: &str, o: &[f32]) -> Result<(), RolloutError> {
+        if o.len() != self.obs_dim {
+            return Err(RolloutError::Env {
+                env,
+                reason: format!("{what} returned {} features, not {}", o.len(), self.obs_dim),
+            });
+        }
+        Ok(())
+    }
+
+    /// Step every environment with its slice of `actions` (`[N, num_action_dims]`), in
+    /// parallel; an environment whose episode ended is reset in the same pass.
     pub fn step(&mut self, actions: &[u32]) -> Result<VecStep, RolloutError> {
         let nd = self.action_dims.len();
         if actions.len() != self.envs.len() * nd {
@@ -180,58 +257,109 @@ impl<E: Env> VecEnv<E> {
                 self.envs.len()
             )));
         }
+        let ones = par_map(&mut self.envs, self.workers, |i, e| {
+            let step = e.step(&actions[i * nd..(i + 1) * nd])?;
+            let ended = step.terminated || step.truncated || step.masked;
+            let next = if ended { e.reset()? } else { Vec::new() };
+            Ok(One { step, next, ended })
+        })?;
         let n = self.envs.len();
         let mut out = VecStep {
             rewards: Vec::with_capacity(n),
             terminated: Vec::with_capacity(n),
             truncated: Vec::with_capacity(n),
+            valid: Vec::with_capacity(n),
             final_obs: Vec::with_capacity(n),
             episodes: Vec::new(),
         };
-        for (i, e) in self.envs.iter_mut().enumerate() {
-            let s = e.step(&actions[i * nd..(i + 1) * nd]);
-            if s.obs.len() != self.obs_dim {
-                return Err(RolloutError::Env {
-                    env: i,
-                    reason: format!(
-                        "step returned {} features, not {}",
-                        s.obs.len(),
-                        self.obs_dim
-                    ),
-                });
-            }
+        for (i, one) in ones.into_iter().enumerate() {
+            let One {
+                step: s,
+                next,
+                ended,
+            } = one;
+            self.check_width(i, "step", &s.obs)?;
             self.ep_ret[i] += f64::from(s.reward);
             self.ep_len[i] += 1;
-            let next = if s.terminated || s.truncated {
+            let next = if ended {
+                self.check_width(i, "reset", &next)?;
                 out.episodes.push(Episode {
                     env: i,
                     ret: self.ep_ret[i],
                     len: self.ep_len[i],
-                    truncated: s.truncated && !s.terminated,
+                    truncated: s.truncated && !s.terminated && !s.masked,
+                    masked: s.masked,
+                    info: s.info.clone(),
                 });
                 self.ep_ret[i] = 0.0;
                 self.ep_len[i] = 0;
                 out.final_obs.push(Some(s.obs));
-                let o = e.reset();
-                if o.len() != self.obs_dim {
-                    return Err(RolloutError::Env {
-                        env: i,
-                        reason: format!("reset returned {} features", o.len()),
-                    });
-                }
-                o
+                next
             } else {
                 out.final_obs.push(None);
                 s.obs
             };
             self.obs[i * self.obs_dim..(i + 1) * self.obs_dim].copy_from_slice(&next);
             out.rewards.push(s.reward);
-            // Terminal takes precedence: a step that is both is not bootstrapped.
-            out.terminated.push(s.terminated);
-            out.truncated.push(s.truncated && !s.terminated);
+            // Terminal takes precedence: a step that is both is not bootstrapped. A masked
+            // step is neither (it is dropped from learning, and cuts the advantage's carry).
+            out.terminated.push(s.terminated && !s.masked);
+            out.truncated
+                .push(s.truncated && !s.terminated && !s.masked);
+            out.valid.push(!s.masked);
         }
         Ok(out)
     }
+}
+
+/// `f` on every environment, in parallel on up to `workers` scoped threads (contiguous
+/// chunks), results in environment order; the first failure is returned.
+fn par_map<E: Env, T: Send>(
+    envs: &mut [E],
+    workers: usize,
+    f: impl Fn(usize, &mut E) -> Result<T, E::Error> + Sync,
+) -> Result<Vec<T>, RolloutError> {
+    let fail = |env: usize, e: E::Error| RolloutError::Failed {
+        env,
+        source: Box::new(e),
+    };
+    if workers <= 1 || envs.len() <= 1 {
+        return envs
+            .iter_mut()
+            .enumerate()
+            .map(|(i, e)| f(i, e).map_err(|x| fail(i, x)))
+            .collect();
+    }
+    let chunk = envs.len().div_ceil(workers);
+    let f = &f;
+    // One entry per chunk; `None` when its thread panicked.
+    type Chunk<T, X> = Option<Vec<Result<T, X>>>;
+    let parts: Vec<Chunk<T, E::Error>> = std::thread::scope(|s| {
+        let handles: Vec<_> = envs
+            .chunks_mut(chunk)
+            .enumerate()
+            .map(|(c, part)| {
+                s.spawn(move || {
+                    part.iter_mut()
+                        .enumerate()
+                        .map(|(k, e)| f(c * chunk + k, e))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().ok()).collect()
+    });
+    let mut out = Vec::with_capacity(envs.len());
+    for (c, part) in parts.into_iter().enumerate() {
+        let part = part.ok_or_else(|| RolloutError::Env {
+            env: c * chunk,
+            reason: "its worker thread panicked while stepping".into(),
+        })?;
+        for (k, r) in part.into_iter().enumerate() {
+            out.push(r.map_err(|x| fail(c * chunk + k, x))?);
+        }
+    }
+    Ok(out)
 }
 
 /// Fill `buf` with one rollout of `agent` in `venv` (clearing it first) and set the
@@ -286,9 +414,11 @@ pub fn collect<E: Env>(
                 final_values[i] = v[k];
             }
         }
+        // A sample after which the environment failed bootstraps nothing from it.
         buf.push(&StepRecord {
             obs: &obs,
             masks: masks.as_deref(),
+            valid: Some(&s.valid),
             actions: &out.actions,
             log_probs: &out.log_probs,
             values: &out.values,

@@ -4,7 +4,7 @@
 
 use crate::common;
 
-use engine::env::{Action, Env, EnvConfig, RewardMode};
+use engine::env::{Action, Env, EnvConfig, RewardConfig, RewardMode};
 use engine::instance::Plan;
 
 const TASK: &str = "archive-logs";
@@ -41,8 +41,8 @@ fn oracle_reaches_the_goal_and_is_rewarded_once() {
     assert!(s.terminated, "{:?}", s.info);
     assert!(s.info.success);
     assert!(!s.truncated);
-    // +50 once, on the step that reached the goal.
-    assert!(s.reward >= 50.0 - 1.0 - 20.0 - 5.0, "reward {}", s.reward);
+    // The goal once, on the step that reached it.
+    assert!(s.reward >= 1.0 - 0.01 - 1.0, "reward {}", s.reward);
     assert!(matches!(
         e.step(&cmd("true")),
         Err(engine::env::EnvError::EpisodeOver)
@@ -61,7 +61,10 @@ fn oracle_reaches_the_goal_and_is_rewarded_once() {
 #[test]
 fn shaped_rewards_follow_the_config() {
     require_root!();
-    let mut e = env(EnvConfig::default());
+    let mut e = env(EnvConfig {
+        reward: RewardConfig::shaped_demo(),
+        ..EnvConfig::default()
+    });
     e.reset(&Plan::for_task(TASK, 1, vec![])).unwrap();
     // A successful relevant command: -1 + 10.
     let s = e.step(&cmd("ls /")).unwrap();
@@ -73,12 +76,61 @@ fn shaped_rewards_follow_the_config() {
     assert_eq!(s.observation.exit_code, Some(1));
     assert!(s.info.irrelevant);
     assert_eq!(s.reward, -26.0);
-    // Sparse: nothing until the goal.
-    let mut cfg = EnvConfig::default();
-    cfg.reward.mode = RewardMode::Sparse;
-    let mut e = env(cfg);
+    // Sparse: the step cost until the goal.
+    let mut e = env(EnvConfig {
+        reward: RewardConfig::sparse(),
+        ..EnvConfig::default()
+    });
     e.reset(&Plan::for_task(TASK, 1, vec![])).unwrap();
-    assert_eq!(e.step(&cmd("false")).unwrap().reward, 0.0);
+    assert_eq!(e.step(&cmd("false")).unwrap().reward, -0.01);
+    // A reward that pays for commands outside the shaped mode is refused, naming the field.
+    let bad = EnvConfig {
+        reward: RewardConfig {
+            success: 1.0,
+            ..RewardConfig::default()
+        },
+        ..EnvConfig::default()
+    };
+    match Env::new(common::runtime(), common::cache(), bad) {
+        Err(engine::env::EnvError::BadReward { field, .. }) => assert_eq!(field, "success"),
+        Err(e) => panic!("expected BadReward, got {e}"),
+        Ok(_) => panic!("expected BadReward"),
+    }
+}
+
+/// The potential-based reward: each step pays `gamma * Phi(s') - Phi(s)` on top of the step
+/// cost, with `Phi` the verifier's progress (0 once solved), so the undiscounted return of an
+/// episode is `goal - Phi(s_0)` plus the step costs plus `(gamma - 1)` times the potentials
+/// passed through: progress that is undone earns nothing.
+#[test]
+fn potential_rewards_telescope_over_an_episode() {
+    require_root!();
+    let mut e = env(EnvConfig::default());
+    assert_eq!(e.config().reward.mode, RewardMode::Potential);
+    let plan = Plan::for_task(TASK, 2, vec![]);
+    e.reset(&plan).unwrap();
+    let r = e.config().reward.clone();
+    let phi0 = e.progress();
+    let setup = e.task().unwrap().clone();
+    let oracle = engine::tasks::get(TASK).unwrap().oracle(&setup);
+    let (mut ret, mut steps, mut passed) = (0.0, 0.0, 0.0);
+    let mut prev = phi0;
+    for c in ["ls", "true"].iter().map(|c| c.to_string()).chain(oracle) {
+        let s = e.step(&cmd(&c)).unwrap();
+        let phi = if s.terminated { 0.0 } else { s.info.progress };
+        let expect = r.step + if s.terminated { r.goal } else { 0.0 } + r.gamma * phi - prev;
+        assert!((s.reward - expect).abs() < 1e-9, "{} vs {expect}", s.reward);
+        ret += s.reward;
+        steps += 1.0;
+        passed += phi;
+        prev = phi;
+        if s.terminated {
+            break;
+        }
+    }
+    assert!(e.verify().unwrap().success);
+    let telescoped = r.goal - phi0 + steps * r.step + (r.gamma - 1.0) * passed;
+    assert!((ret - telescoped).abs() < 1e-9, "{ret} vs {telescoped}");
 }
 
 #[test]
@@ -124,10 +176,8 @@ fn dangerous_hanging_and_flooding_commands_end_their_step_cleanly() {
     let s = e.step(&cmd("rm -rf /")).unwrap();
     assert!(s.info.dangerous.is_some());
     assert!(s.observation.stderr.contains("refused"));
-    assert_eq!(
-        s.reward,
-        -1.0 - 20.0 - 5.0 + if s.info.irrelevant { 0.0 } else { 5.0 }
-    );
+    // The step's cost (the default reward charges nothing more for a refused command).
+    assert_eq!(s.reward, -0.01);
     // The refused command did not run.
     assert!(
         e.step(&cmd("test -d /usr/bin"))

@@ -8,12 +8,14 @@ extern crate sandbox;
 
 mod common;
 
+mod catalogue;
 mod cli;
 mod env;
 mod experiment;
 mod fingerprint;
 mod fuzz;
 mod layout;
+mod learn;
 mod netfuzz;
 mod observe;
 mod perturb;

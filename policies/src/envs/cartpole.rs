@@ -88,6 +88,7 @@ impl CartPole {
 }
 
 impl Env for CartPole {
+    type Error = std::convert::Infallible;
     fn obs_dim(&self) -> usize {
         4
     }
@@ -97,23 +98,24 @@ impl Env for CartPole {
     }
 
     /// Uniform(-0.05, 0.05) for each state variable.
-    fn reset(&mut self) -> Vec<f32> {
+    fn reset(&mut self) -> Result<Vec<f32>, Self::Error> {
         for s in self.state.iter_mut() {
             *s = self.rng.gen_range(-0.05..0.05);
         }
         self.elapsed = 0;
-        self.obs()
+        Ok(self.obs())
     }
 
-    fn step(&mut self, action: &[u32]) -> Step {
+    fn step(&mut self, action: &[u32]) -> Result<Step, Self::Error> {
         let terminated = self.physics(action.first().copied().unwrap_or(0));
         self.elapsed += 1;
-        Step {
+        Ok(Step {
             obs: self.obs(),
             reward: 1.0,
             terminated,
             truncated: self.elapsed >= self.max_steps,
-        }
+            ..Default::default()
+        })
     }
 }
 
@@ -127,7 +129,7 @@ mod tests {
         // xacc = temp - 0.05 thetaacc / 1.1; Gymnasium gives [0, 0.19512196, 0, -0.29268292].
         let mut c = CartPole::new(0);
         c.set_state([0.0; 4]);
-        let s = c.step(&[1]);
+        let s = c.step(&[1]).unwrap();
         let temp = 10.0 / 1.1;
         let thetaacc = -temp / (0.5 * (4.0 / 3.0 - 0.1 / 1.1));
         let xacc = temp - 0.05 * thetaacc / 1.1;
@@ -144,23 +146,23 @@ mod tests {
     fn terminates_past_the_thresholds_with_reward_one() {
         let mut c = CartPole::new(0);
         c.set_state([0.0, 0.0, 0.2094, 0.1]);
-        let s = c.step(&[0]);
+        let s = c.step(&[0]).unwrap();
         assert!(s.terminated, "theta {}", c.state()[2]);
         assert_eq!(s.reward, 1.0);
         c.set_state([2.39, 1.0, 0.0, 0.0]);
-        assert!(c.step(&[1]).terminated);
+        assert!(c.step(&[1]).unwrap().terminated);
     }
 
     #[test]
     fn truncates_at_500_steps_and_resets_in_range() {
         let mut c = CartPole::new(3);
-        let o = c.reset();
+        let o = c.reset().unwrap();
         assert!(o.iter().all(|x| x.abs() <= 0.05));
         let mut last = None;
         for i in 0..MAX_EPISODE_STEPS {
             // Keep the pole up artificially: reset the physical state but not the clock.
             c.set_state([0.0; 4]);
-            let s = c.step(&[(i % 2)]);
+            let s = c.step(&[(i % 2)]).unwrap();
             last = Some(s);
         }
         let s = last.unwrap();
@@ -172,7 +174,7 @@ mod tests {
         let mut a = CartPole::new(11);
         let mut b = CartPole::new(11);
         for _ in 0..3 {
-            assert_eq!(a.reset(), b.reset());
+            assert_eq!(a.reset().unwrap(), b.reset().unwrap());
         }
     }
 }

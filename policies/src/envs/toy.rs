@@ -34,6 +34,7 @@ impl ContextualBandit {
 }
 
 impl Env for ContextualBandit {
+    type Error = std::convert::Infallible;
     fn obs_dim(&self) -> usize {
         self.best.len()
     }
@@ -42,23 +43,24 @@ impl Env for ContextualBandit {
         vec![self.arms]
     }
 
-    fn reset(&mut self) -> Vec<f32> {
+    fn reset(&mut self) -> Result<Vec<f32>, Self::Error> {
         self.ctx = self.rng.gen_range(0..self.best.len());
-        one_hot(self.best.len(), self.ctx)
+        Ok(one_hot(self.best.len(), self.ctx))
     }
 
-    fn step(&mut self, action: &[u32]) -> Step {
+    fn step(&mut self, action: &[u32]) -> Result<Step, Self::Error> {
         let r = if action.first().map(|&a| a as usize) == Some(self.best[self.ctx]) {
             1.0
         } else {
             0.0
         };
-        Step {
+        Ok(Step {
             obs: one_hot(self.best.len(), self.ctx),
             reward: r,
             terminated: true,
             truncated: false,
-        }
+            ..Default::default()
+        })
     }
 }
 
@@ -87,6 +89,7 @@ impl DelayedChain {
 }
 
 impl Env for DelayedChain {
+    type Error = std::convert::Infallible;
     fn obs_dim(&self) -> usize {
         self.len
     }
@@ -95,13 +98,13 @@ impl Env for DelayedChain {
         vec![2]
     }
 
-    fn reset(&mut self) -> Vec<f32> {
+    fn reset(&mut self) -> Result<Vec<f32>, Self::Error> {
         self.pos = 0;
         self.t = 0;
-        one_hot(self.len, 0)
+        Ok(one_hot(self.len, 0))
     }
 
-    fn step(&mut self, action: &[u32]) -> Step {
+    fn step(&mut self, action: &[u32]) -> Result<Step, Self::Error> {
         self.t += 1;
         self.pos = if action.first() == Some(&1) {
             self.pos + 1
@@ -109,12 +112,13 @@ impl Env for DelayedChain {
             0
         };
         let done = self.pos == self.len - 1;
-        Step {
+        Ok(Step {
             obs: one_hot(self.len, self.pos),
             reward: if done { 1.0 } else { 0.0 },
             terminated: done,
             truncated: !done && self.t >= self.time_limit,
-        }
+            ..Default::default()
+        })
     }
 }
 
@@ -178,6 +182,7 @@ impl MaskedMultiDiscrete {
 }
 
 impl Env for MaskedMultiDiscrete {
+    type Error = std::convert::Infallible;
     fn obs_dim(&self) -> usize {
         3
     }
@@ -186,9 +191,9 @@ impl Env for MaskedMultiDiscrete {
         vec![4, 3]
     }
 
-    fn reset(&mut self) -> Vec<f32> {
+    fn reset(&mut self) -> Result<Vec<f32>, Self::Error> {
         self.ctx = self.rng.gen_range(0..3);
-        one_hot(3, self.ctx)
+        Ok(one_hot(3, self.ctx))
     }
 
     fn action_mask(&self) -> Option<Vec<f32>> {
@@ -197,7 +202,7 @@ impl Env for MaskedMultiDiscrete {
         Some(m)
     }
 
-    fn step(&mut self, action: &[u32]) -> Step {
+    fn step(&mut self, action: &[u32]) -> Result<Step, Self::Error> {
         let c = self.ctx;
         let a = action.first().copied().unwrap_or(0) as usize;
         let b = action.get(1).copied().unwrap_or(0) as usize;
@@ -206,11 +211,12 @@ impl Env for MaskedMultiDiscrete {
         }
         let r = MASKED_TABLE_A[c].get(a).copied().unwrap_or(0.0)
             + MASKED_TABLE_B[c].get(b).copied().unwrap_or(0.0);
-        Step {
+        Ok(Step {
             obs: one_hot(3, c),
             reward: r,
             terminated: true,
             truncated: false,
-        }
+            ..Default::default()
+        })
     }
 }

@@ -19,6 +19,7 @@ fn gae_single_env_no_done_matches_hand_computation() {
         truncated: &[false, false],
         final_values: &[0.0, 0.0],
         last_values: &[4.0],
+        valid: None,
     };
     let (a, r) = gae(&inp, 0.5, 0.5).unwrap();
     assert_eq!(a, vec![1.25, 1.0]);
@@ -44,6 +45,7 @@ fn gae_terminal_does_not_bootstrap_and_truncation_does() {
         truncated: &[false, false, false, true, false, false],
         final_values: &[0.0, 0.0, 0.0, 10.0, 0.0, 0.0],
         last_values: &[2.0, 3.0],
+        valid: None,
     };
     let (a, r) = gae(&inp, 0.9, 0.8).unwrap();
     let want = [0.9, 7.38, 0.0, 9.0, 1.8, 2.7];
@@ -73,6 +75,7 @@ fn gae_rejects_wrong_lengths() {
         truncated: &[false, false],
         final_values: &[0.0, 0.0],
         last_values: &[4.0],
+        valid: None,
     };
     let e = gae(&inp, 0.5, 0.5).unwrap_err().to_string();
     assert!(e.contains("`rewards`"), "{e}");

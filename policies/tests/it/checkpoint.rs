@@ -133,18 +133,19 @@ struct Poisoned {
 }
 
 impl Env for Poisoned {
+    type Error = std::convert::Infallible;
     fn obs_dim(&self) -> usize {
         4
     }
     fn action_dims(&self) -> Vec<usize> {
         vec![2]
     }
-    fn reset(&mut self) -> Vec<f32> {
+    fn reset(&mut self) -> Result<Vec<f32>, Self::Error> {
         self.inner.reset()
     }
-    fn step(&mut self, action: &[u32]) -> Step {
+    fn step(&mut self, action: &[u32]) -> Result<Step, Self::Error> {
         self.t += 1;
-        let mut s = self.inner.step(action);
+        let mut s = self.inner.step(action)?;
         if self.t == self.at {
             if self.in_obs {
                 s.obs[2] = f32::NAN;
@@ -152,7 +153,7 @@ impl Env for Poisoned {
                 s.reward = f32::NAN;
             }
         }
-        s
+        Ok(s)
     }
 }
 
@@ -216,6 +217,7 @@ fn wrong_shapes_are_named() {
     let mut buf = RolloutBuffer::new(32, 4, &net4, false);
     let e = buf
         .push(&StepRecord {
+            valid: None,
             obs: &[0.0; 12],
             masks: None,
             actions: &[0; 4],

@@ -136,24 +136,26 @@ struct Clock {
 }
 
 impl policies::rollout::Env for Clock {
+    type Error = std::convert::Infallible;
     fn obs_dim(&self) -> usize {
         1
     }
     fn action_dims(&self) -> Vec<usize> {
         vec![2]
     }
-    fn reset(&mut self) -> Vec<f32> {
+    fn reset(&mut self) -> Result<Vec<f32>, Self::Error> {
         self.t = 0;
-        vec![0.0]
+        Ok(vec![0.0])
     }
-    fn step(&mut self, _action: &[u32]) -> policies::rollout::Step {
+    fn step(&mut self, _action: &[u32]) -> Result<policies::rollout::Step, Self::Error> {
         self.t += 1;
-        policies::rollout::Step {
+        Ok(policies::rollout::Step {
             obs: vec![(self.t % 3) as f32 / 10.0],
             reward: 1.0,
             terminated: false,
             truncated: self.t >= 3,
-        }
+            ..Default::default()
+        })
     }
 }
 
@@ -222,6 +224,7 @@ impl LogTriage {
 }
 
 impl policies::rollout::Env for LogTriage {
+    type Error = std::convert::Infallible;
     fn obs_dim(&self) -> usize {
         use policies::encoder::Encoder;
         self.enc.dim()
@@ -229,23 +232,24 @@ impl policies::rollout::Env for LogTriage {
     fn action_dims(&self) -> Vec<usize> {
         vec![3]
     }
-    fn reset(&mut self) -> Vec<f32> {
+    fn reset(&mut self) -> Result<Vec<f32>, Self::Error> {
         use rand::Rng;
         self.case = self.rng.gen_range(0..3);
-        self.obs()
+        Ok(self.obs())
     }
-    fn step(&mut self, action: &[u32]) -> policies::rollout::Step {
+    fn step(&mut self, action: &[u32]) -> Result<policies::rollout::Step, Self::Error> {
         let reward = if action[0] == LOG_LINES[self.case].1 {
             1.0
         } else {
             0.0
         };
-        policies::rollout::Step {
+        Ok(policies::rollout::Step {
             obs: self.obs(),
             reward,
             terminated: true,
             truncated: false,
-        }
+            ..Default::default()
+        })
     }
 }
 

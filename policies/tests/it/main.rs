@@ -8,6 +8,7 @@ mod adversary;
 mod checkpoint;
 mod discriminator;
 mod learning;
+mod masks;
 
 use policies::nets::{Activation, ActorCriticConfig};
 use policies::ppo::{PpoAgent, PpoConfig, RolloutBuffer, UpdateStats};

@@ -1,0 +1,317 @@
+//! A training study (`engine run` of an experiment with `[training]`): for every task and
+//! seed, PPO on the task's training levels ([`crate::learn::train`]), then the greedy policy
+//! and the task's catalogue oracle on the same held-out levels (and, with
+//! `training.eval_template`, on faulted levels: the robustness gap). Writes `report.json`,
+//! `report.md`, a learning-curve PNG per task and `curves.jsonl`.
+
+use super::config::{Training, FAULTED_OFFSET, HELD_OUT_OFFSET};
+use super::stats::Interval;
+use super::{Experiment, ExperimentError};
+use crate::learn::{self, Evaluation, TrainResult, TrainSpec};
+use crate::synth::Cache;
+use sandbox::Runtime;
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// Mean, 95% interval and the value of every seed.
+#[derive(Debug, Clone, Serialize)]
+pub struct PerSeed {
+    pub mean: f64,
+    pub ci95: f64,
+    pub per_seed: Vec<f64>,
+}
+
+impl PerSeed {
+    fn of(v: Vec<f64>) -> Self {
+        let i = Interval::of_finite(&v);
+        Self {
+            mean: i.mean,
+            ci95: i.ci95,
+            per_seed: v,
+        }
+    }
+}
+
+/// A task's figures over seeds.
+#[derive(Debug, Clone, Serialize)]
+pub struct TaskReport {
+    pub held_out_success: PerSeed,
+    /// The catalogue oracle on the same held-out levels.
+    pub catalogue_oracle_success: PerSeed,
+    /// `held_out_success / catalogue_oracle_success` per seed.
+    pub success_vs_oracle: PerSeed,
+    /// On the faulted levels of `training.eval_template`, when given.
+    pub faulted_success: Option<PerSeed>,
+    pub faulted_catalogue_oracle_success: Option<PerSeed>,
+    /// `held_out_success - faulted_success` per seed: the robustness gap.
+    pub robustness_gap: Option<PerSeed>,
+    pub train_steps_per_s: PerSeed,
+    pub random_steps_per_s: PerSeed,
+    /// `train_steps_per_s / random_steps_per_s` per seed (same workers, same run).
+    pub throughput_ratio: PerSeed,
+    /// Environment steps until the training success rate first reached 0.9 (NaN: never).
+    pub steps_to_0_9: PerSeed,
+    pub curve_png: PathBuf,
+    pub runs: Vec<RunReport>,
+}
+
+/// One task and seed.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunReport {
+    pub seed: u64,
+    pub train: TrainResult,
+    pub held_out: Evaluation,
+    pub catalogue_oracle: Evaluation,
+    pub faulted: Option<Evaluation>,
+    pub faulted_catalogue_oracle: Option<Evaluation>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct StudyReport {
+    pub name: String,
+    pub template: Option<PathBuf>,
+    pub eval_template: Option<PathBuf>,
+    pub seeds: Vec<u64>,
+    pub workers: usize,
+    pub reward: crate::env::RewardConfig,
+    pub training: Training,
+    pub tasks: BTreeMap<String, TaskReport>,
+}
+
+/// Run the study; returns the report and the path of `report.json`.
+pub fn run(
+    exp: &Experiment,
+    training: &Training,
+    rt: &Runtime,
+    cache: &Cache,
+) -> Result<(StudyReport, PathBuf), ExperimentError> {
+    let dir = exp.experiment.out_dir.join(&exp.experiment.name);
+    std::fs::create_dir_all(&dir).map_err(|source| ExperimentError::Write {
+        file: dir.clone(),
+        source,
+    })?;
+    let env_cfg = exp.env_config()?;
+    let ppo = exp.ppo_config(training);
+    let mut tasks = BTreeMap::new();
+    for task in exp.training_tasks() {
+        let mut runs = Vec::new();
+        for &seed in &exp.experiment.seeds {
+            let levels = |offset: u64, n: usize, tpl| {
+                (0..n as u64)
+                    .map(|k| exp.level(&task, seed, offset, k, tpl))
+                    .collect::<Vec<_>>()
+            };
+            let spec = TrainSpec {
+                task: task.clone(),
+                seed,
+                train_levels: levels(0, training.train_levels, exp.template.as_ref()),
+                env: env_cfg.clone(),
+                ppo: ppo.clone(),
+                hidden: training.hidden.clone(),
+                total_steps: training.total_steps,
+                workers: exp.environment.workers,
+                episodes_per_level: training.episodes_per_level,
+                baseline_steps: training.baseline_steps,
+            };
+            tracing::info!(task = %task, seed, "training");
+            let train = learn::train(rt, cache, &spec).map_err(ExperimentError::Learn)?;
+            let policy = train.policy.clone().ok_or_else(|| {
+                ExperimentError::Learn(learn::LearnError::NoCatalogue(task.clone()))
+            })?;
+            let eval = |plans: &[crate::instance::Plan], oracle: bool| {
+                let p = policy.clone();
+                let make = move || {
+                    if oracle {
+                        learn::catalogue_oracle()
+                    } else {
+                        learn::greedy(&p)
+                    }
+                };
+                learn::evaluate(rt, cache, &env_cfg, plans, exp.environment.workers, &make)
+                    .map_err(ExperimentError::Learn)
+            };
+            let held = levels(HELD_OUT_OFFSET, training.eval_levels, exp.template.as_ref());
+            let held_out = eval(&held, false)?;
+            let catalogue_oracle = eval(&held, true)?;
+            // The faulted set is the evaluation template's own task's.
+            let faulted_tpl = exp
+                .eval_template
+                .as_ref()
+                .filter(|t| t.task.as_deref().is_none_or(|x| x == task));
+            let (faulted, faulted_catalogue_oracle) = match faulted_tpl {
+                Some(t) => {
+                    let f = levels(FAULTED_OFFSET, training.eval_levels, Some(t));
+                    (Some(eval(&f, false)?), Some(eval(&f, true)?))
+                }
+                None => (None, None),
+            };
+            tracing::info!(
+                task = %task,
+                seed,
+                held_out = held_out.success_rate,
+                oracle = catalogue_oracle.success_rate,
+                train_steps_per_s = train.train_steps_per_s,
+                random_steps_per_s = train.random_steps_per_s,
+                "trained"
+            );
+            runs.push(RunReport {
+                seed,
+                train,
+                held_out,
+                catalogue_oracle,
+                faulted,
+                faulted_catalogue_oracle,
+            });
+        }
+        let png = dir.join(format!("curve-{task}.png"));
+        let series: Vec<Vec<(f64, f64)>> = runs
+            .iter()
+            .map(|r| {
+                r.train
+                    .curve
+                    .iter()
+                    .map(|c| (c.steps as f64, c.success_rate))
+                    .collect()
+            })
+            .collect();
+        let bytes = learn::plot::curves_png(&series).map_err(|source| ExperimentError::Write {
+            file: png.clone(),
+            source,
+        })?;
+        write(&png, &bytes)?;
+        tasks.insert(task.clone(), task_report(runs, png));
+    }
+    let report = StudyReport {
+        name: exp.experiment.name.clone(),
+        template: exp.template.as_ref().map(|t| t.file.clone()),
+        eval_template: exp.eval_template.as_ref().map(|t| t.file.clone()),
+        seeds: exp.experiment.seeds.clone(),
+        workers: exp.environment.workers,
+        reward: exp.reward.clone(),
+        training: training.clone(),
+        tasks,
+    };
+    let json = serde_json::to_vec_pretty(&report).map_err(|e| ExperimentError::Write {
+        file: dir.join("report.json"),
+        source: std::io::Error::other(e),
+    })?;
+    let path = dir.join("report.json");
+    write(&path, &json)?;
+    write(&dir.join("report.md"), render(&report).as_bytes())?;
+    Ok((report, path))
+}
+
+fn task_report(runs: Vec<RunReport>, curve_png: PathBuf) -> TaskReport {
+    let col = |f: &dyn Fn(&RunReport) -> f64| PerSeed::of(runs.iter().map(f).collect());
+    let opt = |f: &dyn Fn(&RunReport) -> Option<f64>| {
+        let v: Option<Vec<f64>> = runs.iter().map(f).collect();
+        v.map(PerSeed::of)
+    };
+    TaskReport {
+        held_out_success: col(&|r| r.held_out.success_rate),
+        catalogue_oracle_success: col(&|r| r.catalogue_oracle.success_rate),
+        success_vs_oracle: col(&|r| r.held_out.success_rate / r.catalogue_oracle.success_rate),
+        faulted_success: opt(&|r| r.faulted.as_ref().map(|e| e.success_rate)),
+        faulted_catalogue_oracle_success: opt(&|r| {
+            r.faulted_catalogue_oracle.as_ref().map(|e| e.success_rate)
+        }),
+        robustness_gap: opt(&|r| {
+            r.faulted
+                .as_ref()
+                .map(|f| r.held_out.success_rate - f.success_rate)
+        }),
+        train_steps_per_s: col(&|r| r.train.train_steps_per_s),
+        random_steps_per_s: col(&|r| r.train.random_steps_per_s),
+        throughput_ratio: col(&|r| r.train.train_steps_per_s / r.train.random_steps_per_s),
+        steps_to_0_9: col(&|r| {
+            r.train
+                .curve
+                .iter()
+                .find(|c| c.success_rate >= 0.9)
+                .map_or(f64::NAN, |c| c.steps as f64)
+        }),
+        curve_png,
+        runs,
+    }
+}
+
+fn write(path: &Path, bytes: &[u8]) -> Result<(), ExperimentError> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, bytes)
+        .and_then(|()| std::fs::rename(&tmp, path))
+        .map_err(|source| ExperimentError::Write {
+            file: path.into(),
+            source,
+        })
+}
+
+fn fmt(p: &PerSeed) -> String {
+    format!("{:.3} ± {:.3}", p.mean, p.ci95)
+}
+
+/// The Markdown report.
+pub fn render(r: &StudyReport) -> String {
+    use std::fmt::Write;
+    let mut s = String::new();
+    let _ = writeln!(s, "# {}\n", r.name);
+    let _ = writeln!(
+        s,
+        "PPO, {} seeds ({:?}), {} environment steps per task and seed, {} environments on {} workers, reward `{}` (gamma {}). Mean ± 95% interval (Student t) over seeds.\n",
+        r.seeds.len(),
+        r.seeds,
+        r.training.total_steps,
+        r.training.num_envs,
+        r.workers,
+        r.reward.mode.name(),
+        r.reward.gamma
+    );
+    if let Some(t) = &r.template {
+        let _ = writeln!(
+            s,
+            "Training levels sampled from {} (domain randomisation).\n",
+            t.display()
+        );
+    }
+    let _ = writeln!(
+        s,
+        "| task | held-out success | catalogue oracle | ratio | faulted success | faulted oracle | robustness gap | train steps/s | random steps/s | ratio | steps to 0.9 |"
+    );
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|");
+    let o = |p: &Option<PerSeed>| p.as_ref().map_or("-".to_string(), fmt);
+    for (task, t) in &r.tasks {
+        let _ = writeln!(
+            s,
+            "| {task} | {} | {} | {} | {} | {} | {} | {:.0} ± {:.0} | {:.0} ± {:.0} | {} | {:.0} |",
+            fmt(&t.held_out_success),
+            fmt(&t.catalogue_oracle_success),
+            fmt(&t.success_vs_oracle),
+            o(&t.faulted_success),
+            o(&t.faulted_catalogue_oracle_success),
+            o(&t.robustness_gap),
+            t.train_steps_per_s.mean,
+            t.train_steps_per_s.ci95,
+            t.random_steps_per_s.mean,
+            t.random_steps_per_s.ci95,
+            fmt(&t.throughput_ratio),
+            t.steps_to_0_9.mean,
+        );
+    }
+    let _ = writeln!(s, "\nPer seed (held-out success):\n");
+    for (task, t) in &r.tasks {
+        let _ = writeln!(s, "- {task}: {:?}", t.held_out_success.per_seed);
+    }
+    let _ = writeln!(
+        s,
+        "\nLearning curves (x: environment steps, y: training success rate 0 to 1, one line per seed; grid lines at quarters):\n"
+    );
+    for (task, t) in &r.tasks {
+        let name = t
+            .curve_png
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let _ = writeln!(s, "- {task}: ![{task}]({name})");
+    }
+    s
+}

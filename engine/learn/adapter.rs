@@ -1,0 +1,180 @@
+//! [`Env`] as a [`policies::rollout::Env`]: catalogue indices in, feature vectors out, levels
+//! (instances) drawn from a list, and failures told apart. An infrastructure failure (of the
+//! sandbox, the cache, a verifier read) ends the episode as a masked step that no gradient and
+//! no bootstrap target comes from, never as a time limit; a level that cannot be used
+//! (uncertified, not solvable through the catalogue, a fault that does not apply) is skipped
+//! and counted.
+
+use super::LearnError;
+use crate::env::{Action, Env, EnvError};
+use crate::instance::Plan;
+use policies::rollout::{Step, StepInfo};
+use std::sync::Arc;
+
+/// Consecutive unusable levels before the adapter gives up.
+const MAX_SKIPS: u32 = 64;
+
+/// Counts of what the adapter skipped or masked.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AdapterCounts {
+    /// Levels skipped at reset (uncertified, not catalogue-solvable, not applicable).
+    pub skipped_levels: u64,
+    /// Episodes ended by an infrastructure failure (masked).
+    pub masked_episodes: u64,
+    /// Resets that failed on the infrastructure and were retried.
+    pub failed_resets: u64,
+}
+
+/// One learner-facing environment over an [`Env`].
+pub struct TrainEnv {
+    env: Env,
+    levels: Arc<Vec<Plan>>,
+    /// Index into `levels` of the next episode, advancing by `stride` every
+    /// `episodes_per_level` episodes.
+    cursor: usize,
+    stride: usize,
+    episodes_per_level: usize,
+    episode: usize,
+    actions: usize,
+    last: Vec<f32>,
+    pub counts: AdapterCounts,
+}
+
+impl TrainEnv {
+    /// The `k`-th of `n` adapters over `levels`: it plays levels `k, k + n, k + 2n, ...`
+    /// (cycled), each for `episodes_per_level` consecutive episodes (which reuse its sandbox
+    /// through the incremental reset). `actions` is the task's catalogue size.
+    pub fn new(
+        env: Env,
+        levels: Arc<Vec<Plan>>,
+        k: usize,
+        n: usize,
+        episodes_per_level: usize,
+        actions: usize,
+    ) -> Result<Self, LearnError> {
+        if levels.is_empty() {
+            return Err(LearnError::NoLevels);
+        }
+        Ok(Self {
+            env,
+            cursor: k % levels.len(),
+            levels,
+            stride: n.max(1),
+            episodes_per_level: episodes_per_level.max(1),
+            episode: 0,
+            actions,
+            last: Vec::new(),
+            counts: AdapterCounts::default(),
+        })
+    }
+
+    fn advance(&mut self) {
+        self.cursor = (self.cursor + self.stride) % self.levels.len();
+        self.episode = 0;
+    }
+
+    fn masked(&mut self, info: StepInfo) -> Step {
+        self.counts.masked_episodes += 1;
+        Step {
+            obs: self.last.clone(),
+            reward: 0.0,
+            terminated: false,
+            truncated: false,
+            masked: true,
+            info,
+        }
+    }
+}
+
+impl policies::rollout::Env for TrainEnv {
+    type Error = LearnError;
+
+    fn obs_dim(&self) -> usize {
+        self.env.obs_dim()
+    }
+
+    fn action_dims(&self) -> Vec<usize> {
+        vec![self.actions]
+    }
+
+    fn reset(&mut self) -> Result<Vec<f32>, LearnError> {
+        let mut skips = 0;
+        loop {
+            if self.episode >= self.episodes_per_level {
+                self.advance();
+            }
+            let plan = &self.levels[self.cursor];
+            self.episode += 1;
+            match self.env.reset(plan) {
+                Ok(obs) => {
+                    let n = self.env.task().map_or(0, |t| t.actions.len());
+                    if n != self.actions {
+                        return Err(LearnError::CatalogueSize {
+                            task: plan
+                                .task
+                                .as_ref()
+                                .map(|t| t.name.clone())
+                                .unwrap_or_default(),
+                            seed: plan.seed,
+                            got: n,
+                            want: self.actions,
+                        });
+                    }
+                    self.last = obs.features;
+                    return Ok(self.last.clone());
+                }
+                Err(e) => {
+                    let unusable =
+                        matches!(e, EnvError::Uncertified { .. }) || e.not_applicable().is_some();
+                    if unusable {
+                        self.counts.skipped_levels += 1;
+                    } else if e.is_infrastructure() {
+                        self.counts.failed_resets += 1;
+                    } else {
+                        return Err(LearnError::Env(e));
+                    }
+                    tracing::debug!(plan_seed = plan.seed, error = %e, "level skipped");
+                    self.advance();
+                    skips += 1;
+                    if skips >= MAX_SKIPS {
+                        return Err(LearnError::NoUsableLevel {
+                            tried: skips,
+                            last: e.to_string(),
+                        });
+                    }
+                }
+            }
+        }
+    }
+
+    fn step(&mut self, action: &[u32]) -> Result<Step, LearnError> {
+        let index = action.first().copied().unwrap_or(0) as usize;
+        let level = self.env.instance_id().map(str::to_string);
+        match self.env.step(&Action::Index(index)) {
+            Ok(s) => {
+                let info = StepInfo {
+                    level,
+                    success: s.info.success,
+                    progress: s.info.progress,
+                };
+                if s.info.infra_failure {
+                    return Ok(self.masked(info));
+                }
+                self.last = s.observation.features;
+                Ok(Step {
+                    obs: self.last.clone(),
+                    reward: s.reward as f32,
+                    terminated: s.terminated,
+                    truncated: s.truncated,
+                    masked: false,
+                    info,
+                })
+            }
+            Err(e) if e.is_infrastructure() => Ok(self.masked(StepInfo {
+                level,
+                ..StepInfo::default()
+            })),
+            Err(e) => Err(LearnError::Env(e)),
+        }
+    }
+}

@@ -1,0 +1,49 @@
+//! Learning in the factory's environments: the adapter of [`Env`](crate::env::Env) to the
+//! PPO learner (`adapter.rs`), one training run of PPO on a task's levels with its held-out
+//! evaluation and throughput baseline (`train.rs`), and the learning-curve plot (`plot.rs`).
+//! Experiments with a `[training]` table (`experiments/clean.toml`, `experiments/dr.toml`) run
+//! through [`train`].
+//!
+//! | file | what it is |
+//! |---|---|
+//! | `adapter.rs` | [`TrainEnv`]: levels, skips, masked infrastructure failures |
+//! | `train.rs` | [`train`], [`TrainSpec`], [`TrainResult`], [`evaluate`] |
+//! | `plot.rs` | [`plot::curves_png`]: a PNG of learning curves |
+
+mod adapter;
+pub mod plot;
+mod train;
+
+pub use adapter::{AdapterCounts, TrainEnv};
+pub use train::{
+    catalogue_oracle, evaluate, greedy, train, CurvePoint, Evaluation, TrainResult, TrainSpec,
+};
+
+use crate::env::EnvError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum LearnError {
+    #[error(transparent)]
+    Env(#[from] EnvError),
+    #[error(transparent)]
+    Episode(#[from] crate::episode::EpisodeError),
+    #[error(transparent)]
+    Rollout(#[from] policies::rollout::RolloutError),
+    #[error(transparent)]
+    Ppo(#[from] policies::ppo::PpoError),
+    #[error("no levels to train on")]
+    NoLevels,
+    #[error("{tried} levels in a row could not be used; the last: {last}")]
+    NoUsableLevel { tried: u32, last: String },
+    #[error(
+        "task `{task}` (plan seed {seed}) has {got} catalogue actions; the policy was built for {want}"
+    )]
+    CatalogueSize {
+        task: String,
+        seed: u64,
+        got: usize,
+        want: usize,
+    },
+    #[error("task `{0}` is unknown or its instance has no catalogue")]
+    NoCatalogue(String),
+}

@@ -1,0 +1,357 @@
+//! One PPO training run on a task's levels: a random-agent throughput baseline on the same
+//! vectorised environments, PPO updates until the step budget is spent (a learning curve
+//! point per update), then the greedy policy and the task's catalogue oracle on held-out
+//! levels.
+
+use super::{LearnError, TrainEnv};
+use crate::agents::{Agent, CatalogueOracle, PolicyAgent};
+use crate::env::{Env, EnvConfig};
+use crate::episode::play;
+use crate::instance::Plan;
+use crate::synth::Cache;
+use policies::nets::{Activation, ActorCriticConfig};
+use policies::ppo::{PpoAgent, PpoConfig, RolloutBuffer};
+use policies::rollout::{collect, VecEnv};
+use rand::{Rng, SeedableRng};
+use sandbox::Runtime;
+use serde::Serialize;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// What to train and how.
+#[derive(Debug, Clone)]
+pub struct TrainSpec {
+    pub task: String,
+    pub seed: u64,
+    pub train_levels: Vec<Plan>,
+    pub env: EnvConfig,
+    /// `num_envs` and `num_steps` of this are the vectorised environments and rollout length.
+    pub ppo: PpoConfig,
+    pub hidden: Vec<usize>,
+    /// Environment steps to learn from.
+    pub total_steps: u64,
+    /// Threads the environments are stepped on.
+    pub workers: usize,
+    pub episodes_per_level: usize,
+    /// Environment steps of the random-agent throughput baseline.
+    pub baseline_steps: u64,
+}
+
+/// One point of the learning curve (after an update).
+#[derive(Debug, Clone, Serialize)]
+pub struct CurvePoint {
+    pub steps: u64,
+    /// Over the training episodes that ended in this rollout (not masked).
+    pub success_rate: f64,
+    pub mean_return: f64,
+    pub episodes: usize,
+    pub masked: usize,
+}
+
+/// Success of an agent on a set of levels.
+#[derive(Debug, Clone, Serialize)]
+pub struct Evaluation {
+    pub episodes: usize,
+    pub successes: usize,
+    /// Episodes the environment failed (not counted either way).
+    pub infra: usize,
+    /// Levels skipped (not certified, not catalogue-solvable, not applicable).
+    pub skipped: usize,
+    /// `successes / (episodes - infra)` (NaN when none counted).
+    pub success_rate: f64,
+    pub mean_steps: f64,
+}
+
+/// What a training run measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct TrainResult {
+    pub task: String,
+    pub seed: u64,
+    pub curve: Vec<CurvePoint>,
+    pub steps: u64,
+    pub updates: u64,
+    /// Environment steps per second while learning (collection and updates).
+    pub train_steps_per_s: f64,
+    /// The random agent's steps per second on the same environments and workers.
+    pub random_steps_per_s: f64,
+    pub skipped_levels: u64,
+    pub masked_episodes: u64,
+    #[serde(skip)]
+    pub policy: Option<Arc<PpoAgent>>,
+}
+
+/// Train PPO on `spec.train_levels`.
+pub fn train(rt: &Runtime, cache: &Cache, spec: &TrainSpec) -> Result<TrainResult, LearnError> {
+    let levels = Arc::new(spec.train_levels.clone());
+    let n = spec.ppo.num_envs;
+    // The catalogue size of the task (every level of a task has the same catalogue).
+    let probe = Env::new(rt.clone(), cache.clone(), spec.env.clone())?;
+    let obs_dim = probe.obs_dim();
+    drop(probe);
+    let actions = catalogue_size(rt, cache, &spec.env, &levels)?;
+    warm(rt, cache, &spec.env, &levels, spec.workers)?;
+    let mut envs = Vec::with_capacity(n);
+    for k in 0..n {
+        let env = Env::new(rt.clone(), cache.clone(), spec.env.clone())?;
+        envs.push(TrainEnv::new(
+            env,
+            levels.clone(),
+            k,
+            n,
+            spec.episodes_per_level,
+            actions,
+        )?);
+    }
+    let mut venv = VecEnv::with_workers(envs, spec.workers)?;
+    // The random agent's throughput on the same environments (baseline of the same run).
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(spec.seed ^ 0x5eed);
+    let t0 = Instant::now();
+    let mut base_steps = 0u64;
+    while base_steps < spec.baseline_steps {
+        let a: Vec<u32> = (0..n).map(|_| rng.gen_range(0..actions as u32)).collect();
+        venv.step(&a)?;
+        base_steps += n as u64;
+    }
+    let random_steps_per_s = base_steps as f64 / t0.elapsed().as_secs_f64().max(1e-9);
+    venv.reset_all()?;
+    let net = ActorCriticConfig {
+        obs_dim,
+        action_dims: vec![actions],
+        hidden: spec.hidden.clone(),
+        activation: Activation::Tanh,
+        shared_trunk: false,
+    };
+    let per_update = spec.ppo.batch_size() as u64;
+    let updates = spec.total_steps.div_ceil(per_update).max(1);
+    let cfg = PpoConfig {
+        total_updates: updates,
+        ..spec.ppo.clone()
+    };
+    let mut agent = PpoAgent::new(&net, &cfg, spec.seed)?;
+    let mut buf = RolloutBuffer::new(cfg.num_steps, cfg.num_envs, &net, false);
+    let mut curve = Vec::new();
+    let mut steps = 0u64;
+    let t1 = Instant::now();
+    for _ in 0..updates {
+        let eps = collect(&mut agent, &mut venv, &mut buf)?;
+        agent.update(&buf)?;
+        steps += per_update;
+        let counted: Vec<_> = eps.iter().filter(|e| !e.masked).collect();
+        let k = counted.len();
+        curve.push(CurvePoint {
+            steps,
+            success_rate: if k == 0 {
+                f64::NAN
+            } else {
+                counted.iter().filter(|e| e.info.success).count() as f64 / k as f64
+            },
+            mean_return: if k == 0 {
+                f64::NAN
+            } else {
+                counted.iter().map(|e| e.ret).sum::<f64>() / k as f64
+            },
+            episodes: k,
+            masked: eps.len() - k,
+        });
+        tracing::info!(
+            task = %spec.task,
+            seed = spec.seed,
+            steps,
+            success_rate = curve.last().map_or(f64::NAN, |c| c.success_rate),
+            "ppo update"
+        );
+    }
+    let train_steps_per_s = steps as f64 / t1.elapsed().as_secs_f64().max(1e-9);
+    let (mut skipped, mut masked) = (0, 0);
+    for e in venv.envs() {
+        skipped += e.counts.skipped_levels;
+        masked += e.counts.masked_episodes;
+    }
+    Ok(TrainResult {
+        task: spec.task.clone(),
+        seed: spec.seed,
+        curve,
+        steps,
+        updates,
+        train_steps_per_s,
+        random_steps_per_s,
+        skipped_levels: skipped,
+        masked_episodes: masked,
+        policy: Some(Arc::new(agent)),
+    })
+}
+
+/// Synthesize and (when the config requires it) certify every level once, on `workers`
+/// threads, so that neither the throughput baseline nor the training pays for it.
+fn warm(
+    rt: &Runtime,
+    cache: &Cache,
+    cfg: &EnvConfig,
+    levels: &[Plan],
+    workers: usize,
+) -> Result<(), LearnError> {
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let out: Vec<Result<(), LearnError>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..workers.max(1))
+            .map(|_| {
+                s.spawn(|| {
+                    let mut env = Env::new(rt.clone(), cache.clone(), cfg.clone())?;
+                    while let Some(plan) =
+                        levels.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+                    {
+                        match env.reset(plan) {
+                            Ok(_) => {}
+                            Err(e) if e.is_infrastructure() => return Err(LearnError::Env(e)),
+                            // Unusable levels are skipped (and counted) by the adapter.
+                            Err(_) => {}
+                        }
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| {
+                h.join().unwrap_or(Err(LearnError::NoUsableLevel {
+                    tried: 0,
+                    last: "a warm-up worker panicked".into(),
+                }))
+            })
+            .collect()
+    });
+    out.into_iter().collect()
+}
+
+/// The catalogue size of the first usable level.
+fn catalogue_size(
+    rt: &Runtime,
+    cache: &Cache,
+    cfg: &EnvConfig,
+    levels: &[Plan],
+) -> Result<usize, LearnError> {
+    let mut env = Env::new(rt.clone(), cache.clone(), cfg.clone())?;
+    let mut last = String::new();
+    for plan in levels.iter().take(16) {
+        match env.reset(plan) {
+            Ok(_) => {
+                return env
+                    .task()
+                    .map(|t| t.actions.len())
+                    .filter(|&n| n > 0)
+                    .ok_or_else(|| LearnError::NoCatalogue(task_name(plan)))
+            }
+            Err(e) => last = e.to_string(),
+        }
+    }
+    Err(LearnError::NoUsableLevel { tried: 16, last })
+}
+
+fn task_name(plan: &Plan) -> String {
+    plan.task
+        .as_ref()
+        .map(|t| t.name.clone())
+        .unwrap_or_default()
+}
+
+/// Play one episode per level with agents made by `make` (one per worker thread), on
+/// `workers` threads; levels that cannot be used are skipped and counted.
+pub fn evaluate(
+    rt: &Runtime,
+    cache: &Cache,
+    cfg: &EnvConfig,
+    levels: &[Plan],
+    workers: usize,
+    make: &(dyn Fn() -> Box<dyn Agent> + Sync),
+) -> Result<Evaluation, LearnError> {
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let results: Vec<Result<Tally, LearnError>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..workers.max(1))
+            .map(|_| {
+                s.spawn(|| {
+                    let mut env = Env::new(rt.clone(), cache.clone(), cfg.clone())?;
+                    let mut agent = make();
+                    let mut t = Tally::default();
+                    while let Some(plan) =
+                        levels.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+                    {
+                        let first = match env.reset(plan) {
+                            Ok(o) => o,
+                            Err(e)
+                                if matches!(e, crate::env::EnvError::Uncertified { .. })
+                                    || e.not_applicable().is_some() =>
+                            {
+                                t.skipped += 1;
+                                continue;
+                            }
+                            Err(e) if e.is_infrastructure() => {
+                                t.episodes += 1;
+                                t.infra += 1;
+                                continue;
+                            }
+                            Err(e) => return Err(LearnError::Env(e)),
+                        };
+                        let p = play(&mut env, &first, agent.as_mut(), &mut |_, _| {})?;
+                        t.episodes += 1;
+                        t.successes += usize::from(p.success);
+                        t.infra += usize::from(p.infra);
+                        t.steps += u64::from(p.steps);
+                    }
+                    Ok(t)
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| {
+                h.join().unwrap_or(Err(LearnError::NoUsableLevel {
+                    tried: 0,
+                    last: "an evaluation worker panicked".into(),
+                }))
+            })
+            .collect()
+    });
+    let mut t = Tally::default();
+    for r in results {
+        let r = r?;
+        t.episodes += r.episodes;
+        t.successes += r.successes;
+        t.infra += r.infra;
+        t.skipped += r.skipped;
+        t.steps += r.steps;
+    }
+    let counted = t.episodes - t.infra;
+    let per = |x: f64| {
+        if counted == 0 {
+            f64::NAN
+        } else {
+            x / counted as f64
+        }
+    };
+    Ok(Evaluation {
+        episodes: t.episodes,
+        successes: t.successes,
+        infra: t.infra,
+        skipped: t.skipped,
+        success_rate: per(t.successes as f64),
+        mean_steps: per(t.steps as f64),
+    })
+}
+
+/// What one evaluation worker counted.
+#[derive(Default)]
+struct Tally {
+    episodes: usize,
+    successes: usize,
+    infra: usize,
+    skipped: usize,
+    steps: u64,
+}
+
+/// The greedy policy of a training run as an evaluation agent.
+pub fn greedy(agent: &Arc<PpoAgent>) -> Box<dyn Agent> {
+    Box::new(PolicyAgent::new(agent.clone()))
+}
+
+/// The catalogue oracle as an evaluation agent.
+pub fn catalogue_oracle() -> Box<dyn Agent> {
+    Box::new(CatalogueOracle::default())
+}
