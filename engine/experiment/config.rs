@@ -14,6 +14,10 @@ use std::path::{Path, PathBuf};
 pub const SEED_STRIDE: u64 = 1_000_003;
 /// The most episodes per seed (and per instance) a config may ask for.
 pub const MAX_EPISODES: usize = 10_000_000;
+/// The most steps of a training run (`total_steps`, `baseline_steps`).
+pub const MAX_STEPS: u64 = 1_000_000_000_000;
+/// The most of any other count of `[training]` (steps per rollout, levels, epochs).
+pub const MAX_COUNT: usize = 1_000_000;
 /// The most seeds of one experiment.
 pub const MAX_SEEDS: usize = 10_000;
 
@@ -396,29 +400,58 @@ impl Experiment {
             ));
         }
         for (key, ok, what) in [
-            ("training.total_steps", t.total_steps > 0, "at least 1"),
+            (
+                "training.total_steps",
+                (1..=MAX_STEPS).contains(&t.total_steps),
+                "between 1 and 10^12",
+            ),
+            (
+                "training.baseline_steps",
+                t.baseline_steps <= MAX_STEPS,
+                "at most 10^12",
+            ),
             (
                 "training.num_envs",
                 (1..=256).contains(&t.num_envs),
                 "between 1 and 256",
             ),
-            ("training.num_steps", t.num_steps > 0, "at least 1"),
-            ("training.train_levels", t.train_levels > 0, "at least 1"),
-            ("training.eval_levels", t.eval_levels > 0, "at least 1"),
+            (
+                "training.num_steps",
+                (1..=MAX_COUNT).contains(&t.num_steps),
+                "between 1 and 1000000",
+            ),
+            (
+                "training.train_levels",
+                (1..=MAX_COUNT).contains(&t.train_levels),
+                "between 1 and 1000000",
+            ),
+            (
+                "training.eval_levels",
+                (1..=MAX_COUNT).contains(&t.eval_levels),
+                "between 1 and 1000000",
+            ),
             (
                 "training.episodes_per_level",
-                t.episodes_per_level > 0,
-                "at least 1",
+                (1..=MAX_COUNT).contains(&t.episodes_per_level),
+                "between 1 and 1000000",
+            ),
+            (
+                "training.update_epochs",
+                t.update_epochs <= MAX_COUNT,
+                "at most 1000000",
             ),
             (
                 "training.hidden",
-                !t.hidden.is_empty() && t.hidden.iter().all(|&h| h > 0),
-                "hidden layer widths above 0",
+                (1..=16).contains(&t.hidden.len())
+                    && t.hidden.iter().all(|h| (1..=65_536).contains(h)),
+                "1 to 16 hidden layer widths, each in 1..=65536",
             ),
             (
                 "training.num_minibatches",
                 t.num_minibatches > 0
-                    && (t.num_envs * t.num_steps).is_multiple_of(t.num_minibatches),
+                    && t.num_envs
+                        .checked_mul(t.num_steps)
+                        .is_some_and(|n| n.is_multiple_of(t.num_minibatches)),
                 "at least 1, dividing num_envs * num_steps",
             ),
         ] {
@@ -672,6 +705,21 @@ episodes = 2
                 "{bad}: {e}"
             );
         }
+        let train = std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("experiments/clean.toml"),
+        )
+        .unwrap()
+        .replace("num_steps = 32", "num_steps = 9223372036854775807");
+        let e = Experiment::parse(
+            &train,
+            &Path::new(env!("CARGO_MANIFEST_DIR")).join("experiments/x.toml"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("key `training.num_steps`: between 1 and 1000000"),
+            "{e}"
+        );
         let e = err(&OK.replace("name = \"t\"", &format!("name = \"{}\"", "n".repeat(300))));
         assert!(e.contains("experiment.name") && e.len() < 300, "{e}");
         let e = err(&OK.replace("[environment]", "[environment]\nepisodes_per_instance = 0"));
