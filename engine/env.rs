@@ -594,8 +594,13 @@ impl Env {
             obs.stderr = "empty command".into();
             obs.exit_code = Some(2);
             info.error = Some("empty command".into());
+        } else if cmd.contains('\0') {
+            // No shell command holds a NUL; refused before the engine wraps it.
+            obs.stderr = "refused: a NUL byte in the command".into();
+            obs.exit_code = Some(2);
+            info.error = Some(obs.stderr.clone());
         } else if let Some(p) = self.dangerous_match(&cmd) {
-            obs.stderr = format!("refused: dangerous command (matches {p:?})");
+            obs.stderr = format!("refused: dangerous command (matches `{p}`)");
             obs.exit_code = Some(126);
             info.dangerous = Some(p);
         } else {
@@ -850,7 +855,7 @@ pub fn render(o: &Observation) -> String {
     let _ = writeln!(s, "step: {}/{}", o.step, o.max_steps);
     let _ = writeln!(s, "cwd: {}", o.cwd);
     if let Some(c) = &o.last_command {
-        let _ = writeln!(s, "$ {c}");
+        let _ = writeln!(s, "$ {}", crate::text::escape_control(c));
         if let Some(code) = o.exit_code {
             let _ = writeln!(s, "exit status: {code}");
         }
@@ -888,7 +893,7 @@ pub fn render(o: &Observation) -> String {
 
 fn clip(b: &[u8], max: usize) -> String {
     let b = &b[..b.len().min(max)];
-    String::from_utf8_lossy(b).into_owned()
+    crate::text::escape_control(&String::from_utf8_lossy(b)).into_owned()
 }
 
 #[cfg(test)]

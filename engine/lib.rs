@@ -5,7 +5,8 @@
 //!
 //! | module | what it is |
 //! |---|---|
-//! | [`units`] | durations and sizes as users write them (`10s`, `64M`) |
+//! | [`text`] | input files read bounded and located, long values cut, control characters escaped |
+//! | [`units`] | durations and sizes as users write them (`10s`, `64M`), range-checked |
 //! | [`instance`] | LEAF vocabulary: plans, parameters, resources, instance ids, the layer model and its builder, path helpers |
 //! | [`netfault`] | the fault proxy runtime (threads in a sandbox's network namespace) |
 //! | [`probe`] | trusted reads for verifiers: files and `/proc` through init, TCP via `setns` |
@@ -16,6 +17,7 @@
 //! | [`certify`] | solvability certificates, and the `engine task check` campaign |
 //! | [`features`] | the feature vector of an observation: text blocks, numbers, action history |
 //! | [`env`] | the RL environment: `Env::reset`, `Env::step`, rewards, observations |
+//! | [`actions`] | action files: one action per line, errors located |
 //! | [`agents`] | what chooses actions: random, oracle, catalogue oracle, scripts, trained policies |
 //! | [`episode`] | the one episode loop: an agent in an `Env` |
 //! | [`learn`] | PPO in the factory's environments: the adapter, training runs, evaluation, plots |
@@ -25,6 +27,7 @@
 //! | [`experiment`] | `engine run`: config, runner, statistics |
 //! | [`bench`] | `engine bench sandbox` and `engine bench env` |
 
+pub mod actions;
 pub mod agents;
 pub mod bench;
 pub mod certify;
@@ -43,4 +46,5 @@ pub mod running;
 pub mod synth;
 pub mod tasks;
 pub mod template;
+pub mod text;
 pub mod units;

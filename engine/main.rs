@@ -12,6 +12,7 @@ fn main() {
         sandbox::init::main();
     }
     let cli = cli::Cli::parse();
+    cli::signals::install();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_new(&cli.log).unwrap_or_else(|_| {
@@ -21,11 +22,13 @@ fn main() {
         )
         .with_writer(std::io::stderr)
         .init();
-    match cli::run(cli.command) {
+    let result = cli::run(cli.command);
+    cli::signals::before_exit();
+    match result {
         Ok(code) => std::process::exit(code),
         Err(e) => {
-            eprintln!("engine: {e:#}");
-            std::process::exit(cli::sandbox::EXIT_SANDBOX_FAILURE);
+            eprintln!("engine: {}", cli::errors::message(&e));
+            std::process::exit(cli::errors::exit_code(&e));
         }
     }
 }

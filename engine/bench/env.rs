@@ -3,7 +3,8 @@
 //!
 //! JSON keys (times in milliseconds as `{median, p90, n}` summaries unless named otherwise):
 //! - `synth_cold`: synthesizing a new instance (task setup + perturbations + writing the layer)
-//!   into an empty cache; `synth_cached_us`: finding a cached instance (microseconds);
+//!   into an empty cache; `synth_full`: the same into a cache at its bound (256 entries, so
+//!   each build evicts one); `synth_cached_us`: finding a cached instance (microseconds);
 //! - `setup`: a new instance's sandbox created and its first episode started;
 //! - `reset`: a new episode of the same instance (incremental reset + start steps);
 //! - `exec_sh_true`: `sh -c true` in the same kind of sandbox, first command of an episode
@@ -55,6 +56,7 @@ pub struct Throughput {
 pub struct EnvBenchReport {
     pub task: String,
     pub synth_cold: Summary,
+    pub synth_full: Summary,
     pub synth_cached_us: Summary,
     pub setup: Summary,
     pub reset: Summary,
@@ -94,6 +96,18 @@ pub fn run(rt: &Runtime, cache: &Cache, o: &EnvBenchOpts) -> Result<EnvBenchRepo
         let t = Instant::now();
         drop(fresh.get_or_build(p, &rootfs)?);
         cached.push(ms(t) * 1e3);
+    }
+    // Fill to the bound, then build new instances: each one evicts the least recently used.
+    let fill = crate::synth::DEFAULT_CACHE_ENTRIES.saturating_sub(plans.len()) as u64;
+    for i in 0..fill {
+        drop(fresh.get_or_build(&Plan::for_task(&o.task, 100_000 + i, vec![]), &rootfs)?);
+    }
+    let mut full = Vec::new();
+    for i in 0..o.iterations as u64 {
+        let p = Plan::for_task(&o.task, 200_000 + i, vec![]);
+        let t = Instant::now();
+        drop(fresh.get_or_build(&p, &rootfs)?);
+        full.push(ms(t));
     }
     drop(fresh);
     // Setup and reset of episodes.
@@ -140,6 +154,7 @@ pub fn run(rt: &Runtime, cache: &Cache, o: &EnvBenchOpts) -> Result<EnvBenchRepo
     Ok(EnvBenchReport {
         task: o.task.clone(),
         synth_cold: Summary::of(cold),
+        synth_full: Summary::of(full),
         synth_cached_us: Summary::of(cached),
         setup: Summary::of(setup),
         reset: Summary::of(reset),
@@ -268,6 +283,7 @@ pub fn render(r: &EnvBenchReport) -> String {
     };
     let _ = writeln!(s, "task {}", r.task);
     row(&mut s, "synthesis (cold)", &r.synth_cold, "ms");
+    row(&mut s, "synthesis (cache full)", &r.synth_full, "ms");
     row(&mut s, "synthesis (cached)", &r.synth_cached_us, "us");
     row(&mut s, "setup (sandbox + start)", &r.setup, "ms");
     row(&mut s, "reset (next episode)", &r.reset, "ms");

@@ -16,8 +16,9 @@
 //!   `create_first_exec`;
 //! - `ratios`: `exec_vs_host` = exec_sh_true / host_sh_true, `create_vs_bwrap` =
 //!   create_first_exec / bwrap_unshare_all (medians);
-//! - `concurrent`: present with `--concurrent N`: sandboxes alive at once, how many answered,
-//!   and the host's `MemAvailable` drop per sandbox (kernel objects included).
+//! - `concurrent`: present with `--concurrent N`: `requested`, `sandboxes` alive at once,
+//!   `stopped` (why creation stopped early: admission control or the error), how many
+//!   answered, and the host's `MemAvailable` drop per sandbox (kernel objects included).
 
 use super::{ms, Summary};
 use sandbox::{ExecRequest, Runtime, SandboxConfig, SandboxError};
@@ -44,7 +45,13 @@ pub struct Ratios {
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Concurrent {
+    /// Sandboxes asked for (`--concurrent N`).
+    pub requested: usize,
+    /// Sandboxes created and alive at once.
     pub sandboxes: usize,
+    /// Why creation stopped before `requested` (admission control, or the error).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stopped: Option<String>,
     pub answered: usize,
     pub total_init_rss_mib: f64,
     pub host_mem_per_sandbox_kib: f64,
@@ -264,12 +271,14 @@ fn concurrent_bench(rt: &Runtime, cfg: &SandboxConfig, k: usize) -> Result<Concu
     small.disk_bytes = 8 << 20;
     let before = mem_available_kib();
     let t = Instant::now();
-    let mut all = Vec::with_capacity(k);
+    let mut all = Vec::with_capacity(k.min(1 << 16));
+    let mut stopped = None;
     for i in 0..k {
         match rt.create(&small) {
             Ok(s) => all.push(s),
             Err(e) => {
                 tracing::warn!(created = i, error = %e, "stopped creating sandboxes");
+                stopped = Some(format!("stopped after {i} sandboxes: {e}"));
                 break;
             }
         }
@@ -290,7 +299,9 @@ fn concurrent_bench(rt: &Runtime, cfg: &SandboxConfig, k: usize) -> Result<Concu
         }
     }
     Ok(Concurrent {
-        sandboxes: k,
+        requested: k,
+        sandboxes: all.len(),
+        stopped,
         answered,
         total_init_rss_mib,
         host_mem_per_sandbox_kib,
@@ -325,9 +336,12 @@ pub fn render(b: &SandboxBench) -> String {
     }
     if let Some(c) = &b.concurrent {
         out += &format!(
-            "concurrent: {} alive, {} answered, init RSS total {:.1} MiB, host memory {:.0} KiB per sandbox, created in {:.1} s\n",
-            c.sandboxes, c.answered, c.total_init_rss_mib, c.host_mem_per_sandbox_kib, c.create_all_s
+            "concurrent: {} of {} alive, {} answered, init RSS total {:.1} MiB, host memory {:.0} KiB per sandbox, created in {:.1} s\n",
+            c.sandboxes, c.requested, c.answered, c.total_init_rss_mib, c.host_mem_per_sandbox_kib, c.create_all_s
         );
+        if let Some(why) = &c.stopped {
+            out += &format!("concurrent: {why}\n");
+        }
     }
     out
 }

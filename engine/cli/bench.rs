@@ -10,13 +10,13 @@ pub enum BenchCmd {
         #[arg(long, default_value = "archive-logs")]
         task: String,
         /// Instances synthesized for the synthesis and setup figures.
-        #[arg(long, default_value_t = 20)]
+        #[arg(long, default_value = "20", value_parser = super::count::<100_000>)]
         iterations: usize,
         /// Worker counts to measure (comma-separated).
-        #[arg(long, value_delimiter = ',', default_value = "1,2")]
+        #[arg(long, value_delimiter = ',', default_value = "1,2", value_parser = super::count::<64>)]
         workers: Vec<usize>,
         /// Seconds of each throughput measurement.
-        #[arg(long, default_value_t = 5.0)]
+        #[arg(long, default_value = "5", value_parser = super::seconds)]
         seconds: f64,
         #[arg(long)]
         json: bool,
@@ -25,10 +25,11 @@ pub enum BenchCmd {
     Sandbox {
         #[command(flatten)]
         opts: super::sandbox::SandboxOpts,
-        #[arg(long, default_value_t = 50)]
+        #[arg(long, default_value = "50", value_parser = super::count::<1_000_000>)]
         iterations: usize,
-        /// Also keep N sandboxes alive at once and run a command in each.
-        #[arg(long)]
+        /// Also keep N sandboxes alive at once and run a command in each (stops early, and
+        /// says where, when admission control refuses one).
+        #[arg(long, value_parser = super::count::<1_000_000>)]
         concurrent: Option<usize>,
         /// Print the report as JSON (keys documented in docs/sandbox.md).
         #[arg(long)]
@@ -64,7 +65,7 @@ pub fn run(cmd: BenchCmd) -> anyhow::Result<i32> {
             let rt = super::sandbox::runtime()?;
             let opts = engine::bench::env::EnvBenchOpts {
                 task,
-                iterations: iterations.max(1),
+                iterations,
                 workers,
                 seconds,
             };

@@ -1,10 +1,10 @@
 //! `engine episode` and `engine play`: the environment from the command line.
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use engine::env::{Action, Env, EnvConfig, Step};
 use engine::instance::Plan;
 use std::io::{BufRead, Write};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 /// Options shared by the commands that build an instance of a task.
 #[derive(clap::Args, Debug, Clone)]
@@ -27,15 +27,15 @@ pub struct InstanceOpts {
 impl InstanceOpts {
     pub fn plan(&self) -> anyhow::Result<Plan> {
         if engine::tasks::get(&self.task).is_none() {
-            bail!(
-                "unknown task `{}` (known: {})",
-                self.task,
+            return Err(super::errors::usage(format!(
+                "--task: unknown task `{}` (known: {})",
+                engine::text::cut(&self.task),
                 engine::tasks::names().join(", ")
-            );
+            )));
         }
         let mut chosen = Vec::new();
         for s in &self.perturb {
-            chosen.push(engine::perturb::parse_spec(s).with_context(|| format!("--perturb {s}"))?);
+            chosen.push(engine::perturb::parse_spec(s).context("--perturb")?);
         }
         let mut p = Plan::for_task(&self.task, self.seed, chosen);
         p.base = self.base.clone();
@@ -52,33 +52,6 @@ pub enum Agent {
     CatalogueOracle,
     /// Uniformly random catalogue actions.
     Random,
-}
-
-/// Parse an actions file: one action per line; `@N` is catalogue action N, anything else a
-/// shell command; blank lines and lines starting with `#` are skipped.
-pub fn read_actions(path: &Path) -> anyhow::Result<Vec<Action>> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("reading the actions file {}", path.display()))?;
-    let mut out = Vec::new();
-    for (i, line) in text.lines().enumerate() {
-        let l = line.trim();
-        if l.is_empty() || l.starts_with('#') {
-            continue;
-        }
-        if let Some(n) = l.strip_prefix('@') {
-            let idx: usize = n.trim().parse().map_err(|_| {
-                anyhow::anyhow!(
-                    "{}:{}: `{l}` is not a catalogue index (`@N` with N a number)",
-                    path.display(),
-                    i + 1
-                )
-            })?;
-            out.push(Action::Index(idx));
-        } else {
-            out.push(Action::Command(l.to_string()));
-        }
-    }
-    Ok(out)
 }
 
 fn step_line(n: u32, cmd: &str, s: &Step) -> serde_json::Value {
@@ -121,7 +94,7 @@ pub fn episode(
     let mut agent: Box<dyn engine::agents::Agent> = match (actions_file, agent) {
         (Some(f), _) => Box::new(engine::agents::Script::once(
             "actions file",
-            read_actions(f)?,
+            engine::actions::read(f)?,
         )),
         (None, Some(Agent::Oracle)) => Box::new(engine::agents::Oracle::default()),
         (None, Some(Agent::CatalogueOracle)) => {

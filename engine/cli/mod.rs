@@ -5,10 +5,12 @@
 pub mod out;
 mod bench;
 mod episode;
+pub mod errors;
 mod fingerprint;
 mod perturb;
 mod run;
 pub mod sandbox;
+pub mod signals;
 mod synth;
 mod task;
 
@@ -19,7 +21,8 @@ use std::path::PathBuf;
 #[command(
     name = "engine",
     version,
-    about = "EnvFactory: broken-by-design Linux environments, millisecond sandboxes, robust RL"
+    about = "EnvFactory: broken-by-design Linux environments, millisecond sandboxes, robust RL",
+    after_help = EXIT_STATUS
 )]
 pub struct Cli {
     /// Log filter (tracing EnvFilter syntax), e.g. `info` or `sandbox=debug`.
@@ -31,7 +34,10 @@ pub struct Cli {
 
 #[derive(Subcommand)]
 pub enum Cmd {
-    /// Run an experiment (the main job) and write its report.
+    /// Run an experiment (the main job) and write its report. Episodes are appended to
+    /// `<out_dir>/<name>/.episodes.jsonl.partial` as they finish; SIGINT, SIGTERM or SIGHUP
+    /// stop the run after the running episodes and write what was measured (exit 130, 143,
+    /// 129; a second signal tears down at once).
     Run { experiment: PathBuf },
     /// Sandbox commands.
     #[command(subcommand)]
@@ -52,8 +58,8 @@ pub enum Cmd {
         /// Seed of the random agent.
         #[arg(long, default_value_t = 0)]
         agent_seed: u64,
-        /// Overrides the task's step limit.
-        #[arg(long)]
+        /// Overrides the task's step limit (at least 1).
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
         max_steps: Option<u32>,
         #[arg(long)]
         json: bool,
@@ -75,9 +81,9 @@ pub enum Cmd {
         /// First seed.
         #[arg(long, default_value_t = 1)]
         seed: u64,
-        /// Instances (seeds seed..seed+count).
-        #[arg(long, default_value_t = 1)]
-        count: u64,
+        /// Instances (seeds seed..seed+count), at most 100000.
+        #[arg(long, default_value = "1", value_parser = count::<100_000>)]
+        count: usize,
         #[arg(long)]
         json: bool,
     },
@@ -102,6 +108,33 @@ pub enum Cmd {
     /// PID 1 of a sandbox (internal).
     #[command(name = "__sandbox-init", hide = true)]
     SandboxInit,
+}
+
+/// The exit statuses, as `engine --help` prints them (docs/architecture.md says the same).
+const EXIT_STATUS: &str = "Exit status:
+  0        success
+  1        the command ran and its answer is no (e.g. `task check` found an unsolvable instance)
+  2        usage or input error: a bad option, config, template, action file or fault spec
+  124      `sandbox exec`: the command timed out
+  125      a sandbox or engine failure
+  126, 127 `sandbox exec`: the command cannot be executed, or was not found
+  128+N    `sandbox exec`: the command was killed by signal N
+  129, 130, 143  interrupted by SIGHUP, SIGINT or SIGTERM (sandboxes torn down, results kept)";
+
+/// A count option in `1..=MAX` (a violation is a usage error: exit 2).
+pub fn count<const MAX: usize>(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(n) if (1..=MAX).contains(&n) => Ok(n),
+        _ => Err(format!("expected a whole number in 1..={MAX}")),
+    }
+}
+
+/// A number of seconds, finite and in `(0, 86400]`.
+pub fn seconds(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(x) if x > 0.0 && x <= 86400.0 => Ok(x),
+        _ => Err("expected a number of seconds in (0, 86400]".into()),
+    }
 }
 
 /// Run a parsed command; the exit status of the process.
@@ -134,7 +167,7 @@ pub fn run(cmd: Cmd) -> anyhow::Result<i32> {
             seed,
             count,
             json,
-        } => synth::run(&template, seed, count, json),
+        } => synth::run(&template, seed, count as u64, json),
         Cmd::Fingerprint {
             rootfs,
             shipped,

@@ -12,7 +12,9 @@ pub fn run(experiment: &Path) -> anyhow::Result<i32> {
         outln!("report: {}", path.display());
         return Ok(0);
     }
-    let (report, path) = engine::experiment::run(&exp, &rt, &super::sandbox::cache()?)?;
+    let cache = super::sandbox::cache()?;
+    super::signals::cooperative();
+    let (report, path) = engine::experiment::run_until(&exp, &rt, &cache, &super::signals::STOP)?;
     outln!(
         "{}: task {}{}, agent {}, {} episodes per seed on {} workers",
         report.name,
@@ -56,5 +58,11 @@ pub fn run(experiment: &Path) -> anyhow::Result<i32> {
             path.display(),
             report.episodes_file.display()
         );
-    Ok(0)
+    Ok(match super::signals::received() {
+        Some(sig) if report.interrupted => {
+            eprintln!("engine: interrupted: the report covers the episodes that finished");
+            super::signals::exit_status(sig)
+        }
+        _ => 0,
+    })
 }

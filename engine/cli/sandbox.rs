@@ -1,5 +1,6 @@
 //! Options shared by the sandbox commands, `engine sandbox exec`, and `engine reap`.
 
+use super::errors::usage;
 use clap::Subcommand;
 use engine::units::{parse_duration, parse_size};
 use sandbox::{ExecRequest, InitProgram, Runtime, SandboxConfig, Termination};
@@ -40,24 +41,36 @@ pub struct SandboxOpts {
 impl SandboxOpts {
     /// Validate into a sandbox configuration.
     pub fn config(&self) -> anyhow::Result<SandboxConfig> {
+        use anyhow::Context;
         let mut c = SandboxConfig {
-            rootfs: self.rootfs.parse()?,
+            rootfs: self.rootfs.parse().context("--rootfs")?,
             ..SandboxConfig::default()
         };
-        c.limits.memory_bytes =
-            parse_size(&self.memory).map_err(|e| anyhow::anyhow!("--memory: {e}"))?;
-        c.disk_bytes = parse_size(&self.disk).map_err(|e| anyhow::anyhow!("--disk: {e}"))?;
-        anyhow::ensure!(self.pids >= 2, "--pids: at least 2 (init and one command)");
-        anyhow::ensure!(
-            self.cpus >= 0.0 && self.cpus.is_finite(),
-            "--cpus: a non-negative number of cores"
-        );
+        c.limits.memory_bytes = parse_size(&self.memory).context("--memory")?;
+        c.disk_bytes = parse_size(&self.disk).context("--disk")?;
+        if !(2..=MAX_PIDS).contains(&self.pids) {
+            return Err(usage(format!(
+                "--pids: {} is outside 2..={MAX_PIDS} (init and one command at least, the kernel's pid limit at most)",
+                self.pids
+            )));
+        }
+        if !(self.cpus >= 0.0 && self.cpus <= MAX_CPUS) {
+            return Err(usage(format!(
+                "--cpus: {} is not a number of cores in 0..={MAX_CPUS} (0 for no quota)",
+                self.cpus
+            )));
+        }
         c.limits.pids = self.pids;
         c.limits.cpus = self.cpus;
         c.userns = self.userns;
         Ok(c)
     }
 }
+
+/// The most processes a sandbox may be given (the kernel's `PID_MAX_LIMIT`).
+pub const MAX_PIDS: u64 = 1 << 22;
+/// The largest CPU quota, in cores.
+pub const MAX_CPUS: f64 = 1024.0;
 
 /// The instance cache of the state directory (mounted on first use).
 pub fn cache() -> anyhow::Result<engine::synth::Cache> {
@@ -73,17 +86,60 @@ pub fn runtime() -> anyhow::Result<Runtime> {
         Ok(i) => i,
         Err(_) => InitProgram::at(std::env::current_exe()?, vec!["__sandbox-init".into()])?,
     };
-    Ok(Runtime::new(&sandbox::state::default_state_dir(), init)?)
+    let admission = admission_from_env()?;
+    let rt = Runtime::new(&sandbox::state::default_state_dir(), init)?;
+    super::signals::track(&rt);
+    rt.set_admission(admission);
+    Ok(rt)
+}
+
+/// Admission control from the environment: `ENVFACTORY_MAX_SANDBOXES` (a count; unset: no
+/// cap) and `ENVFACTORY_MEMORY_RESERVE` (a size such as `2G`, a share such as `5%`, or `0`
+/// for none; unset: 3% of the machine's memory).
+pub fn admission_from_env() -> anyhow::Result<sandbox::Admission> {
+    let mut a = sandbox::Admission::default();
+    let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+    if let Some(v) = var("ENVFACTORY_MAX_SANDBOXES") {
+        a.max_sandboxes = Some(super::count::<1_000_000>(&v).map_err(|e| {
+            usage(format!(
+                "ENVFACTORY_MAX_SANDBOXES: `{}`: {e}",
+                engine::text::cut(&v)
+            ))
+        })?);
+    }
+    if let Some(v) = var("ENVFACTORY_MEMORY_RESERVE") {
+        let bad = |why: String| usage(format!("ENVFACTORY_MEMORY_RESERVE: {why}"));
+        a.memory_reserve_bytes = match v.trim() {
+            "0" => 0,
+            t if t.ends_with('%') => {
+                let pct: u64 = t[..t.len() - 1]
+                    .trim()
+                    .parse()
+                    .ok()
+                    .filter(|p| *p <= 90)
+                    .ok_or_else(|| {
+                        bad(format!(
+                            "`{}` is not a share of memory in 0%..=90%",
+                            engine::text::cut(t)
+                        ))
+                    })?;
+                sandbox::admission::host_memory_bytes().unwrap_or(0) / 100 * pct
+            }
+            t => parse_size(t).map_err(|e| bad(e.to_string()))?,
+        };
+    }
+    Ok(a)
 }
 
 /// `engine sandbox exec`: run CMD in a fresh sandbox, print its output, return its exit code.
 pub fn exec(opts: &SandboxOpts, timeout: &str, cmd: &[String]) -> anyhow::Result<i32> {
-    anyhow::ensure!(
-        !cmd.is_empty(),
-        "no command given: engine sandbox exec [OPTIONS] -- CMD..."
-    );
+    if cmd.is_empty() {
+        return Err(usage(
+            "no command given: engine sandbox exec [OPTIONS] -- CMD...",
+        ));
+    }
     let cfg = opts.config()?;
-    let timeout = parse_duration(timeout).map_err(|e| anyhow::anyhow!("--timeout: {e}"))?;
+    let timeout = anyhow::Context::context(parse_duration(timeout), "--timeout")?;
     let rt = runtime()?;
     let mut sb = rt.create(&cfg)?;
     let mut req = ExecRequest::argv(cmd.iter().cloned());
@@ -133,8 +189,9 @@ pub fn exec(opts: &SandboxOpts, timeout: &str, cmd: &[String]) -> anyhow::Result
 
 #[derive(Subcommand)]
 pub enum SandboxCmd {
-    /// Run CMD in a fresh sandbox; exit with its status (124 timeout, 125 sandbox failure,
-    /// 126 cannot execute, 127 not found, 128+N killed by signal N).
+    /// Run CMD in a fresh sandbox; exit with its status (2 bad option, 124 timeout, 125
+    /// sandbox failure, 126 cannot execute, 127 not found, 128+N killed by signal N; 130, 143,
+    /// 129 when the engine itself gets SIGINT, SIGTERM, SIGHUP: the sandbox is torn down).
     Exec {
         #[command(flatten)]
         opts: SandboxOpts,

@@ -1,7 +1,7 @@
 //! `engine task list` and `engine task check`.
 
 use super::sandbox::cache;
-use anyhow::{bail, Context};
+use anyhow::Context;
 use clap::Subcommand;
 use engine::instance::PerturbationChoice;
 
@@ -19,12 +19,12 @@ pub enum TaskCmd {
         #[arg(long = "perturb", value_name = "SPEC")]
         perturb: Vec<String>,
         /// Seeds 1..=N of each instance.
-        #[arg(long, default_value_t = 1)]
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=100_000))]
         seeds: u64,
         /// Sampled combinations of two or three perturbations.
-        #[arg(long, default_value_t = 8)]
-        combos: usize,
-        #[arg(long, default_value_t = 2)]
+        #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(0..=100_000))]
+        combos: u64,
+        #[arg(long, default_value = "2", value_parser = super::count::<64>)]
         workers: usize,
         #[arg(long, default_value = "host")]
         base: String,
@@ -33,7 +33,7 @@ pub enum TaskCmd {
         #[arg(long, value_name = "FILE")]
         template: Option<std::path::PathBuf>,
         /// How many plans of `--template` to check (with `--rewards`: how many instances).
-        #[arg(long, default_value_t = 200)]
+        #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u64).range(1..=100_000))]
         samples: u64,
         /// Instead: the reward exploit check. On instances of the task (seeds 1..=--seeds, or
         /// `--samples` plans of `--template`), no constant-action policy and no two-action
@@ -95,7 +95,7 @@ pub fn run(cmd: TaskCmd) -> anyhow::Result<i32> {
                 &perturbations,
                 &perturb,
                 seeds,
-                combos,
+                combos as usize,
                 workers,
                 json,
             ),
@@ -119,10 +119,15 @@ fn task_check(
     let mut singles: Vec<PerturbationChoice> = match perturbations {
         "all" => engine::certify::all_defaults(),
         "none" => Vec::new(),
-        other => bail!("--perturbations {other}: expected `all` or `none` (use --perturb SPEC for specific ones)"),
+        other => {
+            return Err(super::errors::usage(format!(
+            "--perturbations {}: expected `all` or `none` (use --perturb SPEC for specific ones)",
+            engine::text::cut(other)
+        )))
+        }
     };
     for s in perturb {
-        singles.push(engine::perturb::parse_spec(s).with_context(|| format!("--perturb {s}"))?);
+        singles.push(engine::perturb::parse_spec(s).context("--perturb")?);
     }
     let spec = engine::certify::CheckSpec {
         task: task.into(),
@@ -147,11 +152,12 @@ fn template_check(
 ) -> anyhow::Result<i32> {
     let t = engine::template::Template::load(file)?;
     if t.task.as_deref() != Some(task) {
-        bail!(
-            "{}: the template's task is {:?}, not `{task}`",
+        return Err(super::errors::usage(format!(
+            "{}: the template's task is `{}`, not `{}`",
             file.display(),
-            t.task.as_deref().unwrap_or("none")
-        );
+            t.task.as_deref().unwrap_or("none"),
+            engine::text::cut(task)
+        )));
     }
     let plans = t.sample_many(1, samples.max(1));
     let rt = super::sandbox::runtime()?;
@@ -174,13 +180,22 @@ fn rewards_check(
         "potential" => engine::env::RewardConfig::default(),
         "sparse" => engine::env::RewardConfig::sparse(),
         "shaped" => engine::env::RewardConfig::shaped_demo(),
-        other => bail!("--reward-mode {other}: expected potential, sparse or shaped"),
+        other => {
+            return Err(super::errors::usage(format!(
+                "--reward-mode {}: expected potential, sparse or shaped",
+                engine::text::cut(other)
+            )))
+        }
     };
     let plans = match template {
         Some(file) => {
             let t = engine::template::Template::load(file)?;
             if t.task.as_deref() != Some(task) {
-                bail!("{}: the template's task is not `{task}`", file.display());
+                return Err(super::errors::usage(format!(
+                    "{}: the template's task is not `{}`",
+                    file.display(),
+                    engine::text::cut(task)
+                )));
             }
             t.sample_many(1, count.max(1))
         }
@@ -246,10 +261,11 @@ fn print_rows(rows: &[engine::certify::CheckRow], json: bool) -> anyhow::Result<
 /// An error naming the known tasks unless `task` is one.
 fn known_task(task: &str) -> anyhow::Result<()> {
     if engine::tasks::get(task).is_none() {
-        bail!(
-            "unknown task `{task}` (known: {})",
+        return Err(super::errors::usage(format!(
+            "unknown task `{}` (known: {})",
+            engine::text::cut(task),
             engine::tasks::names().join(", ")
-        );
+        )));
     }
     Ok(())
 }

@@ -12,6 +12,14 @@ use std::path::{Path, PathBuf};
 
 /// Plan seeds of seed `s` start at `s * SEED_STRIDE`.
 pub const SEED_STRIDE: u64 = 1_000_003;
+/// The most episodes per seed (and per instance) a config may ask for.
+pub const MAX_EPISODES: usize = 10_000_000;
+/// The most steps of a training run (`total_steps`, `baseline_steps`).
+pub const MAX_STEPS: u64 = 1_000_000_000_000;
+/// The most of any other count of `[training]` (steps per rollout, levels, epochs).
+pub const MAX_COUNT: usize = 1_000_000;
+/// The most seeds of one experiment.
+pub const MAX_SEEDS: usize = 10_000;
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -199,10 +207,7 @@ fn locate(text: &str, key: &str) -> (usize, usize) {
 impl Experiment {
     /// Load and validate; errors name the file, line, column, key and reason.
     pub fn load(file: &Path) -> Result<Self, ExperimentError> {
-        let text = std::fs::read_to_string(file).map_err(|source| ExperimentError::Read {
-            file: file.into(),
-            source,
-        })?;
+        let text = crate::text::read_input(file)?;
         Self::parse(&text, file)
     }
 
@@ -230,26 +235,39 @@ impl Experiment {
         if exp.experiment.seeds.is_empty() {
             return Err(invalid("experiment.seeds", "at least one seed".into()));
         }
+        if exp.experiment.seeds.len() > MAX_SEEDS {
+            return Err(invalid(
+                "experiment.seeds",
+                format!(
+                    "at most {MAX_SEEDS} seeds, not {}",
+                    exp.experiment.seeds.len()
+                ),
+            ));
+        }
         if exp.experiment.name.is_empty()
-            || exp.experiment.name.contains('/')
+            || exp.experiment.name.len() > 255
+            || exp.experiment.name.contains(['/', '\0'])
             || exp.experiment.name.starts_with('.')
         {
             return Err(invalid(
                 "experiment.name",
-                "a non-empty name without `/` that does not start with `.` (it names the report's directory)".into(),
+                "a name of 1 to 255 bytes without `/` that does not start with `.` (it names the report's directory)".into(),
             ));
         }
         let env = &exp.environment;
-        if env.episodes == 0 && exp.training.is_none() {
+        if (env.episodes == 0 && exp.training.is_none()) || env.episodes > MAX_EPISODES {
             return Err(invalid(
                 "environment.episodes",
-                "at least one episode".into(),
+                format!("between 1 and {MAX_EPISODES}, not {}", env.episodes),
             ));
         }
-        if env.episodes_per_instance == 0 {
+        if !(1..=MAX_EPISODES).contains(&env.episodes_per_instance) {
             return Err(invalid(
                 "environment.episodes_per_instance",
-                "at least 1".into(),
+                format!(
+                    "between 1 and {MAX_EPISODES}, not {}",
+                    env.episodes_per_instance
+                ),
             ));
         }
         if !(1..=64).contains(&env.workers) {
@@ -262,14 +280,9 @@ impl Experiment {
             return Err(invalid("environment.max_steps", "at least 1".into()));
         }
         if let Some(t) = &env.step_timeout {
-            let d = crate::units::parse_duration(t)
+            // In range (1ms..=30 days) or an error: the conversion to milliseconds is exact.
+            crate::units::parse_duration(t)
                 .map_err(|e| invalid("environment.step_timeout", e.to_string()))?;
-            if d.is_zero() {
-                return Err(invalid(
-                    "environment.step_timeout",
-                    "must be positive".into(),
-                ));
-            }
         }
         if let Some(task) = &env.task {
             if crate::tasks::get(task).is_none() {
@@ -387,29 +400,58 @@ impl Experiment {
             ));
         }
         for (key, ok, what) in [
-            ("training.total_steps", t.total_steps > 0, "at least 1"),
+            (
+                "training.total_steps",
+                (1..=MAX_STEPS).contains(&t.total_steps),
+                "between 1 and 10^12",
+            ),
+            (
+                "training.baseline_steps",
+                t.baseline_steps <= MAX_STEPS,
+                "at most 10^12",
+            ),
             (
                 "training.num_envs",
                 (1..=256).contains(&t.num_envs),
                 "between 1 and 256",
             ),
-            ("training.num_steps", t.num_steps > 0, "at least 1"),
-            ("training.train_levels", t.train_levels > 0, "at least 1"),
-            ("training.eval_levels", t.eval_levels > 0, "at least 1"),
+            (
+                "training.num_steps",
+                (1..=MAX_COUNT).contains(&t.num_steps),
+                "between 1 and 1000000",
+            ),
+            (
+                "training.train_levels",
+                (1..=MAX_COUNT).contains(&t.train_levels),
+                "between 1 and 1000000",
+            ),
+            (
+                "training.eval_levels",
+                (1..=MAX_COUNT).contains(&t.eval_levels),
+                "between 1 and 1000000",
+            ),
             (
                 "training.episodes_per_level",
-                t.episodes_per_level > 0,
-                "at least 1",
+                (1..=MAX_COUNT).contains(&t.episodes_per_level),
+                "between 1 and 1000000",
+            ),
+            (
+                "training.update_epochs",
+                t.update_epochs <= MAX_COUNT,
+                "at most 1000000",
             ),
             (
                 "training.hidden",
-                !t.hidden.is_empty() && t.hidden.iter().all(|&h| h > 0),
-                "hidden layer widths above 0",
+                (1..=16).contains(&t.hidden.len())
+                    && t.hidden.iter().all(|h| (1..=65_536).contains(h)),
+                "1 to 16 hidden layer widths, each in 1..=65536",
             ),
             (
                 "training.num_minibatches",
                 t.num_minibatches > 0
-                    && (t.num_envs * t.num_steps).is_multiple_of(t.num_minibatches),
+                    && t.num_envs
+                        .checked_mul(t.num_steps)
+                        .is_some_and(|n| n.is_multiple_of(t.num_minibatches)),
                 "at least 1, dividing num_envs * num_steps",
             ),
         ] {
@@ -602,7 +644,7 @@ episodes = 2
         let e = err(&OK.replace("episodes = 2", "episodes = 0"));
         assert_eq!(
             e,
-            "exp.toml:8:1: key `environment.episodes`: at least one episode"
+            "exp.toml:8:1: key `environment.episodes`: between 1 and 10000000, not 0"
         );
         let e = err(&OK.replace("episodes = 2", "episodes = 2\nworkers = 65"));
         assert_eq!(
@@ -642,6 +684,44 @@ episodes = 2
             e.starts_with("exp.toml:6:1: key `environment.template`: give a `template`"),
             "{e}"
         );
+        let e = err(&OK.replace(
+            "episodes = 2",
+            "episodes = 2\nstep_timeout = \"18446744073709551615s\"",
+        ));
+        assert!(
+            e.starts_with("exp.toml:9:1: key `environment.step_timeout`: `18446744073709551615s` is out of range"),
+            "{e}"
+        );
+        let e = err(&OK.replace("episodes = 2", "episodes = 99999999999"));
+        assert!(
+            e.contains("environment.episodes") && e.contains("between 1 and"),
+            "{e}"
+        );
+        for bad in ["nan", "inf", "-inf"] {
+            let e = err(&format!("{OK}[reward]\ngoal = {bad}\n"));
+            assert!(
+                e.starts_with("exp.toml:10:1: key `reward.goal`")
+                    && e.contains("is not a finite number"),
+                "{bad}: {e}"
+            );
+        }
+        let train = std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("experiments/clean.toml"),
+        )
+        .unwrap()
+        .replace("num_steps = 32", "num_steps = 9223372036854775807");
+        let e = Experiment::parse(
+            &train,
+            &Path::new(env!("CARGO_MANIFEST_DIR")).join("experiments/x.toml"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("key `training.num_steps`: between 1 and 1000000"),
+            "{e}"
+        );
+        let e = err(&OK.replace("name = \"t\"", &format!("name = \"{}\"", "n".repeat(300))));
+        assert!(e.contains("experiment.name") && e.len() < 300, "{e}");
         let e = err(&OK.replace("[environment]", "[environment]\nepisodes_per_instance = 0"));
         assert!(
             e.starts_with("exp.toml:7:1: key `environment.episodes_per_instance`"),

@@ -19,17 +19,19 @@
 //! | file | what it is |
 //! |---|---|
 //! | `config.rs` | [`Experiment`] and its tables: loading, validation, [`Experiment::plan`], [`Experiment::env_config`] |
-//! | `runner.rs` | [`run`]: the episodes on worker threads, [`EpisodeRecord`], the report and episode files |
+//! | `runner.rs` | [`run`], [`run_until`] (stops on a flag): the episodes on worker threads, [`EpisodeRecord`] |
+//! | `output.rs` | the output directory (checked before the first episode), episodes appended as they finish, the report at the end or on interruption |
 //! | `study.rs` | a training study (`[training]`): PPO per task and seed, held-out evaluation, `report.md` |
 //! | `stats.rs` | [`summarize`], [`SeedResult`], [`Interval`], [`Report`] |
 
 mod config;
+mod output;
 mod runner;
 mod stats;
 pub mod study;
 
 pub use config::{resolve_template, Agent, Environment, Experiment, Meta, Training, SEED_STRIDE};
-pub use runner::{run, EpisodeRecord};
+pub use runner::{run, run_until, EpisodeRecord};
 pub use stats::{summarize, Interval, Report, SeedResult};
 
 use crate::env::EnvError;
@@ -39,11 +41,8 @@ use std::path::PathBuf;
 /// Errors of loading or running an experiment.
 #[derive(Debug, thiserror::Error)]
 pub enum ExperimentError {
-    #[error("{file}: {source}")]
-    Read {
-        file: PathBuf,
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Read(#[from] crate::text::TextError),
     #[error("{file}:{line}:{column}: {message}")]
     Parse {
         file: PathBuf,
@@ -69,6 +68,11 @@ pub enum ExperimentError {
     Learn(#[from] crate::learn::LearnError),
     #[error("worker {worker} of seed {seed} panicked")]
     Worker { seed: u64, worker: usize },
+    #[error("output directory {dir}: {source}")]
+    Output {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
     #[error("writing {file}: {source}")]
     Write {
         file: PathBuf,

@@ -1,6 +1,7 @@
 //! `engine run`: the episodes of every seed on worker threads, each with its own `Env`, and the
 //! report and episode files.
 
+use super::output::Output;
 use super::stats::{summarize, Interval, Report, SeedResult};
 use super::{Agent, Experiment, ExperimentError};
 use crate::certify;
@@ -9,8 +10,8 @@ use crate::synth::Cache;
 use rand::Rng;
 use sandbox::Runtime;
 use serde::{Deserialize, Serialize};
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Instant;
 
 /// One episode, as written to `episodes.jsonl`.
@@ -126,6 +127,7 @@ fn run_seed(
     cache: &Cache,
     cfg: &EnvConfig,
     seed: u64,
+    (out, stop): (&Output, &AtomicBool),
 ) -> Result<Vec<EpisodeRecord>, ExperimentError> {
     let e = &exp.environment;
     let k = e.episodes_per_instance.max(1);
@@ -135,16 +137,22 @@ fn run_seed(
         let handles: Vec<_> = (0..e.workers)
             .map(|w| {
                 let next = &next;
+                let out_file = out;
                 s.spawn(move || -> Result<Vec<EpisodeRecord>, ExperimentError> {
                     let mut env = Env::new(rt.clone(), cache.clone(), cfg.clone())?;
                     let mut out = Vec::new();
                     loop {
                         let g = next.fetch_add(1, Ordering::Relaxed);
-                        if g >= groups {
+                        if g >= groups || stop.load(Ordering::Relaxed) {
                             break;
                         }
                         for i in g * k..((g + 1) * k).min(e.episodes) {
-                            out.push(episode(&mut env, exp, seed, w, i));
+                            if stop.load(Ordering::Relaxed) {
+                                break;
+                            }
+                            let rec = episode(&mut env, exp, seed, w, i);
+                            out_file.episode(&rec)?;
+                            out.push(rec);
                         }
                     }
                     Ok(out)
@@ -168,25 +176,22 @@ fn run_seed(
     Ok(all)
 }
 
-/// Write `bytes` to `dir/name` through a temporary file and a rename: an earlier file is never
-/// left half-overwritten.
-fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> Result<PathBuf, ExperimentError> {
-    let path = dir.join(name);
-    let write = |source| ExperimentError::Write {
-        file: path.clone(),
-        source,
-    };
-    let tmp = dir.join(format!(".{name}.tmp"));
-    std::fs::write(&tmp, bytes).map_err(write)?;
-    std::fs::rename(&tmp, &path).map_err(write)?;
-    Ok(path)
-}
-
 /// Run the experiment; write `<out_dir>/<name>/report.json` and `episodes.jsonl`.
 pub fn run(
     exp: &Experiment,
     rt: &Runtime,
     cache: &Cache,
+) -> Result<(Report, PathBuf), ExperimentError> {
+    run_until(exp, rt, cache, &AtomicBool::new(false))
+}
+
+/// [`run`], stopping between episodes once `stop` is set (a signal): the report is then of
+/// the episodes that finished, marked `interrupted`.
+pub fn run_until(
+    exp: &Experiment,
+    rt: &Runtime,
+    cache: &Cache,
+    stop: &AtomicBool,
 ) -> Result<(Report, PathBuf), ExperimentError> {
     let cfg = exp.env_config()?;
     if let Some(t) = &exp.template {
@@ -197,11 +202,12 @@ pub fn run(
             .map_err(crate::running::RunningError::from)?;
         t.check_tools(&crate::instance::BaseView::new(&rootfs))?;
     }
+    let out = Output::open(exp)?;
     let mut seeds = Vec::new();
     let mut records = Vec::new();
     for &seed in &exp.experiment.seeds {
         let started = Instant::now();
-        let r = run_seed(exp, rt, cache, &cfg, seed)?;
+        let r = run_seed(exp, rt, cache, &cfg, seed, (&out, stop))?;
         let res = summarize(seed, &r, started.elapsed().as_secs_f64());
         tracing::info!(
             seed,
@@ -214,22 +220,11 @@ pub fn run(
         );
         seeds.push(res);
         records.extend(r);
+        if stop.load(Ordering::Relaxed) {
+            tracing::warn!(seed, episodes = records.len(), "stopped by a signal");
+            break;
+        }
     }
-    let dir = exp.experiment.out_dir.join(&exp.experiment.name);
-    std::fs::create_dir_all(&dir).map_err(|source| ExperimentError::Write {
-        file: dir.clone(),
-        source,
-    })?;
-    let mut lines = Vec::new();
-    for r in &records {
-        let line = serde_json::to_vec(r).map_err(|e| ExperimentError::Write {
-            file: dir.join("episodes.jsonl"),
-            source: std::io::Error::other(e),
-        })?;
-        lines.extend_from_slice(&line);
-        lines.push(b'\n');
-    }
-    let episodes_file = write_atomic(&dir, "episodes.jsonl", &lines)?;
     let col = |f: fn(&SeedResult) -> f64| seeds.iter().map(f).collect::<Vec<_>>();
     let report = Report {
         name: exp.experiment.name.clone(),
@@ -246,12 +241,9 @@ pub fn run(
         mean_return: Interval::of_finite(&col(|s| s.mean_return)),
         reset_ms: Interval::of_finite(&col(|s| s.reset_ms_median)),
         seeds,
-        episodes_file,
+        episodes_file: out.episodes_file(),
+        interrupted: stop.load(Ordering::Relaxed),
     };
-    let json = serde_json::to_vec_pretty(&report).map_err(|e| ExperimentError::Write {
-        file: dir.join("report.json"),
-        source: std::io::Error::other(e),
-    })?;
-    let path = write_atomic(&dir, "report.json", &json)?;
+    let path = out.finish(&records, &report)?;
     Ok((report, path))
 }

@@ -81,6 +81,8 @@ pub struct Report {
     pub mean_return: Interval,
     pub reset_ms: Interval,
     pub episodes_file: PathBuf,
+    /// A signal stopped the run: the figures are of the episodes that finished.
+    pub interrupted: bool,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {

@@ -22,15 +22,15 @@ use serde::{Deserialize, Serialize};
 
 #[derive(Debug, thiserror::Error)]
 pub enum PerturbError {
-    #[error("unknown perturbation `{0}` (see `docs/environments.md` for the catalogue)")]
+    #[error("unknown perturbation `{}` (see `docs/environments.md` for the catalogue)", crate::text::cut(.0))]
     Unknown(String),
-    #[error("unknown parameter `{param}` (this perturbation takes: {known})")]
+    #[error("unknown parameter `{}` (this perturbation takes: {known})", crate::text::cut(.param))]
     UnknownParam { param: String, known: String },
     #[error("parameter `{param}`: {reason}")]
     BadParam { param: String, reason: String },
     #[error("not applicable here: {0}")]
     NotApplicable(String),
-    #[error("bad perturbation spec `{spec}`: {reason}")]
+    #[error("bad perturbation spec `{}`: {reason}", crate::text::cut(.spec))]
     BadSpec { spec: String, reason: String },
     #[error(transparent)]
     Layer(#[from] InstanceError),
@@ -88,6 +88,19 @@ pub enum Kind {
     Str,
     /// One of these strings.
     Choice(&'static [&'static str]),
+}
+
+/// How an error names what a parameter takes: "an integer in 0..=50".
+impl std::fmt::Display for Kind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Int { min, max } => write!(f, "an integer in {min}..={max}"),
+            Self::Float { min, max } => write!(f, "a number in {min}..={max}"),
+            Self::Bool => f.write_str("true or false"),
+            Self::Str => f.write_str("a string"),
+            Self::Choice(cs) => write!(f, "one of {}", cs.join(", ")),
+        }
+    }
 }
 
 /// One parameter of a perturbation.
@@ -173,11 +186,20 @@ impl Info {
                 (Kind::Choice(cs), v) => {
                     let s = v.to_string();
                     if !cs.contains(&s.as_str()) {
-                        return Err(bad(format!("`{s}` is not one of {}", cs.join(", "))));
+                        return Err(bad(format!(
+                            "`{}` is not one of {}",
+                            crate::text::cut(&s),
+                            cs.join(", ")
+                        )));
                     }
                     Value::Str(s)
                 }
-                (k, v) => return Err(bad(format!("`{v}` is not a {k:?}"))),
+                (k, v) => {
+                    return Err(bad(format!(
+                        "`{}` is not {k}",
+                        crate::text::cut(&v.to_string())
+                    )))
+                }
             };
             out.insert(spec.name.into(), v);
         }

@@ -1,11 +1,22 @@
 //! The content-addressed, bounded, lock-safe instance cache on its own tmpfs.
+//!
+//! Eviction is least-recently-used over an in-memory index (ordered by use time), so a build
+//! costs O(log n) in the number of cached entries rather than a walk of the cache. The index
+//! is read from the manifests at the first build and re-read only when another process built
+//! in between (every build bumps a counter in `.generation` under the build lock). Use times
+//! written by other processes are seen when an entry comes up for eviction (its manifest's
+//! mtime is checked then).
+//! Opening the cache also removes what a crashed build left (`.tmp-*`), under the build lock.
 
 use super::{build, SynthError};
 use crate::instance::{instance_id, BaseView, Instance, Plan};
 use sandbox::layers::Rootfs;
 use serde::Serialize;
+use std::collections::{BTreeSet, HashMap};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
 
 /// Default bounds of the instance cache.
 pub const DEFAULT_CACHE_ENTRIES: usize = 256;
@@ -17,8 +28,39 @@ pub struct Cache {
     dir: PathBuf,
     max_entries: usize,
     max_bytes: u64,
+    index: Arc<Mutex<Index>>,
     /// Set for a temporary cache: its tmpfs and directory go with the last clone.
     _temporary: Option<std::sync::Arc<TemporaryDir>>,
+}
+
+/// The entries of the cache by use time, as this process knows them.
+#[derive(Debug, Default)]
+struct Index {
+    by_use: BTreeSet<(SystemTime, String)>,
+    entries: HashMap<String, (SystemTime, u64)>,
+    bytes: u64,
+    /// The build generation the index is in step with (`None`: read the manifests first).
+    generation: Option<u64>,
+}
+
+impl Index {
+    fn insert(&mut self, id: &str, used: SystemTime, bytes: u64) {
+        self.remove(id);
+        self.by_use.insert((used, id.to_string()));
+        self.entries.insert(id.to_string(), (used, bytes));
+        self.bytes += bytes;
+    }
+    fn remove(&mut self, id: &str) {
+        if let Some((used, bytes)) = self.entries.remove(id) {
+            self.by_use.remove(&(used, id.to_string()));
+            self.bytes = self.bytes.saturating_sub(bytes);
+        }
+    }
+    fn touch(&mut self, id: &str, used: SystemTime) {
+        if let Some(&(_, bytes)) = self.entries.get(id) {
+            self.insert(id, used, bytes);
+        }
+    }
 }
 
 /// The state directory of a temporary cache; unmounts the cache's tmpfs when dropped.
@@ -95,12 +137,46 @@ impl Cache {
             }
             drop(lock);
         }
-        Ok(Self {
+        let c = Self {
             dir,
             max_entries,
             max_bytes,
+            index: Arc::default(),
             _temporary: None,
-        })
+        };
+        c.remove_partial_builds()?;
+        Ok(c)
+    }
+
+    /// Remove the `.tmp-*` layers and manifests of builds that crashed: under the build lock,
+    /// no build is in progress, so every one of them is garbage.
+    fn remove_partial_builds(&self) -> Result<(), SynthError> {
+        let cerr = |source| SynthError::Cache {
+            path: self.dir.clone(),
+            source,
+        };
+        let lock = lock_file(&self.dir.join(".lock"), true).map_err(cerr)?;
+        let rd = std::fs::read_dir(&self.dir).map_err(cerr)?;
+        for e in rd.flatten() {
+            if e.file_name().to_string_lossy().starts_with(".tmp-") {
+                let p = e.path();
+                let r = if p.is_dir() {
+                    std::fs::remove_dir_all(&p)
+                } else {
+                    std::fs::remove_file(&p)
+                };
+                match r {
+                    Ok(()) => {
+                        tracing::info!(path = %p.display(), "removed a crashed build's partial layer")
+                    }
+                    Err(e) => {
+                        tracing::warn!(path = %p.display(), error = %e, "could not remove a crashed build's partial layer")
+                    }
+                }
+            }
+        }
+        drop(lock);
+        Ok(())
     }
 
     /// A private, empty cache in a temporary directory: its tmpfs is unmounted and the
@@ -138,6 +214,7 @@ impl Cache {
         if let Some(h) = self.lookup(&id)? {
             return Ok(h);
         }
+        self.sync_index()?;
         let base = BaseView::new(rootfs);
         let (layer, runtime, task, applied) = build(plan, &base)?;
         let tmp = self.dir.join(format!(".tmp-{id}-{}", std::process::id()));
@@ -173,8 +250,8 @@ impl Cache {
         // Use time on the fine clock, as `lookup` does: the mtime a write leaves comes from
         // the kernel's coarse clock (a jiffy behind), which could rank this new entry older
         // than one looked up a moment before it.
-        touch(&held);
-        self.evict(Some(&id))?;
+        let used = touch(&held);
+        self.evict(&id, used, instance.layer_bytes)?;
         drop(lock);
         tracing::debug!(instance = %id, bytes = instance.layer_bytes, "instance synthesized");
         Ok(PinnedInstance {
@@ -217,7 +294,11 @@ impl Cache {
         if !instance.layer.is_dir() {
             return Ok(None);
         }
-        touch(&file);
+        let used = touch(&file);
+        self.index
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .touch(id, used);
         Ok(Some(PinnedInstance {
             instance,
             origin: Origin::Cached,
@@ -225,13 +306,96 @@ impl Cache {
         }))
     }
 
-    /// Remove least recently used entries until the bounds hold; held entries and `keep` stay.
+    /// Record the new entry `keep` and remove least recently used entries until the bounds
+    /// hold; held entries and `keep` stay. Called under the build lock.
     /// A hold is a `flock` on the manifest's open file description, which a process forked by
     /// another thread shares until it execs (the sandbox's clone of its init): for that moment
     /// the entry counts as held and the next oldest goes instead, so under concurrency the order
     /// is least-recently-used but for entries being held or just released.
-    fn evict(&self, keep: Option<&str>) -> Result<(), SynthError> {
-        let mut entries: Vec<(std::time::SystemTime, String, u64)> = Vec::new();
+    fn evict(&self, keep: &str, used: SystemTime, bytes: u64) -> Result<(), SynthError> {
+        let mut idx = self.index.lock().unwrap_or_else(|p| p.into_inner());
+        idx.insert(keep, used, bytes);
+        let mut passed = Vec::new();
+        while idx.entries.len() > self.max_entries || idx.bytes > self.max_bytes {
+            let Some((when, id)) = idx.by_use.pop_first() else {
+                break;
+            };
+            let Some(&(_, b)) = idx.entries.get(&id) else {
+                continue;
+            };
+            if id == keep {
+                passed.push((when, id, b));
+                continue;
+            }
+            let m = self.manifest(&id);
+            let Ok(f) = std::fs::File::open(&m) else {
+                // Gone already (another process evicted it).
+                idx.entries.remove(&id);
+                idx.bytes = idx.bytes.saturating_sub(b);
+                continue;
+            };
+            // Another process may have used it since the index learnt its time.
+            if let Ok(t) = f.metadata().and_then(|m| m.modified()) {
+                if t > when {
+                    idx.by_use.insert((t, id.clone()));
+                    if let Some(e) = idx.entries.get_mut(&id) {
+                        e.0 = t;
+                    }
+                    continue;
+                }
+            }
+            if flock(&f, libc::LOCK_EX | libc::LOCK_NB).is_err() {
+                passed.push((when, id, b)); // in use
+                continue;
+            }
+            let _ = std::fs::remove_file(&m);
+            let _ = std::fs::remove_file(self.dir.join(format!("{id}.cert.json")));
+            drop(f);
+            let _ = std::fs::remove_dir_all(self.dir.join(&id));
+            idx.entries.remove(&id);
+            idx.bytes = idx.bytes.saturating_sub(b);
+            tracing::debug!(instance = %id, "evicted from the instance cache");
+        }
+        for (when, id, _) in passed {
+            idx.by_use.insert((when, id));
+        }
+        idx.generation = Some(self.bump_generation(idx.generation.unwrap_or(0)));
+        Ok(())
+    }
+
+    /// Under the build lock, before this build changes the directory: re-read the index when
+    /// another process built since this one last did.
+    fn sync_index(&self) -> Result<(), SynthError> {
+        let mut idx = self.index.lock().unwrap_or_else(|p| p.into_inner());
+        let now = self.generation();
+        if idx.generation.is_none() || idx.generation != Some(now) {
+            self.rescan(&mut idx)?;
+            idx.generation = Some(now);
+        }
+        Ok(())
+    }
+
+    /// The build counter of the cache (0 when none was written or it is unreadable, which
+    /// only costs a re-read of the index).
+    fn generation(&self) -> u64 {
+        std::fs::read_to_string(self.dir.join(".generation"))
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// Count one more build (under the build lock); the new generation.
+    fn bump_generation(&self, current: u64) -> u64 {
+        let next = current.wrapping_add(1);
+        if let Err(e) = std::fs::write(self.dir.join(".generation"), next.to_string()) {
+            tracing::debug!(error = %e, "could not write the cache generation");
+        }
+        next
+    }
+
+    /// Read the index from the manifests (use time = manifest mtime, size = the layer's).
+    fn rescan(&self, idx: &mut Index) -> Result<(), SynthError> {
+        *idx = Index::default();
         let rd = std::fs::read_dir(&self.dir).map_err(|source| SynthError::Cache {
             path: self.dir.clone(),
             source,
@@ -246,37 +410,13 @@ impl Cache {
             }
             let Ok(m) = e.metadata() else { continue };
             let bytes = dir_bytes(&self.dir.join(id));
-            entries.push((
-                m.modified().unwrap_or(std::time::UNIX_EPOCH),
-                id.to_string(),
-                bytes,
-            ));
+            idx.insert(id, m.modified().unwrap_or(std::time::UNIX_EPOCH), bytes);
         }
-        entries.sort();
-        let mut count = entries.len();
-        let mut bytes: u64 = entries.iter().map(|e| e.2).sum();
-        for (_, id, b) in entries {
-            if count <= self.max_entries && bytes <= self.max_bytes {
-                break;
-            }
-            if Some(id.as_str()) == keep {
-                continue;
-            }
-            let m = self.manifest(&id);
-            let Ok(f) = std::fs::File::open(&m) else {
-                continue;
-            };
-            if flock(&f, libc::LOCK_EX | libc::LOCK_NB).is_err() {
-                continue; // in use
-            }
-            let _ = std::fs::remove_file(&m);
-            let _ = std::fs::remove_file(self.dir.join(format!("{id}.cert.json")));
-            drop(f);
-            let _ = std::fs::remove_dir_all(self.dir.join(&id));
-            count -= 1;
-            bytes = bytes.saturating_sub(b);
-            tracing::debug!(instance = %id, "evicted from the instance cache");
-        }
+        tracing::debug!(
+            entries = idx.entries.len(),
+            bytes = idx.bytes,
+            "instance cache index read"
+        );
         Ok(())
     }
 
@@ -299,10 +439,12 @@ impl Cache {
     }
 }
 
-/// Mark a manifest as used now. Least recently used = oldest manifest mtime; a failure only
-/// makes the entry look older, which is harmless.
-fn touch(manifest: &std::fs::File) {
-    let _ = manifest.set_modified(std::time::SystemTime::now());
+/// Mark a manifest as used now; the time set. Least recently used = oldest manifest mtime; a
+/// failure only makes the entry look older, which is harmless.
+fn touch(manifest: &std::fs::File) -> SystemTime {
+    let now = SystemTime::now();
+    let _ = manifest.set_modified(now);
+    now
 }
 
 fn dir_bytes(p: &Path) -> u64 {

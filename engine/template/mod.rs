@@ -34,7 +34,7 @@ mod synthesize;
 pub mod tree;
 mod validate;
 
-pub use synthesize::{synthesize, Synthesized};
+pub use synthesize::{synthesize, NotApplicable, Synthesis, Synthesized};
 
 use crate::instance::{self, Params, PerturbationChoice, Plan, Resources, TaskRef, Value};
 use crate::perturb::{self, Info};
@@ -67,11 +67,8 @@ pub enum ErrorKind {
 /// Errors of loading a template.
 #[derive(Debug, thiserror::Error)]
 pub enum TemplateError {
-    #[error("{file}: {source}")]
-    Read {
-        file: PathBuf,
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Read(#[from] crate::text::TextError),
     #[error("{file}: unknown template format (the name must end in .toml, .yaml or .yml)")]
     Format { file: PathBuf },
     #[error("{file}:{line}:{column}: {reason}")]
@@ -208,10 +205,7 @@ impl Template {
     pub fn load(file: &Path) -> Result<Self, TemplateError> {
         let format =
             Format::of_path(file).ok_or_else(|| TemplateError::Format { file: file.into() })?;
-        let text = std::fs::read_to_string(file).map_err(|source| TemplateError::Read {
-            file: file.into(),
-            source,
-        })?;
+        let text = crate::text::read_input(file)?;
         Self::parse(&text, file, format)
     }
 
@@ -227,6 +221,13 @@ impl Template {
         format: Format,
         catalog: &dyn Catalog,
     ) -> Result<Self, TemplateError> {
+        if text.len() as u64 > crate::text::MAX_INPUT_BYTES {
+            return Err(crate::text::TextError::TooLarge {
+                file: file.into(),
+                max: crate::text::MAX_INPUT_BYTES,
+            }
+            .into());
+        }
         let root = match format {
             Format::Toml => tree::toml_tree(text),
             Format::Yaml => tree::yaml_tree(text),

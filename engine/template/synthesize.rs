@@ -20,15 +20,33 @@ pub struct Synthesized {
     pub ms: f64,
 }
 
+/// A seed whose plan cannot be built: a sampled perturbation does not apply to it (e.g. it
+/// shadows a tool another one removed).
+#[derive(Debug, Clone, Serialize)]
+pub struct NotApplicable {
+    pub seed: u64,
+    pub plan: Plan,
+    pub perturbation: String,
+    pub reason: String,
+}
+
+/// The instances of a template's seeds, and the seeds skipped as not applicable.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Synthesis {
+    pub instances: Vec<Synthesized>,
+    pub not_applicable: Vec<NotApplicable>,
+}
+
 /// Synthesize (or find in the cache) the instances of seeds `seed..seed+count`, after
-/// checking the template's tools against its base.
+/// checking the template's tools against its base. A plan that is not applicable is
+/// recorded and the next seed goes on; any other failure stops.
 pub fn synthesize(
     rt: &sandbox::Runtime,
     cache: &synth::Cache,
     t: &Template,
     seed: u64,
     count: u64,
-) -> Result<Vec<Synthesized>, TemplateError> {
+) -> Result<Synthesis, TemplateError> {
     let fail = |seed: u64, e: crate::running::RunningError| TemplateError::Synthesis {
         file: t.file.clone(),
         seed,
@@ -37,13 +55,28 @@ pub fn synthesize(
     let spec = crate::running::base_spec(&t.base.rootfs).map_err(|e| fail(seed, e))?;
     let rootfs = rt.resolve(&spec).map_err(|e| fail(seed, e.into()))?;
     t.check_tools(&instance::BaseView::new(&rootfs))?;
-    let mut out = Vec::new();
+    let mut out = Synthesis::default();
     for plan in t.sample_many(seed, count) {
         let start = std::time::Instant::now();
-        let held = crate::running::synthesize(rt, cache, &plan).map_err(|e| fail(plan.seed, e))?;
+        let held = match crate::running::synthesize(rt, cache, &plan) {
+            Ok(h) => h,
+            Err(e) => {
+                if let Some((name, reason)) = e.not_applicable() {
+                    tracing::debug!(template = %t.name, seed = plan.seed, perturbation = %name, %reason, "not applicable");
+                    out.not_applicable.push(NotApplicable {
+                        seed: plan.seed,
+                        perturbation: name.to_string(),
+                        reason,
+                        plan,
+                    });
+                    continue;
+                }
+                return Err(fail(plan.seed, e));
+            }
+        };
         let ms = start.elapsed().as_secs_f64() * 1e3;
         tracing::debug!(template = %t.name, seed = plan.seed, instance = %held.instance.id, ms, "synthesized");
-        out.push(Synthesized {
+        out.instances.push(Synthesized {
             seed: plan.seed,
             id: held.instance.id.clone(),
             origin: held.origin,

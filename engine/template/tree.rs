@@ -158,17 +158,33 @@ pub fn toml_tree(text: &str) -> Result<Node, (Pos, String)> {
     Ok(raw_to_node(text, raw, Pos { line: 1, col: 1 }))
 }
 
-// YAML: built from the parser's marked events.
+/// The most values a document may hold once its YAML aliases are expanded: a few hundred
+/// bytes of nested aliases would otherwise expand to gigabytes before any validation.
+pub const MAX_NODES: usize = 100_000;
+/// The deepest nesting of lists and tables accepted.
+pub const MAX_DEPTH: usize = 64;
+
+// YAML: built from the parser's marked events. Each frame counts the values below it, so an
+// alias adds the size of what it repeats to the document's budget before it is copied.
 enum Frame {
-    Seq(Pos, usize, Vec<Node>),
-    Map(Pos, usize, Vec<(String, Pos, Node)>, Option<(String, Pos)>),
+    Seq(Pos, usize, usize, Vec<Node>),
+    Map(
+        Pos,
+        usize,
+        usize,
+        Vec<(String, Pos, Node)>,
+        Option<(String, Pos)>,
+    ),
 }
 
 #[derive(Default)]
 struct YamlBuilder {
     stack: Vec<Frame>,
     root: Option<Node>,
-    anchors: BTreeMap<usize, Node>,
+    /// Anchored values and how many values each holds.
+    anchors: BTreeMap<usize, (Node, usize)>,
+    /// Values built so far, aliases expanded.
+    nodes: usize,
     error: Option<(Pos, String)>,
 }
 
@@ -215,16 +231,37 @@ fn yaml_scalar(s: String, style: yaml_rust2::scanner::TScalarStyle) -> NodeValue
 }
 
 impl YamlBuilder {
-    fn push(&mut self, node: Node) {
+    fn fail(&mut self, pos: Pos, reason: String) {
+        if self.error.is_none() {
+            self.error = Some((pos, reason));
+        }
+    }
+
+    /// Add a value of `size` values to the parent frame (or make it the root).
+    fn push(&mut self, node: Node, size: usize) {
+        self.nodes = self.nodes.saturating_add(size);
+        if self.nodes > MAX_NODES {
+            return self.fail(
+                node.pos,
+                format!("the document holds more than {MAX_NODES} values (aliases expanded)"),
+            );
+        }
+        let mut err = None;
         match self.stack.last_mut() {
             None => {
                 if self.root.is_none() {
                     self.root = Some(node);
                 }
             }
-            Some(Frame::Seq(_, _, items)) => items.push(node),
-            Some(Frame::Map(_, _, entries, pending)) => match pending.take() {
-                Some((k, kp)) => entries.push((k, kp, node)),
+            Some(Frame::Seq(_, _, n, items)) => {
+                *n += size;
+                items.push(node);
+            }
+            Some(Frame::Map(_, _, n, entries, pending)) => match pending.take() {
+                Some((k, kp)) => {
+                    *n += size;
+                    entries.push((k, kp, node));
+                }
                 None => {
                     let key = match node.value {
                         NodeValue::Str(s) => s,
@@ -233,9 +270,7 @@ impl YamlBuilder {
                         NodeValue::Float(x) => x.to_string(),
                         NodeValue::Null => "null".into(),
                         NodeValue::Seq(_) | NodeValue::Map(_) => {
-                            if self.error.is_none() {
-                                self.error = Some((node.pos, "a key must be a plain value".into()));
-                            }
+                            err = Some((node.pos, "a key must be a plain value".into()));
                             String::new()
                         }
                     };
@@ -243,12 +278,25 @@ impl YamlBuilder {
                 }
             },
         }
+        if let Some((pos, reason)) = err {
+            self.fail(pos, reason);
+        }
+    }
+
+    fn open(&mut self, frame: Frame, pos: Pos) {
+        if self.stack.len() >= MAX_DEPTH {
+            return self.fail(pos, format!("nested deeper than {MAX_DEPTH} levels"));
+        }
+        self.stack.push(frame);
     }
 }
 
 impl yaml_rust2::parser::MarkedEventReceiver for YamlBuilder {
     fn on_event(&mut self, ev: yaml_rust2::Event, mark: yaml_rust2::scanner::Marker) {
         use yaml_rust2::Event;
+        if self.error.is_some() {
+            return;
+        }
         let pos = Pos {
             line: mark.line(),
             col: mark.col() + 1,
@@ -260,24 +308,27 @@ impl yaml_rust2::parser::MarkedEventReceiver for YamlBuilder {
                     value: yaml_scalar(s, style),
                 };
                 if anchor > 0 {
-                    self.anchors.insert(anchor, node.clone());
+                    self.anchors.insert(anchor, (node.clone(), 1));
                 }
-                self.push(node);
+                self.push(node, 1);
             }
-            Event::SequenceStart(anchor, _) => self.stack.push(Frame::Seq(pos, anchor, Vec::new())),
+            Event::SequenceStart(anchor, _) => {
+                self.open(Frame::Seq(pos, anchor, 1, Vec::new()), pos);
+            }
             Event::MappingStart(anchor, _) => {
-                self.stack.push(Frame::Map(pos, anchor, Vec::new(), None));
+                self.open(Frame::Map(pos, anchor, 1, Vec::new(), None), pos);
             }
             Event::SequenceEnd | Event::MappingEnd => {
-                let (node, anchor) = match self.stack.pop() {
-                    Some(Frame::Seq(p, a, items)) => (
+                let (node, anchor, size) = match self.stack.pop() {
+                    Some(Frame::Seq(p, a, n, items)) => (
                         Node {
                             pos: p,
                             value: NodeValue::Seq(items),
                         },
                         a,
+                        n,
                     ),
-                    Some(Frame::Map(p, a, entries, _)) => (
+                    Some(Frame::Map(p, a, n, entries, _)) => (
                         Node {
                             // A block mapping's start mark is at its first `:`; its first
                             // key is where a reader looks.
@@ -285,21 +336,28 @@ impl yaml_rust2::parser::MarkedEventReceiver for YamlBuilder {
                             value: NodeValue::Map(entries),
                         },
                         a,
+                        n,
                     ),
                     None => return,
                 };
                 if anchor > 0 {
-                    self.anchors.insert(anchor, node.clone());
+                    self.anchors.insert(anchor, (node.clone(), size));
                 }
-                self.push(node);
+                // Its values were counted as they came; the container itself is one more.
+                self.nodes = self.nodes.saturating_sub(size - 1);
+                self.push(node, size);
             }
-            Event::Alias(id) => match self.anchors.get(&id).cloned() {
-                Some(n) => self.push(n),
-                None => {
-                    if self.error.is_none() {
-                        self.error = Some((pos, "alias of an unknown anchor".into()));
-                    }
+            Event::Alias(id) => match self.anchors.get(&id) {
+                // The budget is checked before the copy.
+                Some((_, size)) if self.nodes.saturating_add(*size) > MAX_NODES => self.fail(
+                    pos,
+                    format!("the document holds more than {MAX_NODES} values (aliases expanded)"),
+                ),
+                Some((n, size)) => {
+                    let (n, size) = (n.clone(), *size);
+                    self.push(n, size);
                 }
+                None => self.fail(pos, "alias of an unknown anchor".into()),
             },
             _ => {}
         }

@@ -8,6 +8,7 @@ use super::{
 };
 use crate::instance::{Params, Resources, Value};
 use crate::perturb::{Info, PerturbError};
+use crate::text::cut;
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -36,7 +37,7 @@ impl<'n> Table<'n> {
     fn get(&self, k: &str) -> Option<&'n Node> {
         self.entries
             .iter()
-            .find(|(name, _, n)| name == k && n.value != NodeValue::Null)
+            .find(|(name, _, _)| name == k)
             .map(|e| &e.2)
     }
     fn path(&self, k: &str) -> String {
@@ -90,10 +91,8 @@ impl Validator<'_> {
             pos: node.pos,
             entries,
         };
-        for (i, (k, kp, _)) in entries.iter().enumerate() {
-            if entries[..i].iter().any(|e| e.0 == *k) {
-                return Err(self.err(*kp, &t.path(k), ErrorKind::DuplicateKey, "given twice"));
-            }
+        self.keys_once_with_values(&t)?;
+        for (k, kp, _) in entries {
             if !allowed.contains(&k.as_str()) {
                 return Err(self.err(
                     *kp,
@@ -104,6 +103,33 @@ impl Validator<'_> {
             }
         }
         Ok(t)
+    }
+
+    /// Every key given once and with a value: YAML's duplicate keys and nulls are refused as
+    /// TOML refuses them (a null would otherwise silently mean "the default").
+    fn keys_once_with_values(&self, t: &Table) -> Result<(), TemplateError> {
+        for (i, (k, kp, v)) in t.entries.iter().enumerate() {
+            if let Some(first) = t.entries[..i].iter().find(|e| e.0 == *k) {
+                return Err(self.err(
+                    *kp,
+                    &t.path(k),
+                    ErrorKind::DuplicateKey,
+                    format!(
+                        "given twice (first at line {}, column {})",
+                        first.1.line, first.1.col
+                    ),
+                ));
+            }
+            if v.value == NodeValue::Null {
+                return Err(self.err(
+                    v.pos,
+                    &t.path(k),
+                    ErrorKind::WrongType,
+                    "no value (null): give one or remove the key",
+                ));
+            }
+        }
+        Ok(())
     }
 
     fn string(&self, t: &Table, k: &str, required: bool) -> Result<Option<String>, TemplateError> {
@@ -198,7 +224,11 @@ impl Validator<'_> {
                     pos,
                     "template.task",
                     ErrorKind::UnknownTask,
-                    format!("unknown task `{t}` (known: {})", list_or_none(&known)),
+                    format!(
+                        "unknown task `{}` (known: {})",
+                        cut(t),
+                        list_or_none(&known)
+                    ),
                 ));
             }
         }
@@ -275,7 +305,10 @@ impl Validator<'_> {
                             it.pos,
                             &key,
                             ErrorKind::OutOfRange,
-                            format!("`{s}` is not a tool name (a command name, no `/` or spaces)"),
+                            format!(
+                                "`{}` is not a tool name (a command name, no `/` or spaces)",
+                                cut(s)
+                            ),
                         ))
                     }
                     v => return Err(self.wrong_type(it.pos, &key, "a string", v)),
@@ -340,7 +373,8 @@ impl Validator<'_> {
                 &t.path("name"),
                 ErrorKind::UnknownPerturbation,
                 format!(
-                    "unknown perturbation `{name}` (known: {})",
+                    "unknown perturbation `{}` (known: {})",
+                    cut(&name),
                     list_or_none(&self.catalog.perturbation_names())
                 ),
             )
@@ -370,15 +404,21 @@ impl Validator<'_> {
                     &pn.value,
                 ));
             };
+            self.keys_once_with_values(&Table {
+                key: t.path("params"),
+                pos: pn.pos,
+                entries,
+            })?;
             for (k, kp, vn) in entries {
-                let pkey = format!("{}.{k}", t.path("params"));
+                let pkey = format!("{}.{}", t.path("params"), cut(k));
                 if !known.contains(&k.as_str()) {
                     return Err(self.err(
                         *kp,
                         &pkey,
                         ErrorKind::UnknownParam,
                         format!(
-                            "`{name}` has no parameter `{k}` (it takes: {})",
+                            "`{name}` has no parameter `{}` (it takes: {})",
+                            cut(k),
                             list_or_none(&known)
                         ),
                     ));
@@ -687,7 +727,43 @@ mod tests {
                 DuplicateKey,
                 9,
                 "base_environment.memory",
+                "given twice (first at line 7, column 3)",
+            ),
+            (
+                Format::Yaml,
+                "      tool: [gzip, find]",
+                "      tool: [gzip, find]\n      tool: tar",
+                DuplicateKey,
+                14,
+                "perturbation_space[0].params.tool",
                 "given twice",
+            ),
+            (
+                Format::Yaml,
+                "    probability: 0.3",
+                "    probability: ~",
+                WrongType,
+                11,
+                "perturbation_space[0].probability",
+                "no value (null)",
+            ),
+            (
+                Format::Yaml,
+                "      mode: sparse",
+                "      mode:",
+                WrongType,
+                18,
+                "perturbation_space[1].params.mode",
+                "no value (null)",
+            ),
+            (
+                Format::Toml,
+                "mode = \"sparse\"",
+                "mode = \"sparse\", mode = \"dense\"",
+                Syntax,
+                16,
+                "",
+                "duplicate key",
             ),
         ];
         for (format, from, to, kind, line, key, reason) in cases {
@@ -717,6 +793,37 @@ mod tests {
                 assert!(msg.contains(&format!("key `{key}`")), "{msg}");
             }
         }
+    }
+
+    #[test]
+    fn documents_are_bounded_before_validation() {
+        // A billion-laughs template: 9 levels of 10 aliases would be 10^9 values.
+        let mut bomb = String::from("a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n");
+        for i in 1..10 {
+            let p = i - 1;
+            bomb.push_str(&format!(
+                "a{i}: &a{i} [*a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}]\n"
+            ));
+        }
+        let e = yaml(&bomb).unwrap_err().to_string();
+        assert!(
+            e.contains("more than 100000 values (aliases expanded)"),
+            "{e}"
+        );
+        let deep = format!("{}{}", "[".repeat(200), "]".repeat(200));
+        let e = yaml(&format!("template: {deep}")).unwrap_err().to_string();
+        assert!(e.contains("nested deeper than 64 levels"), "{e}");
+        let e = toml(&format!("x = {deep}")).unwrap_err();
+        assert_eq!(e.kind(), Some(ErrorKind::Syntax), "{e}");
+        let big = format!("# {}\n{TOML}", "x".repeat(1 << 20));
+        let e = toml(&big).unwrap_err().to_string();
+        assert!(e.contains("larger than 1048576 bytes"), "{e}");
+        // A few aliases within the budget still read.
+        let t = super::super::tree::yaml_tree("a: &x [1, 2]\nb: *x\n").unwrap();
+        let super::super::tree::NodeValue::Map(m) = t.value else {
+            panic!("{t:?}")
+        };
+        assert_eq!(m[0].2.value, m[1].2.value);
     }
 
     #[test]

@@ -39,6 +39,32 @@ pub struct SandboxConfig {
     pub userns: bool,
 }
 
+/// The largest writable layer (1024 TiB): a larger tmpfs size wraps in the kernel to 0, which
+/// means unlimited.
+pub const MAX_DISK_BYTES: u64 = 1 << 50;
+
+impl SandboxConfig {
+    /// Refuse limits that the kernel would wrap or misread, rather than pass them on.
+    pub fn validate(&self) -> Result<(), String> {
+        if !(1..=MAX_DISK_BYTES).contains(&self.disk_bytes) {
+            return Err(format!(
+                "disk_bytes {} is outside 1..={MAX_DISK_BYTES}",
+                self.disk_bytes
+            ));
+        }
+        if self.limits.memory_bytes == 0 {
+            return Err("memory_bytes must be positive".into());
+        }
+        if !(self.limits.cpus.is_finite() && self.limits.cpus >= 0.0) {
+            return Err(format!(
+                "cpus {} is not a non-negative number of cores",
+                self.limits.cpus
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// Host uid and gid of root inside a user-namespaced sandbox (65,536 ids are mapped).
 pub const USERNS_BASE: u32 = 100_000;
 
@@ -71,5 +97,26 @@ impl Default for SandboxConfig {
             nofile: 1024,
             userns: false,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limits_that_would_wrap_are_refused() {
+        assert_eq!(SandboxConfig::default().validate(), Ok(()));
+        let c = SandboxConfig {
+            disk_bytes: u64::MAX,
+            ..SandboxConfig::default()
+        };
+        assert!(c.validate().unwrap_err().contains("disk_bytes"));
+        let mut c = SandboxConfig::default();
+        c.limits.cpus = f64::NAN;
+        assert!(c.validate().unwrap_err().contains("cpus"));
+        let mut c = SandboxConfig::default();
+        c.limits.memory_bytes = 0;
+        assert!(c.validate().is_err());
     }
 }

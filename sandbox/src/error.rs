@@ -31,7 +31,7 @@ pub enum SandboxError {
     Unresponsive(Duration),
     #[error("the sandbox is dead (its init exited); create a new one")]
     Dead,
-    #[error("{kind:?}: {message}")]
+    #[error("{kind}: {message}")]
     Request { kind: FailureKind, message: String },
     #[error("unexpected response to {request}: {response}")]
     Unexpected {
@@ -40,6 +40,10 @@ pub enum SandboxError {
     },
     #[error("policy: {0}")]
     Policy(String),
+    #[error("sandbox config: {0}")]
+    Config(String),
+    #[error("admission control refused a new sandbox: {0}")]
+    Admission(#[from] crate::admission::Refusal),
 }
 
 impl SandboxError {

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 /// Errors of root filesystem resolution.
 #[derive(Debug, thiserror::Error)]
 pub enum LayerError {
-    #[error("unknown rootfs {0:?}: expected `host`, `oci:PATH` (an OCI layout or docker-save tarball) or an existing directory")]
+    #[error("unknown rootfs `{}`: expected `host`, `oci:PATH` (an OCI layout or docker-save tarball) or an existing directory", crate::text_pos::cut(.0))]
     UnknownRootfs(String),
     #[error("rootfs directory {path}: {reason}")]
     BadDirectory { path: PathBuf, reason: String },
@@ -469,7 +469,7 @@ mod tests {
         );
         let err = "debian:12".parse::<RootfsSpec>().unwrap_err();
         assert!(
-            err.to_string().contains("unknown rootfs \"debian:12\""),
+            err.to_string().contains("unknown rootfs `debian:12`"),
             "{err}"
         );
     }

@@ -5,6 +5,7 @@
 //! layer, inside cgroups, serving typed requests (exec, files, reset, snapshot, rollback) over a
 //! socketpair. The setup order and the security model are in `docs/sandbox.md`.
 
+pub mod admission;
 pub mod backend;
 pub mod caps;
 pub mod cgroup;
@@ -27,6 +28,7 @@ pub mod testing;
 pub mod text_pos;
 
 pub use self::sandbox::Sandbox;
+pub use admission::Admission;
 pub use backend::{Backend, SandboxOps};
 pub use cgroup::Limits;
 pub use config::SandboxConfig;

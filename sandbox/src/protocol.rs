@@ -262,6 +262,19 @@ pub enum FailureKind {
     Internal,
 }
 
+/// How an error names the kind of failure ("not found: ...").
+impl std::fmt::Display for FailureKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::NotFound => "not found",
+            Self::Invalid => "invalid request",
+            Self::Denied => "permission denied",
+            Self::Spawn => "cannot start",
+            Self::Internal => "sandbox init failed",
+        })
+    }
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum Response {
     Ok,

@@ -14,7 +14,7 @@ use std::ffi::CString;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// The program that becomes PID 1 of each sandbox.
@@ -71,6 +71,9 @@ struct Inner {
     cgroups: cgroup::Layout,
     init: InitProgram,
     counter: AtomicU64,
+    /// Sandboxes alive (admitted and not yet dropped).
+    live: AtomicUsize,
+    admission: Mutex<crate::Admission>,
     rootfs: Mutex<HashMap<RootfsSpec, Rootfs>>,
     host_mask: Mutex<Option<(PathBuf, String)>>,
     seccomp: Mutex<Option<crate::seccomp::CompiledSeccomp>>,
@@ -118,6 +121,8 @@ impl Runtime {
                 cgroups,
                 init,
                 counter: AtomicU64::new(0),
+                live: AtomicUsize::new(0),
+                admission: Mutex::new(crate::Admission::default()),
                 rootfs: Mutex::new(HashMap::new()),
                 host_mask: Mutex::new(None),
                 seccomp: Mutex::new(None),
@@ -128,6 +133,35 @@ impl Runtime {
     /// The default state directory and the located init program.
     pub fn from_env() -> Result<Self, SandboxError> {
         Self::new(&state::default_state_dir(), InitProgram::locate()?)
+    }
+
+    /// Set when new sandboxes are refused (by default: no cap, a reserve of a few percent of
+    /// the machine's memory).
+    pub fn set_admission(&self, a: crate::Admission) {
+        *self
+            .inner
+            .admission
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = a;
+    }
+
+    /// When new sandboxes are refused.
+    pub fn admission(&self) -> crate::Admission {
+        *self
+            .inner
+            .admission
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Sandboxes of this runtime alive now.
+    pub fn live_sandboxes(&self) -> usize {
+        self.inner.live.load(Ordering::SeqCst)
+    }
+
+    /// Give back a live sandbox's place (its drop).
+    pub(crate) fn release(&self) {
+        crate::admission::release(&self.inner.live);
     }
 
     pub fn run_id(&self) -> &str {
@@ -280,6 +314,10 @@ impl Runtime {
     /// Create a sandbox: cgroups, namespaces, init, root filesystem.
     pub fn create(&self, cfg: &SandboxConfig) -> Result<Sandbox, SandboxError> {
         let t0 = std::time::Instant::now();
+        cfg.validate().map_err(SandboxError::Config)?;
+        self.admission().admit(&self.inner.live)?;
+        // The place goes back if creation fails before the sandbox owns it.
+        let mut place = Place(Some(self));
         let us = |t: std::time::Instant| t.elapsed().as_micros() as u64;
         let rootfs = stack_layers(self.resolve(&cfg.rootfs)?, &cfg.layers)?;
         let seccomp = self.seccomp(cfg)?;
@@ -305,6 +343,7 @@ impl Runtime {
         let spawn_us = us(t_spawn);
         let mut sb = Sandbox::new(self.clone(), name, dir, host_sock, pid, cgroup, rootfs);
         guard.dir = None; // the sandbox's Drop owns cleanup from here on
+        place.0 = None; // and its place among the live ones
         let _ = std::fs::write(self.init_record(sb.name()), state::identity(pid));
         let t_setup = std::time::Instant::now();
         sb.setup(cfg, seccomp)?;
@@ -375,6 +414,17 @@ impl Drop for Inner {
         }
         let _ = std::fs::remove_dir_all(&self.run_dir);
         tracing::debug!(run = %self.run, "runtime cleaned up");
+    }
+}
+
+/// A live sandbox's place, given back on drop unless a sandbox took it over.
+struct Place<'a>(Option<&'a Runtime>);
+
+impl Drop for Place<'_> {
+    fn drop(&mut self) {
+        if let Some(rt) = self.0 {
+            rt.release();
+        }
     }
 }
 

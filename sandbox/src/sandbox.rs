@@ -362,5 +362,6 @@ impl Drop for Sandbox {
         }
         let _ = std::fs::remove_dir(&self.dir);
         let _ = std::fs::remove_file(self.rt.init_record(&self.name));
+        self.rt.release();
     }
 }

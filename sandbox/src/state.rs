@@ -162,46 +162,59 @@ pub fn reap(state: &Path, cgroup_roots: &[PathBuf], own_run: Option<&str>) -> Re
         }
     }
     for run in dead {
-        let dir = runs_dir.join(&run);
         tracing::info!(run = %run, "reaping a run whose owner is gone");
-        // 1. inits: their pid namespaces take every sandbox process with them.
-        if let Ok(rd) = std::fs::read_dir(dir.join("sbx")) {
-            for e in rd.flatten() {
-                if e.path().extension().is_some_and(|x| x == "init") {
-                    let rec = std::fs::read_to_string(e.path()).unwrap_or_default();
-                    if let Some(pid) = is_alive(&rec) {
-                        // SAFETY: kill with integer arguments; identity checked by start time.
-                        unsafe { libc::kill(pid, libc::SIGKILL) };
-                        out.processes += 1;
-                    }
-                }
-            }
-        }
-        // 2. cgroups (killing anything still inside).
-        for root in cgroup_roots {
-            let cg = root.join(crate::cgroup::TOP).join(&run);
-            if cg.exists() {
-                match crate::cgroup::remove(&cg) {
-                    Ok(()) => out.cgroups += 1,
-                    Err(e) => tracing::warn!(error = %e, "reaper could not remove a cgroup"),
-                }
-            }
-        }
-        // 3. mounts left in the host namespace (the host mask).
-        for m in mounts_under(&dir) {
-            if nix::mount::umount2(&m, nix::mount::MntFlags::MNT_DETACH).is_ok() {
-                out.mounts += 1;
-            }
-        }
-        // 4. the directory.
-        if dir.exists() {
-            if let Err(e) = std::fs::remove_dir_all(&dir) {
-                tracing::warn!(error = %e, dir = %dir.display(), "reaper could not remove a run directory");
-            }
-        }
-        out.runs.push(run);
+        reap_into(state, cgroup_roots, &run, &mut out);
     }
     out
+}
+
+/// Remove everything of one run, whether or not its owner lives: its sandboxes' inits (their
+/// pid namespaces take every sandbox process with them), cgroups, mounts and directory. The
+/// owner itself calls this from a signal watcher to tear its own run down before it exits.
+pub fn reap_run(state: &Path, cgroup_roots: &[PathBuf], run: &str) -> Reaped {
+    let mut out = Reaped::default();
+    reap_into(state, cgroup_roots, run, &mut out);
+    out
+}
+
+fn reap_into(state: &Path, cgroup_roots: &[PathBuf], run: &str, out: &mut Reaped) {
+    let dir = state.join("runs").join(run);
+    // 1. inits: their pid namespaces take every sandbox process with them.
+    if let Ok(rd) = std::fs::read_dir(dir.join("sbx")) {
+        for e in rd.flatten() {
+            if e.path().extension().is_some_and(|x| x == "init") {
+                let rec = std::fs::read_to_string(e.path()).unwrap_or_default();
+                if let Some(pid) = is_alive(&rec) {
+                    // SAFETY: kill with integer arguments; identity checked by start time.
+                    unsafe { libc::kill(pid, libc::SIGKILL) };
+                    out.processes += 1;
+                }
+            }
+        }
+    }
+    // 2. cgroups (killing anything still inside).
+    for root in cgroup_roots {
+        let cg = root.join(crate::cgroup::TOP).join(run);
+        if cg.exists() {
+            match crate::cgroup::remove(&cg) {
+                Ok(()) => out.cgroups += 1,
+                Err(e) => tracing::warn!(error = %e, "reaper could not remove a cgroup"),
+            }
+        }
+    }
+    // 3. mounts left in the host namespace (the host mask).
+    for m in mounts_under(&dir) {
+        if nix::mount::umount2(&m, nix::mount::MntFlags::MNT_DETACH).is_ok() {
+            out.mounts += 1;
+        }
+    }
+    // 4. the directory.
+    if dir.exists() {
+        if let Err(e) = std::fs::remove_dir_all(&dir) {
+            tracing::warn!(error = %e, dir = %dir.display(), "reaper could not remove a run directory");
+        }
+    }
+    out.runs.push(run.to_string());
 }
 
 #[cfg(test)]

@@ -23,6 +23,18 @@ pub fn line_col(text: &str, offset: usize) -> (usize, usize) {
     (line_of(text, end), before[line_start..].chars().count() + 1)
 }
 
+/// Characters of a value shown in a message before it is cut.
+pub const SHOWN_CHARS: usize = 80;
+
+/// `s` for a message: whole when short, else its first [`SHOWN_CHARS`] characters and how
+/// long it was (a megabyte of input never makes a megabyte of error).
+pub fn cut(s: &str) -> std::borrow::Cow<'_, str> {
+    match s.char_indices().nth(SHOWN_CHARS) {
+        None => std::borrow::Cow::Borrowed(s),
+        Some((i, _)) => std::borrow::Cow::Owned(format!("{}... ({} bytes)", &s[..i], s.len())),
+    }
+}
+
 /// Key named by a serde/toml message (``missing field `why` ``, ``duplicate key `x` ``).
 pub fn quoted_key(message: &str) -> Option<String> {
     ["field `", "key `"].iter().find_map(|marker| {

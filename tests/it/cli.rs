@@ -101,14 +101,34 @@ fn bad_options_and_rootfs_get_clear_errors_and_leave_nothing() {
         .args(["sandbox", "exec", "--rootfs", "nowhere:1", "--", "true"])
         .output()
         .unwrap();
-    assert_eq!(o.status.code(), Some(125));
-    assert!(String::from_utf8_lossy(&o.stderr).contains("unknown rootfs \"nowhere:1\""));
+    assert_eq!(o.status.code(), Some(2), "bad input exits 2");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--rootfs: unknown rootfs `nowhere:1`"));
     let o = engine()
         .args(["sandbox", "exec", "--memory", "lots", "--", "true"])
         .output()
         .unwrap();
-    assert_eq!(o.status.code(), Some(125));
-    assert!(String::from_utf8_lossy(&o.stderr).contains("--memory: \"lots\" is not a size"));
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--memory: `lots` is not a size"));
+    // Values past the limits are errors, not panics (exit 101) nor wrapped limits.
+    for (opt, v, said) in [
+        ("--timeout", "99999999999999999999s", "is out of range"),
+        ("--disk", "18446744073709551615", "is out of range"),
+        ("--pids", "18446744073709551615", "is outside 2..=4194304"),
+        ("--cpus", "inf", "is not a number of cores"),
+        ("--cpus", "NaN", "is not a number of cores"),
+    ] {
+        let o = engine()
+            .args(["sandbox", "exec", opt, v, "--", "true"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{opt} {v}: {err}");
+        assert!(
+            err.starts_with(&format!("engine: {opt}: ")) && err.contains(said),
+            "{err}"
+        );
+        assert_eq!(err.lines().count(), 1, "{err}");
+    }
     // The kernel refuses a limit (a CPU quota under its 1 ms minimum): the error names the
     // file, and the failed run leaves nothing behind.
     let o = engine()
@@ -328,6 +348,51 @@ fn bench_sandbox_json_has_the_documented_keys() {
         assert!(v[k]["p90"].as_f64().unwrap() >= m, "{k}");
     }
     assert!(v["ratios"]["exec_vs_host"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
+fn admission_control_stops_bench_sandbox_concurrent_and_says_where() {
+    if !is_root() {
+        return;
+    }
+    let o = engine()
+        .env("ENVFACTORY_MAX_SANDBOXES", "3")
+        .args([
+            "bench",
+            "sandbox",
+            "--json",
+            "--iterations",
+            "1",
+            "--concurrent",
+            "5",
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let c = &v["concurrent"];
+    assert_eq!(c["requested"], 5, "{c}");
+    assert_eq!(c["sandboxes"], 3, "{c}");
+    assert_eq!(c["answered"], 3, "{c}");
+    let why = c["stopped"].as_str().unwrap();
+    assert!(
+        why.starts_with("stopped after 3 sandboxes: admission control refused a new sandbox: 3 sandboxes are alive"),
+        "{why}"
+    );
+    for (var, value) in [
+        ("ENVFACTORY_MAX_SANDBOXES", "0"),
+        ("ENVFACTORY_MEMORY_RESERVE", "95%"),
+        ("ENVFACTORY_MEMORY_RESERVE", "lots"),
+    ] {
+        let o = engine()
+            .env(var, value)
+            .args(["sandbox", "exec", "--", "true"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{var}={value}: {err}");
+        assert!(err.starts_with(&format!("engine: {var}: ")), "{err}");
+    }
 }
 
 fn json_lines(out: &[u8]) -> Vec<serde_json::Value> {

@@ -232,3 +232,40 @@ fn episodes_of_one_instance_share_it_on_one_worker() {
         assert_eq!(eps[3]["plan_seed"], seed * 1_000_003 + 1);
     }
 }
+
+#[test]
+fn a_bad_out_dir_fails_before_the_first_episode() {
+    let root = tempfile::tempdir().unwrap();
+    let blocker = root.path().join("file");
+    std::fs::write(&blocker, "not a directory").unwrap();
+    let file = root.path().join("exp.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "[experiment]\nname = \"t\"\nseeds = [1]\nout_dir = \"{}\"\n[environment]\ntask = \"archive-logs\"\nepisodes = 2\n",
+            blocker.join("out").display()
+        ),
+    )
+    .unwrap();
+    let exp = Experiment::load(&file).unwrap();
+    let rt = common::runtime();
+    let cache = common::cache();
+    let e = engine::experiment::run(&exp, &rt, &cache).unwrap_err();
+    assert!(
+        matches!(e, engine::experiment::ExperimentError::Output { .. }),
+        "{e}"
+    );
+    assert!(
+        e.to_string().starts_with(&format!(
+            "output directory {}",
+            blocker.join("out/t").display()
+        )),
+        "{e}"
+    );
+    // Nothing was synthesized: the cache is as empty as it started.
+    assert_eq!(
+        cache.ids(),
+        Vec::<String>::new(),
+        "an episode ran before the check"
+    );
+}

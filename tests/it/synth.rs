@@ -156,3 +156,41 @@ fn held_entries_are_not_evicted_and_concurrent_builds_agree() {
     });
     assert!(ids.windows(2).all(|w| w[0] == w[1]));
 }
+
+#[test]
+fn crashed_builds_are_swept_and_other_processes_builds_are_counted() {
+    require_root!();
+    let _serial = serial();
+    let rt = common::runtime();
+    let rootfs = rt.resolve(&sandbox::RootfsSpec::Host).unwrap();
+    let st = common::TempState::new();
+    let a = Cache::open_with(st.path(), 3, 1 << 30).unwrap();
+    // What a `kill -9` in the middle of a build leaves: a partial layer and manifest.
+    std::fs::create_dir_all(a.dir().join(".tmp-dead-999999/usr/bin")).unwrap();
+    std::fs::write(a.dir().join(".tmp-dead-999999/usr/bin/x"), "partial").unwrap();
+    std::fs::write(a.dir().join(".tmp-dead.json"), "{").unwrap();
+    let plan = |seed| Plan {
+        task: None,
+        ..Plan::for_task("none", seed, vec![])
+    };
+    let id = |seed| engine::instance::instance_id(&plan(seed), &rootfs.digest);
+    drop(a.get_or_build(&plan(1), &rootfs).unwrap());
+    drop(a.get_or_build(&plan(2), &rootfs).unwrap());
+    // Another handle (another process: its own index) opens the cache: the leftovers go.
+    let b = Cache::open_with(st.path(), 3, 1 << 30).unwrap();
+    let names: Vec<String> = std::fs::read_dir(b.dir())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(!names.iter().any(|n| n.starts_with(".tmp-")), "{names:?}");
+    drop(b.get_or_build(&plan(3), &rootfs).unwrap());
+    drop(b.get_or_build(&plan(4), &rootfs).unwrap());
+    // `a` did not build 3 and 4, yet counts them: its next build evicts down to 3 entries,
+    // the least recently used first (1, then 2).
+    drop(a.get_or_build(&plan(5), &rootfs).unwrap());
+    let ids = a.ids();
+    assert_eq!(ids.len(), 3, "{ids:?}");
+    for (seed, kept) in [(1, false), (2, false), (3, true), (4, true), (5, true)] {
+        assert_eq!(ids.contains(&id(seed)), kept, "seed {seed}: {ids:?}");
+    }
+}

@@ -174,7 +174,9 @@ fn templates_synthesize_into_cached_instances() {
     let state = common::TempState::new();
     let cache = engine::synth::Cache::open(state.path()).unwrap();
     let t = Template::load(&templates_dir().join("archive-logs.toml")).unwrap();
-    let first = template::synthesize(&rt, &cache, &t, 10, 4).unwrap();
+    let first = template::synthesize(&rt, &cache, &t, 10, 4)
+        .unwrap()
+        .instances;
     assert_eq!(first.len(), 4);
     assert!(first
         .iter()
@@ -182,7 +184,9 @@ fn templates_synthesize_into_cached_instances() {
     for s in &first {
         assert_eq!(s.applied.len(), s.plan.perturbations.len());
     }
-    let again = template::synthesize(&rt, &cache, &t, 10, 4).unwrap();
+    let again = template::synthesize(&rt, &cache, &t, 10, 4)
+        .unwrap()
+        .instances;
     for (a, b) in first.iter().zip(&again) {
         assert_eq!(a.id, b.id);
         assert_eq!(b.origin, engine::synth::Origin::Cached);
@@ -224,7 +228,10 @@ fn shipped_templates_synthesize_and_start_on_the_host() {
         let t = Template::load(&templates_dir().join(name)).unwrap();
         // Sixteen seeds: together they apply most entries of the space, each one for real.
         let mut applied = std::collections::BTreeSet::new();
-        for s in template::synthesize(&rt, &cache, &t, 0, 16).unwrap() {
+        for s in template::synthesize(&rt, &cache, &t, 0, 16)
+            .unwrap()
+            .instances
+        {
             let held = cache.lookup(&s.id).unwrap().unwrap();
             let live = engine::running::RunningInstance::start(&rt, held)
                 .unwrap_or_else(|e| panic!("{name} seed {}: {e}\n{:?}", s.seed, s.applied));
@@ -259,4 +266,42 @@ fn a_tool_the_base_lacks_is_named_with_its_line() {
     assert_eq!(e.key(), Some("base_environment.tools[1]"), "{e}");
     assert!(e.to_string().contains("no `no-such-tool-xyz`"), "{e}");
     assert!(cache.ids().is_empty());
+}
+
+#[test]
+fn synth_reports_a_plan_that_is_not_applicable_and_goes_on() {
+    require_root!();
+    let state = common::TempState::new();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("t.toml");
+    // `find` removed always, shadowed half the time: those seeds cannot be built.
+    std::fs::write(
+        &file,
+        "[template]\nname = \"t\"\ntask = \"archive-logs\"\n\
+         [[perturbation_space]]\nname = \"tool-missing\"\n[perturbation_space.params]\ntool = \"find\"\n\
+         [[perturbation_space]]\nname = \"tool-shadowed\"\nprobability = 0.5\n[perturbation_space.params]\ntool = \"find\"\n",
+    )
+    .unwrap();
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_engine"))
+        .env("ENVFACTORY_STATE", state.path())
+        .arg("synth")
+        .arg(&file)
+        .args(["--seed", "60", "--count", "10"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let seeds: Vec<&str> = text.lines().filter(|l| l.starts_with("seed ")).collect();
+    assert_eq!(seeds.len(), 10, "every seed is reported: {text}");
+    let skipped = seeds
+        .iter()
+        .filter(|l| l.contains("not applicable"))
+        .count();
+    assert!(skipped > 0 && skipped < 10, "{text}");
+    assert!(text.contains("perturbation `tool-shadowed`"), "{text}");
+    let order: Vec<u64> = seeds
+        .iter()
+        .map(|l| l.split_whitespace().nth(1).unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(order, (60..70).collect::<Vec<_>>());
 }

@@ -7,6 +7,7 @@
 
 mod common;
 
+mod admission;
 mod attacks;
 mod basic;
 mod oci;

@@ -1,0 +1,151 @@
+//! SIGINT, SIGTERM and SIGHUP: the run stops cleanly instead of leaving its mounts, cgroups
+//! and run directory to the next reaper.
+//!
+//! The handler only records the signal and wakes a watcher thread through a pipe (both
+//! async-signal-safe). A command that stops on its own between units of work (`engine run`
+//! checks [`STOP`] between episodes, then tears down and writes what it measured) declares
+//! itself [`cooperative`]; for every other command, and at a second signal, the watcher tears
+//! the process's own runs down ([`sandbox::state::reap_run`]) and exits. Either way the exit
+//! status is 128 + the signal: 130 for SIGINT, 143 for SIGTERM, 129 for SIGHUP.
+
+use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+/// Set when a signal asked the process to stop.
+pub static STOP: AtomicBool = AtomicBool::new(false);
+static SIGNAL: AtomicI32 = AtomicI32::new(0);
+static WAKE: AtomicI32 = AtomicI32::new(-1);
+static COOPERATIVE: AtomicBool = AtomicBool::new(false);
+/// Signals received so far.
+static COUNT: AtomicUsize = AtomicUsize::new(0);
+
+/// The runs of this process, torn down by the watcher when it has to exit by itself.
+static RUNS: Mutex<Vec<(PathBuf, Vec<PathBuf>, String)>> = Mutex::new(Vec::new());
+
+/// The signals handled.
+const SIGNALS: [Signal; 3] = [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP];
+
+extern "C" fn on_signal(sig: libc::c_int) {
+    let _ = SIGNAL.compare_exchange(0, sig, Ordering::SeqCst, Ordering::SeqCst);
+    STOP.store(true, Ordering::SeqCst);
+    COUNT.fetch_add(1, Ordering::SeqCst);
+    let fd = WAKE.load(Ordering::SeqCst);
+    if fd >= 0 {
+        let b = [sig as u8];
+        // SAFETY: write(2) is async-signal-safe; the buffer is a live local.
+        unsafe { libc::write(fd, b.as_ptr().cast(), 1) };
+    }
+}
+
+/// Install the handlers and start the watcher. Handlers are reset to the default in every
+/// program the sandboxes execute (execve does that), so commands see signals as usual.
+pub fn install() {
+    let (r, w) = match nix::unistd::pipe() {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::warn!(error = %e, "no signal pipe: signals keep their default action");
+            return;
+        }
+    };
+    // The write end lives as long as the process (the handler may use it at any time).
+    WAKE.store(w.as_raw_fd(), Ordering::SeqCst);
+    std::mem::forget(w);
+    if let Err(e) = std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || watch(r))
+    {
+        tracing::warn!(error = %e, "no signal watcher: signals keep their default action");
+        return;
+    }
+    let action = SigAction::new(
+        SigHandler::Handler(on_signal),
+        SaFlags::SA_RESTART,
+        SigSet::empty(),
+    );
+    for s in SIGNALS {
+        // SAFETY: the handler only makes async-signal-safe calls (atomics, write).
+        if let Err(e) = unsafe { sigaction(s, &action) } {
+            tracing::warn!(signal = %s, error = %e, "could not handle a signal");
+        }
+    }
+}
+
+/// The running command stops by itself when [`STOP`] is set.
+pub fn cooperative() {
+    COOPERATIVE.store(true, Ordering::SeqCst);
+}
+
+/// Remember a runtime's run, for the watcher's teardown.
+pub fn track(rt: &sandbox::Runtime) {
+    let mut runs = RUNS.lock().unwrap_or_else(|p| p.into_inner());
+    runs.push((
+        rt.state_dir().to_path_buf(),
+        rt.cgroup_roots(),
+        rt.run_id().to_string(),
+    ));
+}
+
+/// The signal that stopped the process, if one did.
+pub fn received() -> Option<i32> {
+    match SIGNAL.load(Ordering::SeqCst) {
+        0 => None,
+        s => Some(s),
+    }
+}
+
+/// Called when the command returns: if the watcher is tearing the process down after a
+/// signal (a command that does not stop by itself, or a second signal), the exit is the
+/// watcher's, so a command that failed because its sandbox was just killed reports nothing.
+pub fn before_exit() {
+    let n = COUNT.load(Ordering::SeqCst);
+    if n > 0 && (!COOPERATIVE.load(Ordering::SeqCst) || n > 1) {
+        loop {
+            std::thread::park();
+        }
+    }
+}
+
+/// The exit status for signal `sig`.
+pub fn exit_status(sig: i32) -> i32 {
+    128 + sig
+}
+
+fn watch(r: OwnedFd) {
+    let mut seen = 0;
+    let mut buf = [0u8; 1];
+    loop {
+        match nix::unistd::read(r.as_raw_fd(), &mut buf) {
+            Ok(1) => {}
+            Err(nix::errno::Errno::EINTR) => continue,
+            _ => return,
+        }
+        seen += 1;
+        let sig = i32::from(buf[0]);
+        if COOPERATIVE.load(Ordering::SeqCst) && seen == 1 {
+            eprintln!(
+                "engine: {}: stopping after the running episodes (again to stop now)",
+                name(sig)
+            );
+            continue;
+        }
+        let runs = std::mem::take(&mut *RUNS.lock().unwrap_or_else(|p| p.into_inner()));
+        for (state, roots, run) in &runs {
+            let r = sandbox::state::reap_run(state, roots, run);
+            tracing::info!(run = %run, processes = r.processes, mounts = r.mounts, cgroups = r.cgroups, "torn down on a signal");
+        }
+        eprintln!("engine: {}: sandboxes torn down", name(sig));
+        std::process::exit(exit_status(SIGNAL.load(Ordering::SeqCst).max(sig)));
+    }
+}
+
+fn name(sig: i32) -> &'static str {
+    match sig {
+        libc::SIGINT => "SIGINT",
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGHUP => "SIGHUP",
+        _ => "signal",
+    }
+}

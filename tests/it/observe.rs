@@ -1,0 +1,38 @@
+//! What an agent reads: control characters of a command's output are escaped (tabs and
+//! newlines kept), and a command holding a NUL is refused before the engine wraps it, so the
+//! engine's own wrapper never shows.
+
+use crate::common;
+
+use engine::env::{Action, Env, EnvConfig};
+use engine::instance::Plan;
+
+#[test]
+fn observations_escape_control_characters_and_never_show_the_wrapper() {
+    require_root!();
+    let mut e = Env::new(common::runtime(), common::cache(), EnvConfig::default()).unwrap();
+    e.reset(&Plan::for_task("archive-logs", 3, vec![])).unwrap();
+    let s = e
+        .step(&Action::Command(
+            r"printf 'a\000b\033[31mred\tc\nd'; printf 'e\007' >&2".into(),
+        ))
+        .unwrap();
+    let o = &s.observation;
+    assert_eq!(o.exit_code, Some(0), "{o:?}");
+    assert_eq!(o.stdout, "a\\x00b\\x1b[31mred\tc\nd");
+    assert_eq!(o.stderr, "e\\x07");
+    assert!(
+        !o.text.contains('\u{1b}') && !o.text.contains('\0'),
+        "{}",
+        o.text
+    );
+    let s = e.step(&Action::Command("echo a\0; echo b".into())).unwrap();
+    let o = &s.observation;
+    assert_eq!(o.exit_code, Some(2), "{o:?}");
+    assert_eq!(o.stderr, "refused: a NUL byte in the command");
+    assert!(!s.info.infra_failure);
+    assert!(o.text.contains("$ echo a\\x00; echo b"), "{}", o.text);
+    // The next command runs as usual.
+    let s = e.step(&Action::Command("echo ok".into())).unwrap();
+    assert_eq!(s.observation.stdout, "ok\n");
+}
