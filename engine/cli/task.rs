@@ -225,10 +225,10 @@ fn rewards_check(
                 r.policies_tried,
                 r.best.policy,
                 r.best.return_,
-                if r.exploits.is_empty() {
-                    String::new()
-                } else {
-                    format!("  EXPLOITED by {} policies", r.exploits.len())
+                match (r.exploits.len(), r.better_solutions.len()) {
+                    (0, 0) => String::new(),
+                    (0, b) => format!("  ({b} scripted policies solve it with more)"),
+                    (e, _) => format!("  EXPLOITED by {e} policies that do not solve it"),
                 }
             );
         }
