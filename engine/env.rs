@@ -757,22 +757,13 @@ impl Env {
             return Err(EnvError::NotReset);
         };
         let res = running.run_agent(cmd, self.cfg.step_timeout_ms, self.cfg.output_cap)?;
-        let stderr = &res.stderr;
+        let shown =
+            crate::running::Shown::of(&res, self.cfg.step_timeout_ms, self.cfg.observation_bytes);
         obs.exit_code = Some(res.exit_code());
-        obs.stdout = clip(&res.stdout, self.cfg.observation_bytes);
-        obs.stderr = clip(stderr, self.cfg.observation_bytes);
-        obs.stdout_truncated =
-            res.stdout_truncated || res.stdout.len() > self.cfg.observation_bytes;
-        obs.stderr_truncated = res.stderr_truncated || stderr.len() > self.cfg.observation_bytes;
-        if res.termination == Termination::TimedOut {
-            obs.stderr.push_str(&format!(
-                "\n[timed out after {} ms; its processes were killed]",
-                self.cfg.step_timeout_ms
-            ));
-        }
-        if res.oom_killed {
-            obs.stderr.push_str("\n[killed: out of memory]");
-        }
+        obs.stdout = shown.stdout;
+        obs.stderr = shown.stderr;
+        obs.stdout_truncated = shown.stdout_truncated;
+        obs.stderr_truncated = shown.stderr_truncated;
         Ok(res.termination)
     }
 
@@ -889,11 +880,6 @@ pub fn render(o: &Observation) -> String {
         100.0 * o.disk.used_bytes as f64 / o.disk.size_bytes.max(1) as f64
     );
     s
-}
-
-fn clip(b: &[u8], max: usize) -> String {
-    let b = &b[..b.len().min(max)];
-    crate::text::escape_control(&String::from_utf8_lossy(b)).into_owned()
 }
 
 #[cfg(test)]

@@ -106,6 +106,42 @@ pub const AGENT_OUTPUT_CAP: u64 = 256 << 10;
 /// The default bytes of each output stream an agent is shown.
 pub const OBSERVATION_BYTES: usize = 2048;
 
+/// What an agent is shown of a command's output: each stream clipped to `max` bytes with its
+/// control characters escaped (tabs and newlines kept), the truncation flags, and stderr
+/// annotated when the command timed out or ran out of memory. `Env` and the catalogue oracle's
+/// certification both show commands this way.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Shown {
+    pub stdout: String,
+    pub stderr: String,
+    pub stdout_truncated: bool,
+    pub stderr_truncated: bool,
+}
+
+impl Shown {
+    pub fn of(res: &ExecResult, timeout_ms: u64, max: usize) -> Self {
+        let clip = |b: &[u8]| {
+            crate::text::escape_control(&String::from_utf8_lossy(&b[..b.len().min(max)]))
+                .into_owned()
+        };
+        let mut stderr = clip(&res.stderr);
+        if res.termination == sandbox::Termination::TimedOut {
+            stderr.push_str(&format!(
+                "\n[timed out after {timeout_ms} ms; its processes were killed]"
+            ));
+        }
+        if res.oom_killed {
+            stderr.push_str("\n[killed: out of memory]");
+        }
+        Self {
+            stdout: clip(&res.stdout),
+            stderr,
+            stdout_truncated: res.stdout_truncated || res.stdout.len() > max,
+            stderr_truncated: res.stderr_truncated || res.stderr.len() > max,
+        }
+    }
+}
+
 /// Marker that ends an agent command's stderr with its final working directory.
 const CWD_MARK: &str = "\u{1e}envfactory-cwd:";
 
@@ -242,8 +278,11 @@ impl RunningInstance {
             return Err(RunningError::NoTask);
         };
         let task = crate::tasks::get(&setup.task).ok_or(RunningError::NoTask)?;
-        let v = task.verify(&setup, &mut self.probe())?;
+        let mut v = task.verify(&setup, &mut self.probe())?;
         if !v.success {
+            // The verifier's checks are the first half of the progress, the confirmation the
+            // second ([`Verdict::confirmed_by`]): progress never falls when verify first passes.
+            v.progress *= 0.5;
             return Ok(v);
         }
         let mut sys = SandboxConfirm::new(self.probe());

@@ -49,8 +49,10 @@ pub struct Certificate {
     /// [`Task::catalogue_step`]: crate::tasks::Task::catalogue_step
     pub catalogue: Option<CatalogueRun>,
     pub duration_ms: u64,
-    /// Digest of the task setup certified (instruction, catalogue, costs, facts): a certificate
-    /// of an instance whose task code has changed since is not reused.
+    /// Digest of the task setup certified (instruction, catalogue, costs, facts), as stored in
+    /// the instance's manifest. It guards against a manifest and a certificate that disagree;
+    /// a change of a task's code (its setup, verifier, oracles) must bump
+    /// `instance::CATALOGUE_VERSION`, which changes every instance id.
     #[serde(default)]
     pub setup_digest: String,
 }
@@ -243,14 +245,14 @@ pub fn run_catalogue_oracle(
             );
             return Ok(run);
         };
+        // Shown as `Env` shows it (the default limits; see `Shown`).
         let r = running.run_agent(cmd, AGENT_STEP_TIMEOUT_MS, AGENT_OUTPUT_CAP)?;
-        let clip =
-            |b: &[u8]| String::from_utf8_lossy(&b[..b.len().min(OBSERVATION_BYTES)]).into_owned();
+        let shown = crate::running::Shown::of(&r, AGENT_STEP_TIMEOUT_MS, OBSERVATION_BYTES);
         seen.push(Seen {
             action: i,
             exit_code: r.exit_code(),
-            stdout: clip(&r.stdout),
-            stderr: clip(&r.stderr),
+            stdout: shown.stdout,
+            stderr: shown.stderr,
         });
         run.actions.push(i);
         run.exit_codes.push(r.exit_code());

@@ -13,7 +13,8 @@ use std::path::{Path, PathBuf};
 /// Plan seeds of seed `s` start at `s * SEED_STRIDE`.
 pub const SEED_STRIDE: u64 = 1_000_003;
 /// The most episodes per seed (and per instance) a config may ask for.
-pub const MAX_EPISODES: usize = 10_000_000;
+/// At most the seed stride, so the plans of two seeds never meet.
+pub const MAX_EPISODES: usize = SEED_STRIDE as usize;
 /// The most steps of a training run (`total_steps`, `baseline_steps`).
 pub const MAX_STEPS: u64 = 1_000_000_000_000;
 /// The most of any other count of `[training]` (steps per rollout, levels, epochs).
@@ -26,7 +27,7 @@ pub const MAX_SEEDS: usize = 10_000;
 pub struct Experiment {
     pub experiment: Meta,
     pub environment: Environment,
-    /// Reward shaping (`engine::env::RewardConfig`); the design's shaped reward by default.
+    /// The reward (`engine::env::RewardConfig`); potential-based by default.
     #[serde(default)]
     pub reward: RewardConfig,
     /// PPO training (a study: train per task and seed, evaluate on held-out levels). Without
@@ -422,13 +423,18 @@ impl Experiment {
             ),
             (
                 "training.train_levels",
-                (1..=MAX_COUNT).contains(&t.train_levels),
-                "between 1 and 1000000",
+                (1..=HELD_OUT_OFFSET as usize).contains(&t.train_levels),
+                "between 1 and 500000 (more would reach the held-out levels' plan seeds)",
             ),
             (
                 "training.eval_levels",
-                (1..=MAX_COUNT).contains(&t.eval_levels),
-                "between 1 and 1000000",
+                (1..=(FAULTED_OFFSET - HELD_OUT_OFFSET) as usize).contains(&t.eval_levels),
+                "between 1 and 200000 (more would reach the faulted levels' plan seeds)",
+            ),
+            (
+                "training.num_steps",
+                t.num_envs.saturating_mul(t.num_steps) <= 1 << 22,
+                "num_envs * num_steps at most 4194304 samples per rollout",
             ),
             (
                 "training.episodes_per_level",
@@ -636,6 +642,30 @@ episodes = 2
     }
 
     #[test]
+    fn training_and_held_out_levels_never_share_plan_seeds() {
+        let t = |extra: &str| format!("{OK}[training]\n{extra}\n");
+        assert!(Experiment::parse(&t("train_levels = 500000"), Path::new("exp.toml")).is_ok());
+        let e = err(&t("train_levels = 500001"));
+        assert!(
+            e.contains("training.train_levels") && e.contains("held-out"),
+            "{e}"
+        );
+        let e = err(&t("eval_levels = 200001"));
+        assert!(
+            e.contains("training.eval_levels") && e.contains("faulted"),
+            "{e}"
+        );
+        let e = err(&t("num_envs = 256\nnum_steps = 100000"));
+        assert!(e.contains("4194304"), "{e}");
+        let e = err(&t("gamma = 0.9"));
+        assert!(e.contains("reward.gamma"), "{e}");
+        let e = err(&format!(
+            "{OK}[reward]\nmode = \"shaped\"\nsuccess = 10.0\n[training]\n"
+        ));
+        assert!(e.contains("reward.mode") && e.contains("shaped"), "{e}");
+    }
+
+    #[test]
     fn errors_name_file_line_key_and_reason() {
         let e = err(&OK.replace("episodes = 2", "episodes = 2\ncuont = 3"));
         assert!(e.starts_with("exp.toml:9:1: unknown field `cuont`"), "{e}");
@@ -644,7 +674,7 @@ episodes = 2
         let e = err(&OK.replace("episodes = 2", "episodes = 0"));
         assert_eq!(
             e,
-            "exp.toml:8:1: key `environment.episodes`: between 1 and 10000000, not 0"
+            "exp.toml:8:1: key `environment.episodes`: between 1 and 1000003, not 0"
         );
         let e = err(&OK.replace("episodes = 2", "episodes = 2\nworkers = 65"));
         assert_eq!(

@@ -294,7 +294,9 @@ pub fn evaluate(
                         t.episodes += 1;
                         t.successes += usize::from(p.success);
                         t.infra += usize::from(p.infra);
-                        t.steps += u64::from(p.steps);
+                        if !p.infra {
+                            t.steps += u64::from(p.steps);
+                        }
                     }
                     Ok(t)
                 })
