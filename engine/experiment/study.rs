@@ -48,8 +48,12 @@ pub struct TaskReport {
     pub robustness_gap: Option<PerSeed>,
     pub train_steps_per_s: PerSeed,
     pub random_steps_per_s: PerSeed,
-    /// `train_steps_per_s / random_steps_per_s` per seed (same workers, same run).
+    /// `train_steps_per_s / random_steps_per_s` per seed (same workers, same run). Both
+    /// count environment steps: a trained policy's short episodes pay more resets per step
+    /// and its recovery actions run heavier commands, so this is not the learner's cost alone.
     pub throughput_ratio: PerSeed,
+    /// The share of the training phase's wall time spent in PPO updates.
+    pub learner_share: PerSeed,
     /// Environment steps until the training success rate first reached 0.9 (NaN: never).
     pub steps_to_0_9: PerSeed,
     pub curve_png: PathBuf,
@@ -224,6 +228,7 @@ fn task_report(runs: Vec<RunReport>, curve_png: PathBuf) -> TaskReport {
         train_steps_per_s: col(&|r| r.train.train_steps_per_s),
         random_steps_per_s: col(&|r| r.train.random_steps_per_s),
         throughput_ratio: col(&|r| r.train.train_steps_per_s / r.train.random_steps_per_s),
+        learner_share: col(&|r| r.train.update_seconds / r.train.train_seconds),
         steps_to_0_9: col(&|r| {
             r.train
                 .curve
@@ -275,14 +280,14 @@ pub fn render(r: &StudyReport) -> String {
     }
     let _ = writeln!(
         s,
-        "| task | held-out success | catalogue oracle | ratio | faulted success | faulted oracle | robustness gap | train steps/s | random steps/s | ratio | steps to 0.9 |"
+        "| task | held-out success | catalogue oracle | ratio | faulted success | faulted oracle | robustness gap | train steps/s | random steps/s | ratio | learner share | steps to 0.9 |"
     );
-    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|---|");
     let o = |p: &Option<PerSeed>| p.as_ref().map_or("-".to_string(), fmt);
     for (task, t) in &r.tasks {
         let _ = writeln!(
             s,
-            "| {task} | {} | {} | {} | {} | {} | {} | {:.0} ± {:.0} | {:.0} ± {:.0} | {} | {:.0} |",
+            "| {task} | {} | {} | {} | {} | {} | {} | {:.0} ± {:.0} | {:.0} ± {:.0} | {} | {} | {:.0} |",
             fmt(&t.held_out_success),
             fmt(&t.catalogue_oracle_success),
             fmt(&t.success_vs_oracle),
@@ -294,6 +299,7 @@ pub fn render(r: &StudyReport) -> String {
             t.random_steps_per_s.mean,
             t.random_steps_per_s.ci95,
             fmt(&t.throughput_ratio),
+            fmt(&t.learner_share),
             t.steps_to_0_9.mean,
         );
     }

@@ -74,6 +74,10 @@ pub struct TrainResult {
     pub train_steps_per_s: f64,
     /// The random agent's steps per second on the same environments and workers.
     pub random_steps_per_s: f64,
+    /// Wall time of the training phase, and the part of it spent in PPO updates (the
+    /// learner's own cost; acting is a forward pass per vectorised step besides).
+    pub train_seconds: f64,
+    pub update_seconds: f64,
     pub skipped_levels: u64,
     pub masked_episodes: u64,
     #[serde(skip)]
@@ -132,9 +136,12 @@ pub fn train(rt: &Runtime, cache: &Cache, spec: &TrainSpec) -> Result<TrainResul
     let mut curve = Vec::new();
     let mut steps = 0u64;
     let t1 = Instant::now();
+    let mut update_seconds = 0.0;
     for _ in 0..updates {
         let eps = collect(&mut agent, &mut venv, &mut buf)?;
+        let tu = Instant::now();
         agent.update(&buf)?;
+        update_seconds += tu.elapsed().as_secs_f64();
         steps += per_update;
         let counted: Vec<_> = eps.iter().filter(|e| !e.masked).collect();
         let k = counted.len();
@@ -161,7 +168,8 @@ pub fn train(rt: &Runtime, cache: &Cache, spec: &TrainSpec) -> Result<TrainResul
             "ppo update"
         );
     }
-    let train_steps_per_s = steps as f64 / t1.elapsed().as_secs_f64().max(1e-9);
+    let train_seconds = t1.elapsed().as_secs_f64();
+    let train_steps_per_s = steps as f64 / train_seconds.max(1e-9);
     let (mut skipped, mut masked) = (0, 0);
     for e in venv.envs() {
         skipped += e.counts.skipped_levels;
@@ -175,6 +183,8 @@ pub fn train(rt: &Runtime, cache: &Cache, spec: &TrainSpec) -> Result<TrainResul
         updates,
         train_steps_per_s,
         random_steps_per_s,
+        train_seconds,
+        update_seconds,
         skipped_levels: skipped,
         masked_episodes: masked,
         policy: Some(Arc::new(agent)),
