@@ -68,6 +68,12 @@ impl EnvError {
         }
     }
 
+    /// The level cannot be played (not certified, or a perturbation that cannot apply): it is
+    /// skipped and counted, neither the agent's failure nor the infrastructure's.
+    pub fn skips_level(&self) -> bool {
+        matches!(self, Self::Uncertified { .. }) || self.not_applicable().is_some()
+    }
+
     /// The perturbation of the plan that cannot take hold in its instance, and why: the plan
     /// is skipped, neither the agent's failure nor the infrastructure's.
     pub fn not_applicable(&self) -> Option<(&str, String)> {

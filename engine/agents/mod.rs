@@ -1,6 +1,6 @@
 //! Agents: whatever chooses actions in an [`Env`](crate::env::Env) episode, behind one trait,
-//! played by one loop ([`crate::episode::play`]) that the CLI, experiments, the env benchmark
-//! and the reward exploit check all use.
+//! played by one loop (`episode::play`, in the module above this one) that the CLI,
+//! experiments, the env benchmark and the reward exploit check all use.
 //!
 //! | agent | what it does |
 //! |---|---|

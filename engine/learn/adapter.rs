@@ -6,7 +6,7 @@
 //! and counted.
 
 use super::LearnError;
-use crate::env::{Action, Env, EnvError};
+use crate::env::{Action, Env};
 use crate::instance::Plan;
 use policies::rollout::{Step, StepInfo};
 use std::sync::Arc;
@@ -124,9 +124,7 @@ impl policies::rollout::Env for TrainEnv {
                     return Ok(self.last.clone());
                 }
                 Err(e) => {
-                    let unusable =
-                        matches!(e, EnvError::Uncertified { .. }) || e.not_applicable().is_some();
-                    if unusable {
+                    if e.skips_level() {
                         self.counts.skipped_levels += 1;
                     } else if e.is_infrastructure() {
                         self.counts.failed_resets += 1;

@@ -286,10 +286,7 @@ pub fn evaluate(
                     {
                         let first = match env.reset(plan) {
                             Ok(o) => o,
-                            Err(e)
-                                if matches!(e, crate::env::EnvError::Uncertified { .. })
-                                    || e.not_applicable().is_some() =>
-                            {
+                            Err(e) if e.skips_level() => {
                                 t.skipped += 1;
                                 continue;
                             }
