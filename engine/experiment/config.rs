@@ -74,6 +74,13 @@ pub struct Training {
     pub eval_template: Option<PathBuf>,
     /// Environment steps of the random agent's throughput baseline.
     pub baseline_steps: u64,
+    /// Environment steps between greedy checks on training levels (0: no checks).
+    pub check_every: u64,
+    /// Training levels the greedy checks play (the first ones; at most `train_levels`).
+    pub check_levels: usize,
+    /// Stop training at the first greedy check whose success rate reaches this (none: spend
+    /// the whole budget). Checks play training levels only, never held-out ones.
+    pub stop_success: Option<f64>,
 }
 
 impl Default for Training {
@@ -95,6 +102,9 @@ impl Default for Training {
             eval_levels: 50,
             eval_template: None,
             baseline_steps: 1024,
+            check_every: 1024,
+            check_levels: 16,
+            stop_success: None,
         }
     }
 }
@@ -451,6 +461,22 @@ impl Experiment {
                 (1..=16).contains(&t.hidden.len())
                     && t.hidden.iter().all(|h| (1..=65_536).contains(h)),
                 "1 to 16 hidden layer widths, each in 1..=65536",
+            ),
+            (
+                "training.check_every",
+                t.check_every <= MAX_STEPS,
+                "at most 10^12 (0: no greedy checks)",
+            ),
+            (
+                "training.check_levels",
+                t.check_levels <= t.train_levels,
+                "at most training.train_levels (the checks play training levels only)",
+            ),
+            (
+                "training.stop_success",
+                t.stop_success
+                    .is_none_or(|x| x > 0.0 && x <= 1.0 && t.check_every > 0 && t.check_levels > 0),
+                "in (0, 1], with check_every and check_levels above 0 (it is judged at the greedy checks)",
             ),
             (
                 "training.num_minibatches",

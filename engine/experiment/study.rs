@@ -56,6 +56,11 @@ pub struct TaskReport {
     pub learner_share: PerSeed,
     /// Environment steps until the training success rate first reached 0.9 (NaN: never).
     pub steps_to_0_9: PerSeed,
+    /// Environment steps until the greedy policy first solved at least 0.9 of the check
+    /// levels (training levels; NaN: never, or no checks).
+    pub greedy_steps_to_0_9: PerSeed,
+    /// Environment steps trained (the budget, or fewer where the stopping rule ended it).
+    pub steps_trained: PerSeed,
     pub curve_png: PathBuf,
     pub runs: Vec<RunReport>,
 }
@@ -106,10 +111,17 @@ pub fn run(
                     .map(|k| exp.level(&task, seed, offset, k, tpl))
                     .collect::<Vec<_>>()
             };
+            let train_levels = levels(0, training.train_levels, exp.template.as_ref());
+            let per_update = ppo.batch_size() as u64;
+            let checks = learn::CheckSpec {
+                every_updates: training.check_every.div_ceil(per_update),
+                levels: train_levels[..training.check_levels].to_vec(),
+                stop_success: training.stop_success,
+            };
             let spec = TrainSpec {
                 task: task.clone(),
                 seed,
-                train_levels: levels(0, training.train_levels, exp.template.as_ref()),
+                train_levels,
                 env: env_cfg.clone(),
                 ppo: ppo.clone(),
                 hidden: training.hidden.clone(),
@@ -117,6 +129,7 @@ pub fn run(
                 workers: exp.environment.workers,
                 episodes_per_level: training.episodes_per_level,
                 baseline_steps: training.baseline_steps,
+                checks,
             };
             tracing::info!(task = %task, seed, "training");
             let train = learn::train(rt, cache, &spec).map_err(ExperimentError::Learn)?;
@@ -236,6 +249,14 @@ fn task_report(runs: Vec<RunReport>, curve_png: PathBuf) -> TaskReport {
                 .find(|c| c.success_rate >= 0.9)
                 .map_or(f64::NAN, |c| c.steps as f64)
         }),
+        greedy_steps_to_0_9: col(&|r| {
+            r.train
+                .checks
+                .iter()
+                .find(|c| c.success_rate >= 0.9)
+                .map_or(f64::NAN, |c| c.steps as f64)
+        }),
+        steps_trained: col(&|r| r.train.steps as f64),
         curve_png,
         runs,
     }
@@ -280,14 +301,14 @@ pub fn render(r: &StudyReport) -> String {
     }
     let _ = writeln!(
         s,
-        "| task | held-out success | catalogue oracle | ratio | faulted success | faulted oracle | robustness gap | train steps/s | random steps/s | ratio | learner share | steps to 0.9 |"
+        "| task | held-out success | catalogue oracle | ratio | faulted success | faulted oracle | robustness gap | train steps/s | random steps/s | ratio | learner share | steps to 0.9 (training, greedy) | steps trained |"
     );
-    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let o = |p: &Option<PerSeed>| p.as_ref().map_or("-".to_string(), fmt);
     for (task, t) in &r.tasks {
         let _ = writeln!(
             s,
-            "| {task} | {} | {} | {} | {} | {} | {} | {:.0} ± {:.0} | {:.0} ± {:.0} | {} | {} | {:.0} |",
+            "| {task} | {} | {} | {} | {} | {} | {} | {:.0} ± {:.0} | {:.0} ± {:.0} | {} | {} | {:.0}, {:.0} | {:.0} ± {:.0} |",
             fmt(&t.held_out_success),
             fmt(&t.catalogue_oracle_success),
             fmt(&t.success_vs_oracle),
@@ -301,6 +322,9 @@ pub fn render(r: &StudyReport) -> String {
             fmt(&t.throughput_ratio),
             fmt(&t.learner_share),
             t.steps_to_0_9.mean,
+            t.greedy_steps_to_0_9.mean,
+            t.steps_trained.mean,
+            t.steps_trained.ci95,
         );
     }
     let _ = writeln!(s, "\nPer seed (held-out success):\n");

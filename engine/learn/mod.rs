@@ -16,7 +16,8 @@ mod train;
 
 pub use adapter::{AdapterCounts, TrainEnv};
 pub use train::{
-    catalogue_oracle, evaluate, greedy, train, CurvePoint, Evaluation, TrainResult, TrainSpec,
+    catalogue_oracle, evaluate, greedy, train, CheckPoint, CheckSpec, CurvePoint, Evaluation,
+    TrainResult, TrainSpec,
 };
 
 use crate::env::EnvError;
@@ -46,4 +47,6 @@ pub enum LearnError {
     },
     #[error("task `{0}` is unknown or its instance has no catalogue")]
     NoCatalogue(String),
+    #[error("the policy was still shared after a greedy check (an evaluation agent outlived it)")]
+    PolicyShared,
 }

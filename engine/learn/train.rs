@@ -1,7 +1,8 @@
 //! One PPO training run on a task's levels: a random-agent throughput baseline on the same
 //! vectorised environments, PPO updates until the step budget is spent (a learning curve
-//! point per update), then the greedy policy and the task's catalogue oracle on held-out
-//! levels.
+//! point per update) or, with a stopping rule, until the greedy policy solves the check
+//! levels (some of the training levels, never held-out ones); then the greedy policy and the
+//! task's catalogue oracle on held-out levels.
 
 use super::{LearnError, TrainEnv};
 use crate::agents::{Agent, CatalogueOracle, PolicyAgent};
@@ -35,6 +36,28 @@ pub struct TrainSpec {
     pub episodes_per_level: usize,
     /// Environment steps of the random-agent throughput baseline.
     pub baseline_steps: u64,
+    /// Greedy checks on training levels: every `every_updates` updates (0: never), one
+    /// greedy episode on each of `levels`; training stops at the first check whose success
+    /// rate reaches `stop_success`.
+    pub checks: CheckSpec,
+}
+
+/// Greedy checks of the policy during training, on training levels.
+#[derive(Debug, Clone, Default)]
+pub struct CheckSpec {
+    pub every_updates: u64,
+    pub levels: Vec<Plan>,
+    pub stop_success: Option<f64>,
+}
+
+/// One greedy check (after an update).
+#[derive(Debug, Clone, Serialize)]
+pub struct CheckPoint {
+    pub steps: u64,
+    pub success_rate: f64,
+    pub episodes: usize,
+    /// Environment steps the check's episodes took (not training steps).
+    pub check_steps: u64,
 }
 
 /// One point of the learning curve (after an update).
@@ -60,6 +83,8 @@ pub struct Evaluation {
     /// `successes / (episodes - infra)` (NaN when none counted).
     pub success_rate: f64,
     pub mean_steps: f64,
+    /// Steps of the counted episodes.
+    pub steps: u64,
 }
 
 /// What a training run measured.
@@ -78,6 +103,11 @@ pub struct TrainResult {
     /// learner's own cost; acting is a forward pass per vectorised step besides).
     pub train_seconds: f64,
     pub update_seconds: f64,
+    /// Greedy checks on training levels (their time is not in `train_seconds`).
+    pub checks: Vec<CheckPoint>,
+    pub check_seconds: f64,
+    /// The stopping rule ended training before the budget was spent.
+    pub stopped_early: bool,
     pub skipped_levels: u64,
     pub masked_episodes: u64,
     #[serde(skip)]
@@ -134,10 +164,12 @@ pub fn train(rt: &Runtime, cache: &Cache, spec: &TrainSpec) -> Result<TrainResul
     let mut agent = PpoAgent::new(&net, &cfg, spec.seed)?;
     let mut buf = RolloutBuffer::new(cfg.num_steps, cfg.num_envs, &net, false);
     let mut curve = Vec::new();
+    let mut checks = Vec::new();
     let mut steps = 0u64;
     let t1 = Instant::now();
-    let mut update_seconds = 0.0;
-    for _ in 0..updates {
+    let (mut update_seconds, mut check_seconds) = (0.0, 0.0);
+    let mut stopped_early = false;
+    for u in 1..=updates {
         let eps = collect(&mut agent, &mut venv, &mut buf)?;
         let tu = Instant::now();
         agent.update(&buf)?;
@@ -167,8 +199,29 @@ pub fn train(rt: &Runtime, cache: &Cache, spec: &TrainSpec) -> Result<TrainResul
             success_rate = curve.last().map_or(f64::NAN, |c| c.success_rate),
             "ppo update"
         );
+        let c = &spec.checks;
+        if c.every_updates > 0 && !c.levels.is_empty() && (u % c.every_updates == 0 || u == updates)
+        {
+            let tc = Instant::now();
+            let (point, back) = check(rt, cache, spec, agent, steps)?;
+            agent = back;
+            check_seconds += tc.elapsed().as_secs_f64();
+            tracing::info!(
+                task = %spec.task,
+                seed = spec.seed,
+                steps,
+                greedy_success = point.success_rate,
+                "greedy check on training levels"
+            );
+            let reached = c.stop_success.is_some_and(|s| point.success_rate >= s);
+            checks.push(point);
+            if reached && u < updates {
+                stopped_early = true;
+                break;
+            }
+        }
     }
-    let train_seconds = t1.elapsed().as_secs_f64();
+    let train_seconds = t1.elapsed().as_secs_f64() - check_seconds;
     let train_steps_per_s = steps as f64 / train_seconds.max(1e-9);
     let (mut skipped, mut masked) = (0, 0);
     for e in venv.envs() {
@@ -185,10 +238,42 @@ pub fn train(rt: &Runtime, cache: &Cache, spec: &TrainSpec) -> Result<TrainResul
         random_steps_per_s,
         train_seconds,
         update_seconds,
+        checks,
+        check_seconds,
+        stopped_early,
         skipped_levels: skipped,
         masked_episodes: masked,
         policy: Some(Arc::new(agent)),
     })
+}
+
+/// One greedy episode of the policy on each check level; hands the learner back.
+fn check(
+    rt: &Runtime,
+    cache: &Cache,
+    spec: &TrainSpec,
+    agent: PpoAgent,
+    steps: u64,
+) -> Result<(CheckPoint, PpoAgent), LearnError> {
+    let shared = Arc::new(agent);
+    let e = evaluate(
+        rt,
+        cache,
+        &spec.env,
+        &spec.checks.levels,
+        spec.workers,
+        &|| greedy(&shared),
+    );
+    // Every evaluation agent (and its clone of the policy) is gone once `evaluate` returns.
+    let agent = Arc::try_unwrap(shared).map_err(|_| LearnError::PolicyShared)?;
+    let e = e?;
+    let point = CheckPoint {
+        steps,
+        success_rate: e.success_rate,
+        episodes: e.episodes - e.infra,
+        check_steps: e.steps,
+    };
+    Ok((point, agent))
 }
 
 /// Synthesize and (when the config requires it) certify every level once, on `workers`
@@ -342,6 +427,7 @@ pub fn evaluate(
         skipped: t.skipped,
         success_rate: per(t.successes as f64),
         mean_steps: per(t.steps as f64),
+        steps: t.steps,
     })
 }
 

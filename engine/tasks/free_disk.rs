@@ -140,7 +140,8 @@ impl Task for FreeDisk {
             "du -sh /var/* /tmp /srv 2>/dev/null".to_string(),
             format!("ls -la /var/log/{app}"),
             format!("du -ah /var/cache/{app} /var/crash /srv/{app} | sort -h | tail"),
-            "find / -xdev -type f -size +1M 2>/dev/null".to_string(),
+            // Where the instance writes (a walk of `/` would read the whole base system).
+            "find /var /srv /tmp /root -xdev -type f -size +1M 2>/dev/null".to_string(),
             format!("rm -f {}", junk_globs(app)[0]),
             format!("rm -rf {}", junk_globs(app)[1]),
             format!("rm -f {}", junk_globs(app)[2]),

@@ -5,7 +5,7 @@
 use crate::common;
 use engine::env::EnvConfig;
 use engine::instance::Plan;
-use engine::learn::{evaluate, greedy, train, TrainSpec};
+use engine::learn::{evaluate, greedy, train, CheckSpec, TrainSpec};
 use policies::ppo::PpoConfig;
 
 #[test]
@@ -22,7 +22,7 @@ fn ppo_improves_on_two_fixed_archive_logs_levels() {
         reward: engine::env::RewardConfig::sparse(),
         ..EnvConfig::default()
     };
-    let spec = |total_steps| TrainSpec {
+    let spec = |total_steps, stop_success| TrainSpec {
         task: "archive-logs".into(),
         seed: 3,
         train_levels: levels.clone(),
@@ -39,9 +39,22 @@ fn ppo_improves_on_two_fixed_archive_logs_levels() {
         workers: 2,
         episodes_per_level: 4,
         baseline_steps: 16,
+        // A greedy check on both training levels every four updates.
+        checks: CheckSpec {
+            every_updates: 4,
+            levels: levels.clone(),
+            stop_success,
+        },
     };
-    let r = train(&rt, &cache, &spec(1536)).unwrap();
+    let r = train(&rt, &cache, &spec(1536, None)).unwrap();
     assert!(r.curve.len() as u64 == r.updates && r.steps == r.updates * 64);
+    assert!(!r.stopped_early);
+    let at: Vec<u64> = r.checks.iter().map(|c| c.steps).collect();
+    assert_eq!(at, (1..=6).map(|k| k * 256).collect::<Vec<_>>());
+    assert!(r
+        .checks
+        .iter()
+        .all(|c| c.episodes == 2 && c.check_steps >= 2));
     let rates: Vec<f64> = r.curve.iter().map(|c| c.success_rate).collect();
     eprintln!("training success per update: {rates:?}");
     // The untrained (near-uniform) policy's episodes of the first rollout against the last
@@ -63,4 +76,100 @@ fn ppo_improves_on_two_fixed_archive_logs_levels() {
     assert_eq!((e.episodes, e.infra, e.skipped), (2, 0, 0));
     assert_eq!(e.success_rate, 1.0);
     assert!(e.mean_steps <= 2.0, "{} steps per episode", e.mean_steps);
+    // The last check played the same levels with the same policy.
+    assert_eq!(r.checks.last().map(|c| c.success_rate), Some(1.0));
+
+    // With a stopping rule, training ends at the first check that solves both levels,
+    // before the budget: the steps trained are that check's, and no earlier check solved both.
+    let budget = 4096;
+    let s = train(&rt, &cache, &spec(budget, Some(1.0))).unwrap();
+    let last = s.checks.last().unwrap();
+    assert!(s.stopped_early, "{:?}", s.checks);
+    assert_eq!((last.success_rate, last.steps), (1.0, s.steps));
+    assert!(s.steps < budget && s.curve.len() as u64 * 64 == s.steps);
+    assert!(s.checks[..s.checks.len() - 1]
+        .iter()
+        .all(|c| c.success_rate < 1.0));
+}
+
+/// A whole study as `engine run` runs it, at a tiny budget: the report names every figure
+/// the README promises, per seed, and the curve and report files are written.
+#[test]
+fn a_tiny_study_writes_its_report() {
+    require_root!();
+    let rt = common::runtime();
+    let cache = common::cache();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("experiments").join("tiny.toml");
+    std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+    let text = format!(
+        r#"
+[experiment]
+name = "tiny"
+seeds = [1, 2]
+out_dir = "{out}"
+
+[environment]
+task = "archive-logs"
+workers = 2
+
+[reward]
+mode = "potential"
+
+[training]
+total_steps = 128
+num_envs = 4
+num_steps = 16
+num_minibatches = 2
+hidden = [16]
+train_levels = 3
+check_levels = 2
+check_every = 64
+stop_success = 1.0
+eval_levels = 2
+eval_template = "{tpl}"
+baseline_steps = 8
+"#,
+        out = dir.path().join("out").display(),
+        tpl = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("templates/archive-logs.toml")
+            .display(),
+    );
+    std::fs::write(&file, text).unwrap();
+    let exp = engine::experiment::Experiment::load(&file).unwrap();
+    let training = exp.training.clone().unwrap();
+    let (report, path) = engine::experiment::study::run(&exp, &training, &rt, &cache).unwrap();
+    let t = &report.tasks["archive-logs"];
+    for p in [
+        &t.held_out_success,
+        &t.catalogue_oracle_success,
+        &t.steps_trained,
+        &t.train_steps_per_s,
+        &t.random_steps_per_s,
+    ] {
+        assert_eq!(p.per_seed.len(), 2);
+    }
+    assert!(t.faulted_success.is_some() && t.robustness_gap.is_some());
+    for r in &t.runs {
+        assert_eq!(r.held_out.episodes, 2);
+        assert!(!r.train.checks.is_empty());
+        assert!(r.train.steps <= 128 && r.train.steps % 64 == 0);
+        // Stopped early exactly when a check solved both check levels before the budget.
+        let solved = r.train.checks.iter().any(|c| c.success_rate >= 1.0);
+        assert_eq!(r.train.stopped_early, solved && r.train.steps < 128);
+    }
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    for key in [
+        "held_out_success",
+        "steps_trained",
+        "greedy_steps_to_0_9",
+        "throughput_ratio",
+    ] {
+        assert!(
+            json["tasks"]["archive-logs"][key]["per_seed"].is_array(),
+            "{key}"
+        );
+    }
+    let out = path.parent().unwrap();
+    assert!(out.join("report.md").is_file() && out.join("curve-archive-logs.png").is_file());
 }
