@@ -1,4 +1,5 @@
-//! A trained PPO policy acting greedily through the task's catalogue.
+//! A trained PPO policy acting through the task's catalogue: sampling from its action
+//! distribution as it did in training (seeded per level), or greedily (its most likely action).
 
 use super::{Agent, AgentError};
 use crate::env::{Action, Observation};
@@ -6,31 +7,50 @@ use crate::instance::TaskSetup;
 use policies::ppo::PpoAgent;
 use std::sync::Arc;
 
-/// A PPO policy over one task's catalogue, taking its most likely action (evaluation); the
-/// weights are shared by every agent made from them.
+/// A PPO policy over one task's catalogue; the weights are shared by every agent made from
+/// them.
 pub struct PolicyAgent {
     ppo: Arc<PpoAgent>,
     count: usize,
     task: String,
+    /// Sampling: the generator's seed (mixed with each level's task seed at `begin`, so an
+    /// episode's actions depend on its level, not on which worker played it).
+    sample: Option<(u64, policies::rng::Rng)>,
 }
 
 impl PolicyAgent {
+    /// The most likely action at every step.
     pub fn new(ppo: Arc<PpoAgent>) -> Self {
         Self {
             ppo,
             count: 0,
             task: String::new(),
+            sample: None,
+        }
+    }
+
+    /// Actions sampled from the policy's distribution, as in training.
+    pub fn sampled(ppo: Arc<PpoAgent>, seed: u64) -> Self {
+        Self {
+            sample: Some((seed, policies::rng::seeded(seed))),
+            ..Self::new(ppo)
         }
     }
 }
 
 impl Agent for PolicyAgent {
     fn name(&self) -> String {
-        "policy (greedy)".into()
+        match self.sample {
+            Some(_) => "policy (sampled)".into(),
+            None => "policy (greedy)".into(),
+        }
     }
     fn begin(&mut self, setup: &TaskSetup) -> Result<(), AgentError> {
         self.count = setup.actions.len();
         self.task = setup.task.clone();
+        if let Some((seed, rng)) = &mut self.sample {
+            *rng = policies::rng::derived(*seed, setup.seed);
+        }
         Ok(())
     }
     fn act(&mut self, obs: &Observation) -> Result<Option<Action>, AgentError> {
@@ -41,7 +61,10 @@ impl Agent for PolicyAgent {
                 got: obs.features.len(),
             });
         }
-        let out = self.ppo.act_greedy(&obs.features, None)?;
+        let out = match &mut self.sample {
+            Some((_, rng)) => self.ppo.act_with(&obs.features, None, rng)?,
+            None => self.ppo.act_greedy(&obs.features, None)?,
+        };
         let index = out.actions.first().copied().unwrap_or(0) as usize;
         if index >= self.count {
             return Err(AgentError::BadIndex {

@@ -74,12 +74,16 @@ pub struct Training {
     pub eval_template: Option<PathBuf>,
     /// Environment steps of the random agent's throughput baseline.
     pub baseline_steps: u64,
-    /// Environment steps between greedy checks on training levels (0: no checks).
+    /// How the trained policy acts in checks and evaluations: `sampled` (from its action
+    /// distribution, as in training) or `greedy` (its most likely action). Held-out levels
+    /// are also played greedily when it is `sampled`, for the report's greedy column.
+    pub policy: crate::learn::PolicyMode,
+    /// Environment steps between checks on training levels (0: no checks).
     pub check_every: u64,
-    /// Training levels the greedy checks play (the first ones; at most `train_levels`).
+    /// Training levels the checks play (the first ones; at most `train_levels`).
     pub check_levels: usize,
-    /// Stop training at the first greedy check whose success rate reaches this (none: spend
-    /// the whole budget). Checks play training levels only, never held-out ones.
+    /// Stop training at the first check whose success rate reaches this (none: spend the
+    /// whole budget). Checks play training levels only, never held-out ones.
     pub stop_success: Option<f64>,
 }
 
@@ -102,6 +106,7 @@ impl Default for Training {
             eval_levels: 50,
             eval_template: None,
             baseline_steps: 1024,
+            policy: crate::learn::PolicyMode::Sampled,
             check_every: 1024,
             check_levels: 16,
             stop_success: None,
@@ -476,7 +481,7 @@ impl Experiment {
                 "training.stop_success",
                 t.stop_success
                     .is_none_or(|x| x > 0.0 && x <= 1.0 && t.check_every > 0 && t.check_levels > 0),
-                "in (0, 1], with check_every and check_levels above 0 (it is judged at the greedy checks)",
+                "in (0, 1], with check_every and check_levels above 0 (it is judged at the checks)",
             ),
             (
                 "training.num_minibatches",

@@ -1,6 +1,6 @@
 //! A training study (`engine run` of an experiment with `[training]`): for every task and
-//! seed, PPO on the task's training levels ([`crate::learn::train`]), then the greedy policy
-//! and the task's catalogue oracle on the same held-out levels (and, with
+//! seed, PPO on the task's training levels ([`crate::learn::train`]), then the policy (sampled
+//! as in training, and greedy) and the task's catalogue oracle on the same held-out levels (and, with
 //! `training.eval_template`, on faulted levels: the robustness gap). Writes `report.json`,
 //! `report.md`, a learning-curve PNG per task and `curves.jsonl`.
 
@@ -33,10 +33,20 @@ impl PerSeed {
     }
 }
 
+/// Who plays an evaluation.
+#[derive(Clone, Copy)]
+enum Who {
+    Policy(learn::PolicyMode),
+    Oracle,
+}
+
 /// A task's figures over seeds.
 #[derive(Debug, Clone, Serialize)]
 pub struct TaskReport {
+    /// The trained policy acting as `training.policy` says.
     pub held_out_success: PerSeed,
+    /// The same policy, greedy, on the same levels (when `training.policy` is `sampled`).
+    pub held_out_greedy_success: Option<PerSeed>,
     /// The catalogue oracle on the same held-out levels.
     pub catalogue_oracle_success: PerSeed,
     /// `held_out_success / catalogue_oracle_success` per seed.
@@ -56,9 +66,9 @@ pub struct TaskReport {
     pub learner_share: PerSeed,
     /// Environment steps until the training success rate first reached 0.9 (NaN: never).
     pub steps_to_0_9: PerSeed,
-    /// Environment steps until the greedy policy first solved at least 0.9 of the check
-    /// levels (training levels; NaN: never, or no checks).
-    pub greedy_steps_to_0_9: PerSeed,
+    /// Environment steps until the policy (acting as in the evaluations) first solved at
+    /// least 0.9 of the check levels (training levels; NaN: never, or no checks).
+    pub check_steps_to_0_9: PerSeed,
     /// Environment steps trained (the budget, or fewer where the stopping rule ended it).
     pub steps_trained: PerSeed,
     pub curve_png: PathBuf,
@@ -70,7 +80,10 @@ pub struct TaskReport {
 pub struct RunReport {
     pub seed: u64,
     pub train: TrainResult,
+    /// The policy as `training.policy` says.
     pub held_out: Evaluation,
+    /// The greedy policy on the same levels (when `training.policy` is `sampled`).
+    pub held_out_greedy: Option<Evaluation>,
     pub catalogue_oracle: Evaluation,
     pub faulted: Option<Evaluation>,
     pub faulted_catalogue_oracle: Option<Evaluation>,
@@ -117,6 +130,7 @@ pub fn run(
                 every_updates: training.check_every.div_ceil(per_update),
                 levels: train_levels[..training.check_levels].to_vec(),
                 stop_success: training.stop_success,
+                mode: training.policy,
             };
             let spec = TrainSpec {
                 task: task.clone(),
@@ -136,21 +150,25 @@ pub fn run(
             let policy = train.policy.clone().ok_or_else(|| {
                 ExperimentError::Learn(learn::LearnError::NoCatalogue(task.clone()))
             })?;
-            let eval = |plans: &[crate::instance::Plan], oracle: bool| {
+            let eval = |plans: &[crate::instance::Plan], who: Who| {
                 let p = policy.clone();
-                let make = move || {
-                    if oracle {
-                        learn::catalogue_oracle()
-                    } else {
-                        learn::greedy(&p)
-                    }
+                let make = move || match who {
+                    Who::Oracle => learn::catalogue_oracle(),
+                    Who::Policy(mode) => learn::policy_agent(&p, mode, seed),
                 };
                 learn::evaluate(rt, cache, &env_cfg, plans, exp.environment.workers, &make)
                     .map_err(ExperimentError::Learn)
             };
+            let (mode, oracle) = (Who::Policy(training.policy), Who::Oracle);
             let held = levels(HELD_OUT_OFFSET, training.eval_levels, exp.template.as_ref());
-            let held_out = eval(&held, false)?;
-            let catalogue_oracle = eval(&held, true)?;
+            let held_out = eval(&held, mode)?;
+            let held_out_greedy = match training.policy {
+                learn::PolicyMode::Greedy => None,
+                learn::PolicyMode::Sampled => {
+                    Some(eval(&held, Who::Policy(learn::PolicyMode::Greedy))?)
+                }
+            };
+            let catalogue_oracle = eval(&held, oracle)?;
             // The faulted set is the evaluation template's own task's.
             let faulted_tpl = exp
                 .eval_template
@@ -159,7 +177,7 @@ pub fn run(
             let (faulted, faulted_catalogue_oracle) = match faulted_tpl {
                 Some(t) => {
                     let f = levels(FAULTED_OFFSET, training.eval_levels, Some(t));
-                    (Some(eval(&f, false)?), Some(eval(&f, true)?))
+                    (Some(eval(&f, mode)?), Some(eval(&f, oracle)?))
                 }
                 None => (None, None),
             };
@@ -176,6 +194,7 @@ pub fn run(
                 seed,
                 train,
                 held_out,
+                held_out_greedy,
                 catalogue_oracle,
                 faulted,
                 faulted_catalogue_oracle,
@@ -227,6 +246,7 @@ fn task_report(runs: Vec<RunReport>, curve_png: PathBuf) -> TaskReport {
     };
     TaskReport {
         held_out_success: col(&|r| r.held_out.success_rate),
+        held_out_greedy_success: opt(&|r| r.held_out_greedy.as_ref().map(|e| e.success_rate)),
         catalogue_oracle_success: col(&|r| r.catalogue_oracle.success_rate),
         success_vs_oracle: col(&|r| r.held_out.success_rate / r.catalogue_oracle.success_rate),
         faulted_success: opt(&|r| r.faulted.as_ref().map(|e| e.success_rate)),
@@ -249,7 +269,7 @@ fn task_report(runs: Vec<RunReport>, curve_png: PathBuf) -> TaskReport {
                 .find(|c| c.success_rate >= 0.9)
                 .map_or(f64::NAN, |c| c.steps as f64)
         }),
-        greedy_steps_to_0_9: col(&|r| {
+        check_steps_to_0_9: col(&|r| {
             r.train
                 .checks
                 .iter()
@@ -283,14 +303,22 @@ pub fn render(r: &StudyReport) -> String {
     let _ = writeln!(s, "# {}\n", r.name);
     let _ = writeln!(
         s,
-        "PPO, {} seeds ({:?}), {} environment steps per task and seed, {} environments on {} workers, reward `{}` (gamma {}). Mean ± 95% interval (Student t) over seeds.\n",
+        "PPO, {} seeds ({:?}), at most {} environment steps per task and seed{}, {} environments on {} workers, reward `{}` (gamma {}); the policy is evaluated {}. Mean ± 95% interval (Student t) over seeds.\n",
         r.seeds.len(),
         r.seeds,
         r.training.total_steps,
+        r.training.stop_success.map_or(String::new(), |x| format!(
+            " (training stops at the first check on {} training levels with success at least {x})",
+            r.training.check_levels
+        )),
         r.training.num_envs,
         r.workers,
         r.reward.mode.name(),
-        r.reward.gamma
+        r.reward.gamma,
+        match r.training.policy {
+            learn::PolicyMode::Sampled => "sampling its actions as in training (the greedy column: its most likely actions)",
+            learn::PolicyMode::Greedy => "greedily",
+        }
     );
     if let Some(t) = &r.template {
         let _ = writeln!(
@@ -301,15 +329,19 @@ pub fn render(r: &StudyReport) -> String {
     }
     let _ = writeln!(
         s,
-        "| task | held-out success | catalogue oracle | ratio | faulted success | faulted oracle | robustness gap | train steps/s | random steps/s | ratio | learner share | steps to 0.9 (training, greedy) | steps trained |"
+        "| task | held-out success | greedy | catalogue oracle | ratio | faulted success | faulted oracle | robustness gap | train steps/s | random steps/s | ratio | learner share | steps to 0.9 (training, checks) | steps trained |"
     );
-    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(
+        s,
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    );
     let o = |p: &Option<PerSeed>| p.as_ref().map_or("-".to_string(), fmt);
     for (task, t) in &r.tasks {
         let _ = writeln!(
             s,
-            "| {task} | {} | {} | {} | {} | {} | {} | {:.0} ± {:.0} | {:.0} ± {:.0} | {} | {} | {:.0}, {:.0} | {:.0} ± {:.0} |",
+            "| {task} | {} | {} | {} | {} | {} | {} | {} | {:.0} ± {:.0} | {:.0} ± {:.0} | {} | {} | {:.0}, {:.0} | {:.0} ± {:.0} |",
             fmt(&t.held_out_success),
+            o(&t.held_out_greedy_success),
             fmt(&t.catalogue_oracle_success),
             fmt(&t.success_vs_oracle),
             o(&t.faulted_success),
@@ -322,7 +354,7 @@ pub fn render(r: &StudyReport) -> String {
             fmt(&t.throughput_ratio),
             fmt(&t.learner_share),
             t.steps_to_0_9.mean,
-            t.greedy_steps_to_0_9.mean,
+            t.check_steps_to_0_9.mean,
             t.steps_trained.mean,
             t.steps_trained.ci95,
         );

@@ -16,8 +16,8 @@ mod train;
 
 pub use adapter::{AdapterCounts, TrainEnv};
 pub use train::{
-    catalogue_oracle, evaluate, greedy, train, CheckPoint, CheckSpec, CurvePoint, Evaluation,
-    TrainResult, TrainSpec,
+    catalogue_oracle, evaluate, greedy, policy_agent, train, CheckPoint, CheckSpec, CurvePoint,
+    Evaluation, PolicyMode, TrainResult, TrainSpec,
 };
 
 use crate::env::EnvError;

@@ -1,8 +1,8 @@
 //! One PPO training run on a task's levels: a random-agent throughput baseline on the same
 //! vectorised environments, PPO updates until the step budget is spent (a learning curve
-//! point per update) or, with a stopping rule, until the greedy policy solves the check
-//! levels (some of the training levels, never held-out ones); then the greedy policy and the
-//! task's catalogue oracle on held-out levels.
+//! point per update) or, with a stopping rule, until the policy solves the check levels (some
+//! of the training levels, never held-out ones); then the policy (sampled as in training, or
+//! greedy) and the task's catalogue oracle on held-out levels.
 
 use super::{LearnError, TrainEnv};
 use crate::agents::{Agent, CatalogueOracle, PolicyAgent};
@@ -36,21 +36,43 @@ pub struct TrainSpec {
     pub episodes_per_level: usize,
     /// Environment steps of the random-agent throughput baseline.
     pub baseline_steps: u64,
-    /// Greedy checks on training levels: every `every_updates` updates (0: never), one
-    /// greedy episode on each of `levels`; training stops at the first check whose success
+    /// Checks on training levels: every `every_updates` updates (0: never), one episode of
+    /// the policy (acting as `mode` says) on each of `levels`; training stops at the first check whose success
     /// rate reaches `stop_success`.
     pub checks: CheckSpec,
 }
 
-/// Greedy checks of the policy during training, on training levels.
+/// How a trained policy acts in checks and evaluations.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PolicyMode {
+    /// Sampled from its action distribution, as in training (the policy PPO optimises),
+    /// seeded per level.
+    #[default]
+    Sampled,
+    /// Its most likely action at every step.
+    Greedy,
+}
+
+impl PolicyMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Sampled => "sampled",
+            Self::Greedy => "greedy",
+        }
+    }
+}
+
+/// Checks of the policy during training, on training levels.
 #[derive(Debug, Clone, Default)]
 pub struct CheckSpec {
     pub every_updates: u64,
     pub levels: Vec<Plan>,
     pub stop_success: Option<f64>,
+    pub mode: PolicyMode,
 }
 
-/// One greedy check (after an update).
+/// One check (after an update).
 #[derive(Debug, Clone, Serialize)]
 pub struct CheckPoint {
     pub steps: u64,
@@ -103,7 +125,7 @@ pub struct TrainResult {
     /// learner's own cost; acting is a forward pass per vectorised step besides).
     pub train_seconds: f64,
     pub update_seconds: f64,
-    /// Greedy checks on training levels (their time is not in `train_seconds`).
+    /// Checks on training levels (their time is not in `train_seconds`).
     pub checks: Vec<CheckPoint>,
     pub check_seconds: f64,
     /// The stopping rule ended training before the budget was spent.
@@ -210,8 +232,9 @@ pub fn train(rt: &Runtime, cache: &Cache, spec: &TrainSpec) -> Result<TrainResul
                 task = %spec.task,
                 seed = spec.seed,
                 steps,
-                greedy_success = point.success_rate,
-                "greedy check on training levels"
+                check_success = point.success_rate,
+                mode = spec.checks.mode.name(),
+                "check on training levels"
             );
             let reached = c.stop_success.is_some_and(|s| point.success_rate >= s);
             checks.push(point);
@@ -247,7 +270,7 @@ pub fn train(rt: &Runtime, cache: &Cache, spec: &TrainSpec) -> Result<TrainResul
     })
 }
 
-/// One greedy episode of the policy on each check level; hands the learner back.
+/// One episode of the policy on each check level; hands the learner back.
 fn check(
     rt: &Runtime,
     cache: &Cache,
@@ -262,7 +285,7 @@ fn check(
         &spec.env,
         &spec.checks.levels,
         spec.workers,
-        &|| greedy(&shared),
+        &|| policy_agent(&shared, spec.checks.mode, spec.seed),
     );
     // Every evaluation agent (and its clone of the policy) is gone once `evaluate` returns.
     let agent = Arc::try_unwrap(shared).map_err(|_| LearnError::PolicyShared)?;
@@ -444,6 +467,15 @@ struct Tally {
 /// The greedy policy of a training run as an evaluation agent.
 pub fn greedy(agent: &Arc<PpoAgent>) -> Box<dyn Agent> {
     Box::new(PolicyAgent::new(agent.clone()))
+}
+
+/// The policy of a training run as an evaluation agent acting as `mode` says (sampling
+/// seeded by `seed` and each level).
+pub fn policy_agent(agent: &Arc<PpoAgent>, mode: PolicyMode, seed: u64) -> Box<dyn Agent> {
+    match mode {
+        PolicyMode::Sampled => Box::new(PolicyAgent::sampled(agent.clone(), seed)),
+        PolicyMode::Greedy => greedy(agent),
+    }
 }
 
 /// The catalogue oracle as an evaluation agent.

@@ -946,6 +946,29 @@ impl PpoAgent {
         })
     }
 
+    /// Sample actions like [`PpoAgent::act`], from the caller's generator (evaluation
+    /// agents that share one set of weights, each with its own seeded generator).
+    pub fn act_with(
+        &self,
+        obs: &[f32],
+        mask: Option<&[f32]>,
+        rng: &mut Rng,
+    ) -> Result<ActOutput, PpoError> {
+        let HostForward {
+            probs,
+            lp_host,
+            values,
+            batch: b,
+        } = self.forward_host(obs, mask)?;
+        let actions = self.space.sample(&probs, mask, rng);
+        let log_probs = self.joint_logp(&lp_host, &actions, b);
+        Ok(ActOutput {
+            actions,
+            log_probs,
+            values,
+        })
+    }
+
     /// The most probable valid actions (evaluation); does not touch the generator.
     pub fn act_greedy(&self, obs: &[f32], mask: Option<&[f32]>) -> Result<ActOutput, PpoError> {
         let HostForward {

@@ -5,7 +5,7 @@
 use crate::common;
 use engine::env::EnvConfig;
 use engine::instance::Plan;
-use engine::learn::{evaluate, greedy, train, CheckSpec, TrainSpec};
+use engine::learn::{evaluate, greedy, policy_agent, train, CheckSpec, PolicyMode, TrainSpec};
 use policies::ppo::PpoConfig;
 
 #[test]
@@ -44,6 +44,7 @@ fn ppo_improves_on_two_fixed_archive_logs_levels() {
             every_updates: 4,
             levels: levels.clone(),
             stop_success,
+            mode: PolicyMode::Greedy,
         },
     };
     let r = train(&rt, &cache, &spec(1536, None)).unwrap();
@@ -78,6 +79,12 @@ fn ppo_improves_on_two_fixed_archive_logs_levels() {
     assert!(e.mean_steps <= 2.0, "{} steps per episode", e.mean_steps);
     // The last check played the same levels with the same policy.
     assert_eq!(r.checks.last().map(|c| c.success_rate), Some(1.0));
+    // Sampled as in training, seeded per level: the same episodes whichever worker plays them.
+    let q = r.policy.clone().unwrap();
+    let sampled = move || policy_agent(&q, PolicyMode::Sampled, 7);
+    let a = evaluate(&rt, &cache, &env, &levels, 2, &sampled).unwrap();
+    let b = evaluate(&rt, &cache, &env, &levels, 1, &sampled).unwrap();
+    assert_eq!((a.successes, a.steps), (b.successes, b.steps));
 
     // With a stopping rule, training ends at the first check that solves both levels,
     // before the budget: the steps trained are that check's, and no earlier check solved both.
@@ -150,6 +157,12 @@ baseline_steps = 8
         assert_eq!(p.per_seed.len(), 2);
     }
     assert!(t.faulted_success.is_some() && t.robustness_gap.is_some());
+    // The policy is sampled by default; the greedy column is there beside it.
+    assert_eq!(report.training.policy, PolicyMode::Sampled);
+    assert_eq!(
+        t.held_out_greedy_success.as_ref().unwrap().per_seed.len(),
+        2
+    );
     for r in &t.runs {
         assert_eq!(r.held_out.episodes, 2);
         assert!(!r.train.checks.is_empty());
