@@ -174,8 +174,9 @@ baseline_steps = 8
     let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
     for key in [
         "held_out_success",
+        "held_out_greedy_success",
         "steps_trained",
-        "greedy_steps_to_0_9",
+        "check_steps_to_0_9",
         "throughput_ratio",
     ] {
         assert!(
