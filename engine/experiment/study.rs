@@ -99,6 +99,9 @@ pub struct StudyReport {
     pub reward: crate::env::RewardConfig,
     pub training: Training,
     pub tasks: BTreeMap<String, TaskReport>,
+    /// Every task and seed ran. The report is rewritten after each seed, so a run that is
+    /// stopped keeps every finished seed (with `complete: false`).
+    pub complete: bool,
 }
 
 /// Run the study; returns the report and the path of `report.json`.
@@ -115,8 +118,19 @@ pub fn run(
     })?;
     let env_cfg = exp.env_config()?;
     let ppo = exp.ppo_config(training);
-    let mut tasks = BTreeMap::new();
+    let mut report = StudyReport {
+        name: exp.experiment.name.clone(),
+        template: exp.template.as_ref().map(|t| t.file.clone()),
+        eval_template: exp.eval_template.as_ref().map(|t| t.file.clone()),
+        seeds: exp.experiment.seeds.clone(),
+        workers: exp.environment.workers,
+        reward: exp.reward.clone(),
+        training: training.clone(),
+        tasks: BTreeMap::new(),
+        complete: false,
+    };
     for task in exp.training_tasks() {
+        let png = dir.join(format!("curve-{task}.png"));
         let mut runs = Vec::new();
         for &seed in &exp.experiment.seeds {
             let levels = |offset: u64, n: usize, tpl| {
@@ -199,43 +213,46 @@ pub fn run(
                 faulted,
                 faulted_catalogue_oracle,
             });
+            write(&png, &curves_png(&runs, &png)?)?;
+            report
+                .tasks
+                .insert(task.clone(), task_report(runs.clone(), png.clone()));
+            save(&dir, &report)?;
         }
-        let png = dir.join(format!("curve-{task}.png"));
-        let series: Vec<Vec<(f64, f64)>> = runs
-            .iter()
-            .map(|r| {
-                r.train
-                    .curve
-                    .iter()
-                    .map(|c| (c.steps as f64, c.success_rate))
-                    .collect()
-            })
-            .collect();
-        let bytes = learn::plot::curves_png(&series).map_err(|source| ExperimentError::Write {
-            file: png.clone(),
-            source,
-        })?;
-        write(&png, &bytes)?;
-        tasks.insert(task.clone(), task_report(runs, png));
     }
-    let report = StudyReport {
-        name: exp.experiment.name.clone(),
-        template: exp.template.as_ref().map(|t| t.file.clone()),
-        eval_template: exp.eval_template.as_ref().map(|t| t.file.clone()),
-        seeds: exp.experiment.seeds.clone(),
-        workers: exp.environment.workers,
-        reward: exp.reward.clone(),
-        training: training.clone(),
-        tasks,
-    };
-    let json = serde_json::to_vec_pretty(&report).map_err(|e| ExperimentError::Write {
-        file: dir.join("report.json"),
+    report.complete = true;
+    let path = save(&dir, &report)?;
+    Ok((report, path))
+}
+
+/// The learning curves of a task's runs so far, as a PNG.
+fn curves_png(runs: &[RunReport], png: &Path) -> Result<Vec<u8>, ExperimentError> {
+    let series: Vec<Vec<(f64, f64)>> = runs
+        .iter()
+        .map(|r| {
+            r.train
+                .curve
+                .iter()
+                .map(|c| (c.steps as f64, c.success_rate))
+                .collect()
+        })
+        .collect();
+    learn::plot::curves_png(&series).map_err(|source| ExperimentError::Write {
+        file: png.into(),
+        source,
+    })
+}
+
+/// Write `report.json` and `report.md` (each to a temporary file, then renamed).
+fn save(dir: &Path, report: &StudyReport) -> Result<PathBuf, ExperimentError> {
+    let path = dir.join("report.json");
+    let json = serde_json::to_vec_pretty(report).map_err(|e| ExperimentError::Write {
+        file: path.clone(),
         source: std::io::Error::other(e),
     })?;
-    let path = dir.join("report.json");
     write(&path, &json)?;
-    write(&dir.join("report.md"), render(&report).as_bytes())?;
-    Ok((report, path))
+    write(&dir.join("report.md"), render(report).as_bytes())?;
+    Ok(path)
 }
 
 fn task_report(runs: Vec<RunReport>, curve_png: PathBuf) -> TaskReport {
@@ -320,6 +337,12 @@ pub fn render(r: &StudyReport) -> String {
             learn::PolicyMode::Greedy => "greedily",
         }
     );
+    if !r.complete {
+        let _ = writeln!(
+            s,
+            "**Incomplete**: the run stopped before every task and seed ran; the tables hold the seeds that finished.\n"
+        );
+    }
     if let Some(t) = &r.template {
         let _ = writeln!(
             s,

@@ -147,6 +147,7 @@ baseline_steps = 8
     let training = exp.training.clone().unwrap();
     let (report, path) = engine::experiment::study::run(&exp, &training, &rt, &cache).unwrap();
     let t = &report.tasks["archive-logs"];
+    assert!(report.complete);
     for p in [
         &t.held_out_success,
         &t.catalogue_oracle_success,
@@ -172,6 +173,7 @@ baseline_steps = 8
         assert_eq!(r.train.stopped_early, solved && r.train.steps < 128);
     }
     let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    assert_eq!(json["complete"], true);
     for key in [
         "held_out_success",
         "held_out_greedy_success",
