@@ -78,12 +78,13 @@ pub struct Training {
     /// distribution, as in training) or `greedy` (its most likely action). Held-out levels
     /// are also played greedily when it is `sampled`, for the report's greedy column.
     pub policy: crate::learn::PolicyMode,
-    /// Environment steps between checks on training levels (0: no checks).
+    /// Environment steps between checks on validation levels (0: no checks).
     pub check_every: u64,
-    /// Training levels the checks play (the first ones; at most `train_levels`).
+    /// Validation levels the checks play (plan seeds from `seed * SEED_STRIDE + 400_000`:
+    /// neither training nor held-out levels).
     pub check_levels: usize,
     /// Stop training at the first check whose success rate reaches this (none: spend the
-    /// whole budget). Checks play training levels only, never held-out ones.
+    /// whole budget). Checks play validation levels, never held-out ones.
     pub stop_success: Option<f64>,
 }
 
@@ -114,6 +115,9 @@ impl Default for Training {
     }
 }
 
+/// Plan seeds of validation levels (the checks during training) start this far into a
+/// seed's range.
+pub const VALIDATION_OFFSET: u64 = 400_000;
 /// Plan seeds of held-out levels start this far into a seed's range.
 pub const HELD_OUT_OFFSET: u64 = 500_000;
 /// Plan seeds of faulted evaluation levels start this far into a seed's range.
@@ -438,8 +442,8 @@ impl Experiment {
             ),
             (
                 "training.train_levels",
-                (1..=HELD_OUT_OFFSET as usize).contains(&t.train_levels),
-                "between 1 and 500000 (more would reach the held-out levels' plan seeds)",
+                (1..=VALIDATION_OFFSET as usize).contains(&t.train_levels),
+                "between 1 and 400000 (more would reach the validation levels' plan seeds)",
             ),
             (
                 "training.eval_levels",
@@ -474,8 +478,8 @@ impl Experiment {
             ),
             (
                 "training.check_levels",
-                t.check_levels <= t.train_levels,
-                "at most training.train_levels (the checks play training levels only)",
+                t.check_levels <= (HELD_OUT_OFFSET - VALIDATION_OFFSET) as usize,
+                "at most 100000 (more would reach the held-out levels' plan seeds)",
             ),
             (
                 "training.stop_success",
@@ -675,10 +679,15 @@ episodes = 2
     #[test]
     fn training_and_held_out_levels_never_share_plan_seeds() {
         let t = |extra: &str| format!("{OK}[training]\n{extra}\n");
-        assert!(Experiment::parse(&t("train_levels = 500000"), Path::new("exp.toml")).is_ok());
-        let e = err(&t("train_levels = 500001"));
+        assert!(Experiment::parse(&t("train_levels = 400000"), Path::new("exp.toml")).is_ok());
+        let e = err(&t("train_levels = 400001"));
         assert!(
-            e.contains("training.train_levels") && e.contains("held-out"),
+            e.contains("training.train_levels") && e.contains("validation"),
+            "{e}"
+        );
+        let e = err(&t("check_levels = 100001"));
+        assert!(
+            e.contains("training.check_levels") && e.contains("held-out"),
             "{e}"
         );
         let e = err(&t("eval_levels = 200001"));

@@ -4,7 +4,7 @@
 //! `training.eval_template`, on faulted levels: the robustness gap). Writes `report.json`,
 //! `report.md`, a learning-curve PNG per task and `curves.jsonl`.
 
-use super::config::{Training, FAULTED_OFFSET, HELD_OUT_OFFSET};
+use super::config::{Training, FAULTED_OFFSET, HELD_OUT_OFFSET, VALIDATION_OFFSET};
 use super::stats::Interval;
 use super::{Experiment, ExperimentError};
 use crate::learn::{self, Evaluation, TrainResult, TrainSpec};
@@ -67,7 +67,7 @@ pub struct TaskReport {
     /// Environment steps until the training success rate first reached 0.9 (NaN: never).
     pub steps_to_0_9: PerSeed,
     /// Environment steps until the policy (acting as in the evaluations) first solved at
-    /// least 0.9 of the check levels (training levels; NaN: never, or no checks).
+    /// least 0.9 of the validation levels (NaN: never, or no checks).
     pub check_steps_to_0_9: PerSeed,
     /// Environment steps trained (the budget, or fewer where the stopping rule ended it).
     pub steps_trained: PerSeed,
@@ -142,7 +142,11 @@ pub fn run(
             let per_update = ppo.batch_size() as u64;
             let checks = learn::CheckSpec {
                 every_updates: training.check_every.div_ceil(per_update),
-                levels: train_levels[..training.check_levels].to_vec(),
+                levels: levels(
+                    VALIDATION_OFFSET,
+                    training.check_levels,
+                    exp.template.as_ref(),
+                ),
                 stop_success: training.stop_success,
                 mode: training.policy,
             };
@@ -325,7 +329,7 @@ pub fn render(r: &StudyReport) -> String {
         r.seeds,
         r.training.total_steps,
         r.training.stop_success.map_or(String::new(), |x| format!(
-            " (training stops at the first check on {} training levels with success at least {x})",
+            " (training stops at the first check on {} validation levels with success at least {x})",
             r.training.check_levels
         )),
         r.training.num_envs,

@@ -1,7 +1,7 @@
 //! One PPO training run on a task's levels: a random-agent throughput baseline on the same
 //! vectorised environments, PPO updates until the step budget is spent (a learning curve
-//! point per update) or, with a stopping rule, until the policy solves the check levels (some
-//! of the training levels, never held-out ones); then the policy (sampled as in training, or
+//! point per update) or, with a stopping rule, until the policy solves the check levels
+//! (validation levels: neither training nor held-out ones); then the policy (sampled as in training, or
 //! greedy) and the task's catalogue oracle on held-out levels.
 
 use super::{LearnError, TrainEnv};
@@ -36,7 +36,7 @@ pub struct TrainSpec {
     pub episodes_per_level: usize,
     /// Environment steps of the random-agent throughput baseline.
     pub baseline_steps: u64,
-    /// Checks on training levels: every `every_updates` updates (0: never), one episode of
+    /// Checks on validation levels: every `every_updates` updates (0: never), one episode of
     /// the policy (acting as `mode` says) on each of `levels`; training stops at the first check whose success
     /// rate reaches `stop_success`.
     pub checks: CheckSpec,
@@ -63,7 +63,7 @@ impl PolicyMode {
     }
 }
 
-/// Checks of the policy during training, on training levels.
+/// Checks of the policy during training, on validation levels.
 #[derive(Debug, Clone, Default)]
 pub struct CheckSpec {
     pub every_updates: u64,
@@ -125,7 +125,7 @@ pub struct TrainResult {
     /// learner's own cost; acting is a forward pass per vectorised step besides).
     pub train_seconds: f64,
     pub update_seconds: f64,
-    /// Checks on training levels (their time is not in `train_seconds`).
+    /// Checks on validation levels (their time is not in `train_seconds`).
     pub checks: Vec<CheckPoint>,
     pub check_seconds: f64,
     /// The stopping rule ended training before the budget was spent.
@@ -234,7 +234,7 @@ pub fn train(rt: &Runtime, cache: &Cache, spec: &TrainSpec) -> Result<TrainResul
                 steps,
                 check_success = point.success_rate,
                 mode = spec.checks.mode.name(),
-                "check on training levels"
+                "check on validation levels"
             );
             let reached = c.stop_success.is_some_and(|s| point.success_rate >= s);
             checks.push(point);
