@@ -1,8 +1,8 @@
 //! One PPO training run on a task's levels: a random-agent throughput baseline on the same
 //! vectorised environments, PPO updates until the step budget is spent (a learning curve
 //! point per update) or, with a stopping rule, until the policy solves the check levels
-//! (validation levels: neither training nor held-out ones); then the policy (sampled as in training, or
-//! greedy) and the task's catalogue oracle on held-out levels.
+//! (validation levels: neither training nor held-out ones); then the policy (sampled as in
+//! training, or greedy) and the task's catalogue oracle on held-out levels.
 
 use super::{LearnError, TrainEnv};
 use crate::agents::{Agent, CatalogueOracle, PolicyAgent};
@@ -37,8 +37,8 @@ pub struct TrainSpec {
     /// Environment steps of the random-agent throughput baseline.
     pub baseline_steps: u64,
     /// Checks on validation levels: every `every_updates` updates (0: never), one episode of
-    /// the policy (acting as `mode` says) on each of `levels`; training stops at the first check whose success
-    /// rate reaches `stop_success`.
+    /// the policy (acting as `mode` says) on each of `levels`; training stops at the first
+    /// check whose success rate reaches `stop_success`.
     pub checks: CheckSpec,
 }
 
