@@ -117,6 +117,17 @@ impl HostView for RealHost {
         let mut out = Vec::new();
         for e in std::fs::read_dir(dir).map_err(err)? {
             let e = e.map_err(err)?;
+            // The directory entry's own type says "symlink" without a stat (most of `/etc`
+            // is symlinks: alternatives, certificates); Linux gives every symlink mode 0777.
+            if e.file_type().map_err(err)?.is_symlink() {
+                out.push(HostEntry {
+                    name: e.file_name().to_string_lossy().into_owned(),
+                    is_dir: false,
+                    is_symlink: true,
+                    mode: 0o777,
+                });
+                continue;
+            }
             let m = e.metadata().map_err(err)?;
             out.push(HostEntry {
                 name: e.file_name().to_string_lossy().into_owned(),

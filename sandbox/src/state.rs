@@ -150,7 +150,8 @@ pub fn reap(state: &Path, cgroup_roots: &[PathBuf], own_run: Option<&str>) -> Re
                     .rsplit_once('-')
                     .and_then(|(_, pid)| pid.parse::<i32>().ok())
                     .is_some_and(|pid| std::path::Path::new(&format!("/proc/{pid}")).exists());
-                if e.path().is_dir()
+                // The entry's type from the directory read: no stat of each control file.
+                if e.file_type().is_ok_and(|t| t.is_dir())
                     && Some(run.as_str()) != own_run
                     && !runs_dir.join(&run).exists()
                     && !creator_alive
