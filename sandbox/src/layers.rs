@@ -236,15 +236,20 @@ fn mask_private(
     Ok(())
 }
 
-/// Digest of the host layer: its mask plan and the package database it passes through.
-pub fn host_digest(ops: &[crate::sys::Op]) -> String {
+/// Digest of the host layer: its mask plan and the package database it passes through (whose
+/// own digest is remembered under `cache_dir` while the file is unchanged, see
+/// [`crate::digest_cache`]).
+pub fn host_digest(ops: &[crate::sys::Op], cache_dir: &Path) -> String {
     let mut h = Sha256::new();
-    h.update(b"envfactory-host-v1\n");
+    h.update(b"envfactory-host-v2\n");
     for op in ops {
         h.update(format!("{op:?}\n").as_bytes());
     }
-    if let Ok(status) = std::fs::read("/var/lib/dpkg/status") {
-        h.update(&status);
+    if let Some(status) =
+        crate::digest_cache::file_sha256(Path::new("/var/lib/dpkg/status"), cache_dir)
+    {
+        h.update(b"dpkg ");
+        h.update(status.as_bytes());
     }
     format!("sha256-{}", hex::encode(h.finalize()))
 }

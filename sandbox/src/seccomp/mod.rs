@@ -372,6 +372,45 @@ impl SeccompPolicy {
     }
 }
 
+/// What the compiled embedded policy depends on: the architecture, the policy text and the
+/// compiler's own sources (a changed compiler never reuses an old program).
+fn embedded_key(arch: &str) -> String {
+    use sha2::Digest;
+    let mut h = sha2::Sha256::new();
+    for part in [
+        arch,
+        EMBEDDED_POLICY,
+        include_str!("mod.rs"),
+        include_str!("bpf.rs"),
+        include_str!("syscalls.rs"),
+    ] {
+        h.update(part.len().to_le_bytes());
+        h.update(part.as_bytes());
+    }
+    hex::encode(h.finalize())
+}
+
+/// The embedded policy compiled for the running architecture, remembered in `cache_dir`
+/// under the digest of the policy and of this compiler ([`crate::digest_cache`]), so that a
+/// new process does not parse the TOML again. An entry that does not read back as a valid
+/// program is ignored and replaced.
+pub fn embedded_compiled(cache_dir: &std::path::Path) -> Result<CompiledSeccomp, SeccompError> {
+    let arch = std::env::consts::ARCH;
+    let key = embedded_key(arch);
+    let name = format!("seccomp-{arch}.json");
+    let cached = crate::digest_cache::read(cache_dir, &name, &key)
+        .and_then(|bytes| serde_json::from_slice::<CompiledSeccomp>(&bytes).ok())
+        .filter(CompiledSeccomp::well_formed);
+    if let Some(c) = cached {
+        return Ok(c);
+    }
+    let c = SeccompPolicy::embedded()?.compile()?;
+    if let Ok(json) = serde_json::to_vec(&c) {
+        crate::digest_cache::write(cache_dir, &name, &key, &json);
+    }
+    Ok(c)
+}
+
 fn parse_rule(
     ctx: &Ctx<'_>,
     span: Range<usize>,
@@ -579,6 +618,15 @@ fn install(index: usize, program: &[libc::sock_filter]) -> Result<(), SeccompErr
 }
 
 impl CompiledSeccomp {
+    /// At least one program, each of a length the kernel accepts.
+    pub fn well_formed(&self) -> bool {
+        !self.programs.is_empty()
+            && self
+                .programs
+                .iter()
+                .all(|p| !p.is_empty() && p.len() <= BPF_MAX_INSNS)
+    }
+
     /// Converts the programs to kernel structures once, so that the forked child only
     /// makes syscalls ([`PreparedSeccomp::apply`]).
     pub fn prepare(&self) -> PreparedSeccomp {
