@@ -13,7 +13,7 @@ if [ ${#need[@]} -gt 0 ]; then
   apt-get update -qq && apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 cargo build --release -q --bin engine --bin envfactory-init
-engine=target/release/engine
+engine=${CARGO_TARGET_DIR:-target}/release/engine
 cmds=(
   "$engine sandbox exec -- /bin/true"
   "bwrap --unshare-all --ro-bind / / --proc /proc --dev /dev /bin/true"

@@ -14,8 +14,12 @@
 //! - `bwrap_unshare_all`: present when bubblewrap is installed: `bwrap --unshare-all
 //!   --ro-bind / / --proc /proc --dev /dev /bin/true`, measured interleaved with
 //!   `create_first_exec`;
+//! - `one_shot_exec`: present when the caller gives the one-shot command line (the `engine`
+//!   binary does: `engine sandbox exec -- /bin/true`): that whole process, start to exit
+//!   (runtime, sandbox, command, teardown), measured interleaved with bwrap's whole process;
 //! - `ratios`: `exec_vs_host` = exec_sh_true / host_sh_true, `create_vs_bwrap` =
-//!   create_first_exec / bwrap_unshare_all (medians);
+//!   create_first_exec / bwrap_unshare_all, `one_shot_vs_bwrap` = one_shot_exec /
+//!   bwrap_unshare_all (medians);
 //! - `concurrent`: present with `--concurrent N`: `requested`, `sandboxes` alive at once,
 //!   `stopped` (why creation stopped early: admission control or the error), how many
 //!   answered, and the host's `MemAvailable` drop per sandbox (kernel objects included).
@@ -41,6 +45,8 @@ pub struct Ratios {
     pub exec_vs_host: f64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub create_vs_bwrap: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub one_shot_vs_bwrap: Option<f64>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -66,6 +72,8 @@ pub struct SandboxBench {
     pub create_first_exec: Summary,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub bwrap_unshare_all: Option<Summary>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub one_shot_exec: Option<Summary>,
     pub exec_sh_true: Summary,
     pub reset_100_files: Summary,
     pub snapshot_100_files: Summary,
@@ -129,12 +137,27 @@ pub const CHANGE_100: &str = "for i in $(seq 50); do echo $i > /root/f$i; done; 
     for i in $(seq 40); do echo $i > /tmp/t$i; done; \
     for f in passwd group hosts shells issue motd profile bash.bashrc environment nsswitch.conf; do echo >> /etc/$f 2>/dev/null || true; done";
 
-/// Run the benchmark.
+/// Run a whole process to its exit; `Ok(false)` when it failed.
+fn run_process(argv: &[String]) -> Result<bool, BenchError> {
+    let (program, args) = argv
+        .split_first()
+        .ok_or_else(|| BenchError::Host(std::io::Error::other("empty command line")))?;
+    std::process::Command::new(program)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .map_err(BenchError::Host)
+}
+
+/// Run the benchmark. `one_shot`, when given, is a whole-process command line that runs
+/// `/bin/true` in a fresh sandbox (`engine sandbox exec -- /bin/true`), timed beside bwrap.
 pub fn run(
     rt: &Runtime,
     cfg: &SandboxConfig,
     iterations: usize,
     concurrent: Option<usize>,
+    one_shot: Option<&[String]>,
 ) -> Result<SandboxBench, BenchError> {
     let n = iterations.max(3);
     // Warm the layer caches (host mask, policies) and the page cache.
@@ -158,7 +181,27 @@ pub fn run(
         .status()
         .is_ok_and(|s| s.success());
     let mut bwrap = Vec::with_capacity(n);
+    let mut shots = Vec::with_capacity(n);
+    if let Some(argv) = one_shot {
+        // Warm its binary's pages too; a one-shot that fails is reported, not timed.
+        if !run_process(argv)? {
+            return Err(BenchError::Step {
+                step: "one-shot exec",
+                detail: format!("`{}` failed", argv.join(" ")),
+            });
+        }
+    }
     for _ in 0..n {
+        if let Some(argv) = one_shot {
+            let t = Instant::now();
+            if !run_process(argv)? {
+                return Err(BenchError::Step {
+                    step: "one-shot exec",
+                    detail: format!("`{}` failed", argv.join(" ")),
+                });
+            }
+            shots.push(ms(t));
+        }
         if has_bwrap {
             let t = Instant::now();
             std::process::Command::new("bwrap")
@@ -245,15 +288,20 @@ pub fn run(
     let exec_sh_true = Summary::of(exec);
     let create_first_exec = Summary::of(create);
     let bwrap_unshare_all = has_bwrap.then(|| Summary::of(bwrap));
+    let one_shot_exec = one_shot.map(|_| Summary::of(shots));
     Ok(SandboxBench {
         iterations: n,
         ratios: Ratios {
             exec_vs_host: exec_sh_true.median / host_sh_true.median,
             create_vs_bwrap: bwrap_unshare_all.map(|b| create_first_exec.median / b.median),
+            one_shot_vs_bwrap: bwrap_unshare_all
+                .zip(one_shot_exec)
+                .map(|(b, o)| o.median / b.median),
         },
         host_sh_true,
         create_first_exec,
         bwrap_unshare_all,
+        one_shot_exec,
         exec_sh_true,
         reset_100_files: Summary::of(reset),
         snapshot_100_files: Summary::of(snap),
@@ -323,6 +371,9 @@ pub fn render(b: &SandboxBench) -> String {
     if let Some(bw) = &b.bwrap_unshare_all {
         out += &row("bwrap --unshare-all true", bw, "ms (baseline)");
     }
+    if let Some(o) = &b.one_shot_exec {
+        out += &row("one-shot process", o, "ms (engine sandbox exec)");
+    }
     out += &row("exec sh -c true", &b.exec_sh_true, "ms");
     out += &row("reset (100 files)", &b.reset_100_files, "ms");
     out += &row("snapshot (100 files)", &b.snapshot_100_files, "ms");
@@ -333,6 +384,9 @@ pub fn render(b: &SandboxBench) -> String {
     out += &format!("exec / host sh -c true  {:>10.2}x\n", b.ratios.exec_vs_host);
     if let Some(r) = b.ratios.create_vs_bwrap {
         out += &format!("create+exec / bwrap     {r:>10.2}x\n");
+    }
+    if let Some(r) = b.ratios.one_shot_vs_bwrap {
+        out += &format!("one-shot / bwrap        {r:>10.2}x\n");
     }
     if let Some(c) = &b.concurrent {
         out += &format!(

@@ -47,7 +47,16 @@ pub fn run(cmd: BenchCmd) -> anyhow::Result<i32> {
         } => {
             let cfg = opts.config()?;
             let rt = super::sandbox::runtime()?;
-            let report = engine::bench::sandbox::run(&rt, &cfg, iterations, concurrent)?;
+            // The one-shot command with the same options, timed as a whole process.
+            let mut one_shot: Vec<String> = vec![
+                std::env::current_exe()?.to_string_lossy().into_owned(),
+                "sandbox".into(),
+                "exec".into(),
+            ];
+            one_shot.extend(opts.to_args());
+            one_shot.extend(["--".into(), "/bin/true".into()]);
+            let report =
+                engine::bench::sandbox::run(&rt, &cfg, iterations, concurrent, Some(&one_shot))?;
             if json {
                 outln!("{}", serde_json::to_string(&report)?);
             } else {

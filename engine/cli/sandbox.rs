@@ -39,6 +39,21 @@ pub struct SandboxOpts {
 }
 
 impl SandboxOpts {
+    /// The same options as command-line arguments (for a child `engine` process).
+    pub fn to_args(&self) -> Vec<String> {
+        let mut a = vec![
+            format!("--rootfs={}", self.rootfs),
+            format!("--memory={}", self.memory),
+            format!("--pids={}", self.pids),
+            format!("--cpus={}", self.cpus),
+            format!("--disk={}", self.disk),
+        ];
+        if self.userns {
+            a.push("--userns".into());
+        }
+        a
+    }
+
     /// Validate into a sandbox configuration.
     pub fn config(&self) -> anyhow::Result<SandboxConfig> {
         use anyhow::Context;

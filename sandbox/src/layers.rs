@@ -117,6 +117,17 @@ impl HostView for RealHost {
         let mut out = Vec::new();
         for e in std::fs::read_dir(dir).map_err(err)? {
             let e = e.map_err(err)?;
+            // The directory entry's own type says "symlink" without a stat (most of `/etc`
+            // is symlinks: alternatives, certificates); Linux gives every symlink mode 0777.
+            if e.file_type().map_err(err)?.is_symlink() {
+                out.push(HostEntry {
+                    name: e.file_name().to_string_lossy().into_owned(),
+                    is_dir: false,
+                    is_symlink: true,
+                    mode: 0o777,
+                });
+                continue;
+            }
             let m = e.metadata().map_err(err)?;
             out.push(HostEntry {
                 name: e.file_name().to_string_lossy().into_owned(),
@@ -225,15 +236,20 @@ fn mask_private(
     Ok(())
 }
 
-/// Digest of the host layer: its mask plan and the package database it passes through.
-pub fn host_digest(ops: &[crate::sys::Op]) -> String {
+/// Digest of the host layer: its mask plan and the package database it passes through (whose
+/// own digest is remembered under `cache_dir` while the file is unchanged, see
+/// [`crate::digest_cache`]).
+pub fn host_digest(ops: &[crate::sys::Op], cache_dir: &Path) -> String {
     let mut h = Sha256::new();
-    h.update(b"envfactory-host-v1\n");
+    h.update(b"envfactory-host-v2\n");
     for op in ops {
         h.update(format!("{op:?}\n").as_bytes());
     }
-    if let Ok(status) = std::fs::read("/var/lib/dpkg/status") {
-        h.update(&status);
+    if let Some(status) =
+        crate::digest_cache::file_sha256(Path::new("/var/lib/dpkg/status"), cache_dir)
+    {
+        h.update(b"dpkg ");
+        h.update(status.as_bytes());
     }
     format!("sha256-{}", hex::encode(h.finalize()))
 }

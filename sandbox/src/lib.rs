@@ -10,6 +10,7 @@ pub mod backend;
 pub mod caps;
 pub mod cgroup;
 pub mod config;
+pub mod digest_cache;
 pub mod error;
 pub mod init;
 pub mod landlock;

@@ -251,7 +251,7 @@ impl Runtime {
         // where this run keeps the mask; then perform the plan under the mask directory.
         let mut plan = crate::sys::Recorder::default();
         layers::plan_host_mask(&mut plan, Path::new("/"), &layers::RealHost)?;
-        let digest = layers::host_digest(&plan.ops);
+        let digest = layers::host_digest(&plan.ops, &state::digest_cache_dir(&self.inner.state));
         let dir = self.inner.run_dir.join("hostmask");
         let plan = plan.rebased(&dir);
         std::fs::create_dir_all(&dir).map_err(|source| SandboxError::Spawn {
@@ -298,8 +298,7 @@ impl Runtime {
         let mut g = lock(&self.inner.seccomp);
         if g.is_none() {
             // Fail closed: a policy that does not load or compile stops every sandbox.
-            let p = crate::seccomp::SeccompPolicy::embedded()
-                .and_then(|p| p.compile())
+            let p = crate::seccomp::embedded_compiled(&state::digest_cache_dir(&self.inner.state))
                 .map_err(|e| SandboxError::Policy(e.to_string()))?;
             *g = Some(p);
         }

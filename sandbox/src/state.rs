@@ -4,6 +4,7 @@
 //!
 //! ```text
 //! <state>/layers/<id>/            read-only layers (content-addressed, shared by runs)
+//! <state>/digests/<name>.sha256   remembered digests of large host files (`digest_cache`)
 //! <state>/runs/<run>/owner        "<pid> <start time>" of the process that owns the run
 //! <state>/runs/<run>/hostmask/    tmpfs: the host layer's mask (a mount in the host namespace)
 //! <state>/runs/<run>/sbx/<name>/  private directory of one sandbox (a mount point)
@@ -72,6 +73,11 @@ pub fn new_run_id() -> String {
     static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     format!("r{:x}-{}-{}", nanos, seq, std::process::id())
+}
+
+/// `<state>/digests`: digests of host files remembered across runs.
+pub fn digest_cache_dir(state: &Path) -> PathBuf {
+    state.join("digests")
 }
 
 /// Create `<state>/runs/<run>` with its owner record. The directory appears atomically with
@@ -150,7 +156,8 @@ pub fn reap(state: &Path, cgroup_roots: &[PathBuf], own_run: Option<&str>) -> Re
                     .rsplit_once('-')
                     .and_then(|(_, pid)| pid.parse::<i32>().ok())
                     .is_some_and(|pid| std::path::Path::new(&format!("/proc/{pid}")).exists());
-                if e.path().is_dir()
+                // The entry's type from the directory read: no stat of each control file.
+                if e.file_type().is_ok_and(|t| t.is_dir())
                     && Some(run.as_str()) != own_run
                     && !runs_dir.join(&run).exists()
                     && !creator_alive

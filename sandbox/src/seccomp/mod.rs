@@ -1,25 +1,25 @@
 //! Seccomp policy as data: a deny list with default allow, read from
-//! `sandbox/policy/seccomp.toml` (embedded at build time) and compiled to classic BPF
-//! with `seccompiler`.
+//! `sandbox/policy/seccomp.toml` (embedded at build time) and compiled to classic BPF.
 //!
 //! Life cycle in the resident init (PID 1):
 //! 1. [`SeccompPolicy::embedded`] parses and validates the file once (fail closed: an
 //!    unknown syscall name, a missing `why`, a bad action or errno is an error naming the
 //!    file, line and key);
-//! 2. [`SeccompPolicy::compile`] builds one BPF program per distinct action for the
-//!    running architecture (plus, on x86_64, a guard that kills x32-ABI syscalls);
-//! 3. [`CompiledSeccomp::prepare`] converts them to `libc::sock_filter` buffers;
+//! 2. [`SeccompPolicy::compile`] builds one BPF program for the running architecture
+//!    ([`bpf`]: the architecture check, on x86_64 a guard that kills x32-ABI syscalls, then
+//!    a binary search over the denied syscall numbers);
+//! 3. [`CompiledSeccomp::prepare`] converts it to `libc::sock_filter` buffers;
 //! 4. after each `fork`, the child calls [`PreparedSeccomp::apply`] (or
 //!    [`CompiledSeccomp::apply`]) right before `execve`; neither allocates.
 //!
-//! Every compiled program starts with seccompiler's architecture check, which returns
-//! `SECCOMP_RET_KILL_PROCESS` for any other audit architecture (e.g. i386 syscalls made
-//! through `int 0x80` on x86_64).
+//! The architecture check returns `SECCOMP_RET_KILL_PROCESS` for any other audit
+//! architecture (e.g. i386 syscalls made through `int 0x80` on x86_64).
 //!
-//! Precedence: the kernel runs every installed program and keeps the strongest result
-//! (`KILL_PROCESS` > `ERRNO` > `ALLOW`); between two `ERRNO` results the most recently
-//! installed program wins. The loader therefore rejects a syscall listed with two
-//! different errno values, so the order of the errno programs never matters.
+//! Precedence: within a syscall, `kill_process` rules come before `errno` rules, as the
+//! kernel would rank the results of separate programs (`KILL_PROCESS` > `ERRNO` > `ALLOW`).
+//! The loader rejects a syscall listed with two different errno values, so no order between
+//! errno rules decides anything. The tests check the program's decision for every syscall
+//! number against one linear program per action, compiled with `seccompiler`.
 
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -27,6 +27,7 @@ use std::ops::Range;
 use serde::Deserialize;
 use toml::Spanned;
 
+pub mod bpf;
 mod syscalls;
 use syscalls::{is_known_syscall, syscall_nr};
 
@@ -317,120 +318,97 @@ impl SeccompPolicy {
         self.compile_for(std::env::consts::ARCH)
     }
 
-    /// Compiles the policy for `arch` (`"x86_64"` or `"aarch64"`). Rules naming a syscall
-    /// that `arch` does not have are skipped (it cannot be called there).
+    /// Compiles the policy for `arch` (`"x86_64"` or `"aarch64"`) into one program (see
+    /// [`bpf`]). Rules naming a syscall that `arch` does not have are skipped (it cannot be
+    /// called there).
     pub fn compile_for(&self, arch: &str) -> Result<CompiledSeccomp, SeccompError> {
-        let target = match arch {
-            "x86_64" => seccompiler::TargetArch::x86_64,
-            "aarch64" => seccompiler::TargetArch::aarch64,
+        let (audit, x32) = match arch {
+            "x86_64" => (bpf::AUDIT_ARCH_X86_64, true),
+            "aarch64" => (bpf::AUDIT_ARCH_AARCH64, false),
             _ => {
                 return Err(SeccompError::UnsupportedArch {
                     arch: arch.to_string(),
                 })
             }
         };
-        let compile_err = |reason: String| SeccompError::Compile {
-            file: self.source.clone(),
-            arch: arch.to_string(),
-            reason,
-        };
-        // action -> syscall number -> rules; `None` marks an unconditional match.
-        let mut by_action: BTreeMap<
-            SeccompAction,
-            BTreeMap<i64, Option<Vec<seccompiler::SeccompRule>>>,
-        > = BTreeMap::new();
+        let mut by_nr: BTreeMap<u32, bpf::NrRules> = BTreeMap::new();
         for rule in &self.rules {
             let Some(nr) = syscall_nr(arch, &rule.syscall) else {
                 tracing::debug!(syscall = %rule.syscall, arch, line = rule.line, "syscall absent on this architecture; rule skipped");
                 continue;
             };
-            let entry = by_action
-                .entry(rule.action)
-                .or_default()
+            let nr = u32::try_from(nr).map_err(|_| SeccompError::Compile {
+                file: self.source.clone(),
+                arch: arch.to_string(),
+                reason: format!("line {}: syscall number {nr} out of range", rule.line),
+            })?;
+            by_nr
                 .entry(nr)
-                .or_insert_with(|| Some(Vec::new()));
-            if rule.args.is_empty() {
-                *entry = None;
-                continue;
-            }
-            let Some(chain) = entry else { continue };
-            let mut conditions = Vec::with_capacity(rule.args.len());
-            for cond in &rule.args {
-                let width = match cond.width {
-                    ArgWidth::Dword => seccompiler::SeccompCmpArgLen::Dword,
-                    ArgWidth::Qword => seccompiler::SeccompCmpArgLen::Qword,
-                };
-                let op = match cond.op {
-                    ArgOp::Eq => seccompiler::SeccompCmpOp::Eq,
-                    ArgOp::Ne => seccompiler::SeccompCmpOp::Ne,
-                    ArgOp::Lt => seccompiler::SeccompCmpOp::Lt,
-                    ArgOp::Le => seccompiler::SeccompCmpOp::Le,
-                    ArgOp::Gt => seccompiler::SeccompCmpOp::Gt,
-                    ArgOp::Ge => seccompiler::SeccompCmpOp::Ge,
-                    ArgOp::MaskedEq(mask) => seccompiler::SeccompCmpOp::MaskedEq(mask),
-                };
-                conditions.push(
-                    seccompiler::SeccompCondition::new(cond.index, width, op, cond.value)
-                        .map_err(|e| compile_err(format!("line {}: {e}", rule.line)))?,
-                );
-            }
-            chain.push(
-                seccompiler::SeccompRule::new(conditions)
-                    .map_err(|e| compile_err(format!("line {}: {e}", rule.line)))?,
-            );
+                .or_default()
+                .push((rule.action, rule.args.clone()));
         }
-
-        let mut programs = Vec::with_capacity(by_action.len() + 1);
-        if arch == "x86_64" {
-            programs.push(x32_guard());
-        }
-        // BTreeMap order: KillProcess first, then errno programs by errno value.
-        for (action, syscalls) in by_action {
-            let match_action = match action {
-                SeccompAction::KillProcess => seccompiler::SeccompAction::KillProcess,
-                SeccompAction::Errno(errno) => {
-                    // Validated at load time: errno names map to small positive values.
-                    seccompiler::SeccompAction::Errno(errno.unsigned_abs())
-                }
-            };
-            let rules: BTreeMap<i64, Vec<seccompiler::SeccompRule>> = syscalls
-                .into_iter()
-                .map(|(nr, chain)| (nr, chain.unwrap_or_default()))
-                .collect();
-            let filter = seccompiler::SeccompFilter::new(
-                rules,
-                seccompiler::SeccompAction::Allow,
-                match_action,
-                target,
-            )
-            .map_err(|e| compile_err(e.to_string()))?;
-            let bpf: seccompiler::BpfProgram = filter
-                .try_into()
-                .map_err(|e: seccompiler::BackendError| compile_err(e.to_string()))?;
-            programs.push(
-                bpf.iter()
-                    .map(|i| (i.code, i.jt, i.jf, i.k))
-                    .collect::<Vec<_>>(),
-            );
-        }
-        for (index, program) in programs.iter().enumerate() {
-            if program.is_empty() || program.len() > BPF_MAX_INSNS {
-                return Err(SeccompError::ProgramSize {
-                    index,
-                    len: program.len(),
-                    max: BPF_MAX_INSNS,
-                });
-            }
+        let program = bpf::program(audit, x32, &by_nr).map_err(|reason| SeccompError::Compile {
+            file: self.source.clone(),
+            arch: arch.to_string(),
+            reason,
+        })?;
+        if program.len() > BPF_MAX_INSNS {
+            return Err(SeccompError::ProgramSize {
+                index: 0,
+                len: program.len(),
+                max: BPF_MAX_INSNS,
+            });
         }
         tracing::debug!(
             source = %self.source,
             arch,
-            programs = programs.len(),
-            instructions = programs.iter().map(Vec::len).sum::<usize>(),
+            syscalls = by_nr.len(),
+            instructions = program.len(),
             "seccomp policy compiled"
         );
-        Ok(CompiledSeccomp { programs })
+        Ok(CompiledSeccomp {
+            programs: vec![program],
+        })
     }
+}
+
+/// What the compiled embedded policy depends on: the architecture, the policy text and the
+/// compiler's own sources (a changed compiler never reuses an old program).
+fn embedded_key(arch: &str) -> String {
+    use sha2::Digest;
+    let mut h = sha2::Sha256::new();
+    for part in [
+        arch,
+        EMBEDDED_POLICY,
+        include_str!("mod.rs"),
+        include_str!("bpf.rs"),
+        include_str!("syscalls.rs"),
+    ] {
+        h.update(part.len().to_le_bytes());
+        h.update(part.as_bytes());
+    }
+    hex::encode(h.finalize())
+}
+
+/// The embedded policy compiled for the running architecture, remembered in `cache_dir`
+/// under the digest of the policy and of this compiler ([`crate::digest_cache`]), so that a
+/// new process does not parse the TOML again. An entry that does not read back as a valid
+/// program is ignored and replaced.
+pub fn embedded_compiled(cache_dir: &std::path::Path) -> Result<CompiledSeccomp, SeccompError> {
+    let arch = std::env::consts::ARCH;
+    let key = embedded_key(arch);
+    let name = format!("seccomp-{arch}.json");
+    let cached = crate::digest_cache::read(cache_dir, &name, &key)
+        .and_then(|bytes| serde_json::from_slice::<CompiledSeccomp>(&bytes).ok())
+        .filter(CompiledSeccomp::well_formed);
+    if let Some(c) = cached {
+        return Ok(c);
+    }
+    let c = SeccompPolicy::embedded()?.compile()?;
+    if let Ok(json) = serde_json::to_vec(&c) {
+        crate::digest_cache::write(cache_dir, &name, &key, &json);
+    }
+    Ok(c)
 }
 
 fn parse_rule(
@@ -589,34 +567,6 @@ fn parse_arg(ctx: &Ctx<'_>, span: Range<usize>, raw: RawArg) -> Result<ArgCondit
     })
 }
 
-// Classic BPF opcodes (linux/bpf_common.h, linux/seccomp.h, linux/audit.h).
-const BPF_LD_W_ABS: u16 = 0x20;
-const BPF_JEQ_K: u16 = 0x15;
-const BPF_JGE_K: u16 = 0x35;
-const BPF_RET_K: u16 = 0x06;
-const SECCOMP_DATA_NR: u32 = 0;
-const SECCOMP_DATA_ARCH: u32 = 4;
-const AUDIT_ARCH_X86_64: u32 = 0xC000_003E;
-const X32_SYSCALL_BIT: u32 = 0x4000_0000;
-const RET_KILL_PROCESS: u32 = 0x8000_0000;
-const RET_ALLOW: u32 = 0x7fff_0000;
-
-/// x86_64 guard: the x32 ABI shares AUDIT_ARCH_X86_64 but numbers its syscalls from
-/// 0x40000000, which would bypass a deny list keyed on x86_64 numbers: kill them
-/// (except nr == -1, which the kernel answers with ENOSYS anyway).
-fn x32_guard() -> Vec<(u16, u8, u8, u32)> {
-    vec![
-        (BPF_LD_W_ABS, 0, 0, SECCOMP_DATA_ARCH),
-        (BPF_JEQ_K, 1, 0, AUDIT_ARCH_X86_64),
-        (BPF_RET_K, 0, 0, RET_KILL_PROCESS),
-        (BPF_LD_W_ABS, 0, 0, SECCOMP_DATA_NR),
-        (BPF_JGE_K, 0, 2, X32_SYSCALL_BIT),
-        (BPF_JEQ_K, 1, 0, u32::MAX),
-        (BPF_RET_K, 0, 0, RET_KILL_PROCESS),
-        (BPF_RET_K, 0, 0, RET_ALLOW),
-    ]
-}
-
 /// Sets `PR_SET_NO_NEW_PRIVS` (required to install a filter without CAP_SYS_ADMIN, and
 /// what makes setuid binaries harmless afterwards). Only a syscall.
 fn set_no_new_privs() -> Result<(), SeccompError> {
@@ -668,6 +618,15 @@ fn install(index: usize, program: &[libc::sock_filter]) -> Result<(), SeccompErr
 }
 
 impl CompiledSeccomp {
+    /// At least one program, each of a length the kernel accepts.
+    pub fn well_formed(&self) -> bool {
+        !self.programs.is_empty()
+            && self
+                .programs
+                .iter()
+                .all(|p| !p.is_empty() && p.len() <= BPF_MAX_INSNS)
+    }
+
     /// Converts the programs to kernel structures once, so that the forked child only
     /// makes syscalls ([`PreparedSeccomp::apply`]).
     pub fn prepare(&self) -> PreparedSeccomp {
@@ -741,5 +700,7 @@ impl PreparedSeccomp {
     }
 }
 
+#[cfg(test)]
+mod equivalence;
 #[cfg(test)]
 mod tests;

@@ -4,7 +4,7 @@
 /// Architectures with a syscall table here.
 const ARCHES: &[&str] = &["x86_64", "aarch64"];
 
-fn syscall_table(arch: &str) -> Option<&'static [(&'static str, i64)]> {
+pub(super) fn syscall_table(arch: &str) -> Option<&'static [(&'static str, i64)]> {
     match arch {
         "x86_64" => Some(X86_64_SYSCALLS),
         "aarch64" => Some(AARCH64_SYSCALLS),

@@ -260,14 +260,16 @@ fn bad_argument_conditions_are_errors() {
 fn compile_produces_programs_for_both_arches() {
     let policy = SeccompPolicy::embedded().unwrap();
     let x86 = policy.compile_for("x86_64").unwrap();
-    // x32 guard + kill_process + EPERM + ENOSYS.
-    assert_eq!(x86.programs.len(), 4);
+    assert_eq!(x86.programs.len(), 1);
     let arm = policy.compile_for("aarch64").unwrap();
-    assert_eq!(arm.programs.len(), 3);
+    assert_eq!(arm.programs.len(), 1);
     for program in x86.programs.iter().chain(&arm.programs) {
         assert!(!program.is_empty() && program.len() <= BPF_MAX_INSNS);
-        // Every program starts with the architecture check.
-        assert_eq!(program[0], (BPF_LD_W_ABS, 0, 0, SECCOMP_DATA_ARCH));
+        // The program starts with the architecture check.
+        assert_eq!(
+            program[0],
+            (bpf::BPF_LD_W_ABS, 0, 0, bpf::SECCOMP_DATA_ARCH)
+        );
     }
     assert!(matches!(
         policy.compile_for("mips"),
@@ -536,4 +538,44 @@ fn shell_pipeline_works_after_filter() {
     let (status, out) = exec_sh("echo hi | cat");
     assert_exit(status, 0, "sh -c 'echo hi | cat'");
     assert_eq!(out, "hi\n");
+}
+
+#[test]
+fn the_remembered_program_is_the_compiled_one_and_a_bad_entry_is_replaced() {
+    use std::os::unix::fs::PermissionsExt;
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path().join("digests");
+    let fresh = embedded_compiled();
+    assert_eq!(super::embedded_compiled(&dir).unwrap(), fresh);
+    let entry = dir.join(format!("seccomp-{}.json", std::env::consts::ARCH));
+    let written = std::fs::read(&entry).unwrap();
+    assert_eq!(super::embedded_compiled(&dir).unwrap(), fresh, "read back");
+    // A torn entry, an entry under another key and a world-writable entry are not used.
+    let allow_all = CompiledSeccomp {
+        programs: vec![vec![(bpf::BPF_RET_K, 0, 0, bpf::RET_ALLOW)]],
+    };
+    let key_line =
+        String::from_utf8_lossy(&written[..written.iter().position(|b| *b == b'\n').unwrap() + 1])
+            .into_owned();
+    let forged = |header: &str, mode: u32| {
+        let mut bytes = header.as_bytes().to_vec();
+        bytes.extend(serde_json::to_vec(&allow_all).unwrap());
+        std::fs::write(&entry, bytes).unwrap();
+        std::fs::set_permissions(&entry, std::fs::Permissions::from_mode(mode)).unwrap();
+    };
+    forged("envfactory-cache-v1 0000\n", 0o600);
+    assert_eq!(
+        super::embedded_compiled(&dir).unwrap(),
+        fresh,
+        "another key"
+    );
+    forged(&key_line, 0o666);
+    assert_eq!(
+        super::embedded_compiled(&dir).unwrap(),
+        fresh,
+        "world-writable"
+    );
+    std::fs::write(&entry, &written[..written.len() / 2]).unwrap();
+    assert_eq!(super::embedded_compiled(&dir).unwrap(), fresh, "torn");
+    assert_eq!(std::fs::read(&entry).unwrap(), written, "rewritten");
 }
