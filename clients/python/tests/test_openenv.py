@@ -3,7 +3,6 @@ checked by `openenv validate`."""
 
 import asyncio
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path

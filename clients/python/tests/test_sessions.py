@@ -3,16 +3,14 @@
 import asyncio
 import json
 import os
-import stat
 import subprocess
-import time
 
 import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from conftest import engine_binary, mounts_under, start_server
-from envfactory import AsyncSession, ServerError, Session
+from envfactory import ServerError, Session
 
 
 def ws(server):
@@ -179,19 +177,61 @@ def test_idle_sessions_are_reaped(state_dir):
         assert c["pooled_envs"] == 1
 
 
-def test_websocket_keepalive_pings_the_client(state_dir):
-    async def main(url):
+def test_websocket_keepalive_pings_and_drops_a_silent_client(state_dir):
+    import base64
+    import socket
+
+    def frames(sock, until):
+        """Opcodes of the frames the server sends until it closes (or `until` seconds)."""
+        sock.settimeout(until)
+        buf, ops = b"", []
+        try:
+            while True:
+                chunk = sock.recv(4096)
+                if not chunk:
+                    return ops, True
+                buf += chunk
+                while len(buf) >= 2:
+                    n = buf[1] & 0x7F
+                    if len(buf) < 2 + n:
+                        break
+                    ops.append(buf[0] & 0x0F)
+                    buf = buf[2 + n:]
+                    if ops[-1] == 0x8:
+                        return ops, True
+        except socket.timeout:
+            return ops, False
+
+    with start_server(state_dir, "--keepalive", "0.3", "--idle-timeout", "60") as srv:
+        host, port = srv.url.split("//")[1].split(":")
+        sock = socket.create_connection((host, int(port)))
+        key = base64.b64encode(os.urandom(16)).decode()
+        sock.sendall(
+            f"GET /ws HTTP/1.1\r\nHost: {host}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n".encode()
+        )
+        head = b""
+        while b"\r\n\r\n" not in head:
+            head += sock.recv(1)
+        assert b" 101 " in head.split(b"\r\n")[0]
+        assert srv.counts()["active_sessions"] == 1
+        # The server pings; a client that never answers (no pong, no frame) is dropped after
+        # three intervals, and its session closed.
+        ops, closed = frames(sock, 10)
+        sock.close()
+        assert ops.count(0x9) >= 2, ops
+        assert closed, ops
+        srv.wait_idle()
+
+    async def answering(url):
+        # A client that answers pings (the library does) keeps its session past many intervals.
         s = await connect(url, ping_interval=None)
-        pongs = []
-        s.pong_waiters if hasattr(s, "pong_waiters") else None
-        await asyncio.sleep(2.5)
-        # The client library answers the server's pings; the session is still there.
-        r = await call(s, {"type": "state"})
-        assert r["type"] == "state"
+        await asyncio.sleep(2)
+        assert (await call(s, {"type": "state"}))["type"] == "state"
         await s.close()
 
-    with start_server(state_dir, "--keepalive", "0.5", "--idle-timeout", "60") as srv:
-        asyncio.run(main(ws(srv)))
+    with start_server(state_dir, "--keepalive", "0.3", "--idle-timeout", "60") as srv:
+        asyncio.run(answering(ws(srv)))
 
 
 def test_non_loopback_needs_a_token(state_dir, tmp_path):
