@@ -93,7 +93,9 @@ class EnvFactoryEnv(gym.Env):
             self.action_space = gym.spaces.Text(
                 max_length=MAX_COMMAND_CHARS,
                 min_length=1,
-                charset=string.ascii_letters + string.digits + " -_./=|;&>*'\"",
+                # No shell metacharacters: a sampled command never starts background jobs
+                # or pipelines, so the same sample steps the same way (any text can be sent).
+                charset=string.ascii_letters + string.digits + " -_./=",
             )
         self._last: Optional[StepResult] = None
 
