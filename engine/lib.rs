@@ -26,6 +26,7 @@
 //! | [`template`] | templates: the positioned TOML/YAML tree, validation, sampling into plans |
 //! | [`experiment`] | `engine run`: config, runner, statistics |
 //! | [`bench`] | `engine bench sandbox` and `engine bench env` |
+//! | [`serve`] | `engine serve`: the OpenEnv protocol over HTTP and WebSocket, many sessions, MCP |
 
 pub mod actions;
 pub mod agents;
@@ -43,6 +44,7 @@ pub mod netfault;
 pub mod perturb;
 pub mod probe;
 pub mod running;
+pub mod serve;
 pub mod synth;
 pub mod tasks;
 pub mod template;

@@ -10,6 +10,7 @@ mod fingerprint;
 mod perturb;
 mod run;
 pub mod sandbox;
+mod serve;
 pub mod signals;
 mod synth;
 mod task;
@@ -105,6 +106,9 @@ pub enum Cmd {
         #[arg(long)]
         cache: bool,
     },
+    /// Serve the environments over the OpenEnv protocol (HTTP, WebSocket /ws, MCP), many
+    /// sessions per process (docs/serve.md).
+    Serve(serve::ServeOpts),
     /// PID 1 of a sandbox (internal).
     #[command(name = "__sandbox-init", hide = true)]
     SandboxInit,
@@ -174,5 +178,6 @@ pub fn run(cmd: Cmd) -> anyhow::Result<i32> {
             json,
         } => fingerprint::run(&rootfs, shipped, json),
         Cmd::Reap { cache } => sandbox::reap(cache),
+        Cmd::Serve(o) => serve::run(&o),
     }
 }

@@ -177,3 +177,35 @@ fn action_files_and_fault_specs_never_panic() {
         let _ = engine::perturb::parse_spec(text);
     });
 }
+
+/// `engine serve`'s frames: every mutation parses or is refused with a protocol error code
+/// and a message; what parses as a reset also resolves to a plan or a refusal.
+#[test]
+fn serve_frames() {
+    use engine::serve::protocol::{parse_message, Incoming};
+    let seeds: Vec<String> = [
+        r#"{"type":"reset","data":{"task":"archive-logs","seed":3,"perturbations":["tool-missing:tool=tar",{"name":"disk-fill","params":{"free_pct":"0"}}],"episode_id":"e"}}"#,
+        r#"{"type":"reset","data":{"template":"archive-logs","seed":18446744073709551615,"features":false}}"#,
+        r#"{"type":"step","data":{"command":"ls -la /","metadata":{"k":[1,2]}}}"#,
+        r#"{"type":"step","data":{"index":7}}"#,
+        r#"{"type":"state"}"#,
+        r#"{"type":"close"}"#,
+        r#"{"type":"mcp","data":{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"run_command","arguments":{"command":"id"}}}}"#,
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let templates = Path::new(env!("CARGO_MANIFEST_DIR")).join("templates");
+    fuzz("serve frames", &seeds, |input| match parse_message(input) {
+        Ok(Incoming::Reset(args)) => {
+            if let Err(e) = args.plan(&templates, "archive-logs", 1) {
+                assert!(!e.message.is_empty());
+            }
+        }
+        Ok(_) => {}
+        Err(e) => {
+            assert!(!e.message.is_empty(), "{input:?}");
+            assert!(!e.infra_failure, "{input:?}: a bad frame is the client's");
+        }
+    });
+}

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The Python tests: clients/python against a live `engine serve` (the real openenv-core client,
+# `openenv validate`, the Gymnasium checker). Makes (or reuses) a virtual environment with
+# openenv-core, gymnasium, pytest and the package, builds the engine binary, runs pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+target="${CARGO_TARGET_DIR:-$PWD/target}"
+venv="${ENVFACTORY_PY_VENV:-$target/py-venv}"
+if [ ! -x "$venv/bin/python" ]; then
+  python3 -m venv "$venv"
+fi
+if ! "$venv/bin/python" -c 'import openenv, gymnasium, pytest, envfactory' 2>/dev/null; then
+  "$venv/bin/pip" install -q --upgrade pip
+  "$venv/bin/pip" install -q "openenv-core>=0.3,<0.4" "gymnasium>=1.0" pytest
+  "$venv/bin/pip" install -q -e clients/python
+fi
+cargo build -q --bin engine --bin envfactory-init
+export CARGO_TARGET_DIR="$target"
+exec "$venv/bin/python" -m pytest -q clients/python/tests "$@"
