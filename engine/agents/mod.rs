@@ -14,7 +14,7 @@
 
 mod policy;
 
-pub use policy::PolicyAgent;
+pub use policy::{catalogue_mask, PolicyAgent};
 
 use crate::env::{Action, Observation};
 use crate::instance::TaskSetup;

@@ -61,9 +61,18 @@ impl Agent for PolicyAgent {
                 got: obs.features.len(),
             });
         }
+        // A level whose catalogue is smaller than the policy's width masks the rest.
+        let width = self
+            .ppo
+            .net_config()
+            .action_dims
+            .first()
+            .copied()
+            .unwrap_or(0);
+        let mask = (self.count < width).then(|| catalogue_mask(width, self.count));
         let out = match &mut self.sample {
-            Some((_, rng)) => self.ppo.act_with(&obs.features, None, rng)?,
-            None => self.ppo.act_greedy(&obs.features, None)?,
+            Some((_, rng)) => self.ppo.act_with(&obs.features, mask.as_deref(), rng)?,
+            None => self.ppo.act_greedy(&obs.features, mask.as_deref())?,
         };
         let index = out.actions.first().copied().unwrap_or(0) as usize;
         if index >= self.count {
@@ -75,4 +84,11 @@ impl Agent for PolicyAgent {
         }
         Ok(Some(Action::Index(index)))
     }
+}
+
+/// The 0/1 action mask of a policy with `width` actions on a level with `level` catalogue
+/// actions (a task's catalogue may grow with its instance; the policy is as wide as the
+/// largest it trained on).
+pub fn catalogue_mask(width: usize, level: usize) -> Vec<f32> {
+    (0..width).map(|i| f32::from(u8::from(i < level))).collect()
 }

@@ -36,6 +36,8 @@ pub struct TrainEnv {
     episodes_per_level: usize,
     episode: usize,
     actions: usize,
+    /// The current level's catalogue size (at most `actions`: the rest is masked).
+    level_actions: usize,
     last: Vec<f32>,
     pub counts: AdapterCounts,
 }
@@ -43,7 +45,9 @@ pub struct TrainEnv {
 impl TrainEnv {
     /// The `k`-th of `n` adapters over `levels`: it plays levels `k, k + n, k + 2n, ...`
     /// (cycled), each for `episodes_per_level` consecutive episodes (which reuse its sandbox
-    /// through the incremental reset). `actions` is the task's catalogue size.
+    /// through the incremental reset). `actions` is the policy's action count: the largest
+    /// catalogue of the task's levels (a task's catalogue may grow with its instance, e.g. one
+    /// action per setting to repair); a smaller level's extra actions are masked.
     pub fn new(
         env: Env,
         levels: Arc<Vec<Plan>>,
@@ -63,6 +67,7 @@ impl TrainEnv {
             episodes_per_level: episodes_per_level.max(1),
             episode: 0,
             actions,
+            level_actions: actions,
             last: Vec::new(),
             counts: AdapterCounts::default(),
         })
@@ -108,7 +113,7 @@ impl policies::rollout::Env for TrainEnv {
             match self.env.reset(plan) {
                 Ok(obs) => {
                     let n = self.env.task().map_or(0, |t| t.actions.len());
-                    if n != self.actions {
+                    if n == 0 || n > self.actions {
                         return Err(LearnError::CatalogueSize {
                             task: plan
                                 .task
@@ -120,6 +125,7 @@ impl policies::rollout::Env for TrainEnv {
                             want: self.actions,
                         });
                     }
+                    self.level_actions = n;
                     self.last = obs.features;
                     return Ok(self.last.clone());
                 }
@@ -143,6 +149,13 @@ impl policies::rollout::Env for TrainEnv {
                 }
             }
         }
+    }
+
+    fn action_mask(&self) -> Option<Vec<f32>> {
+        Some(crate::agents::catalogue_mask(
+            self.actions,
+            self.level_actions,
+        ))
     }
 
     fn step(&mut self, action: &[u32]) -> Result<Step, LearnError> {

@@ -37,7 +37,7 @@ pub enum LearnError {
     #[error("{tried} levels in a row could not be used; the last: {last}")]
     NoUsableLevel { tried: u32, last: String },
     #[error(
-        "task `{task}` (plan seed {seed}) has {got} catalogue actions; the policy was built for {want}"
+        "task `{task}` (plan seed {seed}) has {got} catalogue actions; the policy was built for at most {want}"
     )]
     CatalogueSize {
         task: String,

@@ -144,8 +144,9 @@ pub fn train(rt: &Runtime, cache: &Cache, spec: &TrainSpec) -> Result<TrainResul
     let probe = Env::new(rt.clone(), cache.clone(), spec.env.clone())?;
     let obs_dim = probe.obs_dim();
     drop(probe);
-    let actions = catalogue_size(rt, cache, &spec.env, &levels)?;
-    warm(rt, cache, &spec.env, &levels, spec.workers)?;
+    // Every level synthesized and certified once; the policy's width is the largest
+    // catalogue among them.
+    let actions = warm(rt, cache, &spec.env, &levels, spec.workers)?;
     let mut envs = Vec::with_capacity(n);
     for k in 0..n {
         let env = Env::new(rt.clone(), cache.clone(), spec.env.clone())?;
@@ -184,7 +185,7 @@ pub fn train(rt: &Runtime, cache: &Cache, spec: &TrainSpec) -> Result<TrainResul
         ..spec.ppo.clone()
     };
     let mut agent = PpoAgent::new(&net, &cfg, spec.seed)?;
-    let mut buf = RolloutBuffer::new(cfg.num_steps, cfg.num_envs, &net, false);
+    let mut buf = RolloutBuffer::new(cfg.num_steps, cfg.num_envs, &net, true);
     let mut curve = Vec::new();
     let mut checks = Vec::new();
     let mut steps = 0u64;
@@ -300,31 +301,35 @@ fn check(
 }
 
 /// Synthesize and (when the config requires it) certify every level once, on `workers`
-/// threads, so that neither the throughput baseline nor the training pays for it.
+/// threads, so that neither the throughput baseline nor the training pays for it; returns
+/// the largest catalogue among the usable levels.
 fn warm(
     rt: &Runtime,
     cache: &Cache,
     cfg: &EnvConfig,
     levels: &[Plan],
     workers: usize,
-) -> Result<(), LearnError> {
+) -> Result<usize, LearnError> {
     let next = std::sync::atomic::AtomicUsize::new(0);
-    let out: Vec<Result<(), LearnError>> = std::thread::scope(|s| {
+    let out: Vec<Result<(usize, Option<String>), LearnError>> = std::thread::scope(|s| {
         let hs: Vec<_> = (0..workers.max(1))
             .map(|_| {
                 s.spawn(|| {
                     let mut env = Env::new(rt.clone(), cache.clone(), cfg.clone())?;
+                    let (mut widest, mut last) = (0, None);
                     while let Some(plan) =
                         levels.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
                     {
                         match env.reset(plan) {
-                            Ok(_) => {}
+                            Ok(_) => {
+                                widest = widest.max(env.task().map_or(0, |t| t.actions.len()));
+                            }
                             Err(e) if e.is_infrastructure() => return Err(LearnError::Env(e)),
                             // Unusable levels are skipped (and counted) by the adapter.
-                            Err(_) => {}
+                            Err(e) => last = Some(e.to_string()),
                         }
                     }
-                    Ok(())
+                    Ok((widest, last))
                 })
             })
             .collect();
@@ -337,31 +342,24 @@ fn warm(
             })
             .collect()
     });
-    out.into_iter().collect()
-}
-
-/// The catalogue size of the first usable level.
-fn catalogue_size(
-    rt: &Runtime,
-    cache: &Cache,
-    cfg: &EnvConfig,
-    levels: &[Plan],
-) -> Result<usize, LearnError> {
-    let mut env = Env::new(rt.clone(), cache.clone(), cfg.clone())?;
-    let mut last = String::new();
-    for plan in levels.iter().take(16) {
-        match env.reset(plan) {
-            Ok(_) => {
-                return env
-                    .task()
-                    .map(|t| t.actions.len())
-                    .filter(|&n| n > 0)
-                    .ok_or_else(|| LearnError::NoCatalogue(task_name(plan)))
-            }
-            Err(e) => last = e.to_string(),
-        }
+    let (mut widest, mut last) = (0, None);
+    for r in out {
+        let (w, l) = r?;
+        widest = widest.max(w);
+        last = last.or(l);
     }
-    Err(LearnError::NoUsableLevel { tried: 16, last })
+    if widest == 0 {
+        return match last {
+            Some(last) => Err(LearnError::NoUsableLevel {
+                tried: levels.len().min(u32::MAX as usize) as u32,
+                last,
+            }),
+            None => Err(LearnError::NoCatalogue(
+                levels.first().map(task_name).unwrap_or_default(),
+            )),
+        };
+    }
+    Ok(widest)
 }
 
 fn task_name(plan: &Plan) -> String {

@@ -189,3 +189,53 @@ baseline_steps = 8
     let out = path.parent().unwrap();
     assert!(out.join("report.md").is_file() && out.join("curve-archive-logs.png").is_file());
 }
+
+/// A task whose catalogue grows with its instance (repair-config: an action per setting to
+/// repair): the policy is as wide as the largest catalogue of its levels, the smaller levels'
+/// extra actions are masked in training and in evaluation, and nothing fails on the sizes.
+#[test]
+fn levels_with_different_catalogue_sizes_train_under_one_policy() {
+    require_root!();
+    let rt = common::runtime();
+    let cache = common::cache();
+    let env = EnvConfig::default();
+    let mut e = engine::env::Env::new(rt.clone(), cache.clone(), env.clone()).unwrap();
+    let mut by_size = std::collections::BTreeMap::new();
+    for seed in 1..=12 {
+        let plan = Plan::for_task("repair-config", seed, vec![]);
+        if e.reset(&plan).is_ok() {
+            let n = e.task().unwrap().actions.len();
+            by_size.entry(n).or_insert(plan);
+        }
+    }
+    drop(e);
+    assert!(by_size.len() >= 2, "one catalogue size only: {:?}", by_size.keys());
+    let levels: Vec<Plan> = by_size.values().cloned().collect();
+    let spec = TrainSpec {
+        task: "repair-config".into(),
+        seed: 1,
+        train_levels: levels.clone(),
+        env: env.clone(),
+        ppo: PpoConfig {
+            num_envs: 2,
+            num_steps: 16,
+            ..PpoConfig::default()
+        },
+        hidden: vec![16],
+        total_steps: 64,
+        workers: 2,
+        episodes_per_level: 2,
+        baseline_steps: 8,
+        checks: CheckSpec::default(),
+    };
+    let r = train(&rt, &cache, &spec).unwrap();
+    let p = r.policy.clone().unwrap();
+    let widest = *by_size.keys().last().unwrap();
+    assert_eq!(p.net_config().action_dims, vec![widest]);
+    for mode in [PolicyMode::Sampled, PolicyMode::Greedy] {
+        let q = p.clone();
+        let make = move || policy_agent(&q, mode, 3);
+        let ev = evaluate(&rt, &cache, &env, &levels, 2, &make).unwrap();
+        assert_eq!((ev.episodes, ev.infra, ev.skipped), (levels.len(), 0, 0));
+    }
+}
