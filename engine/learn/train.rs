@@ -165,7 +165,15 @@ pub fn train(rt: &Runtime, cache: &Cache, spec: &TrainSpec) -> Result<TrainResul
     let t0 = Instant::now();
     let mut base_steps = 0u64;
     while base_steps < spec.baseline_steps {
-        let a: Vec<u32> = (0..n).map(|_| rng.gen_range(0..actions as u32)).collect();
+        // Uniform over each level's own catalogue (a prefix of the policy's actions).
+        let masks = venv.masks().unwrap_or_else(|| vec![1.0; n * actions]);
+        let a: Vec<u32> = masks
+            .chunks(actions)
+            .map(|m| {
+                let valid = m.iter().filter(|&&x| x > 0.0).count().max(1);
+                rng.gen_range(0..valid as u32)
+            })
+            .collect();
         venv.step(&a)?;
         base_steps += n as u64;
     }
