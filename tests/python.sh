@@ -9,10 +9,15 @@ venv="${ENVFACTORY_PY_VENV:-$target/py-venv}"
 if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv"
 fi
-if ! "$venv/bin/python" -c 'import openenv, gymnasium, pytest, envfactory' 2>/dev/null; then
+# Reinstalled when the package's own description (its dependencies) changes.
+stamp="$venv/.envfactory-stamp"
+want="$(sha256sum clients/python/pyproject.toml "$0" | sha256sum | cut -d' ' -f1)"
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] ||
+  ! "$venv/bin/python" -c 'import openenv, gymnasium, pytest, envfactory' 2>/dev/null; then
   "$venv/bin/pip" install -q --upgrade pip
   "$venv/bin/pip" install -q "openenv-core>=0.3,<0.4" "gymnasium>=1.0" pytest
   "$venv/bin/pip" install -q -e clients/python
+  echo "$want" > "$stamp"
 fi
 cargo build -q --bin engine --bin envfactory-init
 export CARGO_TARGET_DIR="$target"

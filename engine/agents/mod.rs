@@ -33,6 +33,15 @@ pub enum AgentError {
         count: usize,
         task: String,
     },
+    #[error(
+        "task `{task}` (seed {seed}) has {count} catalogue actions, more than the {width} the policy was trained with"
+    )]
+    CatalogueWider {
+        task: String,
+        seed: u64,
+        count: usize,
+        width: usize,
+    },
     #[error("the policy expects {expected} features, the observation has {got}")]
     Features { expected: usize, got: usize },
     #[error("unknown task `{0}`")]

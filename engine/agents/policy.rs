@@ -46,6 +46,22 @@ impl Agent for PolicyAgent {
         }
     }
     fn begin(&mut self, setup: &TaskSetup) -> Result<(), AgentError> {
+        let width = self
+            .ppo
+            .net_config()
+            .action_dims
+            .first()
+            .copied()
+            .unwrap_or(0);
+        if setup.actions.len() > width {
+            // Its last actions would be out of the policy's reach: not a fair episode.
+            return Err(AgentError::CatalogueWider {
+                task: setup.task.clone(),
+                seed: setup.seed,
+                count: setup.actions.len(),
+                width,
+            });
+        }
         self.count = setup.actions.len();
         self.task = setup.task.clone();
         if let Some((seed, rng)) = &mut self.sample {

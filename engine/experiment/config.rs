@@ -474,7 +474,7 @@ impl Experiment {
             (
                 "training.check_every",
                 t.check_every <= MAX_STEPS,
-                "at most 10^12 (0: no greedy checks)",
+                "at most 10^12 (0: no checks)",
             ),
             (
                 "training.check_levels",

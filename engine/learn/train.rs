@@ -116,6 +116,7 @@ pub struct TrainResult {
     pub seed: u64,
     pub curve: Vec<CurvePoint>,
     pub steps: u64,
+    /// PPO updates run (fewer than the budget's where the stopping rule ended training).
     pub updates: u64,
     /// Environment steps per second while learning (collection and updates).
     pub train_steps_per_s: f64,
@@ -237,6 +238,17 @@ pub fn train(rt: &Runtime, cache: &Cache, spec: &TrainSpec) -> Result<TrainResul
             let (point, back) = check(rt, cache, spec, agent, steps)?;
             agent = back;
             check_seconds += tc.elapsed().as_secs_f64();
+            // A check is advisory: one the environment failed is recorded as NaN, and
+            // training goes on.
+            let point = point.unwrap_or_else(|e| {
+                tracing::warn!(task = %spec.task, seed = spec.seed, steps, error = %e, "check failed");
+                CheckPoint {
+                    steps,
+                    success_rate: f64::NAN,
+                    episodes: 0,
+                    check_steps: 0,
+                }
+            });
             tracing::info!(
                 task = %spec.task,
                 seed = spec.seed,
@@ -254,6 +266,7 @@ pub fn train(rt: &Runtime, cache: &Cache, spec: &TrainSpec) -> Result<TrainResul
         }
     }
     let train_seconds = t1.elapsed().as_secs_f64() - check_seconds;
+    let updates_run = curve.len() as u64;
     let train_steps_per_s = steps as f64 / train_seconds.max(1e-9);
     let (mut skipped, mut masked) = (0, 0);
     for e in venv.envs() {
@@ -265,7 +278,7 @@ pub fn train(rt: &Runtime, cache: &Cache, spec: &TrainSpec) -> Result<TrainResul
         seed: spec.seed,
         curve,
         steps,
-        updates,
+        updates: updates_run,
         train_steps_per_s,
         random_steps_per_s,
         train_seconds,
@@ -286,7 +299,7 @@ fn check(
     spec: &TrainSpec,
     agent: PpoAgent,
     steps: u64,
-) -> Result<(CheckPoint, PpoAgent), LearnError> {
+) -> Result<(Result<CheckPoint, LearnError>, PpoAgent), LearnError> {
     let shared = Arc::new(agent);
     let e = evaluate(
         rt,
@@ -298,13 +311,12 @@ fn check(
     );
     // Every evaluation agent (and its clone of the policy) is gone once `evaluate` returns.
     let agent = Arc::try_unwrap(shared).map_err(|_| LearnError::PolicyShared)?;
-    let e = e?;
-    let point = CheckPoint {
+    let point = e.map(|e| CheckPoint {
         steps,
         success_rate: e.success_rate,
         episodes: e.episodes - e.infra,
         check_steps: e.steps,
-    };
+    });
     Ok((point, agent))
 }
 

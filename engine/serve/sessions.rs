@@ -204,11 +204,26 @@ impl Sessions {
         if s.closed.swap(true, Ordering::SeqCst) {
             return;
         }
-        self.lock().live.remove(&s.id);
         s.closed_notify.notify_waiters();
         let env = s.slot.lock().await.env.take();
+        // The closed session's processes and files go now (an incremental reset), not at
+        // some later session's reset: a pooled environment holds no CPU, memory or pids of
+        // a session that left. One that cannot be reset is torn down instead.
+        let env = match env {
+            Some(mut env) => tokio::task::spawn_blocking(move || {
+                let ok = env.running().is_none_or(|r| r.restart().is_ok());
+                ok.then_some(env)
+            })
+            .await
+            .ok()
+            .flatten(),
+            None => None,
+        };
+        // The session counts as live until its environment is back in the pool (or gone), so
+        // `active_sessions == 0` means every environment has been returned.
         let leftover = env.and_then(|env| {
             let mut g = self.lock();
+            g.live.remove(&s.id);
             if g.pool.len() < self.cfg.pool {
                 g.pool.push(env);
                 None
@@ -216,6 +231,7 @@ impl Sessions {
                 Some(env)
             }
         });
+        self.lock().live.remove(&s.id);
         if let Some(env) = leftover {
             // Dropping an environment tears its sandbox down: not on the event loop.
             let _ = tokio::task::spawn_blocking(move || drop(env)).await;
@@ -253,6 +269,14 @@ impl Sessions {
         let templates = self.cfg.templates.clone();
         let default_task = self.cfg.default_task.clone();
         let mut slot = s.slot.lock().await;
+        // Closed while this call waited for the slot (idle reaper, MCP close): no new
+        // environment for a session nobody will return it from.
+        if s.is_closed() {
+            return Err(ProtocolError::new(
+                ErrorCode::SessionError,
+                "the session is closed",
+            ));
+        }
         let mut env = match slot.env.take() {
             Some(e) => e,
             None => self.take_env()?,
@@ -308,6 +332,12 @@ impl Sessions {
     pub async fn step(&self, s: &Session, action: Action) -> Result<Value, ProtocolError> {
         s.touch();
         let mut slot = s.slot.lock().await;
+        if s.is_closed() {
+            return Err(ProtocolError::new(
+                ErrorCode::SessionError,
+                "the session is closed",
+            ));
+        }
         let features = match &slot.episode {
             None => return Err(execution("step called before reset")),
             Some(ep) if ep.done => return Err(execution(EnvError::EpisodeOver)),

@@ -113,7 +113,14 @@ class EnvFactoryEnv(gym.Env):
             server_seed = int(self.np_random.integers(0, 2**31 - 1))
         self._last = self._session.reset(seed=server_seed, **args)
         info = info_of(self._last)
-        info["catalogue"] = list(self._last.observation.get("catalogue", []))
+        # A task's catalogue may grow with its instance (repair-config: an action per
+        # setting): the episode's own catalogue decides which indices are valid, and
+        # `action_mask` marks them within the action space (sized by the first episode).
+        self.catalogue = list(self._last.observation.get("catalogue", self.catalogue))
+        info["catalogue"] = list(self.catalogue)
+        if self.action_mode == "catalogue":
+            n = int(self.action_space.n)
+            info["action_mask"] = np.array([i < len(self.catalogue) for i in range(n)], dtype=np.int8)
         info["seed"] = server_seed
         return features_of(self._last, self._dim), info
 

@@ -75,10 +75,12 @@ class Server:
 @contextlib.contextmanager
 def start_server(state_dir, *args, bind="127.0.0.1:0", headers=None):
     env = {**os.environ, "ENVFACTORY_STATE": state_dir}
+    # The server's log goes to a file (a pipe nobody reads would fill and block the server).
+    log = tempfile.TemporaryFile(mode="w+")
     proc = subprocess.Popen(
         [engine_binary(), "serve", "--bind", bind, "--templates", str(REPO / "templates"), *args],
         stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        stderr=log,
         env=env,
         text=True,
     )
@@ -86,7 +88,8 @@ def start_server(state_dir, *args, bind="127.0.0.1:0", headers=None):
         line = proc.stdout.readline()
         if not line.startswith("listening on "):
             proc.wait(timeout=10)
-            raise RuntimeError(f"engine serve did not start: {line!r} {proc.stderr.read()}")
+            log.seek(0)
+            raise RuntimeError(f"engine serve did not start: {line!r} {log.read()}")
         url = line.split()[-1].replace("0.0.0.0", "127.0.0.1")
         yield Server(proc, url)
     finally:
