@@ -38,6 +38,18 @@ impl PolicyAgent {
     }
 }
 
+impl PolicyAgent {
+    /// The policy's action count.
+    fn width(&self) -> usize {
+        self.ppo
+            .net_config()
+            .action_dims
+            .first()
+            .copied()
+            .unwrap_or(0)
+    }
+}
+
 impl Agent for PolicyAgent {
     fn name(&self) -> String {
         match self.sample {
@@ -46,13 +58,7 @@ impl Agent for PolicyAgent {
         }
     }
     fn begin(&mut self, setup: &TaskSetup) -> Result<(), AgentError> {
-        let width = self
-            .ppo
-            .net_config()
-            .action_dims
-            .first()
-            .copied()
-            .unwrap_or(0);
+        let width = self.width();
         if setup.actions.len() > width {
             // Its last actions would be out of the policy's reach: not a fair episode.
             return Err(AgentError::CatalogueWider {
@@ -78,13 +84,7 @@ impl Agent for PolicyAgent {
             });
         }
         // A level whose catalogue is smaller than the policy's width masks the rest.
-        let width = self
-            .ppo
-            .net_config()
-            .action_dims
-            .first()
-            .copied()
-            .unwrap_or(0);
+        let width = self.width();
         let mask = (self.count < width).then(|| catalogue_mask(width, self.count));
         let out = match &mut self.sample {
             Some((_, rng)) => self.ppo.act_with(&obs.features, mask.as_deref(), rng)?,
