@@ -7,7 +7,7 @@ use sha2::Digest;
 
 /// Bumped whenever a perturbation or task changes what it builds, or a task's oracle or
 /// verifier changes: old instance ids die with it, and so do their certificates.
-pub const CATALOGUE_VERSION: u32 = 11;
+pub const CATALOGUE_VERSION: u32 = 12;
 
 /// The content address of a plan on a base.
 pub fn instance_id(plan: &Plan, base_digest: &str) -> String {

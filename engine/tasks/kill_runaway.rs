@@ -89,6 +89,8 @@ struct CpuSample {
     at: Instant,
     /// `(pid, start)` -> (name, own time counted, reaped children's time).
     procs: BTreeMap<(u32, u64), (String, u64, u64)>,
+    /// The processes that count (not exempt) and were runnable (`R`) at the reading.
+    runnable: BTreeSet<(u32, u64)>,
 }
 
 impl CpuSample {
@@ -98,6 +100,7 @@ impl CpuSample {
     /// children's time (cutime + cstime) counts for all, init's included: orphans are its.
     fn take(probe: &mut dyn Probe, originals: &BTreeSet<(u32, u64)>) -> Result<Self, ProbeError> {
         let mut procs = BTreeMap::new();
+        let mut runnable = BTreeSet::new();
         for e in probe.list("/proc")?.unwrap_or_default() {
             let Ok(pid) = e.name.parse::<u32>() else {
                 continue;
@@ -120,11 +123,15 @@ impl CpuSample {
             let live = !matches!(state, Some("Z" | "X" | "x"));
             let exempt = pid == 1 || (live && originals.contains(&(pid, start)));
             let name = stat[open + 1..close].to_string();
+            if !exempt && state == Some("R") {
+                runnable.insert((pid, start));
+            }
             procs.insert((pid, start), (name, if exempt { 0 } else { own }, children));
         }
         Ok(Self {
             at: Instant::now(),
             procs,
+            runnable,
         })
     }
 
@@ -147,7 +154,20 @@ impl CpuSample {
             .collect();
         top.sort_by_key(|t| std::cmp::Reverse(t.0));
         top.truncate(3);
-        Burn { ticks, window, top }
+        // Runnable at both readings: a loop that wants a CPU, however little of one a loaded
+        // machine gives it (the share of CPU time alone misses a restarted runaway when the
+        // machine is busy).
+        let spinning = self
+            .runnable
+            .intersection(&before.runnable)
+            .filter_map(|k| self.procs.get(k).map(|(name, _, _)| (k.0, name.clone())))
+            .collect();
+        Burn {
+            ticks,
+            window,
+            top,
+            spinning,
+        }
     }
 }
 
@@ -156,12 +176,15 @@ struct Burn {
     ticks: u64,
     window: Duration,
     top: Vec<(u64, u32, String)>,
+    /// Counted processes runnable at both readings of the window.
+    spinning: Vec<(u32, String)>,
 }
 
 impl Burn {
     fn is_burning(&self) -> bool {
         let window_ticks = self.window.as_secs_f64() * USER_HZ as f64;
-        self.ticks >= MIN_BURN_TICKS && self.ticks as f64 >= BURN_SHARE * window_ticks
+        (self.ticks >= MIN_BURN_TICKS && self.ticks as f64 >= BURN_SHARE * window_ticks)
+            || !self.spinning.is_empty()
     }
 
     fn reason(&self) -> String {
@@ -169,6 +192,11 @@ impl Burn {
             .top
             .iter()
             .map(|(t, pid, name)| format!("pid {pid} ({name}) {} ms", t * 1000 / USER_HZ))
+            .chain(
+                self.spinning
+                    .iter()
+                    .map(|(pid, name)| format!("pid {pid} ({name}) runnable all along")),
+            )
             .collect();
         format!(
             "something still burns a CPU: {} ms of CPU time in {} ms ({})",
