@@ -284,23 +284,22 @@ fn task_report(runs: Vec<RunReport>, curve_png: PathBuf) -> TaskReport {
         throughput_ratio: col(&|r| r.train.train_steps_per_s / r.train.random_steps_per_s),
         learner_share: col(&|r| r.train.update_seconds / r.train.train_seconds),
         steps_to_0_9: col(&|r| {
-            r.train
-                .curve
-                .iter()
-                .find(|c| c.success_rate >= 0.9)
-                .map_or(f64::NAN, |c| c.steps as f64)
+            first_at_0_9(r.train.curve.iter().map(|c| (c.steps, c.success_rate)))
         }),
         check_steps_to_0_9: col(&|r| {
-            r.train
-                .checks
-                .iter()
-                .find(|c| c.success_rate >= 0.9)
-                .map_or(f64::NAN, |c| c.steps as f64)
+            first_at_0_9(r.train.checks.iter().map(|c| (c.steps, c.success_rate)))
         }),
         steps_trained: col(&|r| r.train.steps as f64),
         curve_png,
         runs,
     }
+}
+
+/// The steps of the first `(steps, success rate)` point at 0.9 or more (NaN: none).
+fn first_at_0_9(mut points: impl Iterator<Item = (u64, f64)>) -> f64 {
+    points
+        .find(|&(_, rate)| rate >= 0.9)
+        .map_or(f64::NAN, |(steps, _)| steps as f64)
 }
 
 fn write(path: &Path, bytes: &[u8]) -> Result<(), ExperimentError> {
