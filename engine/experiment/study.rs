@@ -62,6 +62,14 @@ pub struct TaskReport {
     /// count environment steps: a trained policy's short episodes pay more resets per step
     /// and its recovery actions run heavier commands, so this is not the learner's cost alone.
     pub throughput_ratio: PerSeed,
+    /// Environment steps per second of the environments alone while learning (training steps
+    /// over the wall time of the vectorised steps and resets): what the environments give
+    /// under the learning policy's own actions and episode lengths.
+    pub env_steps_per_s: PerSeed,
+    /// What learning costs: the share of the training phase's wall time not spent stepping
+    /// the environments (acting, value bootstraps, PPO updates, bookkeeping), i.e.
+    /// `1 - train_steps_per_s / env_steps_per_s`.
+    pub learning_cost: PerSeed,
     /// The share of the training phase's wall time spent in PPO updates.
     pub learner_share: PerSeed,
     /// Environment steps until the training success rate first reached 0.9 (NaN: never).
@@ -282,6 +290,8 @@ fn task_report(runs: Vec<RunReport>, curve_png: PathBuf) -> TaskReport {
         train_steps_per_s: col(&|r| r.train.train_steps_per_s),
         random_steps_per_s: col(&|r| r.train.random_steps_per_s),
         throughput_ratio: col(&|r| r.train.train_steps_per_s / r.train.random_steps_per_s),
+        env_steps_per_s: col(&|r| r.train.steps as f64 / r.train.env_seconds),
+        learning_cost: col(&|r| 1.0 - r.train.env_seconds / r.train.train_seconds),
         learner_share: col(&|r| r.train.update_seconds / r.train.train_seconds),
         steps_to_0_9: col(&|r| {
             first_at_0_9(r.train.curve.iter().map(|c| (c.steps, c.success_rate)))
@@ -355,17 +365,17 @@ pub fn render(r: &StudyReport) -> String {
     }
     let _ = writeln!(
         s,
-        "| task | held-out success | greedy | catalogue oracle | ratio | faulted success | faulted oracle | robustness gap | train steps/s | random steps/s | ratio | learner share | steps to 0.9 (training, checks) | steps trained |"
+        "| task | held-out success | greedy | catalogue oracle | ratio | faulted success | faulted oracle | robustness gap | train steps/s | random steps/s | ratio | env steps/s while training | learning cost | learner share | steps to 0.9 (training, checks) | steps trained |"
     );
     let _ = writeln!(
         s,
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     );
     let o = |p: &Option<PerSeed>| p.as_ref().map_or("-".to_string(), fmt);
     for (task, t) in &r.tasks {
         let _ = writeln!(
             s,
-            "| {task} | {} | {} | {} | {} | {} | {} | {} | {:.0} ± {:.0} | {:.0} ± {:.0} | {} | {} | {:.0}, {:.0} | {:.0} ± {:.0} |",
+            "| {task} | {} | {} | {} | {} | {} | {} | {} | {:.0} ± {:.0} | {:.0} ± {:.0} | {} | {:.0} ± {:.0} | {} | {} | {:.0}, {:.0} | {:.0} ± {:.0} |",
             fmt(&t.held_out_success),
             o(&t.held_out_greedy_success),
             fmt(&t.catalogue_oracle_success),
@@ -378,6 +388,9 @@ pub fn render(r: &StudyReport) -> String {
             t.random_steps_per_s.mean,
             t.random_steps_per_s.ci95,
             fmt(&t.throughput_ratio),
+            t.env_steps_per_s.mean,
+            t.env_steps_per_s.ci95,
+            fmt(&t.learning_cost),
             fmt(&t.learner_share),
             t.steps_to_0_9.mean,
             t.check_steps_to_0_9.mean,

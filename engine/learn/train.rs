@@ -126,6 +126,10 @@ pub struct TrainResult {
     /// learner's own cost; acting is a forward pass per vectorised step besides).
     pub train_seconds: f64,
     pub update_seconds: f64,
+    /// The part of `train_seconds` spent stepping and resetting the environments (wall
+    /// time of the vectorised steps); the rest is the learner's: acting, value bootstraps,
+    /// updates and bookkeeping.
+    pub env_seconds: f64,
     /// Checks on validation levels (their time is not in `train_seconds`).
     pub checks: Vec<CheckPoint>,
     pub check_seconds: f64,
@@ -199,6 +203,7 @@ pub fn train(rt: &Runtime, cache: &Cache, spec: &TrainSpec) -> Result<TrainResul
     let mut checks = Vec::new();
     let mut steps = 0u64;
     let t1 = Instant::now();
+    let env_seconds_before = venv.env_seconds();
     let (mut update_seconds, mut check_seconds) = (0.0, 0.0);
     let mut stopped_early = false;
     for u in 1..=updates {
@@ -266,6 +271,7 @@ pub fn train(rt: &Runtime, cache: &Cache, spec: &TrainSpec) -> Result<TrainResul
         }
     }
     let train_seconds = t1.elapsed().as_secs_f64() - check_seconds;
+    let env_seconds = venv.env_seconds() - env_seconds_before;
     let updates_run = curve.len() as u64;
     let train_steps_per_s = steps as f64 / train_seconds.max(1e-9);
     let (mut skipped, mut masked) = (0, 0);
@@ -283,6 +289,7 @@ pub fn train(rt: &Runtime, cache: &Cache, spec: &TrainSpec) -> Result<TrainResul
         random_steps_per_s,
         train_seconds,
         update_seconds,
+        env_seconds,
         checks,
         check_seconds,
         stopped_early,

@@ -4,6 +4,7 @@
 //! The crate knows no sandbox: the engine adapts its own environments to [`Env`].
 
 use crate::ppo::{PpoAgent, PpoError, RolloutBuffer, StepRecord};
+use std::time::{Duration, Instant};
 
 /// Errors of rollout collection.
 #[derive(Debug, thiserror::Error)]
@@ -125,6 +126,9 @@ pub struct VecEnv<E: Env> {
     obs: Vec<f32>,
     ep_ret: Vec<f64>,
     ep_len: Vec<u64>,
+    /// Wall time spent in [`VecEnv::step`] and [`VecEnv::reset_all`] (the environments'
+    /// share of a rollout; the rest is the agent's).
+    busy: Duration,
 }
 
 /// What one environment's step gave, before it is merged into a [`VecStep`].
@@ -177,7 +181,15 @@ impl<E: Env> VecEnv<E> {
             obs,
             ep_ret: vec![0.0; n],
             ep_len: vec![0; n],
+            busy: Duration::ZERO,
         })
+    }
+
+    /// Seconds of wall time spent stepping and resetting the environments so far (the
+    /// construction's resets excluded): the difference of two readings is the environments'
+    /// part of whatever ran in between.
+    pub fn env_seconds(&self) -> f64 {
+        self.busy.as_secs_f64()
     }
 
     /// Number of environments.
@@ -226,7 +238,10 @@ impl<E: Env> VecEnv<E> {
 
     /// Reset every environment (a new episode everywhere; unfinished ones are dropped).
     pub fn reset_all(&mut self) -> Result<(), RolloutError> {
-        let firsts = par_map(&mut self.envs, self.workers, |_, e| e.reset())?;
+        let t = Instant::now();
+        let firsts = par_map(&mut self.envs, self.workers, |_, e| e.reset());
+        self.busy += t.elapsed();
+        let firsts = firsts?;
         for (i, o) in firsts.into_iter().enumerate() {
             self.check_width(i, "reset", &o)?;
             self.obs[i * self.obs_dim..(i + 1) * self.obs_dim].copy_from_slice(&o);
@@ -257,12 +272,15 @@ impl<E: Env> VecEnv<E> {
                 self.envs.len()
             )));
         }
+        let t = Instant::now();
         let ones = par_map(&mut self.envs, self.workers, |i, e| {
             let step = e.step(&actions[i * nd..(i + 1) * nd])?;
             let ended = step.terminated || step.truncated || step.masked;
             let next = if ended { e.reset()? } else { Vec::new() };
             Ok(One { step, next, ended })
-        })?;
+        });
+        self.busy += t.elapsed();
+        let ones = ones?;
         let n = self.envs.len();
         let mut out = VecStep {
             rewards: Vec::with_capacity(n),

@@ -176,6 +176,8 @@ baseline_steps = 8
         // Stopped early exactly when a check solved both check levels before the budget.
         let solved = r.train.checks.iter().any(|c| c.success_rate >= 1.0);
         assert_eq!(r.train.stopped_early, solved && r.train.steps < 128);
+        // The environments' part of the training phase is a part of it.
+        assert!(r.train.env_seconds > 0.0 && r.train.env_seconds <= r.train.train_seconds);
     }
     let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
     assert_eq!(json["complete"], true);
@@ -185,6 +187,8 @@ baseline_steps = 8
         "steps_trained",
         "check_steps_to_0_9",
         "throughput_ratio",
+        "env_steps_per_s",
+        "learning_cost",
     ] {
         assert!(
             json["tasks"]["archive-logs"][key]["per_seed"].is_array(),
