@@ -79,8 +79,27 @@ pub struct TaskReport {
     pub check_steps_to_0_9: PerSeed,
     /// Environment steps trained (the budget, or fewer where the stopping rule ended it).
     pub steps_trained: PerSeed,
+    /// Training steps per episode that ended, in the first rollout (the initial policy) and
+    /// in the last: where the untrained policy already succeeds within the step limit, the
+    /// learning shows here (NaN: no episode ended in that rollout).
+    pub episode_steps_first: PerSeed,
+    pub episode_steps_last: PerSeed,
     pub curve_png: PathBuf,
     pub runs: Vec<RunReport>,
+}
+
+/// Steps per ended episode (masked ones included) in rollout `k` of a learning curve.
+fn rollout_episode_steps(curve: &[learn::CurvePoint], k: usize) -> f64 {
+    let Some(p) = curve.get(k) else {
+        return f64::NAN;
+    };
+    let before = if k == 0 { 0 } else { curve[k - 1].steps };
+    let ended = p.episodes + p.masked;
+    if ended == 0 {
+        f64::NAN
+    } else {
+        (p.steps - before) as f64 / ended as f64
+    }
 }
 
 /// One task and seed.
@@ -300,6 +319,10 @@ fn task_report(runs: Vec<RunReport>, curve_png: PathBuf) -> TaskReport {
             first_at_0_9(r.train.checks.iter().map(|c| (c.steps, c.success_rate)))
         }),
         steps_trained: col(&|r| r.train.steps as f64),
+        episode_steps_first: col(&|r| rollout_episode_steps(&r.train.curve, 0)),
+        episode_steps_last: col(&|r| {
+            rollout_episode_steps(&r.train.curve, r.train.curve.len().saturating_sub(1))
+        }),
         curve_png,
         runs,
     }
@@ -365,17 +388,17 @@ pub fn render(r: &StudyReport) -> String {
     }
     let _ = writeln!(
         s,
-        "| task | held-out success | greedy | catalogue oracle | ratio | faulted success | faulted oracle | robustness gap | train steps/s | random steps/s | ratio | env steps/s while training | learning cost | learner share | steps to 0.9 (training, checks) | steps trained |"
+        "| task | held-out success | greedy | catalogue oracle | ratio | faulted success | faulted oracle | robustness gap | train steps/s | random steps/s | ratio | env steps/s while training | learning cost | learner share | steps to 0.9 (training, checks) | steps trained | steps per episode (first, last rollout) |"
     );
     let _ = writeln!(
         s,
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     );
     let o = |p: &Option<PerSeed>| p.as_ref().map_or("-".to_string(), fmt);
     for (task, t) in &r.tasks {
         let _ = writeln!(
             s,
-            "| {task} | {} | {} | {} | {} | {} | {} | {} | {:.0} ± {:.0} | {:.0} ± {:.0} | {} | {:.0} ± {:.0} | {} | {} | {:.0}, {:.0} | {:.0} ± {:.0} |",
+            "| {task} | {} | {} | {} | {} | {} | {} | {} | {:.0} ± {:.0} | {:.0} ± {:.0} | {} | {:.0} ± {:.0} | {} | {} | {:.0}, {:.0} | {:.0} ± {:.0} | {:.1}, {:.1} |",
             fmt(&t.held_out_success),
             o(&t.held_out_greedy_success),
             fmt(&t.catalogue_oracle_success),
@@ -396,6 +419,8 @@ pub fn render(r: &StudyReport) -> String {
             t.check_steps_to_0_9.mean,
             t.steps_trained.mean,
             t.steps_trained.ci95,
+            t.episode_steps_first.mean,
+            t.episode_steps_last.mean,
         );
     }
     let _ = writeln!(s, "\nPer seed (held-out success):\n");

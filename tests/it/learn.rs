@@ -189,6 +189,8 @@ baseline_steps = 8
         "throughput_ratio",
         "env_steps_per_s",
         "learning_cost",
+        "episode_steps_first",
+        "episode_steps_last",
     ] {
         assert!(
             json["tasks"]["archive-logs"][key]["per_seed"].is_array(),
