@@ -7,6 +7,7 @@
 //! |---|---|
 //! | [`text`] | input files read bounded and located, long values cut, control characters escaped |
 //! | [`units`] | durations and sizes as users write them (`10s`, `64M`), range-checked |
+//! | [`work_queue`] | items shared out to worker threads that keep their own state (an `Env`), results in item order |
 //! | [`instance`] | LEAF vocabulary: plans, parameters, resources, instance ids, the layer model and its builder, path helpers |
 //! | [`netfault`] | the fault proxy runtime (threads in a sandbox's network namespace) |
 //! | [`probe`] | trusted reads for verifiers: files and `/proc` through init, TCP via `setns` |
@@ -50,3 +51,4 @@ pub mod tasks;
 pub mod template;
 pub mod text;
 pub mod units;
+pub mod work_queue;

@@ -138,27 +138,16 @@ fn check_all(
     plans: &[Plan],
     workers: usize,
 ) -> Vec<CheckRow> {
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let rows = std::sync::Mutex::new(vec![None; plans.len()]);
-    std::thread::scope(|s| {
-        for _ in 0..workers.max(1) {
-            s.spawn(|| loop {
-                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let Some(plan) = plans.get(i) else {
-                    break;
-                };
-                let row = check_one(rt, cache, certs, plan);
-                if let Ok(mut g) = rows.lock() {
-                    g[i] = Some(row);
-                }
-            });
-        }
-    });
-    rows.into_inner()
-        .unwrap_or_default()
-        .into_iter()
-        .flatten()
-        .collect()
+    // A certification records its failures in its row; a worker that panicked is a bug,
+    // passed on to the caller as the panic it was.
+    crate::work_queue::run(
+        plans,
+        workers,
+        |_| Ok(()),
+        |_, _, plan| Ok::<_, std::convert::Infallible>(check_one(rt, cache, certs, plan)),
+        || panic!("a certification worker panicked"),
+    )
+    .unwrap_or_else(|never| match never {})
 }
 
 fn check_one(rt: &Runtime, cache: &Cache, certs: &Certificates, plan: &Plan) -> CheckRow {

@@ -66,8 +66,8 @@ pub enum ExperimentError {
     Running(#[from] crate::running::RunningError),
     #[error(transparent)]
     Learn(#[from] crate::learn::LearnError),
-    #[error("worker {worker} of seed {seed} panicked")]
-    Worker { seed: u64, worker: usize },
+    #[error("an episode worker of seed {seed} panicked")]
+    Worker { seed: u64 },
     #[error("output directory {dir}: {source}")]
     Output {
         dir: PathBuf,

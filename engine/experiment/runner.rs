@@ -11,7 +11,7 @@ use rand::Rng;
 use sandbox::Runtime;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 /// One episode, as written to `episodes.jsonl`.
@@ -132,45 +132,30 @@ fn run_seed(
     let e = &exp.environment;
     let k = e.episodes_per_instance.max(1);
     let groups = e.episodes.div_ceil(k);
-    let next = AtomicUsize::new(0);
-    let results: Vec<Result<Vec<EpisodeRecord>, ExperimentError>> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..e.workers)
-            .map(|w| {
-                let next = &next;
-                let out_file = out;
-                s.spawn(move || -> Result<Vec<EpisodeRecord>, ExperimentError> {
-                    let mut env = Env::new(rt.clone(), cache.clone(), cfg.clone())?;
-                    let mut out = Vec::new();
-                    loop {
-                        let g = next.fetch_add(1, Ordering::Relaxed);
-                        if g >= groups || stop.load(Ordering::Relaxed) {
-                            break;
-                        }
-                        for i in g * k..((g + 1) * k).min(e.episodes) {
-                            if stop.load(Ordering::Relaxed) {
-                                break;
-                            }
-                            let rec = episode(&mut env, exp, seed, w, i);
-                            out_file.episode(&rec)?;
-                            out.push(rec);
-                        }
-                    }
-                    Ok(out)
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .enumerate()
-            .map(|(w, h)| {
-                h.join()
-                    .unwrap_or(Err(ExperimentError::Worker { seed, worker: w }))
-            })
-            .collect()
-    });
+    // A group of `k` consecutive episodes shares an instance (and so a sandbox): the queue's
+    // items are groups.
+    let group_ids: Vec<usize> = (0..groups).collect();
+    let results = crate::work_queue::run(
+        &group_ids,
+        e.workers,
+        |w| Ok((w, Env::new(rt.clone(), cache.clone(), cfg.clone())?)),
+        |(w, env), _, &g| {
+            let mut recs = Vec::new();
+            for i in g * k..((g + 1) * k).min(e.episodes) {
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                let rec = episode(env, exp, seed, *w, i);
+                out.episode(&rec)?;
+                recs.push(rec);
+            }
+            Ok(recs)
+        },
+        || ExperimentError::Worker { seed },
+    )?;
     let mut all = Vec::with_capacity(e.episodes);
     for r in results {
-        all.extend(r?);
+        all.extend(r);
     }
     all.sort_by_key(|r| r.episode);
     Ok(all)

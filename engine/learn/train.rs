@@ -337,44 +337,24 @@ fn warm(
     levels: &[Plan],
     workers: usize,
 ) -> Result<usize, LearnError> {
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let out: Vec<Result<(usize, Option<String>), LearnError>> = std::thread::scope(|s| {
-        let hs: Vec<_> = (0..workers.max(1))
-            .map(|_| {
-                s.spawn(|| {
-                    let mut env = Env::new(rt.clone(), cache.clone(), cfg.clone())?;
-                    let (mut widest, mut last) = (0, None);
-                    while let Some(plan) =
-                        levels.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
-                    {
-                        match env.reset(plan) {
-                            Ok(_) => {
-                                widest = widest.max(env.task().map_or(0, |t| t.actions.len()));
-                            }
-                            Err(e) if e.is_infrastructure() => return Err(LearnError::Env(e)),
-                            // Unusable levels are skipped (and counted) by the adapter.
-                            Err(e) => last = Some(e.to_string()),
-                        }
-                    }
-                    Ok((widest, last))
-                })
-            })
-            .collect();
-        hs.into_iter()
-            .map(|h| {
-                h.join().unwrap_or(Err(LearnError::NoUsableLevel {
-                    tried: 0,
-                    last: "a warm-up worker panicked".into(),
-                }))
-            })
-            .collect()
-    });
-    let (mut widest, mut last) = (0, None);
-    for r in out {
-        let (w, l) = r?;
-        widest = widest.max(w);
-        last = last.or(l);
-    }
+    // Per level: its catalogue's size, or why it cannot be used (the adapter skips and
+    // counts those); an infrastructure failure ends the warm-up.
+    let sizes = crate::work_queue::run(
+        levels,
+        workers,
+        |_| Env::new(rt.clone(), cache.clone(), cfg.clone()).map_err(LearnError::Env),
+        |env, _, plan| match env.reset(plan) {
+            Ok(_) => Ok(Ok(env.task().map_or(0, |t| t.actions.len()))),
+            Err(e) if e.is_infrastructure() => Err(LearnError::Env(e)),
+            Err(e) => Ok(Err(e.to_string())),
+        },
+        || LearnError::NoUsableLevel {
+            tried: 0,
+            last: "a warm-up worker panicked".into(),
+        },
+    )?;
+    let widest = sizes.iter().flatten().copied().max().unwrap_or(0);
+    let last = sizes.into_iter().filter_map(Result::err).next_back();
     if widest == 0 {
         return match last {
             Some(last) => Err(LearnError::NoUsableLevel {
@@ -406,59 +386,46 @@ pub fn evaluate(
     workers: usize,
     make: &(dyn Fn() -> Box<dyn Agent> + Sync),
 ) -> Result<Evaluation, LearnError> {
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let results: Vec<Result<Tally, LearnError>> = std::thread::scope(|s| {
-        let hs: Vec<_> = (0..workers.max(1))
-            .map(|_| {
-                s.spawn(|| {
-                    let mut env = Env::new(rt.clone(), cache.clone(), cfg.clone())?;
-                    let mut agent = make();
-                    let mut t = Tally::default();
-                    while let Some(plan) =
-                        levels.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
-                    {
-                        let first = match env.reset(plan) {
-                            Ok(o) => o,
-                            Err(e) if e.skips_level() => {
-                                t.skipped += 1;
-                                continue;
-                            }
-                            Err(e) if e.is_infrastructure() => {
-                                t.episodes += 1;
-                                t.infra += 1;
-                                continue;
-                            }
-                            Err(e) => return Err(LearnError::Env(e)),
-                        };
-                        let p = play(&mut env, &first, agent.as_mut(), &mut |_, _| {})?;
-                        t.episodes += 1;
-                        t.successes += usize::from(p.success);
-                        t.infra += usize::from(p.infra);
-                        if !p.infra {
-                            t.steps += u64::from(p.steps);
-                        }
-                    }
-                    Ok(t)
-                })
+    let outcomes = crate::work_queue::run(
+        levels,
+        workers,
+        |_| Ok((Env::new(rt.clone(), cache.clone(), cfg.clone())?, make())),
+        |(env, agent), _, plan| {
+            let first = match env.reset(plan) {
+                Ok(o) => o,
+                Err(e) if e.skips_level() => return Ok(Outcome::Skipped),
+                Err(e) if e.is_infrastructure() => return Ok(Outcome::Infra),
+                Err(e) => return Err(LearnError::Env(e)),
+            };
+            let p = play(env, &first, agent.as_mut(), &mut |_, _| {})?;
+            Ok(if p.infra {
+                Outcome::Infra
+            } else {
+                Outcome::Played {
+                    success: p.success,
+                    steps: p.steps,
+                }
             })
-            .collect();
-        hs.into_iter()
-            .map(|h| {
-                h.join().unwrap_or(Err(LearnError::NoUsableLevel {
-                    tried: 0,
-                    last: "an evaluation worker panicked".into(),
-                }))
-            })
-            .collect()
-    });
+        },
+        || LearnError::NoUsableLevel {
+            tried: 0,
+            last: "an evaluation worker panicked".into(),
+        },
+    )?;
     let mut t = Tally::default();
-    for r in results {
-        let r = r?;
-        t.episodes += r.episodes;
-        t.successes += r.successes;
-        t.infra += r.infra;
-        t.skipped += r.skipped;
-        t.steps += r.steps;
+    for o in outcomes {
+        match o {
+            Outcome::Skipped => t.skipped += 1,
+            Outcome::Infra => {
+                t.episodes += 1;
+                t.infra += 1;
+            }
+            Outcome::Played { success, steps } => {
+                t.episodes += 1;
+                t.successes += usize::from(success);
+                t.steps += u64::from(steps);
+            }
+        }
     }
     let counted = t.episodes - t.infra;
     let per = |x: f64| {
@@ -479,7 +446,19 @@ pub fn evaluate(
     })
 }
 
-/// What one evaluation worker counted.
+/// How one evaluation level went.
+enum Outcome {
+    /// Not usable (uncertified, not applicable): not an episode.
+    Skipped,
+    /// The environment failed: an episode, counted neither way.
+    Infra,
+    Played {
+        success: bool,
+        steps: u32,
+    },
+}
+
+/// What an evaluation counted.
 #[derive(Default)]
 struct Tally {
     episodes: usize,
