@@ -1,0 +1,98 @@
+//! The same `Env` on the Docker backend: a task's instance (its layer stacked on a Docker
+//! image as a new image) in a container of a private `dockerd` (`sandbox::docker_testing`),
+//! solved by its oracle and judged by its verifier, as on the native backend on that image.
+
+use crate::common;
+use engine::env::{Action, Env, EnvConfig};
+use engine::instance::Plan;
+use sandbox::docker::DockerBackend;
+use sandbox::docker_testing::{rootfs_tar, Daemon};
+use std::sync::Arc;
+
+/// What the tasks' setups, oracles and verifiers run, beyond the shell.
+const PROGRAMS: &[&str] = &[
+    "sh", "bash", "ls", "cat", "echo", "sleep", "mkdir", "rm", "mv", "cp", "chmod", "chown",
+    "touch", "id", "env", "true", "false", "head", "tail", "seq", "wc", "ln", "kill", "printf",
+    "tr", "sed", "grep", "sort", "cut", "date", "readlink", "basename", "dirname", "stat", "perl",
+    "ldconfig", "find", "tar", "gzip", "setpriv", "runuser", "su", "dd", "mktemp",
+];
+
+fn tasks_image(d: &Daemon) -> &'static str {
+    static IMAGE: std::sync::OnceLock<()> = std::sync::OnceLock::new();
+    IMAGE.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap();
+        let tar = dir.path().join("rootfs.tar");
+        rootfs_tar(
+            &tar,
+            PROGRAMS,
+            &[
+                "/usr/lib/x86_64-linux-gnu/perl-base",
+                "/etc/ld.so.conf",
+                "/etc/ld.so.conf.d",
+                "/etc/ld.so.cache",
+                "/etc/shells",
+                "/etc/pam.d",
+                "/etc/login.defs",
+                "/usr/lib/x86_64-linux-gnu/security",
+            ],
+        );
+        d.import(&tar, "envfactory-test:tasks");
+    });
+    "envfactory-test:tasks"
+}
+
+/// Run the task's oracle as the agent's commands; the last step.
+fn solve(env: &mut Env, task: &str, plan: &Plan) -> engine::env::Step {
+    env.reset(plan).unwrap();
+    let setup = env.task().unwrap().clone();
+    let oracle = engine::tasks::get(task).unwrap().oracle(&setup);
+    let mut last = None;
+    for c in &oracle {
+        let s = env.step(&Action::Command(c.clone())).unwrap();
+        let done = s.terminated;
+        last = Some(s);
+        if done {
+            break;
+        }
+    }
+    last.expect("the oracle has commands")
+}
+
+#[test]
+fn env_solves_a_task_on_the_docker_backend_as_on_the_native_one() {
+    require_root!();
+    let d = require_docker!();
+    let image = tasks_image(d);
+    let task = "fix-path";
+    let mut plan = Plan::for_task(task, 3, vec![]);
+    plan.base = format!("docker:{image}");
+    let mut native = Env::new(common::runtime(), common::cache(), EnvConfig::default()).unwrap();
+    let s = solve(&mut native, task, &plan);
+    assert!(s.terminated && s.info.success, "native: {:?}", s.info);
+
+    let backend = Arc::new(DockerBackend::new(d.client(), &d.dir.join("work")));
+    let mut docker = Env::new(common::runtime(), common::cache(), EnvConfig::default())
+        .unwrap()
+        .with_backend(backend);
+    assert_eq!(docker.backend_name(), "docker");
+    let s = solve(&mut docker, task, &plan);
+    assert!(s.terminated && s.info.success, "docker: {:?}", s.info);
+    // The next episode of the same instance starts unsolved again (the container recreated).
+    let obs = docker.reset(&plan).unwrap();
+    let s = docker.step(&Action::Command("true".into())).unwrap();
+    assert!(
+        !s.info.success && !s.terminated,
+        "{:?} {}",
+        s.info,
+        obs.text
+    );
+    // What the agent does in one episode is gone in the next.
+    docker
+        .step(&Action::Command("echo x > /root/left-behind".into()))
+        .unwrap();
+    docker.reset(&plan).unwrap();
+    let s = docker
+        .step(&Action::Command("test -e /root/left-behind".into()))
+        .unwrap();
+    assert_eq!(s.observation.exit_code, Some(1));
+}
