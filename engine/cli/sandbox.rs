@@ -237,6 +237,12 @@ pub fn run(cmd: SandboxCmd) -> anyhow::Result<i32> {
 pub fn reap(cache: bool) -> anyhow::Result<i32> {
     let rt = runtime()?;
     outln!("reaped; state directory {}", rt.state_dir().display());
+    // Containers of the Docker backend whose run is gone, when a daemon answers.
+    if let Ok(client) = sandbox::docker::Client::from_env() {
+        let work = rt.state_dir().join("docker-work");
+        let removed = sandbox::docker::DockerBackend::new(client, &work).reaped_at_start();
+        outln!("docker: {removed} containers of runs that are gone removed");
+    }
     if cache && engine::synth::remove_cache(rt.state_dir())? {
         outln!("instance cache removed");
     }

@@ -96,3 +96,81 @@ fn env_solves_a_task_on_the_docker_backend_as_on_the_native_one() {
         .unwrap();
     assert_eq!(s.observation.exit_code, Some(1));
 }
+
+/// The command line: `--rootfs docker:IMAGE` for a native sandbox, and an episode of the
+/// oracle with `--backend docker`.
+#[test]
+fn the_command_line_runs_docker_images_and_the_docker_backend() {
+    require_root!();
+    let d = require_docker!();
+    let image = tasks_image(d);
+    let st = common::TempState::new();
+    let engine = || {
+        let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_engine"));
+        c.env("ENVFACTORY_STATE", st.path())
+            .env("DOCKER_HOST", &d.host);
+        c
+    };
+    let o = engine()
+        .args([
+            "sandbox",
+            "exec",
+            "--rootfs",
+            &format!("docker:{image}"),
+            "--",
+            "sh",
+            "-c",
+            "test -x /usr/bin/perl && test ! -e /usr/bin/python3 && echo image",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout),
+        "image\n",
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let o = engine()
+        .args([
+            "episode",
+            "--task",
+            "fix-path",
+            "--seed",
+            "2",
+            "--base",
+            &format!("docker:{image}"),
+            "--backend",
+            "docker",
+            "--agent",
+            "oracle",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    let last: serde_json::Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    assert_eq!(
+        last["success"],
+        true,
+        "{text} {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let o = engine()
+        .args([
+            "sandbox",
+            "exec",
+            "--rootfs",
+            "docker:envfactory-test:absent",
+            "--",
+            "true",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(125));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("docker:envfactory-test:absent")
+            && err.contains("not in the local Docker daemon"),
+        "{err}"
+    );
+}

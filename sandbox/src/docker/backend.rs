@@ -143,11 +143,22 @@ impl Spec {
                 remove().await;
                 return Err(DockerError::api(format!("start of {id}"), e));
             }
-            let pid = match docker
+            let (pid, why) = match docker
                 .inspect_container(&id, None::<InspectContainerOptions>)
                 .await
             {
-                Ok(info) => info.state.and_then(|s| s.pid).unwrap_or(0),
+                Ok(info) => {
+                    let s = info.state.unwrap_or_default();
+                    let why = format!(
+                        "status {}, exit code {}{}",
+                        s.status.map_or("unknown".to_string(), |st| st.to_string()),
+                        s.exit_code.unwrap_or(0),
+                        s.error
+                            .filter(|e| !e.is_empty())
+                            .map_or(String::new(), |e| format!(", {e}"))
+                    );
+                    (s.pid.unwrap_or(0), why)
+                }
                 Err(e) => {
                     remove().await;
                     return Err(DockerError::api(format!("inspect of {id}"), e));
@@ -157,7 +168,9 @@ impl Spec {
                 remove().await;
                 return Err(DockerError::Container {
                     id,
-                    reason: "started, but has no init process".into(),
+                    reason: format!(
+                        "started, but has no init process ({why}): the image needs /bin/sh"
+                    ),
                 });
             }
             let pid = pid as i32;
@@ -165,7 +178,8 @@ impl Spec {
                 remove().await;
                 return Err(DockerError::Container {
                     id,
-                    reason: "its init started no keep-alive process".into(),
+                    reason: "its init started no keep-alive process (the image needs /bin/sh)"
+                        .into(),
                 });
             };
             Ok((id, pid, keep))
@@ -179,18 +193,26 @@ pub struct DockerBackend {
     client: Client,
     /// Where images with layers stacked on them are assembled (then removed).
     work: std::path::PathBuf,
+    /// Containers of gone runs removed when this backend was created.
+    reaped: usize,
 }
 
 impl DockerBackend {
     /// A backend on `client`'s daemon, assembling layered images under `work`; removes
     /// containers whose creating process is gone.
     pub fn new(client: Client, work: &std::path::Path) -> Self {
-        let b = Self {
+        let mut b = Self {
             client,
             work: work.to_path_buf(),
+            reaped: 0,
         };
-        b.reap();
+        b.reaped = b.reap();
         b
+    }
+
+    /// How many containers of gone runs were removed when this backend was created.
+    pub fn reaped_at_start(&self) -> usize {
+        self.reaped
     }
 
     /// The daemon's client.

@@ -243,9 +243,12 @@ impl SandboxOps for DockerSandbox {
     }
 
     fn reset(&mut self) -> Result<(), SandboxError> {
-        self.remove_snapshots();
+        // The container goes first: after a rollback it runs from a snapshot image, which
+        // cannot be removed while it does.
         let image = self.spec.image.clone();
-        Ok(self.recreate(&image)?)
+        let r = self.recreate(&image);
+        self.remove_snapshots();
+        Ok(r?)
     }
 
     fn snapshot(&mut self) -> Result<u32, SandboxError> {

@@ -311,6 +311,12 @@ fn reset_snapshot_rollback_and_kill_all() {
         .arg(format!("id={id}"))
         .output()
         .unwrap();
+    // Nor the snapshot images (commits are untagged; the test images are tagged).
+    let images = d.cli(&["images", "-q", "--filter", "dangling=true"]);
+    assert!(
+        images.is_empty(),
+        "snapshot images were left behind: {images}"
+    );
     assert!(
         String::from_utf8_lossy(&left.stdout).trim().is_empty(),
         "the container was left behind"
