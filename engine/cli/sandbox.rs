@@ -113,6 +113,7 @@ pub fn runtime() -> anyhow::Result<Runtime> {
 /// removes the containers of runs that are gone.
 pub fn docker_backend() -> anyhow::Result<sandbox::docker::DockerBackend> {
     let client = sandbox::docker::Client::from_env()?;
+    super::signals::track_docker(&client);
     let work = sandbox::state::default_state_dir().join("docker-work");
     Ok(sandbox::docker::DockerBackend::new(client, &work))
 }

@@ -174,3 +174,50 @@ fn the_command_line_runs_docker_images_and_the_docker_backend() {
         "{err}"
     );
 }
+
+/// SIGTERM during an episode on the Docker backend: the process's containers go with it.
+#[test]
+fn a_signal_removes_the_containers_of_the_run() {
+    require_root!();
+    let d = require_docker!();
+    let image = tasks_image(d);
+    let st = common::TempState::new();
+    let dir = tempfile::tempdir().unwrap();
+    let actions = dir.path().join("actions");
+    std::fs::write(&actions, "sleep 60\n").unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_engine"))
+        .env("ENVFACTORY_STATE", st.path())
+        .env("DOCKER_HOST", &d.host)
+        .args([
+            "episode",
+            "--task",
+            "fix-path",
+            "--base",
+            &format!("docker:{image}"),
+            "--backend",
+            "docker",
+            "--actions-file",
+        ])
+        .arg(&actions)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let owner = format!(
+        "label=envfactory.owner={}",
+        sandbox::state::identity(child.id() as i32)
+    );
+    let running = || !d.cli(&["ps", "-q", "--filter", &owner]).is_empty();
+    assert!(
+        sandbox::testing::eventually(120, running),
+        "no container of the episode appeared"
+    );
+    // The episode's command is running in it (the sleep), then SIGTERM.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    // SAFETY: kill with integer arguments: our child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(143));
+    let left = d.cli(&["ps", "-aq", "--filter", &owner]);
+    assert!(left.is_empty(), "containers left: {left}");
+}

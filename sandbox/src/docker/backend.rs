@@ -222,6 +222,16 @@ impl DockerBackend {
 
     /// Remove every container labelled with an owner that no longer runs; returns how many.
     pub fn reap(&self) -> usize {
+        self.remove_where(|owner| crate::state::is_alive(owner).is_none())
+    }
+
+    /// Remove every container this process created (a signal's teardown); returns how many.
+    pub fn remove_own(&self) -> usize {
+        let me = crate::state::identity(std::process::id() as i32);
+        self.remove_where(|owner| owner == me)
+    }
+
+    fn remove_where(&self, doomed: impl Fn(&str) -> bool) -> usize {
         let docker = self.client.docker();
         let list = self
             .client
@@ -240,7 +250,7 @@ impl DockerBackend {
             let (Some(id), Some(owner)) = (c.id, owner) else {
                 continue;
             };
-            if crate::state::is_alive(owner).is_some() {
+            if !doomed(owner) {
                 continue;
             }
             let r = self.client.block_on(docker.remove_container(
@@ -253,7 +263,7 @@ impl DockerBackend {
             ));
             if r.is_ok() {
                 removed += 1;
-                tracing::info!(container = %id, owner = %owner, "removed a container of a run that is gone");
+                tracing::info!(container = %id, owner = %owner, "removed a container");
             }
         }
         removed
