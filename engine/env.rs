@@ -379,6 +379,9 @@ pub struct Step {
 /// One agent's environment.
 pub struct Env {
     rt: Runtime,
+    /// Where episodes run when not on `rt` itself (the Docker backend); synthesis and
+    /// certification always use `rt`.
+    backend: Option<std::sync::Arc<dyn sandbox::DynBackend>>,
     cache: Cache,
     cfg: EnvConfig,
     dangerous: Vec<(String, regex::Regex)>,
@@ -416,6 +419,7 @@ impl Env {
         let certificates = Certificates::new(cache.clone());
         Ok(Self {
             rt,
+            backend: None,
             cache,
             cfg,
             dangerous,
@@ -432,6 +436,21 @@ impl Env {
             history: Vec::new(),
             last: Observation::default(),
         })
+    }
+
+    /// Run episodes on `backend` (e.g. `sandbox::docker::DockerBackend`) instead of the native
+    /// runtime; instances are still synthesized, and certified, natively.
+    pub fn with_backend(mut self, backend: std::sync::Arc<dyn sandbox::DynBackend>) -> Self {
+        self.running = None;
+        self.backend = Some(backend);
+        self
+    }
+
+    /// The name of the backend episodes run on (`native`, `docker`).
+    pub fn backend_name(&self) -> &'static str {
+        self.backend
+            .as_deref()
+            .map_or("native", sandbox::DynBackend::name)
     }
 
     /// Width of [`Observation::features`].
@@ -481,7 +500,7 @@ impl Env {
         let reuse = self
             .running
             .as_ref()
-            .is_some_and(|l| !l.sandbox.is_dead() && l.instance.plan == *plan);
+            .is_some_and(|l| l.sandbox.is_alive() && l.instance.plan == *plan);
         let mut restarted = false;
         if reuse {
             if let Some(running) = self.running.as_mut() {
@@ -515,7 +534,11 @@ impl Env {
                     });
                 }
             }
-            self.running = Some(RunningInstance::start(&self.rt, held)?);
+            let backend: &dyn sandbox::DynBackend = match &self.backend {
+                Some(b) => b.as_ref(),
+                None => &self.rt,
+            };
+            self.running = Some(RunningInstance::start_on(backend, held)?);
         }
         let Some(running) = self.running.as_mut() else {
             return Err(EnvError::NotReset);

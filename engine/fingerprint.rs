@@ -552,7 +552,7 @@ pub fn fingerprint_rootfs(
 /// Fingerprint of a running instance, with the environment its agent's commands get.
 pub fn fingerprint_running(running: &mut RunningInstance) -> Result<Fingerprint, FingerprintError> {
     let env = running.env.clone();
-    measure(&mut running.sandbox, &env)
+    measure(running.sandbox.as_mut(), &env)
 }
 
 /// The fingerprints shipped with the engine (name, the data file's JSON: `provenance` and

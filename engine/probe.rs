@@ -369,9 +369,9 @@ pub fn tcp_in_netns(
     h.join().map_err(|_| ProbeError::Thread)?
 }
 
-/// A [`Probe`] over a live native sandbox.
+/// A [`Probe`] over a live sandbox (of any backend).
 pub struct SandboxProbe<'a> {
-    pub sandbox: &'a mut sandbox::Sandbox,
+    pub sandbox: &'a mut dyn SandboxOps,
     /// See [`Probe::start_processes`]; recorded by `RunningInstance` after the start steps.
     pub start_processes: Option<&'a BTreeSet<(u32, u64)>>,
 }
@@ -403,7 +403,7 @@ impl Probe for SandboxProbe<'_> {
     }
 
     fn processes(&mut self) -> Result<Vec<Proc>, ProbeError> {
-        processes_of(self.sandbox)
+        processes_of(&mut *self.sandbox)
     }
 
     fn tcp(

@@ -8,7 +8,10 @@ use crate::netfault::{start_proxy, NetfaultError, ProxyHandle};
 use crate::probe::{SandboxConfirm, SandboxProbe};
 use crate::synth::{Cache, PinnedInstance, SynthError};
 use crate::tasks::Verdict;
-use sandbox::{ExecRequest, ExecResult, Limits, RootfsSpec, Runtime, SandboxConfig, SandboxError};
+use sandbox::{
+    DynBackend, ExecRequest, ExecResult, Limits, RootfsSpec, Runtime, SandboxConfig, SandboxError,
+    SandboxOps,
+};
 use std::time::Duration;
 
 #[derive(Debug, thiserror::Error)]
@@ -145,9 +148,9 @@ impl Shown {
 /// Marker that ends an agent command's stderr with its final working directory.
 const CWD_MARK: &str = "\u{1e}envfactory-cwd:";
 
-/// An instance in its sandbox.
+/// An instance in its sandbox (on the native backend, or another one such as Docker's).
 pub struct RunningInstance {
-    pub sandbox: sandbox::Sandbox,
+    pub sandbox: Box<dyn SandboxOps>,
     pub instance: Instance,
     _pinned: PinnedInstance,
     _proxies: Vec<ProxyHandle>,
@@ -160,10 +163,15 @@ pub struct RunningInstance {
 }
 
 impl RunningInstance {
-    /// Create the instance's sandbox and start its first episode.
+    /// Create the instance's sandbox on the native backend and start its first episode.
     pub fn start(rt: &Runtime, held: PinnedInstance) -> Result<Self, RunningError> {
+        Self::start_on(rt, held)
+    }
+
+    /// Create the instance's sandbox on `backend` and start its first episode.
+    pub fn start_on(backend: &dyn DynBackend, held: PinnedInstance) -> Result<Self, RunningError> {
         let cfg = sandbox_config(&held.instance)?;
-        let sandbox = rt.create(&cfg)?;
+        let sandbox = backend.create_boxed(&cfg)?;
         let mut proxies = Vec::new();
         for p in &held.instance.runtime.proxies {
             proxies.push(start_proxy(sandbox.init_pid(), p)?);
@@ -218,7 +226,7 @@ impl RunningInstance {
         // them must not run without them).
         self.start_processes = None;
         if self.instance.runtime.record_start_processes {
-            let procs = crate::probe::processes_of(&mut self.sandbox)?;
+            let procs = crate::probe::processes_of(self.sandbox.as_mut())?;
             self.start_processes = Some(procs.iter().map(|p| (p.pid, p.start_ticks)).collect());
         }
         Ok(())
@@ -294,7 +302,7 @@ impl RunningInstance {
     /// Trusted reads of the sandbox (for verifiers).
     pub fn probe(&mut self) -> SandboxProbe<'_> {
         SandboxProbe {
-            sandbox: &mut self.sandbox,
+            sandbox: self.sandbox.as_mut(),
             start_processes: self.start_processes.as_ref(),
         }
     }

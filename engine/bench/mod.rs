@@ -1,7 +1,9 @@
 //! The benchmarks behind `engine bench`: [`sandbox`] (sandbox latencies against the host's own
 //! `sh -c true`) and [`env`] (environment throughput against the raw-exec ceiling), each with
-//! its baseline measured in the same run. The criterion benchmarks are in `benches/`.
+//! its baseline measured in the same run; [`backends`] (the native backend beside the Docker
+//! backend, interleaved). The criterion benchmarks are in `benches/`.
 
+pub mod backends;
 pub mod env;
 pub mod sandbox;
 

@@ -86,7 +86,8 @@ pub struct SandboxBench {
     pub concurrent: Option<Concurrent>,
 }
 
-fn check(step: &'static str, r: sandbox::ExecResult) -> Result<(), BenchError> {
+/// A step that must succeed, or the benchmark fails naming it.
+pub(crate) fn check(step: &'static str, r: sandbox::ExecResult) -> Result<(), BenchError> {
     if r.success() {
         Ok(())
     } else {

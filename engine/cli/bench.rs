@@ -34,6 +34,10 @@ pub enum BenchCmd {
         /// Print the report as JSON (keys documented in docs/sandbox.md).
         #[arg(long)]
         json: bool,
+        /// Instead: the native backend beside the Docker backend (`DOCKER_HOST`) on the same
+        /// `--rootfs docker:IMAGE`, interleaved (keys in docs/docker.md).
+        #[arg(long)]
+        docker: bool,
     },
 }
 
@@ -42,8 +46,27 @@ pub fn run(cmd: BenchCmd) -> anyhow::Result<i32> {
         BenchCmd::Sandbox {
             opts,
             iterations,
+            json,
+            docker: true,
+            ..
+        } => {
+            let cfg = opts.config()?;
+            let rt = super::sandbox::runtime()?;
+            let docker = super::sandbox::docker_backend()?;
+            let report = engine::bench::backends::run([&rt, &docker], &cfg, iterations)?;
+            if json {
+                outln!("{}", serde_json::to_string(&report)?);
+            } else {
+                out!("{}", engine::bench::backends::render(&report));
+            }
+            Ok(0)
+        }
+        BenchCmd::Sandbox {
+            opts,
+            iterations,
             concurrent,
             json,
+            docker: false,
         } => {
             let cfg = opts.config()?;
             let rt = super::sandbox::runtime()?;

@@ -19,9 +19,20 @@ pub struct InstanceOpts {
     /// docs/environments.md for the catalogue).
     #[arg(long = "perturb", value_name = "SPEC")]
     pub perturb: Vec<String>,
-    /// Base root filesystem: `host`, a directory, or `oci:PATH`.
+    /// Base root filesystem: `host`, a directory, `oci:PATH` or `docker:IMAGE`.
     #[arg(long, default_value = "host")]
     pub base: String,
+    /// Where episodes run: `native` sandboxes, or `docker` containers of the daemon of
+    /// `DOCKER_HOST` (needs `--base docker:IMAGE`; docs/docker.md).
+    #[arg(long, value_enum, default_value = "native")]
+    pub backend: BackendKind,
+}
+
+/// The sandbox backend of `--backend`.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackendKind {
+    Native,
+    Docker,
 }
 
 impl InstanceOpts {
@@ -40,6 +51,18 @@ impl InstanceOpts {
         let mut p = Plan::for_task(&self.task, self.seed, chosen);
         p.base = self.base.clone();
         Ok(p)
+    }
+
+    /// An `Env` on the chosen backend.
+    pub fn env(&self, cfg: EnvConfig) -> anyhow::Result<Env> {
+        let rt = crate::cli::sandbox::runtime()?;
+        let env = Env::new(rt, super::sandbox::cache()?, cfg)?;
+        Ok(match self.backend {
+            BackendKind::Native => env,
+            BackendKind::Docker => {
+                env.with_backend(std::sync::Arc::new(super::sandbox::docker_backend()?))
+            }
+        })
     }
 }
 
@@ -80,12 +103,11 @@ pub fn episode(
     json: bool,
 ) -> anyhow::Result<i32> {
     let plan = opts.plan()?;
-    let rt = crate::cli::sandbox::runtime()?;
     let cfg = EnvConfig {
         max_steps,
         ..EnvConfig::default()
     };
-    let mut env = Env::new(rt, super::sandbox::cache()?, cfg)?;
+    let mut env = opts.env(cfg)?;
     let obs = env.reset(&plan)?;
     let setup = env.task().cloned().context("the instance has no task")?;
     if !json {
@@ -147,8 +169,7 @@ pub fn episode(
 /// `engine play`: a person plays one episode in the terminal.
 pub fn play(opts: &InstanceOpts) -> anyhow::Result<i32> {
     let plan = opts.plan()?;
-    let rt = crate::cli::sandbox::runtime()?;
-    let mut env = Env::new(rt, super::sandbox::cache()?, EnvConfig::default())?;
+    let mut env = opts.env(EnvConfig::default())?;
     let obs = env.reset(&plan)?;
     let setup = env.task().cloned().context("the instance has no task")?;
     let mut out = std::io::stdout();

@@ -17,7 +17,8 @@ pub const EXIT_TIMEOUT: i32 = 124;
 /// Sandbox options as given on the command line.
 #[derive(Debug, Clone, clap::Args)]
 pub struct SandboxOpts {
-    /// Root filesystem: `host`, a directory, or `oci:PATH` (OCI layout or docker-save tarball).
+    /// Root filesystem: `host`, a directory, `oci:PATH` (OCI layout or docker-save tarball) or
+    /// `docker:IMAGE` (an image of the local Docker daemon, exported once).
     #[arg(long, default_value = "host")]
     pub rootfs: String,
     /// Memory limit (cgroup), e.g. 256M.
@@ -106,6 +107,15 @@ pub fn runtime() -> anyhow::Result<Runtime> {
     super::signals::track(&rt);
     rt.set_admission(admission);
     Ok(rt)
+}
+
+/// The Docker backend on the daemon of `DOCKER_HOST` (else the default socket); creating it
+/// removes the containers of runs that are gone.
+pub fn docker_backend() -> anyhow::Result<sandbox::docker::DockerBackend> {
+    let client = sandbox::docker::Client::from_env()?;
+    super::signals::track_docker(&client);
+    let work = sandbox::state::default_state_dir().join("docker-work");
+    Ok(sandbox::docker::DockerBackend::new(client, &work))
 }
 
 /// Admission control from the environment: `ENVFACTORY_MAX_SANDBOXES` (a count; unset: no
@@ -228,6 +238,12 @@ pub fn run(cmd: SandboxCmd) -> anyhow::Result<i32> {
 pub fn reap(cache: bool) -> anyhow::Result<i32> {
     let rt = runtime()?;
     outln!("reaped; state directory {}", rt.state_dir().display());
+    // Containers of the Docker backend whose run is gone, when a daemon answers.
+    if let Ok(client) = sandbox::docker::Client::from_env() {
+        let work = rt.state_dir().join("docker-work");
+        let removed = sandbox::docker::DockerBackend::new(client, &work).reaped_at_start();
+        outln!("docker: {removed} containers of runs that are gone removed");
+    }
     if cache && engine::synth::remove_cache(rt.state_dir())? {
         outln!("instance cache removed");
     }

@@ -88,6 +88,18 @@ pub fn track(rt: &sandbox::Runtime) {
     ));
 }
 
+/// Docker daemons (their `DOCKER_HOST`) whose containers made by this process are removed on a
+/// signal, like the native runs.
+static DOCKER_HOSTS: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+/// Remove this process's containers on `client`'s daemon when a signal stops it.
+pub fn track_docker(client: &sandbox::docker::Client) {
+    let mut hosts = DOCKER_HOSTS.lock().unwrap_or_else(|p| p.into_inner());
+    if !hosts.iter().any(|h| h == client.host()) {
+        hosts.push(client.host().to_string());
+    }
+}
+
 /// The signal that stopped the process, if one did.
 pub fn received() -> Option<i32> {
     match SIGNAL.load(Ordering::SeqCst) {
@@ -135,6 +147,15 @@ fn watch(r: OwnedFd) {
         for (state, roots, run) in &runs {
             let r = sandbox::state::reap_run(state, roots, run);
             tracing::info!(run = %run, processes = r.processes, mounts = r.mounts, cgroups = r.cgroups, "torn down on a signal");
+        }
+        // A client of its own: the command's may be busy on another thread.
+        let hosts = std::mem::take(&mut *DOCKER_HOSTS.lock().unwrap_or_else(|p| p.into_inner()));
+        for host in hosts {
+            if let Ok(client) = sandbox::docker::Client::connect(&host) {
+                let work = std::env::temp_dir();
+                let removed = sandbox::docker::DockerBackend::new(client, &work).remove_own();
+                tracing::info!(host = %host, containers = removed, "docker containers removed on a signal");
+            }
         }
         eprintln!("engine: {}: sandboxes torn down", name(sig));
         std::process::exit(exit_status(SIGNAL.load(Ordering::SeqCst).max(sig)));

@@ -1,5 +1,5 @@
-//! The backend seam: the native backend implements it today; a Docker backend (bollard) can be
-//! added beside it without touching callers.
+//! The backend seam: the native backend ([`Runtime`]) and, with the `docker` feature, the
+//! Docker backend (`docker::DockerBackend`) implement it.
 
 use crate::protocol::{DirEntry, ExecRequest, ExecResult, FileStat, Health};
 use crate::{Runtime, Sandbox, SandboxConfig, SandboxError};
@@ -8,6 +8,13 @@ use crate::{Runtime, Sandbox, SandboxConfig, SandboxError};
 pub trait SandboxOps: Send {
     fn exec(&mut self, req: &ExecRequest) -> Result<ExecResult, SandboxError>;
     fn read_file(&mut self, path: &str, max_bytes: u64) -> Result<(Vec<u8>, bool), SandboxError>;
+    /// [`SandboxOps::read_file`] of a regular file that is not a symlink itself (a final
+    /// symlink is an `Invalid` failure; symlinks on the way resolve inside the root).
+    fn read_file_nofollow(
+        &mut self,
+        path: &str,
+        max_bytes: u64,
+    ) -> Result<(Vec<u8>, bool), SandboxError>;
     fn write_file(&mut self, path: &str, data: &[u8], mode: u32) -> Result<(), SandboxError>;
     fn stat(&mut self, path: &str) -> Result<FileStat, SandboxError>;
     fn list_dir(&mut self, path: &str) -> Result<Vec<DirEntry>, SandboxError>;
@@ -18,6 +25,11 @@ pub trait SandboxOps: Send {
     fn health(&mut self) -> Result<Health, SandboxError>;
     /// False once the sandbox can no longer be used (its init died).
     fn is_alive(&self) -> bool;
+    /// Processes in the sandbox now (its own helpers included), and its pids limit.
+    fn pids_usage(&self) -> (u64, Option<u64>);
+    /// Host pid of a process in the sandbox's namespaces (its init): the network namespace
+    /// that verifiers' TCP requests and fault proxies join.
+    fn init_pid(&self) -> i32;
 }
 
 /// A source of sandboxes.
@@ -25,6 +37,26 @@ pub trait Backend: Send + Sync {
     type Sandbox: SandboxOps;
     fn name(&self) -> &'static str;
     fn create(&self, cfg: &SandboxConfig) -> Result<Self::Sandbox, SandboxError>;
+}
+
+/// A [`Backend`] whose sandboxes are boxed: for callers that choose the backend at run time
+/// (a configuration or command-line option) and hold it as `dyn DynBackend`.
+pub trait DynBackend: Send + Sync {
+    fn name(&self) -> &'static str;
+    fn create_boxed(&self, cfg: &SandboxConfig) -> Result<Box<dyn SandboxOps>, SandboxError>;
+}
+
+impl<B> DynBackend for B
+where
+    B: Backend,
+    B::Sandbox: 'static,
+{
+    fn name(&self) -> &'static str {
+        Backend::name(self)
+    }
+    fn create_boxed(&self, cfg: &SandboxConfig) -> Result<Box<dyn SandboxOps>, SandboxError> {
+        Ok(Box::new(self.create(cfg)?))
+    }
 }
 
 impl Backend for Runtime {
@@ -43,6 +75,13 @@ impl SandboxOps for Sandbox {
     }
     fn read_file(&mut self, path: &str, max_bytes: u64) -> Result<(Vec<u8>, bool), SandboxError> {
         Sandbox::read_file(self, path, max_bytes)
+    }
+    fn read_file_nofollow(
+        &mut self,
+        path: &str,
+        max_bytes: u64,
+    ) -> Result<(Vec<u8>, bool), SandboxError> {
+        Sandbox::read_file_nofollow(self, path, max_bytes)
     }
     fn write_file(&mut self, path: &str, data: &[u8], mode: u32) -> Result<(), SandboxError> {
         Sandbox::write_file(self, path, data, mode)
@@ -70,5 +109,11 @@ impl SandboxOps for Sandbox {
     }
     fn is_alive(&self) -> bool {
         !self.is_dead()
+    }
+    fn init_pid(&self) -> i32 {
+        Sandbox::init_pid(self)
+    }
+    fn pids_usage(&self) -> (u64, Option<u64>) {
+        Sandbox::pids_usage(self)
     }
 }

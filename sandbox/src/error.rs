@@ -42,6 +42,8 @@ pub enum SandboxError {
     Policy(String),
     #[error("sandbox config: {0}")]
     Config(String),
+    #[error(transparent)]
+    Docker(#[from] crate::docker::DockerError),
     #[error("admission control refused a new sandbox: {0}")]
     Admission(#[from] crate::admission::Refusal),
 }

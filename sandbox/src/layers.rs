@@ -4,7 +4,9 @@
 //!   everything private (see [`plan_host_mask`]);
 //! - a directory (e.g. a debootstrap output), used in place as one layer;
 //! - `oci:PATH`: an OCI image layout or a `docker save` tarball, unpacked once into the layer
-//!   store (see [`crate::oci`]).
+//!   store (see [`crate::oci`]);
+//! - `docker:IMAGE`: an image of the local Docker daemon, exported and unpacked the same way
+//!   (see [`crate::docker`]).
 
 use crate::sys::{Sys, SysError};
 use sha2::{Digest, Sha256};
@@ -14,7 +16,7 @@ use std::path::{Path, PathBuf};
 /// Errors of root filesystem resolution.
 #[derive(Debug, thiserror::Error)]
 pub enum LayerError {
-    #[error("unknown rootfs `{}`: expected `host`, `oci:PATH` (an OCI layout or docker-save tarball) or an existing directory", crate::text_pos::cut(.0))]
+    #[error("unknown rootfs `{}`: expected `host`, `oci:PATH` (an OCI layout or docker-save tarball), `docker:IMAGE` (an image of the local Docker daemon) or an existing directory", crate::text_pos::cut(.0))]
     UnknownRootfs(String),
     #[error("rootfs directory {path}: {reason}")]
     BadDirectory { path: PathBuf, reason: String },
@@ -24,6 +26,11 @@ pub enum LayerError {
     Host {
         path: PathBuf,
         source: std::io::Error,
+    },
+    #[error("rootfs `docker:{image}`: {source}")]
+    Docker {
+        image: String,
+        source: Box<crate::docker::DockerError>,
     },
     #[error("image {path}: {source}")]
     Oci {
@@ -38,6 +45,8 @@ pub enum RootfsSpec {
     Host,
     Dir(PathBuf),
     Oci(PathBuf),
+    /// An image of the local Docker daemon (a name, tag or id), exported into the layer store.
+    Docker(String),
 }
 
 impl std::str::FromStr for RootfsSpec {
@@ -45,6 +54,12 @@ impl std::str::FromStr for RootfsSpec {
     fn from_str(s: &str) -> Result<Self, LayerError> {
         if s == "host" {
             return Ok(Self::Host);
+        }
+        if let Some(image) = s.strip_prefix("docker:") {
+            if image.is_empty() || image.chars().any(|c| c.is_whitespace() || c.is_control()) {
+                return Err(LayerError::UnknownRootfs(s.to_string()));
+            }
+            return Ok(Self::Docker(image.to_string()));
         }
         if let Some(p) = s.strip_prefix("oci:") {
             return Ok(Self::Oci(PathBuf::from(p)));
@@ -63,6 +78,7 @@ impl std::fmt::Display for RootfsSpec {
             Self::Host => f.write_str("host"),
             Self::Dir(p) => write!(f, "{}", p.display()),
             Self::Oci(p) => write!(f, "oci:{}", p.display()),
+            Self::Docker(image) => write!(f, "docker:{image}"),
         }
     }
 }

@@ -11,6 +11,9 @@ pub mod caps;
 pub mod cgroup;
 pub mod config;
 pub mod digest_cache;
+pub mod docker;
+#[cfg(all(feature = "testing", feature = "docker"))]
+pub mod docker_testing;
 pub mod error;
 pub mod init;
 pub mod landlock;
@@ -30,7 +33,7 @@ pub mod text_pos;
 
 pub use self::sandbox::Sandbox;
 pub use admission::Admission;
-pub use backend::{Backend, SandboxOps};
+pub use backend::{Backend, DynBackend, SandboxOps};
 pub use cgroup::Limits;
 pub use config::SandboxConfig;
 pub use error::SandboxError;

@@ -217,22 +217,17 @@ impl Runtime {
                         path: p.clone(),
                         source,
                     })?;
-                let lowers: Vec<String> = img
-                    .layers
-                    .iter()
-                    .rev()
-                    .map(|id| store.join(id).to_string_lossy().into_owned())
-                    .collect();
-                let digest = {
-                    use sha2::Digest;
-                    let mut h = sha2::Sha256::new();
-                    for l in &img.layers {
-                        h.update(l.as_bytes());
-                        h.update(b"\n");
+                store_rootfs(&store, &img.layers)
+            }
+            RootfsSpec::Docker(image) => {
+                let store = self.inner.state.join("layers");
+                let layers = docker_layers(image, &store, &self.inner.state).map_err(|source| {
+                    LayerError::Docker {
+                        image: image.clone(),
+                        source: Box::new(source),
                     }
-                    format!("sha256-{}", hex::encode(h.finalize()))
-                };
-                Rootfs { lowers, digest }
+                })?;
+                store_rootfs(&store, &layers)
             }
         };
         cache.insert(spec.clone(), r.clone());
@@ -497,4 +492,52 @@ fn spawn_init(init: &InitProgram, sock: OwnedFd) -> Result<i32, SandboxError> {
     }
     drop(sock);
     Ok(pid as i32)
+}
+
+/// Layers of the store (ids bottom first) as a rootfs: lowers topmost first, and a digest of
+/// the ids (each is the digest of its content).
+fn store_rootfs(store: &std::path::Path, layers: &[String]) -> Rootfs {
+    use sha2::Digest;
+    let lowers = layers
+        .iter()
+        .rev()
+        .map(|id| store.join(id).to_string_lossy().into_owned())
+        .collect();
+    let mut h = sha2::Sha256::new();
+    for l in layers {
+        h.update(l.as_bytes());
+        h.update(b"\n");
+    }
+    Rootfs {
+        lowers,
+        digest: format!("sha256-{}", hex::encode(h.finalize())),
+    }
+}
+
+/// The layers of a Docker image, exported from the daemon of `DOCKER_HOST` once per image id
+/// (`<state>/docker-images/<id>.json` remembers them).
+#[cfg(feature = "docker")]
+fn docker_layers(
+    image: &str,
+    store: &std::path::Path,
+    state: &std::path::Path,
+) -> Result<Vec<String>, crate::docker::DockerError> {
+    let client = crate::docker::Client::from_env()?;
+    let img = crate::docker::import_image(
+        &client,
+        image,
+        store,
+        &state.join("docker-images"),
+        &crate::oci::ImportLimits::default(),
+    )?;
+    Ok(img.layers)
+}
+
+#[cfg(not(feature = "docker"))]
+fn docker_layers(
+    _image: &str,
+    _store: &std::path::Path,
+    _state: &std::path::Path,
+) -> Result<Vec<String>, crate::docker::DockerError> {
+    Err(crate::docker::DockerError::Unsupported)
 }

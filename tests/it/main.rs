@@ -10,6 +10,7 @@ mod common;
 
 mod catalogue;
 mod cli;
+mod docker;
 mod env;
 mod experiment;
 mod exploit;

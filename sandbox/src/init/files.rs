@@ -131,119 +131,160 @@ impl Init {
     }
 
     pub(super) fn read_file(&mut self, path: &str, max: u64, nofollow: bool) -> Response {
-        let r = (|| {
-            if !path.starts_with('/') {
-                return Err(Errno::EINVAL);
-            }
-            // O_NONBLOCK: opening a FIFO (swapped in for a file an agent expects to be read)
-            // must not block init; regular files read the same with it.
-            // O_NOFOLLOW: a final symlink is ELOOP, reported as "not a regular file".
-            let follow = if nofollow {
-                OFlag::O_NOFOLLOW
-            } else {
-                OFlag::empty()
-            };
-            let fd = open_in_root(
-                self.root()?,
-                path,
-                OFlag::O_RDONLY | OFlag::O_NOCTTY | OFlag::O_NONBLOCK | follow,
-                0,
-            )?;
-            let st = nix::sys::stat::fstat(fd.as_raw_fd())?;
-            if SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT != SFlag::S_IFREG {
-                return Err(Errno::EINVAL);
-            }
-            let mut data = Vec::with_capacity((st.st_size as u64).min(max) as usize);
-            let mut buf = vec![0u8; 64 << 10];
-            let mut truncated = false;
-            loop {
-                let n = nix::unistd::read(fd.as_raw_fd(), &mut buf)?;
-                if n == 0 {
-                    break;
-                }
-                let room = (max as usize).saturating_sub(data.len());
-                if n > room {
-                    data.extend_from_slice(&buf[..room]);
-                    truncated = true;
-                    break;
-                }
-                data.extend_from_slice(&buf[..n]);
-            }
-            Ok(Response::File { data, truncated })
-        })();
-        r.unwrap_or_else(|e| failed(path, e))
+        match self.root() {
+            Ok(root) => read_in_root(root, path, max, nofollow),
+            Err(e) => failed(path, e),
+        }
     }
 
     pub(super) fn write_file(&mut self, path: &str, data: &[u8], mode: u32) -> Response {
-        let r = (|| {
-            split(path)?;
-            let fd = open_in_root(
-                self.root()?,
-                path,
-                OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_TRUNC | OFlag::O_NOFOLLOW,
-                mode & 0o7777,
-            )?;
-            let mut off = 0;
-            while off < data.len() {
-                off += nix::unistd::write(&fd, &data[off..])?;
-            }
-            // Owned by root as the sandbox sees it (in a user namespace, its host uid).
-            if let Some((base, _)) = self.plan.userns {
-                nix::unistd::fchown(
-                    fd.as_raw_fd(),
-                    Some(nix::unistd::Uid::from_raw(base)),
-                    Some(nix::unistd::Gid::from_raw(base)),
-                )?;
-            }
-            nix::sys::stat::fchmod(
-                fd.as_raw_fd(),
-                nix::sys::stat::Mode::from_bits_truncate(mode & 0o7777),
-            )?;
-            Ok(Response::Ok)
-        })();
-        r.unwrap_or_else(|e| failed(path, e))
+        let owner = self.plan.userns.map(|(base, _)| base);
+        match self.root() {
+            Ok(root) => write_in_root(root, path, data, mode, owner),
+            Err(e) => failed(path, e),
+        }
     }
 
     pub(super) fn stat(&mut self, path: &str) -> Response {
-        let r = (|| {
-            if path.trim_end_matches('/').is_empty() && path.starts_with('/') {
-                let st = nix::sys::stat::fstat(self.root()?.as_raw_fd())?;
-                return Ok(Response::Stat(to_stat(&st, None)));
-            }
-            let (parent, name) = split(path)?;
-            let dir = open_in_root(self.root()?, parent, OFlag::O_PATH | OFlag::O_DIRECTORY, 0)?;
-            Ok(Response::Stat(lstat_at(&dir, name)?))
-        })();
-        r.unwrap_or_else(|e| failed(path, e))
+        match self.root() {
+            Ok(root) => stat_in_root(root, path),
+            Err(e) => failed(path, e),
+        }
     }
 
     pub(super) fn list_dir(&mut self, path: &str) -> Response {
-        let r = (|| {
-            if !path.starts_with('/') {
-                return Err(Errno::EINVAL);
-            }
-            let fd = open_in_root(self.root()?, path, OFlag::O_RDONLY | OFlag::O_DIRECTORY, 0)?;
-            let probe = nix::unistd::dup(fd.as_raw_fd())?;
-            // SAFETY: dup returned a fresh descriptor.
-            let probe = unsafe { OwnedFd::from_raw_fd(probe) };
-            let mut dir = nix::dir::Dir::from_fd(fd.as_raw_fd())?;
-            std::mem::forget(fd); // Dir owns it now
-            let mut out = Vec::new();
-            for e in dir.iter() {
-                let e = e?;
-                let name = e.file_name().to_string_lossy().into_owned();
-                if name == "." || name == ".." {
-                    continue;
-                }
-                if let Ok(stat) = lstat_at(&probe, &name) {
-                    out.push(DirEntry { name, stat });
-                }
-            }
-            out.sort_by(|a, b| a.name.cmp(&b.name));
-            Ok(Response::Dir(out))
-        })();
-        r.unwrap_or_else(|e| failed(path, e))
+        match self.root() {
+            Ok(root) => list_in_root(root, path),
+            Err(e) => failed(path, e),
+        }
     }
+}
+
+/// Read a regular file (up to `max` bytes) under `root`; with `nofollow` a final symlink is
+/// `Invalid`. Also used by other backends over their own root directory.
+pub(crate) fn read_in_root(root: &OwnedFd, path: &str, max: u64, nofollow: bool) -> Response {
+    let r = (|| {
+        if !path.starts_with('/') {
+            return Err(Errno::EINVAL);
+        }
+        // O_NONBLOCK: opening a FIFO (swapped in for a file an agent expects to be read)
+        // must not block init; regular files read the same with it.
+        // O_NOFOLLOW: a final symlink is ELOOP, reported as "not a regular file".
+        let follow = if nofollow {
+            OFlag::O_NOFOLLOW
+        } else {
+            OFlag::empty()
+        };
+        let fd = open_in_root(
+            root,
+            path,
+            OFlag::O_RDONLY | OFlag::O_NOCTTY | OFlag::O_NONBLOCK | follow,
+            0,
+        )?;
+        let st = nix::sys::stat::fstat(fd.as_raw_fd())?;
+        if SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT != SFlag::S_IFREG {
+            return Err(Errno::EINVAL);
+        }
+        let mut data = Vec::with_capacity((st.st_size as u64).min(max) as usize);
+        let mut buf = vec![0u8; 64 << 10];
+        let mut truncated = false;
+        loop {
+            let n = nix::unistd::read(fd.as_raw_fd(), &mut buf)?;
+            if n == 0 {
+                break;
+            }
+            let room = (max as usize).saturating_sub(data.len());
+            if n > room {
+                data.extend_from_slice(&buf[..room]);
+                truncated = true;
+                break;
+            }
+            data.extend_from_slice(&buf[..n]);
+        }
+        Ok(Response::File { data, truncated })
+    })();
+    r.unwrap_or_else(|e| failed(path, e))
+}
+
+/// Create or replace a file under `root` (never through a final symlink); `owner`: the uid and
+/// gid it gets (root of a user namespace), else the writer's.
+pub(crate) fn write_in_root(
+    root: &OwnedFd,
+    path: &str,
+    data: &[u8],
+    mode: u32,
+    owner: Option<u32>,
+) -> Response {
+    let r = (|| {
+        split(path)?;
+        let fd = open_in_root(
+            root,
+            path,
+            OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_TRUNC | OFlag::O_NOFOLLOW,
+            mode & 0o7777,
+        )?;
+        let mut off = 0;
+        while off < data.len() {
+            off += nix::unistd::write(&fd, &data[off..])?;
+        }
+        // Owned by root as the sandbox sees it (in a user namespace, its host uid).
+        if let Some(base) = owner {
+            nix::unistd::fchown(
+                fd.as_raw_fd(),
+                Some(nix::unistd::Uid::from_raw(base)),
+                Some(nix::unistd::Gid::from_raw(base)),
+            )?;
+        }
+        nix::sys::stat::fchmod(
+            fd.as_raw_fd(),
+            nix::sys::stat::Mode::from_bits_truncate(mode & 0o7777),
+        )?;
+        Ok(Response::Ok)
+    })();
+    r.unwrap_or_else(|e| failed(path, e))
+}
+
+/// `lstat` of a path under `root` (the root itself for `/`).
+pub(crate) fn stat_in_root(root: &OwnedFd, path: &str) -> Response {
+    let r = (|| {
+        if path.trim_end_matches('/').is_empty() && path.starts_with('/') {
+            let st = nix::sys::stat::fstat(root.as_raw_fd())?;
+            return Ok(Response::Stat(to_stat(&st, None)));
+        }
+        let (parent, name) = split(path)?;
+        let dir = open_in_root(root, parent, OFlag::O_PATH | OFlag::O_DIRECTORY, 0)?;
+        Ok(Response::Stat(lstat_at(&dir, name)?))
+    })();
+    r.unwrap_or_else(|e| failed(path, e))
+}
+
+/// The entries of a directory under `root`, sorted by name, each with its `lstat`.
+pub(crate) fn list_in_root(root: &OwnedFd, path: &str) -> Response {
+    let r = (|| {
+        if !path.starts_with('/') {
+            return Err(Errno::EINVAL);
+        }
+        let fd = open_in_root(root, path, OFlag::O_RDONLY | OFlag::O_DIRECTORY, 0)?;
+        let probe = nix::unistd::dup(fd.as_raw_fd())?;
+        // SAFETY: dup returned a fresh descriptor.
+        let probe = unsafe { OwnedFd::from_raw_fd(probe) };
+        let mut dir = nix::dir::Dir::from_fd(fd.as_raw_fd())?;
+        std::mem::forget(fd); // Dir owns it now
+        let mut out = Vec::new();
+        for e in dir.iter() {
+            let e = e?;
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name == "." || name == ".." {
+                continue;
+            }
+            if let Ok(stat) = lstat_at(&probe, &name) {
+                out.push(DirEntry { name, stat });
+            }
+        }
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(Response::Dir(out))
+    })();
+    r.unwrap_or_else(|e| failed(path, e))
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@
 //! landlocked with signal scoping, and seccomp denies ptrace and process_vm_* outright.
 
 mod exec;
-mod files;
+pub(crate) mod files;
 mod snapshot;
 mod zygote;
 

@@ -10,6 +10,7 @@ mod common;
 mod admission;
 mod attacks;
 mod basic;
+mod docker;
 mod oci;
 mod readonly;
 mod rootfs;
