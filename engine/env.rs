@@ -401,6 +401,12 @@ pub struct Env {
 }
 
 impl Env {
+    /// The step limit of the episodes from the next reset on (`None`: each task's own); the
+    /// rest of the configuration stays.
+    pub fn set_max_steps(&mut self, max_steps: Option<u32>) {
+        self.cfg.max_steps = max_steps;
+    }
+
     pub fn new(rt: Runtime, cache: Cache, cfg: EnvConfig) -> Result<Self, EnvError> {
         let dangerous = cfg
             .dangerous

@@ -1,7 +1,8 @@
 //! The one episode loop: an [`Agent`] acts in an [`Env`] that was just reset until the episode
 //! ends (goal, step limit, an infrastructure failure) or the agent has nothing more to do.
 //! The CLI's `engine episode`, experiments, the env benchmark and the reward exploit check
-//! play their episodes through [`play`].
+//! play their episodes through [`play`]. An agent that can no longer act ends its episode as
+//! an agent failure ([`Played::agent_failure`]), with its transcript when it has one.
 
 use crate::agents::{Agent, AgentError};
 use crate::env::{Env, EnvError, Observation, Step};
@@ -37,6 +38,11 @@ pub struct Played {
     pub progress: f64,
     /// Catalogue indices taken (free-text actions are not listed).
     pub actions: Vec<usize>,
+    /// The agent could no longer act ([`AgentError::is_agent_failure`]): why. The episode is
+    /// the agent's failure, counted, not masked.
+    pub agent_failure: Option<String>,
+    /// The agent's conversation, for an agent that has one (a language model).
+    pub transcript: Option<crate::agents::Transcript>,
 }
 
 /// Play one episode of `env` (just reset, its first observation `first`) with `agent`;
@@ -71,8 +77,15 @@ pub fn play(
     };
     let mut obs = first.clone();
     loop {
-        let Some(action) = agent.act(&obs).map_err(|e| agent_err(played.steps, e))? else {
-            break;
+        let action = match agent.act(&obs) {
+            Ok(Some(a)) => a,
+            Ok(None) => break,
+            Err(e) if e.is_agent_failure() => {
+                tracing::info!(task = %setup.task, %instance, step = played.steps, error = %e, "agent failure");
+                played.agent_failure = Some(e.to_string());
+                break;
+            }
+            Err(e) => return Err(agent_err(played.steps, e)),
         };
         let env_err = |source| {
             let (task, instance, step) = where_(played.steps + 1);
@@ -103,5 +116,6 @@ pub fn play(
         obs = s.observation;
     }
     played.return_ = env.episode_return();
+    played.transcript = agent.transcript();
     Ok(played)
 }

@@ -9,11 +9,18 @@
 //! | [`CatalogueOracle`] | the task's reactive catalogue oracle ([`Task::catalogue_step`]) |
 //! | [`Script`] | a fixed list of actions, once or cycled (action files, constant policies) |
 //! | [`PolicyAgent`] | a trained PPO policy over the catalogue (`policy.rs`) |
+//! | [`LlmAgent`] | a language model behind an OpenAI-compatible endpoint, free-text commands ([`llm`]) |
+//!
+//! An agent that can no longer act (the model's endpoint gave up, its replies held no
+//! command) fails with an error for which [`AgentError::is_agent_failure`] holds: the episode
+//! ends there as the agent's failure, never as the environment's.
 //!
 //! [`Task::catalogue_step`]: crate::tasks::Task::catalogue_step
 
+pub mod llm;
 mod policy;
 
+pub use llm::{LlmAgent, LlmConfig, Transcript};
 pub use policy::{catalogue_mask, PolicyAgent};
 
 use crate::env::{Action, Observation};
@@ -46,6 +53,16 @@ pub enum AgentError {
     Features { expected: usize, got: usize },
     #[error("unknown task `{0}`")]
     UnknownTask(String),
+    #[error("language model: {0}")]
+    Llm(#[from] llm::LlmError),
+}
+
+impl AgentError {
+    /// The agent could not act (its model's endpoint gave up, its replies held no command):
+    /// an outcome of the episode (a failure of the agent), not a fault of the program.
+    pub fn is_agent_failure(&self) -> bool {
+        matches!(self, Self::Llm(_))
+    }
 }
 
 /// Chooses the actions of episodes.
@@ -57,6 +74,26 @@ pub trait Agent: Send {
     /// The next action given the latest observation, or `None` when the agent has nothing
     /// more to do (the episode ends there, unfinished).
     fn act(&mut self, obs: &Observation) -> Result<Option<Action>, AgentError>;
+    /// The conversation of the episode so far, for an agent that has one.
+    fn transcript(&self) -> Option<Transcript> {
+        None
+    }
+}
+
+impl Agent for LlmAgent {
+    fn name(&self) -> String {
+        format!("llm {}", self.model())
+    }
+    fn begin(&mut self, setup: &TaskSetup) -> Result<(), AgentError> {
+        self.start(setup);
+        Ok(())
+    }
+    fn act(&mut self, obs: &Observation) -> Result<Option<Action>, AgentError> {
+        Ok(self.next(obs)?)
+    }
+    fn transcript(&self) -> Option<Transcript> {
+        Some(LlmAgent::transcript(self).clone())
+    }
 }
 
 /// Uniformly random catalogue indices from a seeded generator (reseeded by [`Random::new`]).

@@ -1,11 +1,13 @@
 //! The benchmarks behind `engine bench`: [`sandbox`] (sandbox latencies against the host's own
-//! `sh -c true`) and [`env`] (environment throughput against the raw-exec ceiling), each with
-//! its baseline measured in the same run; [`backends`] (the native backend beside the Docker
+//! `sh -c true`), [`env`] (environment throughput against the raw-exec ceiling) and [`serve`]
+//! (a step through `engine serve` against the in-process step, held sessions), each with its
+//! baseline measured in the same run; [`backends`] (the native backend beside the Docker
 //! backend, interleaved). The criterion benchmarks are in `benches/`.
 
 pub mod backends;
 pub mod env;
 pub mod sandbox;
+pub mod serve;
 
 use serde::Serialize;
 use std::time::Instant;
@@ -21,20 +23,21 @@ pub struct Summary {
 impl Summary {
     pub fn of(mut v: Vec<f64>) -> Self {
         v.sort_by(f64::total_cmp);
-        let n = v.len();
-        let at = |q: f64| {
-            if n == 0 {
-                f64::NAN
-            } else {
-                v[((q * (n - 1) as f64).round() as usize).min(n - 1)]
-            }
-        };
         Self {
-            median: at(0.5),
-            p90: at(0.9),
-            n,
+            median: quantile(&v, 0.5),
+            p90: quantile(&v, 0.9),
+            n: v.len(),
         }
     }
+}
+
+/// The `q` quantile of a sorted sample (the nearest rank; NaN when empty).
+pub fn quantile(sorted: &[f64], q: f64) -> f64 {
+    let n = sorted.len();
+    if n == 0 {
+        return f64::NAN;
+    }
+    sorted[((q * (n - 1) as f64).round() as usize).min(n - 1)]
 }
 
 /// Milliseconds since `t`.

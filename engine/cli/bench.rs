@@ -21,6 +21,26 @@ pub enum BenchCmd {
         #[arg(long)]
         json: bool,
     },
+    /// A step through `engine serve` (a Rust WebSocket client on loopback) against the
+    /// in-process `Env::step` on the same instance, and N sessions held at once (keys
+    /// documented in docs/serve.md).
+    Serve {
+        #[arg(long, default_value = "archive-logs")]
+        task: String,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Timed steps each way.
+        #[arg(long, default_value = "400", value_parser = super::count::<1_000_000>)]
+        steps: usize,
+        /// The command of every step.
+        #[arg(long, default_value = "true")]
+        command: String,
+        /// Sessions held at once.
+        #[arg(long, default_value = "1000", value_parser = super::count::<100_000>)]
+        sessions: usize,
+        #[arg(long)]
+        json: bool,
+    },
     /// Sandbox latencies against the host's `sh -c true` measured in the same run.
     Sandbox {
         #[command(flatten)]
@@ -43,6 +63,38 @@ pub enum BenchCmd {
 
 pub fn run(cmd: BenchCmd) -> anyhow::Result<i32> {
     match cmd {
+        BenchCmd::Serve {
+            task,
+            seed,
+            steps,
+            command,
+            sessions,
+            json,
+        } => {
+            if engine::tasks::get(&task).is_none() {
+                return Err(super::errors::usage(format!(
+                    "--task: unknown task `{}` (known: {})",
+                    engine::text::cut(&task),
+                    engine::tasks::names().join(", ")
+                )));
+            }
+            let rt = super::sandbox::runtime()?;
+            let opts = engine::bench::serve::ServeBenchOpts {
+                task,
+                seed,
+                steps,
+                command,
+                sessions,
+            };
+            let server = [std::env::current_exe()?.to_string_lossy().into_owned()];
+            let report = engine::bench::serve::run(&rt, &super::sandbox::cache()?, &opts, &server)?;
+            if json {
+                outln!("{}", serde_json::to_string(&report)?);
+            } else {
+                out!("{}", engine::bench::serve::render(&report));
+            }
+            Ok(0)
+        }
         BenchCmd::Sandbox {
             opts,
             iterations,

@@ -75,6 +75,66 @@ pub enum Agent {
     CatalogueOracle,
     /// Uniformly random catalogue actions.
     Random,
+    /// A language model behind an OpenAI-compatible endpoint (`--llm-base-url`, `--llm-model`).
+    Llm,
+}
+
+/// The language model of `--agent llm` (the `[llm]` table of an experiment; docs/llm.md).
+#[derive(clap::Args, Debug, Clone)]
+pub struct LlmOpts {
+    /// The API root: requests go to URL/chat/completions (e.g. https://api.openai.com/v1).
+    #[arg(long, value_name = "URL")]
+    pub llm_base_url: Option<String>,
+    #[arg(long, value_name = "NAME")]
+    pub llm_model: Option<String>,
+    /// The environment variable holding the API key (default: OPENAI_API_KEY when it is set,
+    /// else no key).
+    #[arg(long, value_name = "VAR")]
+    pub llm_api_key_env: Option<String>,
+    /// Limit of one request.
+    #[arg(long, default_value = "60s")]
+    pub llm_timeout: String,
+    /// Retries of one reply (429, 5xx, timeouts, unreadable bodies).
+    #[arg(long, default_value_t = 5)]
+    pub llm_max_retries: u32,
+    /// The first backoff (it doubles per retry, up to --llm-max-wait).
+    #[arg(long, default_value = "1s")]
+    pub llm_backoff: String,
+    #[arg(long, default_value = "60s")]
+    pub llm_max_wait: String,
+    #[arg(long)]
+    pub llm_temperature: Option<f64>,
+    #[arg(long)]
+    pub llm_max_tokens: Option<u32>,
+}
+
+impl LlmOpts {
+    /// The agent, its config checked (errors name the flag).
+    pub fn agent(&self) -> anyhow::Result<engine::agents::LlmAgent> {
+        let (Some(url), Some(model)) = (&self.llm_base_url, &self.llm_model) else {
+            return Err(super::errors::usage(
+                "--agent llm needs --llm-base-url and --llm-model",
+            ));
+        };
+        let mut c = engine::agents::LlmConfig::new(url, model);
+        c.api_key_env = self.llm_api_key_env.clone();
+        c.timeout = self.llm_timeout.clone();
+        c.max_retries = self.llm_max_retries;
+        c.backoff = self.llm_backoff.clone();
+        c.max_wait = self.llm_max_wait.clone();
+        c.temperature = self.llm_temperature;
+        c.max_tokens = self.llm_max_tokens;
+        engine::agents::LlmAgent::new(&c).map_err(|e| match e {
+            engine::agents::llm::LlmError::Config { key, reason } => {
+                super::errors::usage(format!("--{}: {reason}", key.replace(['.', '_'], "-")))
+            }
+            e => super::errors::usage(e.to_string()),
+        })
+    }
+
+    fn given(&self) -> bool {
+        self.llm_base_url.is_some() || self.llm_model.is_some()
+    }
 }
 
 fn step_line(n: u32, cmd: &str, s: &Step) -> serde_json::Value {
@@ -99,10 +159,20 @@ pub fn episode(
     actions_file: Option<&PathBuf>,
     agent: Option<Agent>,
     agent_seed: u64,
+    llm: &LlmOpts,
     max_steps: Option<u32>,
     json: bool,
 ) -> anyhow::Result<i32> {
     let plan = opts.plan()?;
+    let llm_agent = match agent {
+        Some(Agent::Llm) => Some(llm.agent()?),
+        _ if llm.given() => {
+            return Err(super::errors::usage(
+                "--llm-base-url and --llm-model are for --agent llm",
+            ))
+        }
+        _ => None,
+    };
     let cfg = EnvConfig {
         max_steps,
         ..EnvConfig::default()
@@ -113,18 +183,18 @@ pub fn episode(
     if !json {
         outln!("{}", obs.text);
     }
-    let mut agent: Box<dyn engine::agents::Agent> = match (actions_file, agent) {
-        (Some(f), _) => Box::new(engine::agents::Script::once(
+    let mut agent: Box<dyn engine::agents::Agent> = match (actions_file, llm_agent, agent) {
+        (Some(f), _, _) => Box::new(engine::agents::Script::once(
             "actions file",
             engine::actions::read(f)?,
         )),
-        (None, Some(Agent::Oracle)) => Box::new(engine::agents::Oracle::default()),
-        (None, Some(Agent::CatalogueOracle)) => {
+        (None, Some(a), _) => Box::new(a),
+        (None, None, Some(Agent::Oracle)) => Box::new(engine::agents::Oracle::default()),
+        (None, None, Some(Agent::CatalogueOracle)) => {
             Box::new(engine::agents::CatalogueOracle::default())
         }
-        (None, Some(Agent::Random)) | (None, None) => {
-            Box::new(engine::agents::Random::new(agent_seed))
-        }
+        // `--agent llm` always has its agent (built above, before the sandbox starts).
+        (None, None, _) => Box::new(engine::agents::Random::new(agent_seed)),
     };
     let mut last: Option<Step> = None;
     let played = engine::episode::play(&mut env, &obs, agent.as_mut(), &mut |cmd, s| {
@@ -148,10 +218,17 @@ pub fn episode(
         "task": setup.task,
         "seed": setup.seed,
         "infra_failure": infra,
+        "agent": agent.name(),
+        "agent_failure": played.agent_failure.is_some(),
+        "error": played.agent_failure.as_ref().or(played.error.as_ref()),
+        "transcript": played.transcript,
     });
     if json {
         outln!("{summary}");
     } else {
+        if let Some(why) = &played.agent_failure {
+            outln!("agent failure: {why}");
+        }
         outln!(
             "episode over: success {success}, return {:.3}, {} steps, instance {}",
             env.episode_return(),

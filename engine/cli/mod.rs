@@ -59,6 +59,8 @@ pub enum Cmd {
         /// Seed of the random agent.
         #[arg(long, default_value_t = 0)]
         agent_seed: u64,
+        #[command(flatten)]
+        llm: episode::LlmOpts,
         /// Overrides the task's step limit (at least 1).
         #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
         max_steps: Option<u32>,
@@ -153,6 +155,7 @@ pub fn run(cmd: Cmd) -> anyhow::Result<i32> {
             actions_file,
             agent,
             agent_seed,
+            llm,
             max_steps,
             json,
         } => episode::episode(
@@ -160,6 +163,7 @@ pub fn run(cmd: Cmd) -> anyhow::Result<i32> {
             actions_file.as_ref(),
             agent,
             agent_seed,
+            &llm,
             max_steps,
             json,
         ),

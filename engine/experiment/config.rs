@@ -33,6 +33,8 @@ pub struct Experiment {
     /// PPO training (a study: train per task and seed, evaluate on held-out levels). Without
     /// it the experiment runs `environment.agent`'s episodes.
     pub training: Option<Training>,
+    /// The language model of `environment.agent = "llm"` (`engine::agents::LlmConfig`).
+    pub llm: Option<crate::agents::LlmConfig>,
     /// The loaded template, when `environment.template` is given (path resolved).
     #[serde(skip)]
     pub template: Option<Template>,
@@ -147,6 +149,8 @@ pub enum Agent {
     Oracle,
     /// The task's reactive catalogue oracle (catalogue actions only).
     CatalogueOracle,
+    /// A language model behind an OpenAI-compatible endpoint (the `[llm]` table).
+    Llm,
 }
 
 impl Agent {
@@ -155,6 +159,7 @@ impl Agent {
             Self::Random => "random",
             Self::Oracle => "oracle",
             Self::CatalogueOracle => "catalogue-oracle",
+            Self::Llm => "llm",
         }
     }
 }
@@ -303,6 +308,31 @@ impl Experiment {
             // In range (1ms..=30 days) or an error: the conversion to milliseconds is exact.
             crate::units::parse_duration(t)
                 .map_err(|e| invalid("environment.step_timeout", e.to_string()))?;
+        }
+        match (&exp.llm, env.agent) {
+            (None, Agent::Llm) => {
+                return Err(invalid(
+                    "environment.agent",
+                    "`llm` needs an `[llm]` table (base_url, model)".into(),
+                ))
+            }
+            (Some(_), a) if a != Agent::Llm => {
+                return Err(invalid(
+                    "llm",
+                    format!("an `[llm]` table, but the agent is `{}`", a.name()),
+                ))
+            }
+            (Some(l), _) => {
+                l.settings()
+                    .and_then(|_| l.api_key())
+                    .map_err(|e| match e {
+                        crate::agents::llm::LlmError::Config { key, reason } => {
+                            invalid(key, reason)
+                        }
+                        e => invalid("llm", e.to_string()),
+                    })?;
+            }
+            (None, _) => {}
         }
         if let Some(task) = &env.task {
             if crate::tasks::get(task).is_none() {

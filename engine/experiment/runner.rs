@@ -30,6 +30,10 @@ pub struct EpisodeRecord {
     pub steps: u32,
     /// The environment, not the agent, failed: masked from success rate and return.
     pub infra: bool,
+    /// The agent could no longer act (a language model's endpoint gave up, its replies held
+    /// no command): a failed episode, counted, not masked; `error` says why.
+    #[serde(default)]
+    pub agent_failure: bool,
     /// The instance is not certified solvable: never run.
     pub skipped_uncertified: bool,
     /// The plan cannot be built (a sampled perturbation does not apply, e.g. it shadows a tool
@@ -39,6 +43,9 @@ pub struct EpisodeRecord {
     /// is new; the incremental reset and start steps otherwise).
     pub reset_ms: Option<f64>,
     pub error: Option<String>,
+    /// A language model's conversation, requests and token usage.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transcript: Option<crate::agents::Transcript>,
 }
 
 /// Run one episode of `plan` in `env`.
@@ -61,10 +68,12 @@ fn episode(
         return_: 0.0,
         steps: 0,
         infra: false,
+        agent_failure: false,
         skipped_uncertified: false,
         skipped_not_applicable: false,
         reset_ms: None,
         error: None,
+        transcript: None,
     };
     let t = Instant::now();
     match env.reset(&plan) {
@@ -101,6 +110,21 @@ fn episode(
         }
         Agent::Oracle => Box::new(crate::agents::Oracle::default()),
         Agent::CatalogueOracle => Box::new(crate::agents::CatalogueOracle::default()),
+        Agent::Llm => match exp.llm.as_ref().map(crate::agents::LlmAgent::new) {
+            Some(Ok(a)) => Box::new(a),
+            // The config was checked at load; what fails now (the key's variable went away)
+            // is the agent's.
+            Some(Err(e)) => {
+                rec.agent_failure = true;
+                rec.error = Some(e.to_string());
+                return rec;
+            }
+            None => {
+                rec.agent_failure = true;
+                rec.error = Some("the agent is `llm` but there is no `[llm]` table".into());
+                return rec;
+            }
+        },
     };
     let first = env.last_observation().clone();
     match crate::episode::play(env, &first, agent.as_mut(), &mut |_, _| {}) {
@@ -108,7 +132,9 @@ fn episode(
             rec.steps = p.steps;
             rec.success = p.success;
             rec.infra = p.infra;
-            rec.error = p.error;
+            rec.agent_failure = p.agent_failure.is_some();
+            rec.error = p.error.or(p.agent_failure);
+            rec.transcript = p.transcript;
         }
         Err(e) => {
             tracing::warn!(seed, episode = index, error = %e, "step failed");

@@ -14,6 +14,8 @@ pub struct SeedResult {
     pub skipped_uncertified: usize,
     pub skipped_not_applicable: usize,
     pub infra_failures: usize,
+    /// Episodes the agent could no longer act in (counted as failures, not masked).
+    pub agent_failures: usize,
     pub successes: usize,
     pub steps: u64,
     pub seconds: f64,
@@ -105,6 +107,7 @@ pub fn summarize(seed: u64, records: &[EpisodeRecord], seconds: f64) -> SeedResu
         skipped_uncertified: records.iter().filter(|r| r.skipped_uncertified).count(),
         skipped_not_applicable: records.iter().filter(|r| r.skipped_not_applicable).count(),
         infra_failures: records.iter().filter(|r| r.infra).count(),
+        agent_failures: records.iter().filter(|r| r.agent_failure).count(),
         successes,
         steps,
         seconds,
@@ -139,6 +142,8 @@ mod tests {
             skipped_not_applicable: false,
             reset_ms: (!skipped).then_some(2.0),
             error: None,
+            agent_failure: false,
+            transcript: None,
         }
     }
 
@@ -156,17 +161,23 @@ mod tests {
                     reset_ms: None,
                     ..rec(false, 0.0, 0, false, false)
                 },
+                // The agent's failure is a failed episode: counted, not masked.
+                EpisodeRecord {
+                    agent_failure: true,
+                    ..rec(false, -2.0, 0, false, false)
+                },
             ],
             2.0,
         );
-        assert_eq!(r.episodes, 5);
+        assert_eq!(r.episodes, 6);
+        assert_eq!(r.agent_failures, 1);
         assert_eq!(r.skipped_not_applicable, 1);
         assert_eq!(r.infra_failures, 1);
         assert_eq!(r.skipped_uncertified, 1);
         assert_eq!(r.steps, 10);
         assert_eq!(r.steps_per_s, 5.0);
-        assert_eq!(r.success_rate, 0.5);
-        assert_eq!(r.mean_return, 10.0);
+        assert_eq!(r.success_rate, 1.0 / 3.0);
+        assert_eq!(r.mean_return, 6.0);
         assert_eq!(r.reset_ms_median, 2.0);
         let none = summarize(1, &[rec(false, 0.0, 0, false, true)], 1.0);
         assert!(none.success_rate.is_nan());

@@ -96,7 +96,12 @@ pub struct ResetArgs {
     pub episode_id: Option<String>,
     /// Send the feature vector with each observation (default true).
     pub features: bool,
+    /// The step limit of this episode (default: the server's `--max-steps`, else the task's).
+    pub max_steps: Option<u32>,
 }
+
+/// The largest step limit a reset may ask for.
+pub const MAX_RESET_STEPS: u64 = 1_000_000;
 
 /// Longest accepted `episode_id` (as `openenv-core`'s `ResetRequest`).
 pub const MAX_EPISODE_ID: usize = 255;
@@ -198,6 +203,7 @@ pub fn parse_reset(v: &Value) -> Result<ResetArgs, ProtocolError> {
         "perturbations",
         "episode_id",
         "features",
+        "max_steps",
         "session_id",
     ];
     if let Some(k) = m.keys().find(|k| !KNOWN.contains(&k.as_str())) {
@@ -221,6 +227,24 @@ pub fn parse_reset(v: &Value) -> Result<ResetArgs, ProtocolError> {
             })?),
             Some(_) => return Err(ProtocolError::invalid("seed", "expected a whole number")),
         };
+    args.max_steps = match m.get("max_steps") {
+        None | Some(Value::Null) => None,
+        Some(Value::Number(n)) => match n.as_u64() {
+            Some(k @ 1..=MAX_RESET_STEPS) => Some(k as u32),
+            _ => {
+                return Err(ProtocolError::invalid(
+                    "max_steps",
+                    format!("expected a whole number in 1..={MAX_RESET_STEPS}"),
+                ))
+            }
+        },
+        Some(_) => {
+            return Err(ProtocolError::invalid(
+                "max_steps",
+                "expected a whole number",
+            ))
+        }
+    };
     args.features = match m.get("features") {
         None | Some(Value::Null) => true,
         Some(Value::Bool(b)) => *b,
@@ -532,6 +556,22 @@ mod tests {
         assert!(parse_reset(&json!({"perturbations": ["no-such-fault"]})).is_err());
         assert!(parse_reset(&json!({"seed": -1})).is_err());
         assert!(parse_reset(&json!({"template": "x", "perturbations": []})).is_err());
+        assert_eq!(
+            parse_reset(&json!({"max_steps": 7})).unwrap().max_steps,
+            Some(7)
+        );
+        assert_eq!(parse_reset(&json!({})).unwrap().max_steps, None);
+        for bad in [
+            json!(0),
+            json!(-3),
+            json!(2.5),
+            json!(1_000_001),
+            json!("7"),
+        ] {
+            let e = parse_reset(&json!({ "max_steps": bad })).unwrap_err();
+            assert_eq!(e.code, ErrorCode::ValidationError);
+            assert!(e.to_string().contains("max_steps"), "{e}");
+        }
     }
 
     #[test]

@@ -65,6 +65,7 @@ pub fn reset() -> Value {
             "perturbations": {"type": "array", "items": {"type": ["string", "object"]}, "maxItems": super::protocol::MAX_PERTURBATIONS},
             "episode_id": {"type": "string", "maxLength": super::protocol::MAX_EPISODE_ID},
             "features": {"type": "boolean"},
+            "max_steps": {"type": "integer", "minimum": 1, "maximum": super::protocol::MAX_RESET_STEPS, "description": "The step limit of this episode (default: the server's, else the task's)."},
             "session_id": {"type": "string"}
         },
         "additionalProperties": false

@@ -268,6 +268,7 @@ impl Sessions {
         let seed = args.seed.unwrap_or_else(|| rand::random::<u32>().into());
         let templates = self.cfg.templates.clone();
         let default_task = self.cfg.default_task.clone();
+        let max_steps = args.max_steps.or(self.cfg.env.max_steps);
         let mut slot = s.slot.lock().await;
         // Closed while this call waited for the slot (idle reaper, MCP close): no new
         // environment for a session nobody will return it from.
@@ -286,6 +287,8 @@ impl Sessions {
             let r = args
                 .plan(&templates, &default_task, seed)
                 .and_then(|plan| {
+                    // Per episode: a pooled environment keeps nothing of its last session's.
+                    env.set_max_steps(max_steps);
                     let obs = env.reset(&plan).map_err(env_error)?;
                     let info = Info {
                         progress: env.progress(),

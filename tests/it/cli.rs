@@ -361,6 +361,59 @@ fn bench_sandbox_json_has_the_documented_keys() {
     assert!(v["ratios"]["exec_vs_host"].as_f64().unwrap() > 0.0);
 }
 
+/// `engine bench serve`, tiny: the report's shape, the sessions held (each answered, the
+/// server's own count), the same instance both ways; and the server it started is gone.
+#[test]
+fn bench_serve_reports_both_latencies_and_holds_the_sessions() {
+    let st = State::new();
+    if !is_root() {
+        return;
+    }
+    let o = engine_in(&st)
+        .args([
+            "bench",
+            "serve",
+            "--json",
+            "--sessions",
+            "12",
+            "--steps",
+            "8",
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    for k in ["in_process", "server"] {
+        assert_eq!(v[k]["n"], 8, "{k}: {v}");
+        let p50 = v[k]["p50"].as_f64().unwrap();
+        assert!(
+            p50 > 0.0 && v[k]["p99"].as_f64().unwrap() >= p50,
+            "{k}: {v}"
+        );
+    }
+    for k in ["overhead_p50_ms", "overhead_p99_ms", "ratio_p50"] {
+        assert!(v[k].as_f64().is_some(), "{k}: {v}");
+    }
+    assert!(v["instance"].as_str().unwrap().starts_with("i-"));
+    let s = &v["sessions"];
+    assert_eq!(s["requested"], 12);
+    assert_eq!(s["held"], 12, "{v}");
+    assert_eq!(
+        s["server_active_sessions"], 13,
+        "the stepping session and the 12 held"
+    );
+    assert!(s["rss_after_kib"].as_u64().unwrap() > 0);
+    assert!(v["machine"]["cpus"].as_u64().unwrap() >= 1);
+    // The server process tore its sandboxes down: no mount of this state directory is left.
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let runs = st.path().join("runs");
+    assert!(
+        !mounts.contains(runs.to_str().unwrap()),
+        "mounts left under {}",
+        runs.display()
+    );
+}
+
 #[test]
 fn admission_control_stops_bench_sandbox_concurrent_and_says_where() {
     if !is_root() {

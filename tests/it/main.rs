@@ -18,6 +18,7 @@ mod fingerprint;
 mod fuzz;
 mod layout;
 mod learn;
+mod llm;
 mod netfuzz;
 mod observe;
 mod perturb;

@@ -93,7 +93,8 @@ class AsyncSession:
         return reply
 
     async def reset(self, **kwargs: Any) -> StepResult:
-        """``task``, ``seed``, ``template``, ``perturbations`` (specs), ``episode_id``, ``features``."""
+        """``task``, ``seed``, ``template``, ``perturbations`` (specs), ``episode_id``, ``features``,
+        ``max_steps`` (this episode's step limit)."""
         return StepResult.of((await self._call({"type": "reset", "data": kwargs}))["data"])
 
     async def step(self, action: Action) -> StepResult:

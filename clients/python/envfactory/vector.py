@@ -15,7 +15,13 @@ from .gym_env import features_of, info_of, reset_args
 
 class EnvFactoryVectorEnv(VectorEnv):
     """``num_envs`` catalogue-action sessions; an episode that ends is reset in the same step
-    (``autoreset_mode`` ``SAME_STEP``: the final observation is in ``info["final_obs"]``)."""
+    (``autoreset_mode`` ``SAME_STEP``: the final observation is in ``info["final_obs"]``).
+
+    A task's catalogue may differ between its instances (repair-config has an action per
+    setting): the action space is ``Discrete(num_actions)``, by default the largest catalogue
+    among the first episodes of all the sessions, and ``info["action_mask"]`` (``num_envs`` x
+    ``num_actions``, int8) marks the indices valid in each session's current episode. An index
+    outside its episode's catalogue is refused with ``ValueError``."""
 
     metadata = {"autoreset_mode": AutoresetMode.SAME_STEP}
 
@@ -27,16 +33,22 @@ class EnvFactoryVectorEnv(VectorEnv):
         perturbations: Optional[Sequence[str]] = None,
         seeds: Optional[Sequence[int]] = None,
         token: Optional[str] = None,
+        num_actions: Optional[int] = None,
     ):
         self.num_envs = num_envs
         self._args = reset_args(task, perturbations)
         self._seeds = list(seeds) if seeds else None
         self._sessions = [AsyncSession(base_url, token) for _ in range(num_envs)]
         first = run(self._reset_all([self._seed_for(i, 0) for i in range(num_envs)]))
-        self.catalogue: List[str] = list(first[0].observation.get("catalogue", []))
+        self.catalogues: List[List[str]] = [list(r.observation.get("catalogue", [])) for r in first]
+        # The largest catalogue seen (the one `catalogue` names, for a single-space caller).
+        self.catalogue: List[str] = max(self.catalogues, key=len)
+        n = int(num_actions) if num_actions is not None else len(self.catalogue)
+        if n < 1:
+            raise ValueError("the task has no action catalogue (or num_actions < 1)")
         self._dim = len(first[0].observation.get("features", []))
         self.single_observation_space = gym.spaces.Box(-np.inf, np.inf, (self._dim,), np.float32)
-        self.single_action_space = gym.spaces.Discrete(len(self.catalogue))
+        self.single_action_space = gym.spaces.Discrete(n)
         self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, num_envs)
         self.action_space = gym.vector.utils.batch_space(self.single_action_space, num_envs)
         self._episodes = [0] * num_envs
@@ -56,8 +68,25 @@ class EnvFactoryVectorEnv(VectorEnv):
             self._np_random, _ = gym.utils.seeding.np_random(seed)
         self._episodes = [0] * self.num_envs
         rs = run(self._reset_all([self._seed_for(i, 0) for i in range(self.num_envs)]))
+        self._note_catalogues(rs)
         obs = np.stack([features_of(r, self._dim) for r in rs])
-        return obs, {"progress": np.array([r.observation.get("progress", 0.0) for r in rs])}
+        return obs, {
+            "progress": np.array([r.observation.get("progress", 0.0) for r in rs]),
+            "action_mask": self.action_mask(),
+        }
+
+    def _note_catalogues(self, results: List[StepResult]) -> None:
+        for i, r in enumerate(results):
+            if "catalogue" in r.observation:
+                self.catalogues[i] = list(r.observation["catalogue"])
+
+    def action_mask(self) -> np.ndarray:
+        """Which indices each session's current episode accepts."""
+        n = int(self.single_action_space.n)
+        mask = np.zeros((self.num_envs, n), dtype=np.int8)
+        for i, c in enumerate(self.catalogues):
+            mask[i, : min(len(c), n)] = 1
+        return mask
 
     async def _step_one(self, i: int, a: int):
         r = await self._sessions[i].step(int(a))
@@ -69,7 +98,15 @@ class EnvFactoryVectorEnv(VectorEnv):
         return final or r, r
 
     def step(self, actions):
+        for i, a in enumerate(actions):
+            if not 0 <= int(a) < len(self.catalogues[i]):
+                raise ValueError(
+                    f"session {i}: action {int(a)} is outside its episode's catalogue "
+                    f"(0..{len(self.catalogues[i]) - 1}; see info['action_mask'])"
+                )
         pairs = run(self._gather_steps(actions))
+        # A session reset in this step has its new episode's catalogue.
+        self._note_catalogues([cur for _, cur in pairs])
         obs = np.stack([features_of(cur, self._dim) for _, cur in pairs])
         rewards = np.array([float(done.reward or 0.0) for done, _ in pairs])
         term = np.array([done.terminated and done is not cur for done, cur in pairs])
@@ -79,6 +116,7 @@ class EnvFactoryVectorEnv(VectorEnv):
             "progress": np.array([i["progress"] for i in infos]),
             "infra_failure": np.array([bool(i["infra_failure"]) for i in infos]),
             "success": np.array([bool(i.get("success", False)) for i in infos]),
+            "action_mask": self.action_mask(),
         }
         ended = term | trunc
         if ended.any():

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 from gymnasium.utils.env_checker import check_env
 
 from envfactory import EnvFactoryEnv, EnvFactoryVectorEnv
@@ -51,6 +52,29 @@ def test_vector_env_steps_sessions_concurrently(server):
         assert venv.action_space.shape == (4,)
     finally:
         venv.close()
+
+
+def test_vector_env_sizes_actions_by_the_largest_catalogue_and_masks(server):
+    # repair-config has an action per setting the instruction names: seed 2 has 13 actions,
+    # seed 1 has 14; the first session gets seed 2.
+    venv = EnvFactoryVectorEnv(server.url, num_envs=2, task="repair-config", seeds=[2, 1])
+    try:
+        assert [len(c) for c in venv.catalogues] == [13, 14]
+        assert venv.single_action_space.n == 14
+        obs, info = venv.reset(seed=0)
+        assert info["action_mask"].tolist() == [[1] * 13 + [0], [1] * 14]
+        with pytest.raises(ValueError, match="session 0: action 13"):
+            venv.step(np.array([13, 13]))
+        obs, rew, term, trunc, info = venv.step(np.array([0, 13]))
+        assert not info["infra_failure"].any() and info["action_mask"].shape == (2, 14)
+    finally:
+        venv.close()
+    wide = EnvFactoryVectorEnv(server.url, num_envs=1, task="repair-config", seeds=[2], num_actions=20)
+    try:
+        assert wide.single_action_space.n == 20
+        assert wide.action_mask().tolist() == [[1] * 13 + [0] * 7]
+    finally:
+        wide.close()
 
 
 def test_example_training_loop_runs(server):

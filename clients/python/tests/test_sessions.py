@@ -42,6 +42,26 @@ def test_a_pooled_sandbox_keeps_nothing_of_its_last_session(state_dir):
             assert "none" in r.observation["stdout"]
 
 
+def test_the_step_limit_is_per_reset_and_not_kept_by_the_pool(state_dir):
+    with start_server(state_dir, "--max-sessions", "1", "--pool", "1") as srv:
+        with Session(srv.url) as a:
+            default = a.reset(task="archive-logs", seed=4).observation["max_steps"]
+            assert default > 2
+            r = a.reset(task="archive-logs", seed=4, max_steps=2)
+            assert r.observation["max_steps"] == 2
+            assert not a.step("true").truncated
+            r = a.step("true")
+            assert r.truncated and not r.terminated and r.done
+            for bad in (0, -1, 10**7, "3"):
+                with pytest.raises(ServerError) as e:
+                    a.reset(task="archive-logs", seed=4, max_steps=bad)
+                assert e.value.code == "VALIDATION_ERROR" and "max_steps" in str(e.value)
+        assert srv.wait_idle()["pooled_envs"] == 1
+        with Session(srv.url) as b:
+            # The same pooled environment: the last session's limit is gone.
+            assert b.reset(task="archive-logs", seed=4).observation["max_steps"] == default
+
+
 def test_capacity_is_refused_with_its_code(state_dir):
     async def main(url):
         a = await connect(url)

@@ -1,0 +1,382 @@
+//! The language-model agent: a model behind any OpenAI-compatible chat-completions endpoint
+//! acts with free-text shell commands. The system prompt gives the task's instruction, the
+//! step limit and the reply format ([`reply`]); every observation goes back as a user message.
+//! Rate limits, 5xx, timeouts and unreadable bodies are retried with bounded exponential
+//! backoff ([`client`]); replies without a command are answered with a correction, a few
+//! times. Past those bounds the agent fails ([`LlmError`], an agent failure of the episode,
+//! never an infrastructure failure). The conversation, the requests and the token usage are
+//! the [`Transcript`] kept in the episode record.
+
+pub mod client;
+pub mod reply;
+pub mod transcript;
+
+pub use transcript::{Attempt, Message, Transcript, Turn, Usage};
+
+use crate::env::{Action, Observation};
+use crate::instance::TaskSetup;
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum LlmError {
+    /// `key` is the config's dotted name (`llm.timeout`).
+    #[error("{key}: {reason}")]
+    Config { key: &'static str, reason: String },
+    #[error("{endpoint}: gave up after {attempts} requests (last: {last})")]
+    GaveUp {
+        endpoint: String,
+        attempts: u32,
+        last: String,
+    },
+    #[error("{endpoint}: HTTP {status}: {body}")]
+    Status {
+        endpoint: String,
+        status: u16,
+        body: String,
+    },
+    #[error("the request could not be made: {0}")]
+    Transport(String),
+    #[error("{replies} replies in a row held no command (last: {last})")]
+    Malformed { replies: u32, last: String },
+}
+
+/// The `[llm]` table of an experiment, or `engine episode --llm-*`.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct LlmConfig {
+    /// The API root, e.g. `https://api.openai.com/v1` or `http://127.0.0.1:8001/v1`; requests
+    /// go to `{base_url}/chat/completions`.
+    pub base_url: String,
+    pub model: String,
+    /// The environment variable holding the API key (sent as a bearer token). Unset: the key
+    /// is `OPENAI_API_KEY` when that is set, and none otherwise (local servers).
+    #[serde(default)]
+    pub api_key_env: Option<String>,
+    /// Limit of one request, e.g. "60s".
+    #[serde(default = "default_timeout")]
+    pub timeout: String,
+    /// Retries of one reply (rate limits, 5xx, timeouts, unreadable bodies).
+    #[serde(default = "default_retries")]
+    pub max_retries: u32,
+    /// The first backoff; it doubles with every retry.
+    #[serde(default = "default_backoff")]
+    pub backoff: String,
+    /// The longest wait between two requests (backoff and `Retry-After` alike).
+    #[serde(default = "default_max_wait")]
+    pub max_wait: String,
+    /// Replies in a row without a command before the agent gives up.
+    #[serde(default = "default_malformed")]
+    pub max_malformed: u32,
+    #[serde(default)]
+    pub temperature: Option<f64>,
+    #[serde(default)]
+    pub max_tokens: Option<u32>,
+    /// Observations sent to the model are cut to this many characters.
+    #[serde(default = "default_observation_chars")]
+    pub max_observation_chars: usize,
+}
+
+fn default_timeout() -> String {
+    "60s".into()
+}
+fn default_retries() -> u32 {
+    5
+}
+fn default_backoff() -> String {
+    "1s".into()
+}
+fn default_max_wait() -> String {
+    "60s".into()
+}
+fn default_malformed() -> u32 {
+    3
+}
+fn default_observation_chars() -> usize {
+    8000
+}
+
+impl LlmConfig {
+    /// The defaults for an endpoint and model.
+    pub fn new(base_url: impl Into<String>, model: impl Into<String>) -> Self {
+        Self {
+            base_url: base_url.into(),
+            model: model.into(),
+            api_key_env: None,
+            timeout: default_timeout(),
+            max_retries: default_retries(),
+            backoff: default_backoff(),
+            max_wait: default_max_wait(),
+            max_malformed: default_malformed(),
+            temperature: None,
+            max_tokens: None,
+            max_observation_chars: default_observation_chars(),
+        }
+    }
+
+    /// Checked and resolved; errors name the key (`llm.timeout`) and the reason.
+    pub fn settings(&self) -> Result<Settings, LlmError> {
+        let bad = |key, reason: String| LlmError::Config { key, reason };
+        let url = self.base_url.trim();
+        if !(url.starts_with("http://") || url.starts_with("https://"))
+            || url.len() <= "https://".len()
+        {
+            return Err(bad(
+                "llm.base_url",
+                format!(
+                    "`{}` is not an http:// or https:// URL",
+                    crate::text::cut(url)
+                ),
+            ));
+        }
+        if self.model.trim().is_empty() {
+            return Err(bad("llm.model", "empty".into()));
+        }
+        let duration =
+            |key, s: &str| crate::units::parse_duration(s).map_err(|e| bad(key, e.to_string()));
+        if self.max_retries > 100 {
+            return Err(bad("llm.max_retries", "at most 100".into()));
+        }
+        if !(1..=100).contains(&self.max_malformed) {
+            return Err(bad("llm.max_malformed", "between 1 and 100".into()));
+        }
+        if let Some(t) = self.temperature {
+            if !(0.0..=2.0).contains(&t) {
+                return Err(bad("llm.temperature", "between 0 and 2".into()));
+            }
+        }
+        if self.max_tokens == Some(0) {
+            return Err(bad("llm.max_tokens", "at least 1".into()));
+        }
+        if !(256..=1 << 20).contains(&self.max_observation_chars) {
+            return Err(bad(
+                "llm.max_observation_chars",
+                "between 256 and 1048576".into(),
+            ));
+        }
+        Ok(Settings {
+            base_url: url.to_string(),
+            model: self.model.clone(),
+            timeout: duration("llm.timeout", &self.timeout)?,
+            max_retries: self.max_retries,
+            backoff: duration("llm.backoff", &self.backoff)?,
+            max_wait: duration("llm.max_wait", &self.max_wait)?,
+            max_malformed: self.max_malformed,
+            temperature: self.temperature,
+            max_tokens: self.max_tokens,
+            max_observation_chars: self.max_observation_chars,
+        })
+    }
+
+    /// The API key: from `api_key_env` (which must then be set), else `OPENAI_API_KEY` if set.
+    pub fn api_key(&self) -> Result<Option<String>, LlmError> {
+        match &self.api_key_env {
+            Some(var) => match std::env::var(var) {
+                Ok(k) if !k.trim().is_empty() => Ok(Some(k.trim().to_string())),
+                _ => Err(LlmError::Config {
+                    key: "llm.api_key_env",
+                    reason: format!(
+                        "the environment variable `{}` is not set",
+                        crate::text::cut(var)
+                    ),
+                }),
+            },
+            None => Ok(std::env::var("OPENAI_API_KEY")
+                .ok()
+                .map(|k| k.trim().to_string())
+                .filter(|k| !k.is_empty())),
+        }
+    }
+}
+
+/// A checked [`LlmConfig`].
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub base_url: String,
+    pub model: String,
+    pub timeout: Duration,
+    pub max_retries: u32,
+    pub backoff: Duration,
+    pub max_wait: Duration,
+    pub max_malformed: u32,
+    pub temperature: Option<f64>,
+    pub max_tokens: Option<u32>,
+    pub max_observation_chars: usize,
+}
+
+/// The system prompt of an episode.
+pub fn system_prompt(setup: &TaskSetup) -> String {
+    format!(
+        "You operate a Linux machine through a shell to complete a task. Each of your replies \
+runs one shell command (with `sh -c`, as root, in the working directory shown, without a \
+terminal: no editors, pagers or prompts), and the next message shows its exit status, output, \
+the working directory and its listing.\n\n\
+Task: {instruction}\n\n\
+Reply format: think briefly if you like, then give exactly one command in a fenced block:\n\
+```sh\n<command>\n```\n\
+Only the first fenced block runs; a block may hold several lines. The episode ends when the \
+task is verified as done, or after {max_steps} commands. If you believe the task is complete, \
+reply with the single word DONE.",
+        instruction = setup.instruction,
+        max_steps = setup.max_steps,
+    )
+}
+
+/// A language model as an agent ([`crate::agents::Agent`]).
+pub struct LlmAgent {
+    client: client::ChatClient,
+    settings: Settings,
+    transcript: Transcript,
+}
+
+impl LlmAgent {
+    /// Check the config and read the key (errors are bad input, not agent failures).
+    pub fn new(cfg: &LlmConfig) -> Result<Self, LlmError> {
+        let settings = cfg.settings()?;
+        let client = client::ChatClient::new(settings.clone(), cfg.api_key()?);
+        let transcript = Transcript {
+            model: settings.model.clone(),
+            endpoint: client.endpoint.clone(),
+            ..Transcript::default()
+        };
+        Ok(Self {
+            client,
+            settings,
+            transcript,
+        })
+    }
+
+    pub fn model(&self) -> &str {
+        &self.settings.model
+    }
+
+    /// Begin a conversation.
+    pub fn start(&mut self, setup: &TaskSetup) {
+        self.transcript.messages = vec![Message::new("system", system_prompt(setup))];
+        self.transcript.turns.clear();
+        self.transcript.usage = Usage::default();
+        self.transcript.failure = None;
+    }
+
+    /// The next command for `obs`, `None` when the model says it is done.
+    pub fn next(&mut self, obs: &Observation) -> Result<Option<Action>, LlmError> {
+        let r = self.ask(obs);
+        if let Err(e) = &r {
+            self.transcript.failure = Some(e.to_string());
+        }
+        r
+    }
+
+    fn ask(&mut self, obs: &Observation) -> Result<Option<Action>, LlmError> {
+        self.transcript.messages.push(Message::new(
+            "user",
+            cut_chars(&obs.text, self.settings.max_observation_chars),
+        ));
+        let mut malformed = 0;
+        loop {
+            let mut turn = Turn {
+                step: obs.step,
+                ..Turn::default()
+            };
+            let got = self
+                .client
+                .complete(&self.transcript.messages, &mut turn.attempts);
+            let c = match got {
+                Ok(c) => c,
+                Err(e) => {
+                    self.transcript.turns.push(turn);
+                    return Err(e);
+                }
+            };
+            if let Some(u) = &c.usage {
+                self.transcript.usage.add(u);
+            }
+            turn.usage = c.usage;
+            self.transcript
+                .messages
+                .push(Message::new("assistant", c.content.clone()));
+            match reply::parse(&c.content) {
+                reply::Reply::Command(cmd) => {
+                    turn.command = Some(cmd.clone());
+                    self.transcript.turns.push(turn);
+                    return Ok(Some(Action::Command(cmd)));
+                }
+                reply::Reply::Done => {
+                    turn.done = true;
+                    self.transcript.turns.push(turn);
+                    return Ok(None);
+                }
+                reply::Reply::Malformed(why) => {
+                    malformed += 1;
+                    tracing::debug!(model = %self.settings.model, step = obs.step, reason = %why, "a reply without a command");
+                    turn.malformed = Some(why.clone());
+                    self.transcript.turns.push(turn);
+                    if malformed >= self.settings.max_malformed {
+                        return Err(LlmError::Malformed {
+                            replies: malformed,
+                            last: why,
+                        });
+                    }
+                    self.transcript.messages.push(Message::new(
+                        "user",
+                        format!(
+                            "Your reply held no command: {why}. Reply with exactly one command \
+                             in a ```sh fenced block, or DONE."
+                        ),
+                    ));
+                }
+            }
+        }
+    }
+
+    pub fn transcript(&self) -> &Transcript {
+        &self.transcript
+    }
+}
+
+/// `s` cut to at most `max` characters, saying how much was left out.
+fn cut_chars(s: &str, max: usize) -> String {
+    match s.char_indices().nth(max) {
+        None => s.to_string(),
+        Some((i, _)) => format!(
+            "{}\n[... {} more characters cut]",
+            &s[..i],
+            s[i..].chars().count()
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn configs_are_checked_by_key() {
+        let ok = LlmConfig::new("http://127.0.0.1:9/v1", "m");
+        let s = ok.settings().unwrap();
+        assert_eq!(s.timeout, Duration::from_secs(60));
+        let err = |f: &dyn Fn(&mut LlmConfig)| {
+            let mut c = ok.clone();
+            f(&mut c);
+            c.settings().unwrap_err().to_string()
+        };
+        assert!(err(&|c| c.base_url = "127.0.0.1:8000".into()).starts_with("llm.base_url: "));
+        assert!(err(&|c| c.model = " ".into()).starts_with("llm.model: "));
+        assert!(err(&|c| c.timeout = "soon".into()).starts_with("llm.timeout: "));
+        assert!(err(&|c| c.max_retries = 1000).starts_with("llm.max_retries: "));
+        assert!(err(&|c| c.temperature = Some(f64::NAN)).starts_with("llm.temperature: "));
+        let mut c = ok.clone();
+        c.api_key_env = Some("ENVFACTORY_SURELY_UNSET_KEY_VAR".into());
+        assert!(c
+            .api_key()
+            .unwrap_err()
+            .to_string()
+            .starts_with("llm.api_key_env: "));
+    }
+
+    #[test]
+    fn long_observations_are_cut_on_characters() {
+        assert_eq!(cut_chars("héllo", 10), "héllo");
+        assert_eq!(cut_chars("héllo", 2), "hé\n[... 3 more characters cut]");
+    }
+}
