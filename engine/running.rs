@@ -38,6 +38,12 @@ pub enum RunningError {
     Probe(#[from] crate::probe::ProbeError),
     #[error("the instance has no task to judge")]
     NoTask,
+    #[error("instance {id} cannot run on the {backend} backend: {reason}")]
+    Unsupported {
+        id: String,
+        backend: &'static str,
+        reason: &'static str,
+    },
 }
 
 impl RunningError {
@@ -171,6 +177,15 @@ impl RunningInstance {
     /// Create the instance's sandbox on `backend` and start its first episode.
     pub fn start_on(backend: &dyn DynBackend, held: PinnedInstance) -> Result<Self, RunningError> {
         let cfg = sandbox_config(&held.instance)?;
+        if backend.name() != "native" && !held.instance.runtime.proxies.is_empty() {
+            return Err(RunningError::Unsupported {
+                id: held.instance.id.clone(),
+                backend: backend.name(),
+                reason: "its fault proxies (network faults, a service's front proxy) need the \
+                    native backend: a Docker reset or rollback recreates the container, and the \
+                    proxies would stay in the old container's network namespace",
+            });
+        }
         let sandbox = backend.create_boxed(&cfg)?;
         let mut proxies = Vec::new();
         for p in &held.instance.runtime.proxies {

@@ -8,9 +8,10 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 /// closures may borrow). Each thread first makes its state with `init(worker)`, then takes
 /// the next untaken item until none is left: a slow item holds up only its own thread.
 ///
-/// Returns the results in item order. The first error, from `init` or `work`, stops every
-/// thread before its next item and is returned; a thread that panicked gives `panicked()`
-/// (its items have no result, so the run has none either).
+/// Returns the results in item order. An error, from `init` or `work`, or a panic stops
+/// every thread before its next item; the run then returns an error: that of the
+/// lowest-numbered thread that failed, `panicked()` for a thread that panicked (its items
+/// have no result, so the run has none either).
 pub fn run<T, S, R, E>(
     items: &[T],
     workers: usize,
@@ -33,6 +34,7 @@ where
         let handles: Vec<_> = (0..workers.clamp(1, items.len()))
             .map(|w| {
                 s.spawn(move || {
+                    let _guard = StopOnPanic(stop);
                     let fail = |e| {
                         stop.store(true, Ordering::Relaxed);
                         Err(e)
@@ -72,6 +74,17 @@ where
         .into_iter()
         .collect::<Option<Vec<R>>>()
         .ok_or_else(panicked)
+}
+
+/// Stops the queue when its thread unwinds from a panic.
+struct StopOnPanic<'a>(&'a AtomicBool);
+
+impl Drop for StopOnPanic<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -135,6 +148,8 @@ mod tests {
             || "panicked".to_string(),
         );
         assert_eq!(r.unwrap_err(), "item 10");
+        // The other thread stops before its next item: it may finish the one it holds, and
+        // under preemption take a few more before it sees the flag, never the whole queue.
         assert!(taken.load(Ordering::Relaxed) < 1000, "the queue went on");
         let r = run(
             &items[..8],

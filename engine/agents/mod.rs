@@ -59,9 +59,13 @@ pub enum AgentError {
 
 impl AgentError {
     /// The agent could not act (its model's endpoint gave up, its replies held no command):
-    /// an outcome of the episode (a failure of the agent), not a fault of the program.
+    /// an outcome of the episode (a failure of the agent), not a fault of the program or of
+    /// its configuration ([`llm::LlmError::is_agent_failure`]).
     pub fn is_agent_failure(&self) -> bool {
-        matches!(self, Self::Llm(_))
+        match self {
+            Self::Llm(e) => e.is_agent_failure(),
+            _ => false,
+        }
     }
 }
 

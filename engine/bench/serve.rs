@@ -145,14 +145,16 @@ impl Server {
             .stdout(Stdio::piped())
             .spawn()
             .map_err(|e| err(e.to_string()))?;
-        let mut line = String::new();
-        if let Some(out) = child.stdout.take() {
-            std::io::BufReader::new(out).read_line(&mut line)?;
-        }
+        let out = child.stdout.take();
+        // The guard first: a failed read still stops the child.
         let mut server = Self {
             child,
             addr: String::new(),
         };
+        let mut line = String::new();
+        if let Some(out) = out {
+            std::io::BufReader::new(out).read_line(&mut line)?;
+        }
         match line.trim().strip_prefix("listening on http://") {
             Some(a) => {
                 server.addr = a.to_string();

@@ -138,8 +138,8 @@ fn check_all(
     plans: &[Plan],
     workers: usize,
 ) -> Vec<CheckRow> {
-    // A certification records its failures in its row; a worker that panicked is a bug,
-    // passed on to the caller as the panic it was.
+    // A certification records its failures in its row; a worker that panicked is a bug, and
+    // the caller panics too (rather than get a campaign with rows missing).
     crate::work_queue::run(
         plans,
         workers,

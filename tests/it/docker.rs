@@ -95,6 +95,16 @@ fn env_solves_a_task_on_the_docker_backend_as_on_the_native_one() {
         .step(&Action::Command("test -e /root/left-behind".into()))
         .unwrap();
     assert_eq!(s.observation.exit_code, Some(1));
+    // An instance with fault proxies (restore-service's front proxy) is refused on Docker,
+    // where a reset would leave its proxies in the old container's network namespace.
+    let mut plan = Plan::for_task("restore-service", 1, vec![]);
+    plan.base = format!("docker:{image}");
+    let e = docker.reset(&plan).unwrap_err();
+    assert!(
+        e.to_string().contains("cannot run on the docker backend"),
+        "{e}"
+    );
+    assert!(!e.is_infrastructure(), "{e}");
 }
 
 /// The command line: `--rootfs docker:IMAGE` for a native sandbox, and an episode of the

@@ -377,10 +377,14 @@ fn endpoints_that_fail_hang_or_never_give_a_command_are_agent_failures() {
     assert_eq!(server.seen().len(), 2);
     drop(server);
 
-    // A refused key is not retried.
+    // A refused key is not retried, and it is a mistake of the configuration, not an
+    // outcome of the episode: the episode fails with an error (a run would stop), never as
+    // a success rate of 0.
     let server = FakeChat::start(|_| Answer::Status(401, None));
-    let p = play(&mut env, &plan, &server.config());
-    agent_failure(&p, "HTTP 401");
+    let first = env.reset(&plan).unwrap();
+    let mut agent = LlmAgent::new(&server.config()).unwrap();
+    let e = engine::episode::play(&mut env, &first, &mut agent, &mut |_, _| {}).unwrap_err();
+    assert!(e.to_string().contains("HTTP 401"), "{e}");
     assert_eq!(server.seen().len(), 1);
     drop(server);
 

@@ -41,6 +41,21 @@ pub enum LlmError {
     Malformed { replies: u32, last: String },
 }
 
+impl LlmError {
+    /// The model could not go on (its endpoint gave up, refused a request of the episode,
+    /// replied without commands): the agent failed the episode. A mistake of the
+    /// configuration (a refused key, an unknown model or address, TLS, a bad setting) is not
+    /// an outcome of any episode: it stops the run, so that a misconfigured evaluation never
+    /// reads as a success rate of 0.
+    pub fn is_agent_failure(&self) -> bool {
+        match self {
+            Self::GaveUp { .. } | Self::Malformed { .. } => true,
+            Self::Status { status, .. } => !matches!(status, 401 | 403 | 404),
+            Self::Config { .. } | Self::Transport(_) => false,
+        }
+    }
+}
+
 /// The `[llm]` table of an experiment, or `engine episode --llm-*`.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -127,6 +142,17 @@ impl LlmConfig {
                     "`{}` is not an http:// or https:// URL",
                     crate::text::cut(url)
                 ),
+            ));
+        }
+        // Credentials in the address would be copied into every transcript (`endpoint`).
+        let authority = url.split_once("://").map_or("", |(_, r)| r);
+        let authority = authority.split(['/', '?', '#']).next().unwrap_or("");
+        if authority.contains('@') {
+            return Err(bad(
+                "llm.base_url",
+                "holds credentials (user@): give the key through `api_key_env` instead, so \
+                 that it stays out of transcripts"
+                    .into(),
             ));
         }
         if self.model.trim().is_empty() {
@@ -361,6 +387,10 @@ mod tests {
             c.settings().unwrap_err().to_string()
         };
         assert!(err(&|c| c.base_url = "127.0.0.1:8000".into()).starts_with("llm.base_url: "));
+        assert!(
+            err(&|c| c.base_url = "https://me:sk-secret@api.example/v1".into())
+                .contains("holds credentials")
+        );
         assert!(err(&|c| c.model = " ".into()).starts_with("llm.model: "));
         assert!(err(&|c| c.timeout = "soon".into()).starts_with("llm.timeout: "));
         assert!(err(&|c| c.max_retries = 1000).starts_with("llm.max_retries: "));

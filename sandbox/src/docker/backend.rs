@@ -304,7 +304,16 @@ impl DockerBackend {
             cap_drop: Some(vec!["ALL".into()]),
             cap_add: Some(cap_add),
             security_opt: Some(vec!["no-new-privileges".into()]),
-            readonly_paths: (!cfg.readonly_paths.is_empty()).then(|| cfg.readonly_paths.clone()),
+            // A list of ours replaces Docker's whole default list, so the defaults go first:
+            // without them a writable /proc/sys lets the container's root set host sysctls
+            // (kernel.core_pattern runs a program as root on the host).
+            readonly_paths: (!cfg.readonly_paths.is_empty()).then(|| {
+                DOCKER_READONLY_PATHS
+                    .iter()
+                    .map(|p| p.to_string())
+                    .chain(cfg.readonly_paths.iter().cloned())
+                    .collect()
+            }),
             ulimits: Some(vec![ResourcesUlimits {
                 name: Some("nofile".into()),
                 soft: Some(nofile),
@@ -322,6 +331,16 @@ impl DockerBackend {
         })
     }
 }
+
+/// Docker's own default read-only paths (moby's `oci.DefaultSpec`), kept whenever the
+/// sandbox adds read-only paths of its own.
+const DOCKER_READONLY_PATHS: [&str; 5] = [
+    "/proc/bus",
+    "/proc/fs",
+    "/proc/irq",
+    "/proc/sys",
+    "/proc/sysrq-trigger",
+];
 
 impl Backend for DockerBackend {
     type Sandbox = DockerSandbox;

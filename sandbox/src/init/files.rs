@@ -16,7 +16,9 @@ fn failed(path: &str, e: Errno) -> Response {
     let kind = match e {
         Errno::ENOENT | Errno::ENOTDIR => FailureKind::NotFound,
         Errno::EACCES | Errno::EPERM | Errno::EROFS => FailureKind::Denied,
-        Errno::EINVAL | Errno::EISDIR | Errno::ELOOP | Errno::EXDEV => FailureKind::Invalid,
+        Errno::EINVAL | Errno::EISDIR | Errno::ELOOP | Errno::EXDEV | Errno::ENXIO => {
+            FailureKind::Invalid
+        }
         _ => FailureKind::Internal,
     };
     Response::Failed {
@@ -217,12 +219,24 @@ pub(crate) fn write_in_root(
 ) -> Response {
     let r = (|| {
         split(path)?;
+        // Non-blocking and not truncating until the file is known to be a regular one: a FIFO
+        // or device node planted at the path must neither block the writer (on the Docker
+        // backend that is the engine itself) nor receive the data.
         let fd = open_in_root(
             root,
             path,
-            OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_TRUNC | OFlag::O_NOFOLLOW,
+            OFlag::O_WRONLY
+                | OFlag::O_CREAT
+                | OFlag::O_NOFOLLOW
+                | OFlag::O_NONBLOCK
+                | OFlag::O_NOCTTY,
             mode & 0o7777,
         )?;
+        let st = nix::sys::stat::fstat(fd.as_raw_fd())?;
+        if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+            return Err(Errno::EINVAL);
+        }
+        nix::unistd::ftruncate(&fd, 0)?;
         let mut off = 0;
         while off < data.len() {
             off += nix::unistd::write(&fd, &data[off..])?;

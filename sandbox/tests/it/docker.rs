@@ -353,3 +353,25 @@ fn limits_map_to_docker() {
     );
     assert!(stdout(&r).ends_with("00000000000004fb"), "{r:?}");
 }
+
+/// Attack: a sandbox that adds read-only paths of its own (the `read-only-dir` fault) must not
+/// lose Docker's defaults, or the container's root could write host sysctls through
+/// /proc/sys. The write tried is the UTS-namespaced hostname, harmless if it got through.
+#[test]
+fn read_only_paths_of_our_own_keep_proc_sys_read_only() {
+    require_root!();
+    let d = require_docker!();
+    let backend = DockerBackend::new(d.client(), &d.dir.join("work"));
+    let mut cfg = docker_config(small_image(d));
+    cfg.readonly_paths = vec!["/etc".into()];
+    let mut sb = backend.create(&cfg).unwrap();
+    let r = sh(
+        &mut sb,
+        "echo pwned > /proc/sys/kernel/hostname && echo wrote; echo x > /proc/sysrq-trigger && echo wrote; touch /etc/x && echo wrote; echo done",
+    );
+    assert_eq!(stdout(&r), "done", "{r:?}");
+    assert!(
+        String::from_utf8_lossy(&r.stderr).contains("Read-only file system"),
+        "{r:?}"
+    );
+}

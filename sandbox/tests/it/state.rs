@@ -151,6 +151,21 @@ fn file_requests_work_without_forking_and_stay_inside_the_root() {
         !std::path::Path::new(&host_target).exists(),
         "write escaped to the host"
     );
+    // Attack: a FIFO planted where a file is written must neither block the writer (on the
+    // Docker backend the writer is the engine itself) nor get the data; a regular file that
+    // exists is overwritten from its start.
+    assert!(sh(
+        &mut sb,
+        "mkfifo /root/pipe && printf 0123456789 > /root/long"
+    )
+    .success());
+    let err = sb.write_file("/root/pipe", b"data", 0o644).unwrap_err();
+    assert!(!err.is_infrastructure(), "{err}");
+    sb.write_file("/root/long", b"ab", 0o644).unwrap();
+    assert_eq!(
+        out(&sh(&mut sb, "cat /root/long; rm /root/pipe /root/long")),
+        "ab"
+    );
     let err = sb.read_file("/root/shadow", 100).unwrap_err();
     assert!(err.to_string().contains("No such file"), "{err}");
     assert!(!err.is_infrastructure());
