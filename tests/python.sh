@@ -9,9 +9,11 @@ venv="${ENVFACTORY_PY_VENV:-$target/py-venv}"
 if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv"
 fi
-# Reinstalled when the package's own description (its dependencies) changes.
+# Reinstalled when the package's own description (its dependencies) changes, or when the
+# virtual environment was made for another checkout (the package is installed editable, from
+# this checkout's clients/python: a venv shared by two clones would test the other's code).
 stamp="$venv/.envfactory-stamp"
-want="$(sha256sum clients/python/pyproject.toml "$0" | sha256sum | cut -d' ' -f1)"
+want="$( (sha256sum clients/python/pyproject.toml "$0"; echo "$PWD") | sha256sum | cut -d' ' -f1)"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] ||
   ! "$venv/bin/python" -c 'import openenv, gymnasium, pytest, envfactory' 2>/dev/null; then
   "$venv/bin/pip" install -q --upgrade pip
