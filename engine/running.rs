@@ -177,13 +177,13 @@ impl RunningInstance {
     /// Create the instance's sandbox on `backend` and start its first episode.
     pub fn start_on(backend: &dyn DynBackend, held: PinnedInstance) -> Result<Self, RunningError> {
         let cfg = sandbox_config(&held.instance)?;
-        if backend.name() != "native" && !held.instance.runtime.proxies.is_empty() {
+        if !backend.keeps_namespaces_across_resets() && !held.instance.runtime.proxies.is_empty() {
             return Err(RunningError::Unsupported {
                 id: held.instance.id.clone(),
                 backend: backend.name(),
-                reason: "its fault proxies (network faults, a service's front proxy) need the \
-                    native backend: a Docker reset or rollback recreates the container, and the \
-                    proxies would stay in the old container's network namespace",
+                reason: "its fault proxies (network faults, a service's front proxy) need a \
+                    backend whose resets keep the network namespace: this one recreates the \
+                    container, and the proxies would stay in the old one's namespace",
             });
         }
         let sandbox = backend.create_boxed(&cfg)?;

@@ -36,6 +36,11 @@ pub trait SandboxOps: Send {
 pub trait Backend: Send + Sync {
     type Sandbox: SandboxOps;
     fn name(&self) -> &'static str;
+    /// Whether a sandbox keeps its network namespace (and init) across `reset` and
+    /// `rollback`, so that what joined it from outside (fault proxies) stays in it.
+    fn keeps_namespaces_across_resets(&self) -> bool {
+        true
+    }
     fn create(&self, cfg: &SandboxConfig) -> Result<Self::Sandbox, SandboxError>;
 }
 
@@ -43,6 +48,8 @@ pub trait Backend: Send + Sync {
 /// (a configuration or command-line option) and hold it as `dyn DynBackend`.
 pub trait DynBackend: Send + Sync {
     fn name(&self) -> &'static str;
+    /// [`Backend::keeps_namespaces_across_resets`].
+    fn keeps_namespaces_across_resets(&self) -> bool;
     fn create_boxed(&self, cfg: &SandboxConfig) -> Result<Box<dyn SandboxOps>, SandboxError>;
 }
 
@@ -53,6 +60,9 @@ where
 {
     fn name(&self) -> &'static str {
         Backend::name(self)
+    }
+    fn keeps_namespaces_across_resets(&self) -> bool {
+        Backend::keeps_namespaces_across_resets(self)
     }
     fn create_boxed(&self, cfg: &SandboxConfig) -> Result<Box<dyn SandboxOps>, SandboxError> {
         Ok(Box::new(self.create(cfg)?))

@@ -349,6 +349,11 @@ impl Backend for DockerBackend {
         "docker"
     }
 
+    /// A reset or rollback makes a new container: a new network namespace and init.
+    fn keeps_namespaces_across_resets(&self) -> bool {
+        false
+    }
+
     fn create(&self, cfg: &SandboxConfig) -> Result<DockerSandbox, SandboxError> {
         let spec = Arc::new(self.spec(cfg)?);
         Ok(DockerSandbox::start(self.client.clone(), spec)?)
