@@ -1,0 +1,75 @@
+//! Domain randomisation: the protagonist learns on levels drawn uniformly from the level
+//! space (within its budget and masks). Clean training (`clean.rs`) is the same schedule
+//! drawing unperturbed levels.
+
+use super::{rng, Arena, Iteration, Method, Phase, Roles, Schedule, ScheduleConfig, ScheduleError};
+use crate::msg::{Assignment, Origin};
+use crate::space::LevelSpace;
+use rand_chacha::ChaCha8Rng;
+
+/// The protagonist learning on levels drawn independently (DR, or clean levels).
+pub struct Sampled {
+    method: Method,
+    space: LevelSpace,
+    arena: Arena,
+    rng: ChaCha8Rng,
+    updates: u64,
+}
+
+impl Sampled {
+    pub(super) fn with(method: Method, cfg: &ScheduleConfig, workers: usize) -> Self {
+        Self {
+            method,
+            space: cfg.space.clone(),
+            arena: Arena::new("protagonist", workers),
+            rng: rng(cfg, 2),
+            updates: 0,
+        }
+    }
+}
+
+/// DR's schedule.
+pub struct Dr;
+
+impl Dr {
+    #[allow(clippy::new_ret_no_self)]
+    pub fn new(cfg: &ScheduleConfig, workers: usize) -> Sampled {
+        Sampled::with(Method::Dr, cfg, workers)
+    }
+}
+
+impl Schedule for Sampled {
+    fn method(&self) -> Method {
+        self.method
+    }
+
+    fn updates(&self) -> u64 {
+        self.updates
+    }
+
+    fn iterate(&mut self, roles: &mut Roles) -> Result<Iteration, ScheduleError> {
+        let (space, rng, clean) = (&self.space, &mut self.rng, self.method == Method::Clean);
+        let mut source = |_: usize| {
+            Ok(Some(if clean {
+                Assignment::new(space.clean(rng), Origin::Clean, true)
+            } else {
+                Assignment::new(space.random(rng), Origin::Random, true)
+            }))
+        };
+        let r = self.arena.rollout(
+            roles.protagonist.as_mut(),
+            roles.workers.as_mut(),
+            &mut source,
+            0,
+            true,
+        )?;
+        self.updates += 1;
+        let mut it = Iteration {
+            phase: Some(Phase::Protagonist),
+            protagonist: r.learned.clone(),
+            ..Iteration::default()
+        };
+        it.add(r);
+        Ok(it)
+    }
+}

@@ -1,0 +1,297 @@
+//! The schedules as pure code: what is played, by whom, and who learns from it, one
+//! iteration at a time, against the role traits only (tested with `crate::testing`'s fakes;
+//! run through actors by `crate::runtime`).
+//!
+//! | file | method |
+//! |---|---|
+//! | `arena.rs` | [`Arena`]: slots over the workers, episodes across rollouts, failures masked |
+//! | `clean.rs` | clean: the protagonist on unperturbed levels |
+//! | `dr.rs` | domain randomisation: levels drawn uniformly from the level space |
+//! | `rarl.rs` | RARL: strict alternation of protagonist and adversary phases |
+//! | `paired.rs` | PAIRED: the adversary maximises the antagonist's regret over the protagonist |
+//! | `plr.rs` | robust PLR: replay by score, no gradient on fresh levels |
+//! | `accel.rs` | ACCEL: robust PLR whose replays are mutated into new candidates |
+//! | `sfl.rs` | SFL: train on the most learnable of sampled levels |
+//!
+//! Faults are fixed at reset, so RARL here is the minimax-adversary baseline of the
+//! curriculum literature (the adversary picks the level, not per-step forces).
+
+mod accel;
+mod arena;
+mod clean;
+mod dr;
+mod paired;
+mod plr;
+mod rarl;
+mod sfl;
+
+pub use arena::{Arena, Rollout};
+
+use crate::msg::{EpisodeOutcome, Failure, LearnStats};
+use crate::roles::{Agent, Critic, Curriculum, RoleError, Synthesizer, Workers};
+use crate::space::LevelSpace;
+use serde::{Deserialize, Serialize};
+
+/// Errors of a schedule.
+#[derive(Debug, thiserror::Error)]
+pub enum ScheduleError {
+    #[error(transparent)]
+    Role(#[from] RoleError),
+    #[error("{tried} resets in a row failed on one worker; the last: {last:?}")]
+    NoUsableLevel { tried: u32, last: Failure },
+    #[error("shape mismatch: {0}")]
+    Shape(String),
+    #[error("method `{method}` needs {what}")]
+    MissingRole {
+        method: &'static str,
+        what: &'static str,
+    },
+    #[error("invalid schedule setting `{key}`: {reason}")]
+    Config { key: &'static str, reason: String },
+}
+
+/// The training methods.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Method {
+    Clean,
+    Dr,
+    Rarl,
+    Paired,
+    Plr,
+    Accel,
+    Sfl,
+}
+
+impl Method {
+    pub const ALL: [Method; 7] = [
+        Method::Clean,
+        Method::Dr,
+        Method::Rarl,
+        Method::Paired,
+        Method::Plr,
+        Method::Accel,
+        Method::Sfl,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Method::Clean => "clean",
+            Method::Dr => "dr",
+            Method::Rarl => "rarl",
+            Method::Paired => "paired",
+            Method::Plr => "plr",
+            Method::Accel => "accel",
+            Method::Sfl => "sfl",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|m| m.name() == s)
+    }
+
+    /// The roles the method needs besides the protagonist and the workers.
+    pub fn needs(self) -> Needs {
+        Needs {
+            adversaries: matches!(self, Method::Rarl | Method::Paired),
+            antagonist: self == Method::Paired,
+            curriculum: matches!(self, Method::Plr | Method::Accel),
+        }
+    }
+}
+
+/// Which optional roles a method uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Needs {
+    pub adversaries: bool,
+    pub antagonist: bool,
+    pub curriculum: bool,
+}
+
+/// The roles a schedule drives.
+pub struct Roles {
+    pub protagonist: Box<dyn Agent>,
+    pub antagonist: Option<Box<dyn Agent>>,
+    pub adversaries: Vec<Box<dyn Synthesizer>>,
+    pub critic: Option<Box<dyn Critic>>,
+    pub curriculum: Option<Box<dyn Curriculum>>,
+    pub workers: Box<dyn Workers + Send>,
+}
+
+/// Settings of the schedules (each method reads its own).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ScheduleConfig {
+    pub method: Method,
+    pub space: LevelSpace,
+    /// Seeds the schedule's own choices (level draws, mixing).
+    pub seed: u64,
+    /// RARL, PAIRED, SFL: the share of the protagonist's levels drawn by domain
+    /// randomisation instead.
+    pub dr_share: f64,
+    /// RARL: protagonist updates per protagonist phase.
+    pub protagonist_updates: u32,
+    /// RARL, PAIRED: levels each adversary proposes per adversary phase (RARL) or update
+    /// (PAIRED).
+    pub adversary_batch: usize,
+    /// Weight of the realism critic's `log D` in the adversaries' reward (0: the critic is
+    /// not consulted).
+    pub lambda: f64,
+    /// SFL: candidate levels sampled per selection, episodes per candidate, levels kept, and
+    /// protagonist updates between selections.
+    pub sfl_candidates: usize,
+    pub sfl_rollouts: usize,
+    pub sfl_keep: usize,
+    pub sfl_every: u32,
+}
+
+impl ScheduleConfig {
+    /// Defaults for `method` over `space`.
+    pub fn new(method: Method, space: LevelSpace, seed: u64) -> Self {
+        Self {
+            method,
+            space,
+            seed,
+            dr_share: 0.2,
+            protagonist_updates: 4,
+            adversary_batch: 8,
+            lambda: 0.0,
+            sfl_candidates: 32,
+            sfl_rollouts: 2,
+            sfl_keep: 8,
+            sfl_every: 8,
+        }
+    }
+
+    /// Settings in range.
+    pub fn validate(&self) -> Result<(), ScheduleError> {
+        let bad = |key, reason: String| Err(ScheduleError::Config { key, reason });
+        if !(self.dr_share.is_finite() && (0.0..=1.0).contains(&self.dr_share)) {
+            return bad(
+                "dr_share",
+                format!("is {}; must be in [0, 1]", self.dr_share),
+            );
+        }
+        if !self.lambda.is_finite() {
+            return bad("lambda", format!("is {}; must be finite", self.lambda));
+        }
+        for (key, v) in [
+            ("protagonist_updates", self.protagonist_updates as usize),
+            ("adversary_batch", self.adversary_batch),
+            ("sfl_candidates", self.sfl_candidates),
+            ("sfl_rollouts", self.sfl_rollouts),
+            ("sfl_keep", self.sfl_keep),
+            ("sfl_every", self.sfl_every as usize),
+        ] {
+            if v == 0 {
+                return bad(key, "must be at least 1".into());
+            }
+        }
+        if self.sfl_keep > self.sfl_candidates {
+            return bad(
+                "sfl_keep",
+                format!("{} > sfl_candidates {}", self.sfl_keep, self.sfl_candidates),
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Which part of the alternation an iteration was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// The protagonist (and PAIRED's antagonist) learned.
+    Protagonist,
+    /// The adversaries learned against a frozen protagonist.
+    Adversary,
+    /// Levels were played only to be scored (SFL's selection).
+    Selection,
+}
+
+/// What one iteration did.
+#[derive(Debug, Default)]
+pub struct Iteration {
+    pub phase: Option<Phase>,
+    /// Every episode that ended, of every agent and origin.
+    pub outcomes: Vec<EpisodeOutcome>,
+    /// Environment steps taken.
+    pub steps: u64,
+    pub protagonist: Option<LearnStats>,
+    pub antagonist: Option<LearnStats>,
+    /// `(adversary, stats)` of the adversaries that learned.
+    pub adversaries: Vec<(usize, LearnStats)>,
+    pub critic: Option<LearnStats>,
+    /// Levels in the curriculum's buffer (SFL: levels kept) after the iteration.
+    pub buffer: Option<usize>,
+}
+
+impl Iteration {
+    fn add(&mut self, r: Rollout) {
+        self.steps += r.steps;
+        self.outcomes.extend(r.outcomes);
+    }
+}
+
+/// One method's schedule.
+pub trait Schedule: Send {
+    fn method(&self) -> Method;
+    /// Run one iteration (one protagonist update, or one adversary phase).
+    fn iterate(&mut self, roles: &mut Roles) -> Result<Iteration, ScheduleError>;
+    /// Protagonist updates done so far.
+    fn updates(&self) -> u64;
+}
+
+/// The schedule of `cfg.method`, checking that `roles` has what it needs.
+pub fn build(cfg: &ScheduleConfig, roles: &Roles) -> Result<Box<dyn Schedule>, ScheduleError> {
+    cfg.validate()?;
+    let m = cfg.method;
+    let needs = m.needs();
+    let missing = |what| ScheduleError::MissingRole {
+        method: m.name(),
+        what,
+    };
+    if needs.adversaries && roles.adversaries.is_empty() {
+        return Err(missing("a population of at least one adversary"));
+    }
+    if needs.antagonist && roles.antagonist.is_none() {
+        return Err(missing("an antagonist"));
+    }
+    if needs.curriculum && roles.curriculum.is_none() {
+        return Err(missing("a curriculum (level buffer)"));
+    }
+    let n = roles.workers.len();
+    if n == 0 {
+        return Err(missing("at least one worker"));
+    }
+    Ok(match m {
+        Method::Clean => Box::new(clean::Clean::new(cfg, n)),
+        Method::Dr => Box::new(dr::Dr::new(cfg, n)),
+        Method::Rarl => Box::new(rarl::Rarl::new(cfg, n)),
+        Method::Paired => Box::new(paired::Paired::new(cfg, n)),
+        Method::Plr => Box::new(plr::Plr::new(cfg, n)),
+        Method::Accel => Box::new(accel::Accel::new(cfg, n)),
+        Method::Sfl => Box::new(sfl::Sfl::new(cfg, n)),
+    })
+}
+
+/// The schedule's generator for `cfg` (one stream per purpose).
+fn rng(cfg: &ScheduleConfig, purpose: u64) -> rand_chacha::ChaCha8Rng {
+    use rand::SeedableRng;
+    rand_chacha::ChaCha8Rng::seed_from_u64(cfg.seed ^ purpose.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+}
+
+/// The adversaries' reward for the protagonist's episode on a proposed level: its failure
+/// (minus its return, so a level it solves slowly scores above one it solves at once),
+/// plus `lambda * log D` of the level. A level that cannot be played (uncertified, not
+/// solvable through the catalogue) scores `UNUSABLE_REWARD`, below any played level, so an
+/// adversary never profits from proposing one; an infrastructure failure is not scored.
+pub fn adversary_reward(outcome: &EpisodeOutcome, log_d: f64, lambda: f64) -> Option<f64> {
+    match &outcome.failure {
+        None => Some(-outcome.ret + lambda * log_d),
+        Some(f) if f.kind == crate::msg::FailureKind::Unusable => Some(UNUSABLE_REWARD),
+        Some(_) => None,
+    }
+}
+
+/// See [`adversary_reward`].
+pub const UNUSABLE_REWARD: f64 = -2.0;
