@@ -1,5 +1,8 @@
 //! The actors crate's tests: the schedules on threads with fake roles, and the same runs
 //! through the actor runtime, supervision included.
 
+// Test helpers outside `#[test]` functions may unwrap too: a failure is a test failure.
+#![allow(clippy::unwrap_used)]
+
 mod runtime;
 mod schedules;
