@@ -25,7 +25,8 @@
 //! | [`exploit`] | the reward exploit check: no constant or two-action cycle beats the catalogue oracle |
 //! | [`fingerprint`] | feature vectors of systems (real or synthesized) for realism |
 //! | [`template`] | templates: the positioned TOML/YAML tree, validation, sampling into plans |
-//! | [`experiment`] | `engine run`: config, runner, statistics |
+//! | [`roles`] | the self-play roles of `actors` over the factory: level space, Env worker, PPO, adversary, level buffer |
+//! | [`experiment`] | `engine run`: config, runner, statistics, self-play |
 //! | [`bench`] | `engine bench sandbox` and `engine bench env` |
 //! | [`serve`] | `engine serve`: the OpenEnv protocol over HTTP and WebSocket, many sessions, MCP |
 
@@ -44,6 +45,7 @@ pub mod learn;
 pub mod netfault;
 pub mod perturb;
 pub mod probe;
+pub mod roles;
 pub mod running;
 pub mod serve;
 pub mod synth;

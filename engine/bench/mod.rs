@@ -1,12 +1,14 @@
 //! The benchmarks behind `engine bench`: [`sandbox`] (sandbox latencies against the host's own
 //! `sh -c true`), [`env`] (environment throughput against the raw-exec ceiling) and [`serve`]
-//! (a step through `engine serve` against the in-process step, held sessions), each with its
+//! (a step through `engine serve` against the in-process step, held sessions), [`selfplay`]
+//! (the actor runtime against the direct loop of the same schedule), each with its
 //! baseline measured in the same run; [`backends`] (the native backend beside the Docker
 //! backend, interleaved). The criterion benchmarks are in `benches/`.
 
 pub mod backends;
 pub mod env;
 pub mod sandbox;
+pub mod selfplay;
 pub mod serve;
 
 use serde::Serialize;

@@ -21,6 +21,25 @@ pub enum BenchCmd {
         #[arg(long)]
         json: bool,
     },
+    /// The actor runtime against the direct loop of the same schedule (clean levels, PPO,
+    /// one Env per worker), alternating in one run, and an `act` through an actor against the
+    /// call in place (docs/selfplay.md).
+    Selfplay {
+        #[arg(long, default_value = "fix-path")]
+        task: String,
+        #[arg(long, default_value = "4", value_parser = super::count::<64>)]
+        envs: usize,
+        #[arg(long, default_value = "16", value_parser = super::count::<4096>)]
+        num_steps: usize,
+        /// Protagonist updates per measurement.
+        #[arg(long, default_value = "6", value_parser = super::count::<100_000>)]
+        updates: usize,
+        /// Measurements each way, alternating.
+        #[arg(long, default_value = "3", value_parser = super::count::<100>)]
+        rounds: usize,
+        #[arg(long)]
+        json: bool,
+    },
     /// A step through `engine serve` (a Rust WebSocket client on loopback) against the
     /// in-process `Env::step` on the same instance, and N sessions held at once (keys
     /// documented in docs/serve.md).
@@ -71,13 +90,7 @@ pub fn run(cmd: BenchCmd) -> anyhow::Result<i32> {
             sessions,
             json,
         } => {
-            if engine::tasks::get(&task).is_none() {
-                return Err(super::errors::usage(format!(
-                    "--task: unknown task `{}` (known: {})",
-                    engine::text::cut(&task),
-                    engine::tasks::names().join(", ")
-                )));
-            }
+            known_task(&task)?;
             let rt = super::sandbox::runtime()?;
             let opts = engine::bench::serve::ServeBenchOpts {
                 task,
@@ -161,5 +174,54 @@ pub fn run(cmd: BenchCmd) -> anyhow::Result<i32> {
             }
             Ok(0)
         }
+        BenchCmd::Selfplay {
+            task,
+            envs,
+            num_steps,
+            updates,
+            rounds,
+            json,
+        } => {
+            known_task(&task)?;
+            let rt = super::sandbox::runtime()?;
+            let opts = engine::bench::selfplay::SelfPlayBenchOpts {
+                task,
+                envs,
+                num_steps,
+                updates: updates as u64,
+                rounds,
+            };
+            let r = engine::bench::selfplay::run(&rt, &super::sandbox::cache()?, &opts)?;
+            if json {
+                outln!("{}", serde_json::to_string(&r)?);
+            } else {
+                outln!(
+                    "selfplay ({}, {} envs, {} steps per update): direct {:?} steps/s, actors {:?} steps/s; actors/direct median {:.3} (p90 {:.3}, {} rounds); act through an actor +{:.0} us median (p90 {:.0})",
+                    r.task,
+                    r.envs,
+                    r.steps_per_update,
+                    r.direct_steps_per_s.iter().map(|x| x.round()).collect::<Vec<_>>(),
+                    r.actors_steps_per_s.iter().map(|x| x.round()).collect::<Vec<_>>(),
+                    r.ratio.median,
+                    r.ratio.p90,
+                    r.ratio.n,
+                    r.act_overhead_us.median,
+                    r.act_overhead_us.p90
+                );
+            }
+            Ok(0)
+        }
     }
+}
+
+/// `--task` names a task family, or a usage error says which there are.
+fn known_task(task: &str) -> anyhow::Result<()> {
+    if engine::tasks::get(task).is_none() {
+        return Err(super::errors::usage(format!(
+            "--task: unknown task `{}` (known: {})",
+            engine::text::cut(task),
+            engine::tasks::names().join(", ")
+        )));
+    }
+    Ok(())
 }

@@ -38,8 +38,14 @@ pub enum Cmd {
     /// Run an experiment (the main job) and write its report. Episodes are appended to
     /// `<out_dir>/<name>/.episodes.jsonl.partial` as they finish; SIGINT, SIGTERM or SIGHUP
     /// stop the run after the running episodes and write what was measured (exit 130, 143,
-    /// 129; a second signal tears down at once).
-    Run { experiment: PathBuf },
+    /// 129; a second signal tears down at once). An experiment with `[selfplay]` trains
+    /// through the actor runtime (docs/selfplay.md).
+    Run {
+        experiment: PathBuf,
+        /// Validate the config and print what the run would do, without starting it.
+        #[arg(long)]
+        dry_run: bool,
+    },
     /// Sandbox commands.
     #[command(subcommand)]
     Sandbox(sandbox::SandboxCmd),
@@ -147,7 +153,10 @@ pub fn seconds(s: &str) -> Result<f64, String> {
 pub fn run(cmd: Cmd) -> anyhow::Result<i32> {
     match cmd {
         Cmd::SandboxInit => ::sandbox::init::main(),
-        Cmd::Run { experiment } => run::run(&experiment),
+        Cmd::Run {
+            experiment,
+            dry_run,
+        } => run::run(&experiment, dry_run),
         Cmd::Sandbox(c) => sandbox::run(c),
         Cmd::Bench(c) => bench::run(c),
         Cmd::Episode {

@@ -2,9 +2,28 @@
 
 use std::path::Path;
 
-pub fn run(experiment: &Path) -> anyhow::Result<i32> {
+pub fn run(experiment: &Path, dry_run: bool) -> anyhow::Result<i32> {
     let exp = engine::experiment::Experiment::load(experiment)?;
+    if dry_run {
+        outln!("{}", describe(&exp));
+        return Ok(0);
+    }
     let rt = super::sandbox::runtime()?;
+    if let Some(sp) = &exp.selfplay {
+        let cache = super::sandbox::cache()?;
+        super::signals::cooperative();
+        let (report, path) =
+            engine::experiment::selfplay::run(&exp, sp, &rt, &cache, &super::signals::STOP)?;
+        out!("{}", engine::experiment::selfplay::render(&report));
+        outln!("report: {}", path.display());
+        return Ok(match super::signals::received() {
+            Some(sig) if report.interrupted => {
+                eprintln!("engine: interrupted: the report covers what finished; every role was checkpointed");
+                super::signals::exit_status(sig)
+            }
+            _ => 0,
+        });
+    }
     if let Some(training) = &exp.training {
         let (report, path) =
             engine::experiment::study::run(&exp, training, &rt, &super::sandbox::cache()?)?;
@@ -65,4 +84,40 @@ pub fn run(experiment: &Path) -> anyhow::Result<i32> {
         }
         _ => 0,
     })
+}
+
+/// What `--dry-run` prints.
+fn describe(exp: &engine::experiment::Experiment) -> String {
+    if let Some(sp) = &exp.selfplay {
+        return engine::experiment::selfplay::describe(exp, sp);
+    }
+    let tpl = exp
+        .template
+        .as_ref()
+        .map(|t| format!(" (template {})", t.file.display()))
+        .unwrap_or_default();
+    match &exp.training {
+        Some(t) => format!(
+            "{}: a PPO study on task(s) {}{tpl}: {} environment steps per task and seed, {} x {} per rollout, {} training levels, {} held-out levels; seeds {:?}; output {}",
+            exp.experiment.name,
+            exp.training_tasks().join(", "),
+            t.total_steps,
+            t.num_envs,
+            t.num_steps,
+            t.train_levels,
+            t.eval_levels,
+            exp.experiment.seeds,
+            exp.experiment.out_dir.join(&exp.experiment.name).display()
+        ),
+        None => format!(
+            "{}: {} episodes per seed of agent {} on task {}{tpl} on {} workers; seeds {:?}; output {}",
+            exp.experiment.name,
+            exp.environment.episodes,
+            exp.environment.agent.name(),
+            exp.task(),
+            exp.environment.workers,
+            exp.experiment.seeds,
+            exp.experiment.out_dir.join(&exp.experiment.name).display()
+        ),
+    }
 }

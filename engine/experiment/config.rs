@@ -33,6 +33,9 @@ pub struct Experiment {
     /// PPO training (a study: train per task and seed, evaluate on held-out levels). Without
     /// it the experiment runs `environment.agent`'s episodes.
     pub training: Option<Training>,
+    /// Self-play (`engine::experiment::selfplay`): the schedule, the adversaries, the level
+    /// space; the protagonist's PPO settings are `[training]`'s.
+    pub selfplay: Option<super::selfplay_config::SelfPlay>,
     /// The language model of `environment.agent = "llm"` (`engine::agents::LlmConfig`).
     pub llm: Option<crate::agents::LlmConfig>,
     /// The loaded template, when `environment.template` is given (path resolved).
@@ -280,7 +283,9 @@ impl Experiment {
             ));
         }
         let env = &exp.environment;
-        if (env.episodes == 0 && exp.training.is_none()) || env.episodes > MAX_EPISODES {
+        if (env.episodes == 0 && exp.training.is_none() && exp.selfplay.is_none())
+            || env.episodes > MAX_EPISODES
+        {
             return Err(invalid(
                 "environment.episodes",
                 format!("between 1 and {MAX_EPISODES}, not {}", env.episodes),
@@ -399,8 +404,15 @@ impl Experiment {
             };
             return Err(invalid(key, reason));
         }
+        if exp.selfplay.is_some() && exp.training.is_none() {
+            // The protagonist's settings default like a study's.
+            exp.training = Some(Training::default());
+        }
         if let Some(t) = exp.training.clone() {
             exp.check_training(&t, file, &invalid)?;
+        }
+        if let Some(s) = &exp.selfplay {
+            super::selfplay_config::check(&exp, s, &invalid)?;
         }
         exp.env_config()
             .map_err(|e| invalid("reward", e.to_string()))?;
@@ -806,7 +818,7 @@ episodes = 2
             );
         }
         let train = std::fs::read_to_string(
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("experiments/clean.toml"),
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("experiments/ppo-clean.toml"),
         )
         .unwrap()
         .replace("num_steps = 32", "num_steps = 9223372036854775807");

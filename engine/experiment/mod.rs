@@ -21,17 +21,22 @@
 //! | `config.rs` | [`Experiment`] and its tables: loading, validation, [`Experiment::plan`], [`Experiment::env_config`] |
 //! | `runner.rs` | [`run`], [`run_until`] (stops on a flag): the episodes on worker threads, [`EpisodeRecord`] |
 //! | `output.rs` | the output directory (checked before the first episode), episodes appended as they finish, the report at the end or on interruption |
+//! | `selfplay.rs` | a self-play run (`[selfplay]`): the schedule through the actor runtime, metrics, checkpoints, held-out evaluation |
+//! | `selfplay_config.rs` | [`SelfPlay`]: the `[selfplay]` table and its validation |
 //! | `study.rs` | a training study (`[training]`): PPO per task and seed, held-out evaluation, `report.md` |
 //! | `stats.rs` | [`summarize`], [`SeedResult`], [`Interval`], [`Report`] |
 
 mod config;
 mod output;
 mod runner;
+pub mod selfplay;
+mod selfplay_config;
 mod stats;
 pub mod study;
 
 pub use config::{resolve_template, Agent, Environment, Experiment, Meta, Training, SEED_STRIDE};
 pub use runner::{run, run_until, EpisodeRecord};
+pub use selfplay_config::SelfPlay;
 pub use stats::{summarize, Interval, Report, SeedResult};
 
 use crate::env::EnvError;
@@ -66,6 +71,14 @@ pub enum ExperimentError {
     Running(#[from] crate::running::RunningError),
     #[error(transparent)]
     Learn(#[from] crate::learn::LearnError),
+    #[error("self-play: {0}")]
+    SelfPlay(String),
+    #[error(transparent)]
+    Roles(#[from] crate::roles::RolesError),
+    #[error("self-play run")]
+    Runtime(#[from] actors::runtime::RuntimeError),
+    #[error("loading the final protagonist")]
+    Checkpoint(#[source] policies::ppo::PpoError),
     #[error("an episode worker of seed {seed} panicked")]
     Worker { seed: u64 },
     #[error("output directory {dir}: {source}")]

@@ -23,7 +23,7 @@ pub struct PerSeed {
 }
 
 impl PerSeed {
-    fn of(v: Vec<f64>) -> Self {
+    pub fn of(v: Vec<f64>) -> Self {
         let i = Interval::of_finite(&v);
         Self {
             mean: i.mean,
@@ -335,7 +335,7 @@ fn first_at_0_9(mut points: impl Iterator<Item = (u64, f64)>) -> f64 {
         .map_or(f64::NAN, |(steps, _)| steps as f64)
 }
 
-fn write(path: &Path, bytes: &[u8]) -> Result<(), ExperimentError> {
+pub(super) fn write(path: &Path, bytes: &[u8]) -> Result<(), ExperimentError> {
     let tmp = path.with_extension("tmp");
     std::fs::write(&tmp, bytes)
         .and_then(|()| std::fs::rename(&tmp, path))

@@ -1,7 +1,7 @@
 //! Learning in the factory's environments: the adapter of [`Env`](crate::env::Env) to the
 //! PPO learner (`adapter.rs`), one training run of PPO on a task's levels with its held-out
 //! evaluation and throughput baseline (`train.rs`), and the learning-curve plot (`plot.rs`).
-//! Experiments with a `[training]` table (`experiments/clean.toml`, `experiments/dr.toml`) run
+//! Experiments with a `[training]` table (`experiments/ppo-clean.toml`, `experiments/ppo-dr.toml`) run
 //! through [`train`].
 //!
 //! | file | what it is |

@@ -273,15 +273,8 @@ impl Template {
             }
         }
         Plan {
-            base: self.base.rootfs.clone(),
-            task: self.task.as_ref().map(|t| TaskRef {
-                name: t.clone(),
-                seed,
-            }),
             perturbations,
-            seed,
-            resources: self.base.resources.clone(),
-            tools: self.base.tools.clone(),
+            ..self.sample_clean(seed)
         }
     }
 
@@ -306,6 +299,92 @@ impl Template {
             }
         }
         Ok(())
+    }
+
+    /// Every setting of each perturbation of the space, for a learned adversary: per entry,
+    /// its name and each combination of its list parameters (fixed ones included), checked
+    /// and with defaults filled in, with a label such as `tool=gzip,exit_code=2`.
+    pub fn settings(&self) -> Vec<(String, Vec<(String, Params)>)> {
+        self.space
+            .iter()
+            .map(|e| {
+                let mut combos: Vec<(Vec<String>, Params)> = vec![(Vec::new(), Params::new())];
+                for (k, c) in &e.params {
+                    let values: Vec<&Value> = match c {
+                        ParamChoice::Fixed(v) => vec![v],
+                        ParamChoice::OneOf(vs) => vs.iter().collect(),
+                    };
+                    let listed = matches!(c, ParamChoice::OneOf(vs) if vs.len() > 1);
+                    combos = combos
+                        .into_iter()
+                        .flat_map(|(label, params)| {
+                            values.iter().map(move |v| {
+                                let mut label = label.clone();
+                                let mut params = params.clone();
+                                if listed {
+                                    label.push(format!("{k}={v}"));
+                                }
+                                params.insert(k.clone(), (*v).clone());
+                                (label, params)
+                            })
+                        })
+                        .collect();
+                }
+                let settings = combos
+                    .into_iter()
+                    .map(|(label, params)| {
+                        let params = match e.info {
+                            Some(info) => info.check(&params).unwrap_or(params),
+                            None => params,
+                        };
+                        let label = if label.is_empty() {
+                            "on".into()
+                        } else {
+                            label.join(",")
+                        };
+                        (label, params)
+                    })
+                    .collect();
+                (e.name.clone(), settings)
+            })
+            .collect()
+    }
+
+    /// The plan of task seed `seed` with exactly the perturbations `picks` names: per
+    /// entry of the space, 0 for off or `1 + k` for the k-th of its [`settings`](Self::settings)
+    /// (missing entries are off; an index past the settings is off too, the caller checks).
+    pub fn plan_with(&self, seed: u64, picks: &[u32]) -> Plan {
+        let settings = self.settings();
+        let perturbations = settings
+            .into_iter()
+            .zip(picks.iter().copied().chain(std::iter::repeat(0)))
+            .filter_map(|((name, mut s), pick)| {
+                let k = (pick as usize).checked_sub(1)?;
+                (k < s.len()).then(|| PerturbationChoice {
+                    name,
+                    params: s.swap_remove(k).1,
+                })
+            })
+            .collect();
+        Plan {
+            perturbations,
+            ..self.sample_clean(seed)
+        }
+    }
+
+    /// The unperturbed plan of a task seed (base, task and resources of the template).
+    pub fn sample_clean(&self, seed: u64) -> Plan {
+        Plan {
+            base: self.base.rootfs.clone(),
+            task: self.task.as_ref().map(|t| TaskRef {
+                name: t.clone(),
+                seed,
+            }),
+            perturbations: Vec::new(),
+            seed,
+            resources: self.base.resources.clone(),
+            tools: self.base.tools.clone(),
+        }
     }
 
     /// The plans of seeds `seed, seed+1, ..., seed+count-1`.

@@ -316,8 +316,34 @@ impl Adversary {
 
     /// Sample a perturbation plan for `context` under the strength cap.
     pub fn sample(&mut self, context: &[f32]) -> Result<AdversarySample, AdversaryError> {
+        let width = self.space.total();
+        self.sample_within(context, &vec![1.0; width], &vec![0.0; width], f32::INFINITY)
+    }
+
+    /// Sample under the strength cap, a mask of allowed choices and a budget: the
+    /// dimensions are visited in a random order and each one's choices are masked to those
+    /// `allowed` (flattened like the logits; "off" is always allowed) whose `costs` fit what
+    /// is left of `budget`. The masks used are recorded, so the update differentiates the
+    /// sampling distribution exactly.
+    pub fn sample_within(
+        &mut self,
+        context: &[f32],
+        allowed: &[f32],
+        costs: &[f32],
+        budget: f32,
+    ) -> Result<AdversarySample, AdversaryError> {
         let (logits, baseline) = self.logits_host(context)?;
         let dims = self.space.dims().to_vec();
+        let total = self.space.total();
+        for (tensor, v) in [("allowed", allowed), ("costs", costs)] {
+            if v.len() != total {
+                return Err(AdversaryError::Shape {
+                    tensor,
+                    expected: total,
+                    got: v.len(),
+                });
+            }
+        }
         let mut offsets = Vec::with_capacity(dims.len());
         let mut o = 0;
         for &n in &dims {
@@ -329,12 +355,14 @@ impl Adversary {
         let mut mask = vec![1f32; o];
         let mut choices = vec![0u32; dims.len()];
         let mut active = 0;
+        let mut left = budget;
         let mut log_prob = 0f32;
         for d in order {
             let (off, n) = (offsets[d], dims[d]);
-            if active >= self.cfg.max_active {
-                for m in &mut mask[off + 1..off + n] {
-                    *m = 0.0;
+            for j in 1..n {
+                let fits = allowed[off + j] > 0.0 && costs[off + j] <= left + 1e-6;
+                if active >= self.cfg.max_active || !fits {
+                    mask[off + j] = 0.0;
                 }
             }
             let lp = host_log_softmax(&logits[off..off + n], &mask[off..off + n]);
@@ -355,6 +383,7 @@ impl Adversary {
             log_prob += lp[pick];
             if pick != 0 {
                 active += 1;
+                left -= costs[off + pick];
             }
         }
         Ok(AdversarySample {

@@ -143,7 +143,7 @@ fn templates_never_panic() {
 fn experiment_configs_never_panic() {
     let seeds = vec![
         "[experiment]\nname = \"f\"\nseeds = [1, 2]\n[environment]\ntask = \"archive-logs\"\nepisodes = 3\nstep_timeout = \"2s\"\n[reward]\ngoal = 5.0\n".to_string(),
-        read("experiments/clean.toml"),
+        read("experiments/ppo-clean.toml"),
         read("experiments/rarl.toml"),
     ];
     // Named as the shipped files are, so their templates resolve against the project root.

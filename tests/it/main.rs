@@ -22,6 +22,7 @@ mod llm;
 mod netfuzz;
 mod observe;
 mod perturb;
+mod selfplay;
 mod signals;
 mod synth;
 mod tasks;

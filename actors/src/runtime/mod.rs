@@ -160,3 +160,52 @@ where
         )
     })
 }
+
+/// An actor system on its own thread, for callers that drive proxies themselves (benchmarks,
+/// tools): its arbiter forwards the messages to the role actors, and the proxies block their
+/// caller, which must therefore not be the system's thread.
+pub struct Host {
+    system: actix::System,
+    thread: Option<std::thread::JoinHandle<std::io::Result<()>>>,
+}
+
+impl Host {
+    /// Start a system and run `start` inside it (start actors and proxies there); returns what
+    /// `start` made.
+    pub fn start<T: Send + 'static>(
+        start: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<(Self, T), RuntimeError> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("actors-host".into())
+            .spawn(move || {
+                let system = actix::System::new();
+                system.block_on(async move {
+                    let made = start();
+                    // The receiver waits for this; if it is gone, nobody needs the system.
+                    let _ = tx.send((actix::System::current(), made));
+                });
+                system.run()
+            })?;
+        let (system, made) = rx.recv().map_err(|_| RuntimeError::ActorGone {
+            actor: "host",
+            reason: "its system stopped before it started".into(),
+        })?;
+        Ok((
+            Self {
+                system,
+                thread: Some(thread),
+            },
+            made,
+        ))
+    }
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        self.system.stop();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}

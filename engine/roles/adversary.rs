@@ -1,0 +1,147 @@
+//! `actors::roles::Synthesizer` over the learned adversary of `policies`: one categorical
+//! per fault family ("off" and the template's settings), sampled under the level space's
+//! masks and budget (the masks used are recorded, so REINFORCE differentiates exactly the
+//! sampling distribution), conditioned on a context of the protagonist's recent success:
+//! overall and on levels with each family switched on (exponential moving averages).
+
+use super::RolesError;
+use actors::msg::{EpisodeOutcome, LearnStats, Level, Proposal};
+use actors::roles::{RoleError, Synthesizer};
+use actors::space::LevelSpace;
+use policies::adversary::{Adversary, AdversaryConfig, AdversarySample};
+use rand::SeedableRng;
+use std::collections::HashMap;
+use std::path::Path;
+
+const ROLE: &str = "adversary";
+/// Weight of a new episode in the success averages.
+const EMA: f32 = 0.05;
+
+/// The adversary's own settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AdversarySettings {
+    pub hidden: Vec<usize>,
+    pub learning_rate: f64,
+    pub ent_coef: f64,
+    /// At most this many faults at once (besides the budget).
+    pub max_active: usize,
+}
+
+pub struct AdversaryRole {
+    adv: Adversary,
+    space: LevelSpace,
+    mask: Vec<f32>,
+    costs: Vec<f32>,
+    rng: rand_chacha::ChaCha8Rng,
+    token: u64,
+    pending: HashMap<u64, AdversarySample>,
+    /// Recent success overall, then per dimension.
+    success: Vec<f32>,
+}
+
+impl AdversaryRole {
+    pub fn new(space: &LevelSpace, s: &AdversarySettings, seed: u64) -> Result<Self, RolesError> {
+        let cfg = AdversaryConfig {
+            context_dim: 2 + space.dims.len(),
+            choices: space.choices(),
+            max_active: s.max_active,
+            hidden: s.hidden.clone(),
+            learning_rate: s.learning_rate,
+            ent_coef: s.ent_coef,
+            ..AdversaryConfig::default()
+        };
+        Ok(Self {
+            adv: Adversary::new(&cfg, seed)?,
+            space: space.clone(),
+            mask: space.mask(),
+            costs: space
+                .dims
+                .iter()
+                .flat_map(|d| d.cost.iter().map(|&c| c as f32))
+                .collect(),
+            rng: rand_chacha::ChaCha8Rng::seed_from_u64(seed ^ 0xad7e),
+            token: 0,
+            pending: HashMap::new(),
+            success: vec![0.5; 1 + space.dims.len()],
+        })
+    }
+
+    fn context(&self) -> Vec<f32> {
+        let mut c = Vec::with_capacity(1 + self.success.len());
+        c.push(1.0);
+        c.extend_from_slice(&self.success);
+        c
+    }
+}
+
+impl Synthesizer for AdversaryRole {
+    fn propose(&mut self, n: usize) -> Result<Vec<Proposal>, RoleError> {
+        let ctx = self.context();
+        let mut out = Vec::with_capacity(n);
+        for _ in 0..n {
+            let s = self
+                .adv
+                .sample_within(&ctx, &self.mask, &self.costs, self.space.budget as f32)
+                .map_err(|e| RoleError::wrap(ROLE, e))?;
+            let level = Level {
+                seed: self.space.seed(&mut self.rng),
+                choices: s.choices.clone(),
+            };
+            self.token += 1;
+            self.pending.insert(self.token, s);
+            out.push(Proposal {
+                level,
+                token: self.token,
+            });
+        }
+        Ok(out)
+    }
+
+    fn observe(&mut self, outcomes: &[EpisodeOutcome]) -> Result<(), RoleError> {
+        for o in outcomes
+            .iter()
+            .filter(|o| o.counted() && o.agent == "protagonist")
+        {
+            let y = if o.success { 1.0 } else { 0.0 };
+            self.success[0] += EMA * (y - self.success[0]);
+            for (d, &c) in o.level.choices.iter().enumerate() {
+                if c != 0 {
+                    if let Some(s) = self.success.get_mut(1 + d) {
+                        *s += EMA * (y - *s);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn learn(&mut self, scored: &[(Proposal, f64)]) -> Result<LearnStats, RoleError> {
+        let batch: Vec<(AdversarySample, f32)> = scored
+            .iter()
+            .filter_map(|(p, r)| self.pending.remove(&p.token).map(|s| (s, *r as f32)))
+            .collect();
+        // Proposals that were never scored (an infrastructure failure) are forgotten.
+        self.pending.clear();
+        if batch.is_empty() {
+            return Ok(LearnStats::default());
+        }
+        let st = self
+            .adv
+            .update(&batch)
+            .map_err(|e| RoleError::wrap(ROLE, e))?;
+        Ok(LearnStats {
+            values: vec![
+                ("mean_reward".into(), f64::from(st.mean_reward)),
+                ("policy_loss".into(), f64::from(st.policy_loss)),
+                ("entropy".into(), f64::from(st.entropy)),
+                ("batch".into(), batch.len() as f64),
+            ],
+        })
+    }
+
+    fn save(&self, dir: &Path) -> Result<(), RoleError> {
+        self.adv
+            .save(&dir.join("adversary"))
+            .map_err(|e| RoleError::wrap(ROLE, e))
+    }
+}

@@ -1,0 +1,131 @@
+//! `actors::roles::Agent` over PPO: acting samples from the masked policy and remembers the
+//! step for the rollout buffer; recording pushes it with the rewards and the validity mask
+//! (failed steps and levels played only to be scored give no gradient and no bootstrap
+//! target); learning bootstraps from the current observations and runs one PPO update.
+
+use super::RolesError;
+use actors::msg::{Acted, LearnStats, Recorded};
+use actors::roles::{Agent, RoleError};
+use policies::nets::ActorCriticConfig;
+use policies::ppo::{ActOutput, PpoAgent, PpoConfig, RolloutBuffer, StepRecord};
+use std::path::Path;
+
+const ROLE: &str = "protagonist";
+
+pub struct PpoRole {
+    agent: PpoAgent,
+    buf: RolloutBuffer,
+    pending: Option<(Vec<f32>, Vec<f32>, ActOutput)>,
+}
+
+fn role_err(e: impl std::error::Error + Send + Sync + 'static) -> RoleError {
+    RoleError::wrap(ROLE, e)
+}
+
+impl PpoRole {
+    pub fn new(net: &ActorCriticConfig, cfg: &PpoConfig, seed: u64) -> Result<Self, RolesError> {
+        Ok(Self {
+            agent: PpoAgent::new(net, cfg, seed)?,
+            buf: RolloutBuffer::new(cfg.num_steps, cfg.num_envs, net, true),
+            pending: None,
+        })
+    }
+
+    pub fn agent(&self) -> &PpoAgent {
+        &self.agent
+    }
+
+    pub fn into_agent(self) -> PpoAgent {
+        self.agent
+    }
+}
+
+impl Agent for PpoRole {
+    fn rollout_len(&self) -> usize {
+        self.agent.config().num_steps
+    }
+
+    fn act(&mut self, obs: &[f32], masks: &[f32], n: usize) -> Result<Acted, RoleError> {
+        if n != self.agent.config().num_envs {
+            return Err(RoleError::new(
+                ROLE,
+                format!(
+                    "{n} observations for a policy of {} environments",
+                    self.agent.config().num_envs
+                ),
+            ));
+        }
+        let out = self.agent.act(obs, Some(masks)).map_err(role_err)?;
+        let acted = Acted {
+            actions: out.actions.clone(),
+            values: out.values.clone(),
+        };
+        self.pending = Some((obs.to_vec(), masks.to_vec(), out));
+        Ok(acted)
+    }
+
+    fn record(&mut self, s: &Recorded) -> Result<(), RoleError> {
+        let (obs, masks, out) = self
+            .pending
+            .take()
+            .ok_or_else(|| RoleError::new(ROLE, "a step was recorded that was not acted"))?;
+        let n = s.rewards.len();
+        let mut final_values = vec![0f32; n];
+        let idx: Vec<usize> = (0..n).filter(|&i| s.final_obs[i].is_some()).collect();
+        if !idx.is_empty() {
+            let fo: Vec<f32> = idx
+                .iter()
+                .filter_map(|&i| s.final_obs[i].as_deref())
+                .flatten()
+                .copied()
+                .collect();
+            let v = self.agent.values(&fo).map_err(role_err)?;
+            for (k, &i) in idx.iter().enumerate() {
+                final_values[i] = v[k];
+            }
+        }
+        self.buf
+            .push(&StepRecord {
+                obs: &obs,
+                masks: Some(&masks),
+                valid: Some(&s.valid),
+                actions: &out.actions,
+                log_probs: &out.log_probs,
+                values: &out.values,
+                rewards: &s.rewards,
+                terminated: &s.terminated,
+                truncated: &s.truncated,
+                final_values: &final_values,
+            })
+            .map_err(role_err)
+    }
+
+    fn learn(&mut self, next_obs: &[f32], _n: usize) -> Result<LearnStats, RoleError> {
+        let last = self.agent.values(next_obs).map_err(role_err)?;
+        self.buf.set_last_values(&last).map_err(role_err)?;
+        let valid = self.buf.valid().iter().filter(|&&v| v).count();
+        let stats = if valid == 0 {
+            // Every sample was masked (a rollout of levels played only to be scored): no
+            // gradient at all, rather than an update on nothing.
+            None
+        } else {
+            Some(self.agent.update(&self.buf).map_err(role_err)?)
+        };
+        self.buf.clear();
+        let mut values = vec![("valid_samples".to_string(), valid as f64)];
+        if let Some(u) = stats {
+            values.extend([
+                ("policy_loss".into(), f64::from(u.policy_loss)),
+                ("value_loss".into(), f64::from(u.value_loss)),
+                ("entropy".into(), f64::from(u.entropy)),
+                ("approx_kl".into(), f64::from(u.approx_kl)),
+                ("learning_rate".into(), u.learning_rate),
+            ]);
+        }
+        Ok(LearnStats { values })
+    }
+
+    fn save(&self, dir: &Path) -> Result<(), RoleError> {
+        self.agent.save(&dir.join("ppo")).map_err(role_err)
+    }
+}

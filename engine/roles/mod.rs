@@ -1,0 +1,43 @@
+//! The self-play roles of `actors` implemented with the factory: the level space of a
+//! template (`space.rs`), an environment worker over [`Env`](crate::env::Env) (`worker.rs`),
+//! the PPO protagonist (`agent.rs`), the learned adversary (`adversary.rs`) and the level
+//! buffer (`curriculum.rs`). `experiment::selfplay` puts them in the actor runtime.
+//!
+//! | file | what it is |
+//! |---|---|
+//! | `space.rs` | [`FaultSpace`]: a template's perturbations as `actors` level dimensions, with costs, a budget and masks; levels to plans |
+//! | `worker.rs` | [`EnvRole`]: `actors::roles::EnvWorker` over an `Env` (failures told apart) |
+//! | `agent.rs` | [`PpoRole`]: `actors::roles::Agent` over `policies::ppo` |
+//! | `adversary.rs` | [`AdversaryRole`]: `actors::roles::Synthesizer` over `policies::adversary` |
+//! | `curriculum.rs` | [`BufferRole`]: `actors::roles::Curriculum` over `policies::curriculum::LevelBuffer` |
+
+mod adversary;
+mod agent;
+mod curriculum;
+mod space;
+mod worker;
+
+pub use adversary::{AdversaryRole, AdversarySettings};
+pub use agent::PpoRole;
+pub use curriculum::{BufferRole, ScoreKind};
+pub use space::{FaultSpace, SpaceSettings};
+pub use worker::EnvRole;
+
+/// Errors of the role adapters.
+#[derive(Debug, thiserror::Error)]
+pub enum RolesError {
+    #[error(transparent)]
+    Space(#[from] actors::space::SpaceError),
+    #[error(transparent)]
+    Ppo(#[from] policies::ppo::PpoError),
+    #[error(transparent)]
+    Adversary(#[from] policies::adversary::AdversaryError),
+    #[error(transparent)]
+    Curriculum(#[from] policies::curriculum::CurriculumError),
+    #[error("template `{template}` has no task: self-play needs one")]
+    NoTask { template: String },
+    #[error("cost of `{key}`: {reason}")]
+    Cost { key: String, reason: String },
+    #[error("the {what} does not match: {reason}")]
+    Shape { what: &'static str, reason: String },
+}

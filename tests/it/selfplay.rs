@@ -1,0 +1,321 @@
+//! Self-play end to end: `[selfplay]` configs and their errors, a real RARL run through the
+//! actor runtime on real sandboxes (metrics, episodes with plans, checkpoints of every role,
+//! held-out evaluation), and supervision: a worker whose sandbox init is killed in the
+//! middle of a run is restarted, its episode masked, and the run goes on.
+
+use crate::common;
+use actors::msg::{FailureKind, Level};
+use actors::roles::EnvWorker;
+use actors::runtime::{Budget, Control, Observer, Parts, WorkerFactory};
+use actors::schedule::{Iteration, Method, ScheduleConfig};
+use engine::env::{Env, EnvConfig};
+use engine::experiment::Experiment;
+use engine::roles::{EnvRole, FaultSpace, PpoRole, SpaceSettings};
+use engine::synth::Cache;
+use engine::template::Template;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+const TEMPLATE: &str = r#"
+[template]
+name = "sp"
+task = "fix-path"
+[base_environment]
+rootfs = "host"
+[[perturbation_space]]
+name = "noisy-env"
+probability = 0.5
+[perturbation_space.params]
+count = [1, 3]
+[[perturbation_space]]
+name = "path-shuffle"
+probability = 0.5
+"#;
+
+fn project(selfplay: &str, training: &str) -> (tempfile::TempDir, PathBuf) {
+    let root = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(root.path().join("experiments")).unwrap();
+    std::fs::create_dir_all(root.path().join("templates")).unwrap();
+    std::fs::write(root.path().join("templates/t.toml"), TEMPLATE).unwrap();
+    let file = root.path().join("experiments/sp.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "[experiment]\nname = \"sp\"\nseeds = [1]\nout_dir = \"{}\"\n[environment]\ntemplate = \"templates/t.toml\"\nworkers = 2\n[training]\n{training}\n[selfplay]\n{selfplay}",
+            root.path().join("out").display()
+        ),
+    )
+    .unwrap();
+    (root, file)
+}
+
+#[test]
+fn selfplay_configs_are_checked_with_the_file_and_key() {
+    for (selfplay, key, says) in [
+        (
+            "method = \"minimax\"\n",
+            "selfplay.method",
+            "unknown method `minimax`",
+        ),
+        (
+            "method = \"rarl\"\npopulation = 0\n",
+            "selfplay.population",
+            "between 1 and 64",
+        ),
+        ("lambda = nan\n", "selfplay.lambda", "finite"),
+        ("lambda = 0.5\n", "selfplay.lambda", "real set"),
+        ("budget = 0.0\n", "selfplay.budget", "> 0"),
+        (
+            "held_out_faults = [\"disk-fill\"]\n",
+            "selfplay.held_out_faults",
+            "not in",
+        ),
+        ("dr_share = 1.5\n", "selfplay.dr_share", "[0, 1]"),
+        (
+            "method = \"sfl\"\nsfl_keep = 40\nsfl_candidates = 8\n",
+            "selfplay.sfl_keep",
+            "sfl_candidates",
+        ),
+        ("score = \"regret\"\n", "selfplay.score", "pvl"),
+        ("methd = \"rarl\"\n", "", "unknown field `methd`"),
+    ] {
+        let (_r, file) = project(selfplay, "");
+        let e = Experiment::load(&file).unwrap_err().to_string();
+        assert!(e.contains("sp.toml:"), "{selfplay}: {e}");
+        assert!(e.contains(key) && e.contains(says), "{selfplay}: {e}");
+    }
+    let (_r, file) = project("method = \"plr\"\n", "");
+    let exp = Experiment::load(&file).unwrap();
+    let text = engine::experiment::selfplay::describe(&exp, exp.selfplay.as_ref().unwrap());
+    assert!(
+        text.contains("method plr") && text.contains("level buffer"),
+        "{text}"
+    );
+}
+
+#[test]
+fn every_shipped_experiment_loads_and_the_methods_differ_by_one_key() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("experiments");
+    let rarl = std::fs::read_to_string(root.join("rarl.toml")).unwrap();
+    let body = |s: &str| s[s.find("[experiment]").unwrap()..].to_string();
+    for m in Method::ALL {
+        let file = root.join(format!("{}.toml", m.name()));
+        let exp = Experiment::load(&file).unwrap();
+        assert_eq!(exp.selfplay.as_ref().unwrap().method(), Some(m));
+        let text = std::fs::read_to_string(&file).unwrap();
+        let differ: Vec<_> = body(&text)
+            .lines()
+            .zip(body(&rarl).lines())
+            .filter(|(a, b)| a != b)
+            .map(|(a, _)| a.to_string())
+            .collect();
+        assert!(
+            differ
+                .iter()
+                .all(|l| l.starts_with("name = ") || l.starts_with("method = ")),
+            "{}: {differ:?}",
+            m.name()
+        );
+    }
+}
+
+/// Each outcome's failure kind and success.
+type Outcomes = Arc<Mutex<Vec<(Option<FailureKind>, bool)>>>;
+
+struct Seen(Outcomes);
+
+impl Observer for Seen {
+    fn iteration(
+        &mut self,
+        _i: u64,
+        _u: u64,
+        it: &Iteration,
+    ) -> Result<Control, actors::roles::RoleError> {
+        let mut s = self.0.lock().unwrap();
+        s.extend(
+            it.outcomes
+                .iter()
+                .map(|o| (o.failure.as_ref().map(|f| f.kind), o.success)),
+        );
+        Ok(Control::default())
+    }
+}
+
+/// An Env worker that kills its own sandbox's init (SIGKILL) at its `at`-th step.
+struct KillInit {
+    inner: EnvRole,
+    /// Which build of a worker this is (1, 2: the first two; 3 on: rebuilt after a failure).
+    build: u64,
+    per_build: Arc<Mutex<std::collections::BTreeMap<u64, u64>>>,
+    at: u64,
+    steps: Arc<AtomicU64>,
+    killed: Arc<AtomicBool>,
+}
+
+impl EnvWorker for KillInit {
+    fn reset(&mut self, level: &Level) -> Result<actors::msg::Start, actors::msg::Failure> {
+        self.inner.reset(level)
+    }
+
+    fn step(&mut self, action: u32) -> actors::msg::StepResult {
+        let n = self.steps.fetch_add(1, Ordering::SeqCst) + 1;
+        *self
+            .per_build
+            .lock()
+            .unwrap()
+            .entry(self.build)
+            .or_default() += 1;
+        if n == self.at && !self.killed.swap(true, Ordering::SeqCst) {
+            let pid = self.inner.env_mut().running().unwrap().sandbox.init_pid();
+            nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            )
+            .unwrap();
+        }
+        self.inner.step(action)
+    }
+}
+
+#[test]
+fn a_worker_whose_sandbox_init_is_killed_mid_run_is_restarted_and_the_run_goes_on() {
+    let rt = common::runtime();
+    let st = common::TempState::new();
+    let cache = Cache::open_with(st.path(), 64, 1 << 30).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let tpl_file = dir.path().join("t.toml");
+    std::fs::write(&tpl_file, TEMPLATE).unwrap();
+    let tpl = Template::load(&tpl_file).unwrap();
+    let settings = SpaceSettings {
+        costs: Default::default(),
+        budget: 1.0,
+        seed_base: 7_000,
+        seed_count: 4,
+    };
+    let space = Arc::new(FaultSpace::new(tpl, &settings).unwrap());
+    let level_space = space.space.clone();
+    let cfg = EnvConfig::default();
+    let probe = Env::new(rt.clone(), cache.clone(), cfg.clone()).unwrap();
+    let obs_dim = probe.obs_dim();
+    drop(probe);
+    let width = 32;
+    let net = policies::nets::ActorCriticConfig {
+        obs_dim,
+        action_dims: vec![width],
+        hidden: vec![16],
+        activation: policies::nets::Activation::Tanh,
+        shared_trunk: false,
+    };
+    let ppo = policies::ppo::PpoConfig {
+        num_envs: 2,
+        num_steps: 4,
+        num_minibatches: 1,
+        update_epochs: 1,
+        ..policies::ppo::PpoConfig::default()
+    };
+    let (steps, killed) = (
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let (k2, s2) = (killed.clone(), steps.clone());
+    let built = Arc::new(AtomicU64::new(0));
+    let b2 = built.clone();
+    let per_build = Arc::new(Mutex::new(std::collections::BTreeMap::new()));
+    let p2 = per_build.clone();
+    let factory: WorkerFactory = Arc::new(move |_| {
+        let build = b2.fetch_add(1, Ordering::SeqCst) + 1;
+        let env = Env::new(rt.clone(), cache.clone(), cfg.clone()).unwrap();
+        Ok(Box::new(KillInit {
+            inner: EnvRole::new(env, space.clone(), width),
+            build,
+            per_build: p2.clone(),
+            at: 5,
+            steps: s2.clone(),
+            killed: k2.clone(),
+        }) as Box<dyn EnvWorker>)
+    });
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let sc = ScheduleConfig::new(Method::Dr, level_space, 1);
+    let summary = actors::runtime::run(
+        &sc,
+        Parts {
+            protagonist: Box::new(PpoRole::new(&net, &ppo, 1).unwrap()),
+            antagonist: None,
+            adversaries: Vec::new(),
+            critic: None,
+            curriculum: None,
+            workers: 2,
+            worker_factory: factory,
+        },
+        Box::new(Seen(seen.clone())),
+        Budget { updates: 4 },
+    )
+    .unwrap();
+    assert!(killed.load(Ordering::SeqCst), "the init was never killed");
+    assert_eq!(summary.updates, 4, "the run stopped after the kill");
+    assert!(summary.worker_restarts >= 1, "{summary:?}");
+    assert!(
+        built.load(Ordering::SeqCst) >= 3,
+        "no fresh worker was built after the kill"
+    );
+    let seen = seen.lock().unwrap();
+    let infra = seen
+        .iter()
+        .filter(|o| o.0 == Some(FailureKind::Infrastructure))
+        .count();
+    assert!(
+        infra >= 1,
+        "the killed episode was not reported as an infrastructure failure: {seen:?}"
+    );
+    // The worker built after the kill played on.
+    let per_build = per_build.lock().unwrap();
+    assert!(
+        per_build.range(3..).any(|(_, &steps)| steps > 0),
+        "no rebuilt worker stepped: {per_build:?}"
+    );
+}
+
+#[test]
+fn a_short_rarl_run_writes_metrics_episodes_checkpoints_and_a_report() {
+    let (root, file) = project(
+        "method = \"rarl\"\npopulation = 1\nprotagonist_updates = 1\nadversary_batch = 2\nbudget = 1.0\nmax_faults = 1\ncheckpoint_every = 1\n",
+        "total_steps = 16\nnum_envs = 2\nnum_steps = 4\nnum_minibatches = 1\nupdate_epochs = 1\nhidden = [16]\ntrain_levels = 4\neval_levels = 2\n",
+    );
+    let exp = Experiment::load(&file).unwrap();
+    let rt = common::runtime();
+    let st = common::TempState::new();
+    let cache = Cache::open_with(st.path(), 64, 1 << 30).unwrap();
+    static STOP: AtomicBool = AtomicBool::new(false);
+    let (report, path) =
+        engine::experiment::selfplay::run(&exp, exp.selfplay.as_ref().unwrap(), &rt, &cache, &STOP)
+            .unwrap();
+    assert!(report.complete && !report.interrupted);
+    let s = &report.seeds[0];
+    assert_eq!(s.updates, 2);
+    // Two protagonist updates with an adversary phase between them.
+    let phases: Vec<&str> = s.curve.iter().map(|p| p.phase.as_str()).collect();
+    assert_eq!(phases, ["protagonist", "adversary", "protagonist"]);
+    assert_eq!(s.held_out_clean.episodes, 2);
+    assert_eq!(s.held_out_faulted.episodes, 2);
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    assert_eq!(json["method"], "rarl");
+    assert!(json["held_out_clean"]["per_seed"].as_array().unwrap().len() == 1);
+    let out = root.path().join("out/sp");
+    for f in [
+        "report.md",
+        "seed-1/metrics.jsonl",
+        "seed-1/final/protagonist/ppo.safetensors",
+        "seed-1/final/adversary-0/adversary.safetensors",
+    ] {
+        assert!(out.join(f).is_file(), "{f} missing");
+    }
+    let episodes = std::fs::read_to_string(out.join("seed-1/episodes.jsonl")).unwrap();
+    let first: serde_json::Value = serde_json::from_str(episodes.lines().next().unwrap()).unwrap();
+    assert!(
+        first["plan"]["task"]["name"] == "fix-path" && first["actions"].is_array(),
+        "{first}"
+    );
+    let metrics = std::fs::read_to_string(out.join("seed-1/metrics.jsonl")).unwrap();
+    assert_eq!(metrics.lines().count(), 3);
+}
