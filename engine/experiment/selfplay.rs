@@ -796,6 +796,12 @@ pub fn render(r: &SelfPlayReport) -> String {
     if let Some(f) = &r.held_out_families {
         s.push_str(&format!("| held-out fault families | {} | |\n", fmt(f)));
     }
+    let skipped = |f: &dyn Fn(&SeedReport) -> usize| r.seeds.iter().map(f).sum::<usize>();
+    s.push_str(&format!(
+        "\nLevels that cannot be played (uncertified, not solvable through the catalogue, faults that do not apply together) are skipped, not counted: clean {}, faulted {} (over all seeds).\n",
+        skipped(&|x| x.held_out_clean.skipped),
+        skipped(&|x| x.held_out_faulted.skipped),
+    ));
     s.push_str(&format!(
         "\nEnvironment steps per second through the actor runtime (training, all roles): {}.\n\n![protagonist success per update](curve.png)\n\n| seed | updates | steps | steps/s | failed episodes | worker restarts | masked settings |\n|---|---|---|---|---|---|---|\n",
         fmt(&r.steps_per_s)
