@@ -291,8 +291,9 @@ fn rng(cfg: &ScheduleConfig, purpose: u64) -> rand_chacha::ChaCha8Rng {
     rand_chacha::ChaCha8Rng::seed_from_u64(cfg.seed ^ purpose.wrapping_mul(0x9e37_79b9_7f4a_7c15))
 }
 
-/// The protagonist's next learning level (as an arena's source answers it): with probability `share` a domain-randomised one,
-/// otherwise `other`'s (RARL's and PAIRED's proposals, SFL's kept levels).
+/// The protagonist's next learning level (as an arena's source answers it): with
+/// probability `share` a domain-randomised one, otherwise `other`'s (RARL's and PAIRED's
+/// proposals, SFL's kept levels).
 fn dr_or(
     space: &LevelSpace,
     rng: &mut rand_chacha::ChaCha8Rng,

@@ -5,7 +5,9 @@
 //! the antagonist's best return minus the protagonist's mean return on the level (matched by
 //! [`Assignment::tag`]), plus `lambda * log D`. A proposal that cannot be played scores
 //! [`UNUSABLE_REWARD`]; one that only failed on the infrastructure, or that one of the two
-//! agents did not finish, is not scored.
+//! agents did not finish, is not scored. The antagonist skips the proposals the protagonist
+//! found unusable, and learns on domain-randomised levels when that leaves none (so a
+//! population proposing only unplayable levels does not stop the run).
 
 use super::rarl::log_d;
 use super::{
@@ -15,6 +17,7 @@ use super::{
 use crate::msg::{Assignment, EpisodeOutcome, FailureKind, Origin, Proposal};
 use crate::space::LevelSpace;
 use rand_chacha::ChaCha8Rng;
+use std::collections::HashSet;
 
 pub struct Paired {
     space: LevelSpace,
@@ -148,10 +151,24 @@ impl Schedule for Paired {
             .learn(protagonist.as_mut(), workers.as_mut(), &mut source)?;
         // The antagonist plays on the same workers next.
         self.protagonist.abandon();
+        let unusable: HashSet<u64> = pr
+            .outcomes
+            .iter()
+            .filter(|o| o.failure.as_ref().map(|f| f.kind) == Some(FailureKind::Unusable))
+            .filter_map(|o| o.tag)
+            .collect();
+        let usable: Vec<usize> = (0..proposals.len())
+            .filter(|&i| !unusable.contains(&(i as u64)))
+            .collect();
+        let (space, rng) = (&self.space, &mut self.rng);
         let mut next = 0;
         let mut source = |_: usize| {
             next += 1;
-            Ok(Some(assignment(&proposals, next - 1)))
+            Ok(Some(if usable.is_empty() {
+                Assignment::new(space.random(rng), Origin::Random, true)
+            } else {
+                assignment(&proposals, usable[(next - 1) % usable.len()])
+            }))
         };
         let ar = self
             .antagonist

@@ -225,6 +225,41 @@ fn paired_with_lambda_0_scores_pure_regret_without_the_critic() {
     }
 }
 
+#[test]
+fn paired_goes_on_when_every_proposal_is_unusable() {
+    // The adversaries draw task seeds 0..20, all unusable; DR draws from 0..40.
+    let sabotage = Sabotage {
+        unusable_seeds: (0..20).collect(),
+        ..Sabotage::default()
+    };
+    let mut p = paired(Box::new(FakeCritic::default()), sabotage);
+    let mut cfg = ScheduleConfig::new(Method::Paired, space(DIMS, 1, 1.0, 40), 5);
+    cfg.adversary_batch = 3;
+    cfg.dr_share = 0.5;
+    let mut s = build(&cfg, &p.roles).unwrap();
+    for _ in 0..3 {
+        let it = s.iterate(&mut p.roles).unwrap();
+        assert!(it.antagonist.is_some());
+        let antagonist: Vec<_> = it
+            .outcomes
+            .iter()
+            .filter(|o| o.agent == "antagonist")
+            .collect();
+        assert!(!antagonist.is_empty());
+        assert!(
+            antagonist.iter().all(|o| o.origin == Origin::Random),
+            "the antagonist played a proposal the protagonist found unusable"
+        );
+        assert!(antagonist.iter().any(|o| o.counted()));
+        for k in 0..2 {
+            let got = take_scored(&p.scored[k]);
+            assert_eq!(got.len(), 3, "adversary {k}: {got:?}");
+            assert!(got.iter().all(|g| g.1 == UNUSABLE_REWARD), "{got:?}");
+        }
+    }
+    assert!(p.antagonist.lock().unwrap().learned_samples > 0);
+}
+
 // ---------------------------------------------------------------- robust PLR, ACCEL
 
 /// What the spies saw: the level on each worker, and the samples the agent recorded as
