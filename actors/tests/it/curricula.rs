@@ -326,17 +326,24 @@ impl Agent for SpyAgent {
 }
 
 /// A buffer of fixed levels (task seeds outside the space's range, so no fresh draw
-/// equals one): replays one at random with probability `replay`, and logs what it scores.
+/// equals one): replays one at random with probability `replay` (`None`: replay and fresh
+/// in strict alternation, a replay first), and logs what it scores.
 struct FixedReplays {
     levels: Vec<Level>,
-    replay: f64,
+    replay: Option<f64>,
+    picks: u64,
     rng: rand_chacha::ChaCha8Rng,
     scored: Arc<Mutex<Vec<(Origin, Level)>>>,
 }
 
 impl Curriculum for FixedReplays {
     fn pick(&mut self) -> Result<Pick, RoleError> {
-        if self.rng.gen::<f64>() < self.replay {
+        self.picks += 1;
+        let replay = match self.replay {
+            Some(p) => self.rng.gen::<f64>() < p,
+            None => self.picks % 2 == 1,
+        };
+        if replay {
             let i = self.rng.gen_range(0..self.levels.len());
             return Ok(Pick::Replay(self.levels[i].clone()));
         }
@@ -367,7 +374,7 @@ struct Replays {
     scored: Arc<Mutex<Vec<(Origin, Level)>>>,
 }
 
-fn replays(levels: Vec<Level>, replay: f64, sabotage: Sabotage) -> Replays {
+fn replays(levels: Vec<Level>, replay: Option<f64>, sabotage: Sabotage) -> Replays {
     let seen = Arc::new(Mutex::new(Seen {
         current: vec![None; 4],
         ..Seen::default()
@@ -377,6 +384,7 @@ fn replays(levels: Vec<Level>, replay: f64, sabotage: Sabotage) -> Replays {
     let curriculum = FixedReplays {
         levels: levels.clone(),
         replay,
+        picks: 0,
         rng: rand_chacha::ChaCha8Rng::seed_from_u64(11),
         scored: Arc::clone(&scored),
     };
@@ -451,7 +459,7 @@ fn robust_plr_learns_only_from_replays_and_scores_every_counted_episode() {
         unusable_seeds: vec![5],
         ..Sabotage::default()
     };
-    let mut r = replays(buffer, 0.5, sabotage);
+    let mut r = replays(buffer, Some(0.5), sabotage);
     let all = run_replays(Method::Plr, space(DIMS, 1, 1.0, 20), &mut r, 20);
     let failed = all.iter().filter(|o| !o.counted()).count();
     let fresh = all.iter().filter(|o| o.origin == Origin::Random).count();
@@ -466,7 +474,11 @@ fn robust_plr_learns_only_from_replays_and_scores_every_counted_episode() {
 
 #[test]
 fn robust_plr_updates_even_when_every_level_is_fresh() {
-    let mut r = replays(vec![level(1000, &[1, 0, 0])], 0.0, Sabotage::default());
+    let mut r = replays(
+        vec![level(1000, &[1, 0, 0])],
+        Some(0.0),
+        Sabotage::default(),
+    );
     run_replays(Method::Plr, space(DIMS, 1, 1.0, 20), &mut r, 3);
     let log = r.log.lock().unwrap();
     assert_eq!(log.learned_samples, 0);
@@ -481,7 +493,7 @@ fn accel_mutates_replays_in_one_or_two_faults_and_keeps_their_task_seed() {
         level(1001, &[0, 2, 0]),
         level(1002, &[1, 0, 2]),
     ];
-    let mut r = replays(buffer.clone(), 0.5, Sabotage::default());
+    let mut r = replays(buffer.clone(), Some(0.5), Sabotage::default());
     let all = run_replays(Method::Accel, sp.clone(), &mut r, 20);
     let mutations: Vec<_> = all
         .iter()
@@ -507,14 +519,22 @@ fn accel_mutates_replays_in_one_or_two_faults_and_keeps_their_task_seed() {
         );
         sp.check(&m.level).unwrap();
     }
-    // Fresh DR levels are played only once no mutation waits: with replays half the time,
-    // most fresh picks are mutations.
-    let random = all.iter().filter(|o| o.origin == Origin::Random).count();
-    assert!(
-        random < mutations.len(),
-        "{random} DR levels, {} mutations",
-        mutations.len()
+}
+
+#[test]
+fn accel_plays_a_waiting_mutation_before_any_fresh_dr_level() {
+    // Replay, fresh, replay, fresh, ...: every fresh pick finds the mutation of the replay
+    // before it waiting, so no DR level is ever played.
+    let buffer = vec![level(1000, &[1, 0, 0]), level(1001, &[0, 2, 0])];
+    let mut r = replays(buffer, None, Sabotage::default());
+    let all = run_replays(Method::Accel, space(DIMS, 2, 2.0, 20), &mut r, 6);
+    let count = |origin| all.iter().filter(|o| o.origin == origin).count();
+    assert_eq!(
+        count(Origin::Random),
+        0,
+        "a DR level was played while a mutation waited"
     );
+    assert!(count(Origin::Mutation) > 10 && count(Origin::Replay) > 10);
 }
 
 // ---------------------------------------------------------------- SFL
