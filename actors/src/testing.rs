@@ -282,6 +282,8 @@ pub struct FakeSynthesizer {
     pub weights: Vec<f64>,
     token: u64,
     pub observed: u64,
+    /// Every `(proposal, reward)` it learned from, shared with the test.
+    pub learned: Arc<Mutex<Vec<(Proposal, f64)>>>,
 }
 
 impl FakeSynthesizer {
@@ -293,6 +295,7 @@ impl FakeSynthesizer {
             weights: vec![0.0; n],
             token: 0,
             observed: 0,
+            learned: Arc::default(),
         }
     }
 }
@@ -328,6 +331,10 @@ impl Synthesizer for FakeSynthesizer {
     }
 
     fn learn(&mut self, scored: &[(Proposal, f64)]) -> Result<LearnStats, RoleError> {
+        self.learned
+            .lock()
+            .map_err(|_| RoleError::new("fake adversary", "log poisoned"))?
+            .extend_from_slice(scored);
         let mean = scored.iter().map(|(_, r)| r).sum::<f64>() / scored.len().max(1) as f64;
         for (p, r) in scored {
             if let Some(d) = p.level.choices.iter().position(|&c| c != 0) {

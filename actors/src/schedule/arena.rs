@@ -203,6 +203,16 @@ impl Arena {
         Ok(out)
     }
 
+    /// One learning rollout: the agent's rollout length, then its learning step.
+    pub fn learn(
+        &mut self,
+        agent: &mut dyn Agent,
+        workers: &mut dyn Workers,
+        source: &mut dyn FnMut(usize) -> Result<Option<Assignment>, ScheduleError>,
+    ) -> Result<Rollout, ScheduleError> {
+        self.rollout(agent, workers, source, 0, true)
+    }
+
     /// Play until the source runs dry and every live episode ended (an evaluation).
     pub fn play_out(
         &mut self,

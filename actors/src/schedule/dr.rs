@@ -2,7 +2,7 @@
 //! space (within its budget and masks). Clean training (`clean.rs`) is the same schedule
 //! drawing unperturbed levels.
 
-use super::{rng, Arena, Iteration, Method, Phase, Roles, Schedule, ScheduleConfig, ScheduleError};
+use super::{rng, Arena, Iteration, Method, Roles, Schedule, ScheduleConfig, ScheduleError};
 use crate::msg::{Assignment, Origin};
 use crate::space::LevelSpace;
 use rand_chacha::ChaCha8Rng;
@@ -56,20 +56,12 @@ impl Schedule for Sampled {
                 Assignment::new(space.random(rng), Origin::Random, true)
             }))
         };
-        let r = self.arena.rollout(
+        let r = self.arena.learn(
             roles.protagonist.as_mut(),
             roles.workers.as_mut(),
             &mut source,
-            0,
-            true,
         )?;
         self.updates += 1;
-        let mut it = Iteration {
-            phase: Some(Phase::Protagonist),
-            protagonist: r.learned.clone(),
-            ..Iteration::default()
-        };
-        it.add(r);
-        Ok(it)
+        Ok(Iteration::learned(r))
     }
 }

@@ -27,7 +27,7 @@ mod sfl;
 
 pub use arena::{Arena, Rollout};
 
-use crate::msg::{EpisodeOutcome, Failure, LearnStats};
+use crate::msg::{Assignment, EpisodeOutcome, Failure, LearnStats, Origin};
 use crate::roles::{Agent, Critic, Curriculum, RoleError, Synthesizer, Workers};
 use crate::space::LevelSpace;
 use serde::{Deserialize, Serialize};
@@ -226,6 +226,17 @@ pub struct Iteration {
 }
 
 impl Iteration {
+    /// A protagonist iteration of the learning rollout `r`.
+    fn learned(r: Rollout) -> Self {
+        let mut it = Self {
+            phase: Some(Phase::Protagonist),
+            protagonist: r.learned.clone(),
+            ..Self::default()
+        };
+        it.add(r);
+        it
+    }
+
     fn add(&mut self, r: Rollout) {
         self.steps += r.steps;
         self.outcomes.extend(r.outcomes);
@@ -278,6 +289,27 @@ pub fn build(cfg: &ScheduleConfig, roles: &Roles) -> Result<Box<dyn Schedule>, S
 fn rng(cfg: &ScheduleConfig, purpose: u64) -> rand_chacha::ChaCha8Rng {
     use rand::SeedableRng;
     rand_chacha::ChaCha8Rng::seed_from_u64(cfg.seed ^ purpose.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+}
+
+/// The protagonist's next learning level (as an arena's source answers it): with
+/// probability `share` a domain-randomised one, otherwise `other`'s (RARL's and PAIRED's
+/// proposals, SFL's kept levels).
+fn dr_or(
+    space: &LevelSpace,
+    rng: &mut rand_chacha::ChaCha8Rng,
+    share: f64,
+    other: impl FnOnce(&mut rand_chacha::ChaCha8Rng) -> Result<Assignment, ScheduleError>,
+) -> Result<Option<Assignment>, ScheduleError> {
+    use rand::Rng;
+    if rng.gen::<f64>() < share {
+        Ok(Some(Assignment::new(
+            space.random(rng),
+            Origin::Random,
+            true,
+        )))
+    } else {
+        other(rng).map(Some)
+    }
 }
 
 /// The adversaries' reward for the protagonist's episode on a proposed level: its failure

@@ -1,26 +1,111 @@
-//! TEMPORARY: replaced by the schedule's implementation before this lands.
+//! Robust PLR (Jiang et al. 2021, "Replay-Guided Adversarial Environment Design"): each
+//! slot's next level is the curriculum's pick: a buffered level to replay, learned from, or
+//! a fresh domain-randomised level played only to be scored (no gradient on fresh levels).
+//! Every counted episode is handed to the curriculum, which scores its level from the
+//! episode's rewards and values; failed episodes are never scored. ACCEL (`accel.rs`) is
+//! the same schedule with its replays mutated into new candidates.
 
-use super::{Iteration, Method, Roles, Schedule, ScheduleConfig, ScheduleError};
+use super::{rng, Arena, Iteration, Method, Roles, Schedule, ScheduleConfig, ScheduleError};
+use crate::msg::{Assignment, Level, Origin, Pick};
+use crate::space::LevelSpace;
+use rand_chacha::ChaCha8Rng;
+use std::collections::VecDeque;
 
-pub struct Plr;
+/// Mutations waiting to be played at most (the oldest, of the stalest parents, are dropped
+/// first).
+const MAX_QUEUED_MUTATIONS: usize = 4096;
 
-impl Plr {
-    pub fn new(_cfg: &ScheduleConfig, _workers: usize) -> Self {
-        Self
+/// The protagonist learning on the curriculum's replays (robust PLR, ACCEL).
+pub struct Replayed {
+    method: Method,
+    space: LevelSpace,
+    /// ACCEL: mutations of replayed levels, played before fresh DR levels.
+    mutations: Option<VecDeque<Level>>,
+    arena: Arena,
+    rng: ChaCha8Rng,
+    updates: u64,
+}
+
+impl Replayed {
+    pub(super) fn with(method: Method, cfg: &ScheduleConfig, workers: usize) -> Self {
+        Self {
+            method,
+            space: cfg.space.clone(),
+            mutations: (method == Method::Accel).then(VecDeque::new),
+            arena: Arena::new("protagonist", workers),
+            rng: rng(cfg, 5),
+            updates: 0,
+        }
     }
 }
 
-impl Schedule for Plr {
+/// Robust PLR's schedule.
+pub struct Plr;
+
+impl Plr {
+    #[allow(clippy::new_ret_no_self)]
+    pub fn new(cfg: &ScheduleConfig, workers: usize) -> Replayed {
+        Replayed::with(Method::Plr, cfg, workers)
+    }
+}
+
+impl Schedule for Replayed {
     fn method(&self) -> Method {
-        Method::Plr
+        self.method
     }
+
     fn updates(&self) -> u64 {
-        0
+        self.updates
     }
-    fn iterate(&mut self, _roles: &mut Roles) -> Result<Iteration, ScheduleError> {
-        Err(ScheduleError::Config {
-            key: "method",
-            reason: "not built yet".into(),
+
+    fn iterate(&mut self, roles: &mut Roles) -> Result<Iteration, ScheduleError> {
+        let Roles {
+            protagonist,
+            curriculum,
+            workers,
+            ..
+        } = roles;
+        let curriculum = curriculum.as_mut().ok_or(ScheduleError::MissingRole {
+            method: self.method.name(),
+            what: "a curriculum (level buffer)",
+        })?;
+        let (space, rng, mutations) = (&self.space, &mut self.rng, &mut self.mutations);
+        let mut source = |_: usize| -> Result<Option<Assignment>, ScheduleError> {
+            Ok(Some(match curriculum.pick()? {
+                Pick::Replay(level) => {
+                    if let Some(queue) = mutations.as_mut() {
+                        queue.push_back(space.mutate(&level, rng));
+                        if queue.len() > MAX_QUEUED_MUTATIONS {
+                            queue.pop_front();
+                        }
+                    }
+                    Assignment::new(level, Origin::Replay, true)
+                }
+                Pick::Fresh => match mutations.as_mut().and_then(VecDeque::pop_front) {
+                    Some(level) => Assignment::new(level, Origin::Mutation, false),
+                    None => Assignment::new(space.random(rng), Origin::Random, false),
+                },
+            }))
+        };
+        let r = self
+            .arena
+            .learn(protagonist.as_mut(), workers.as_mut(), &mut source)?;
+        let mut scored = 0;
+        for o in r.outcomes.iter().filter(|o| o.counted()) {
+            curriculum.update(o)?;
+            scored += 1;
+        }
+        self.updates += 1;
+        tracing::debug!(
+            method = self.method.name(),
+            scored,
+            buffer = curriculum.len(),
+            queued = self.mutations.as_ref().map_or(0, VecDeque::len),
+            "replay iteration"
+        );
+        Ok(Iteration {
+            buffer: Some(curriculum.len()),
+            ..Iteration::learned(r)
         })
     }
 }

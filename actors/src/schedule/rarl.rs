@@ -5,13 +5,12 @@
 //! protagonist plays each once, and the adversary learns from [`adversary_reward`]).
 
 use super::{
-    adversary_reward, rng, Arena, Iteration, Method, Phase, Roles, Schedule, ScheduleConfig,
+    adversary_reward, dr_or, rng, Arena, Iteration, Method, Phase, Roles, Schedule, ScheduleConfig,
     ScheduleError,
 };
-use crate::msg::{Assignment, EpisodeOutcome, Origin, Proposal};
+use crate::msg::{Assignment, EpisodeOutcome, Level, Origin, Proposal};
 use crate::roles::Critic;
 use crate::space::LevelSpace;
-use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use std::collections::VecDeque;
 
@@ -52,28 +51,20 @@ impl Rarl {
         let adversaries = &mut roles.adversaries;
         let next = &mut self.next_adversary;
         let mut source = |_: usize| -> Result<Option<Assignment>, ScheduleError> {
-            if rng.gen::<f64>() < share {
-                return Ok(Some(Assignment::new(
-                    space.random(rng),
-                    Origin::Random,
-                    true,
-                )));
-            }
-            let k = *next % adversaries.len();
-            *next = (*next + 1) % adversaries.len();
-            let p = adversaries[k].propose(1)?;
-            let level =
-                p.into_iter().next().map(|p| p.level).ok_or_else(|| {
+            dr_or(space, rng, share, |_| {
+                let k = *next % adversaries.len();
+                *next = (*next + 1) % adversaries.len();
+                let p = adversaries[k].propose(1)?;
+                let level = p.into_iter().next().map(|p| p.level).ok_or_else(|| {
                     ScheduleError::Shape(format!("adversary {k} proposed no level"))
                 })?;
-            Ok(Some(Assignment::new(level, Origin::Adversary(k), true)))
+                Ok(Assignment::new(level, Origin::Adversary(k), true))
+            })
         };
-        let r = self.learner.rollout(
+        let r = self.learner.learn(
             roles.protagonist.as_mut(),
             roles.workers.as_mut(),
             &mut source,
-            0,
-            true,
         )?;
         for a in roles.adversaries.iter_mut() {
             a.observe(&r.outcomes)?;
@@ -84,13 +75,7 @@ impl Rarl {
             // The adversaries' phase resets every worker.
             self.learner.abandon();
         }
-        let mut it = Iteration {
-            phase: Some(Phase::Protagonist),
-            protagonist: r.learned.clone(),
-            ..Iteration::default()
-        };
-        it.add(r);
-        Ok(it)
+        Ok(Iteration::learned(r))
     }
 
     fn adversary_phase(&mut self, roles: &mut Roles) -> Result<Iteration, ScheduleError> {
@@ -161,21 +146,8 @@ pub(super) fn score(
     critic: Option<&mut (dyn Critic + '_)>,
     lambda: f64,
 ) -> Result<Vec<(Proposal, f64)>, ScheduleError> {
-    let log_d = match critic {
-        Some(c) if lambda != 0.0 => {
-            let levels: Vec<_> = proposals.iter().map(|p| p.level.clone()).collect();
-            let d = c.realism(&levels)?;
-            if d.len() != levels.len() {
-                return Err(ScheduleError::Shape(format!(
-                    "the critic scored {} of {} levels",
-                    d.len(),
-                    levels.len()
-                )));
-            }
-            d
-        }
-        _ => vec![0.0; proposals.len()],
-    };
+    let levels: Vec<_> = proposals.iter().map(|p| p.level.clone()).collect();
+    let log_d = log_d(&levels, critic, lambda)?;
     // An unusable level's reset fails before it is played: its outcome may come with no
     // tag of a played episode, so outcomes are matched by tag.
     Ok(outcomes
@@ -186,6 +158,29 @@ pub(super) fn score(
             adversary_reward(o, log_d[i], lambda).map(|r| (p.clone(), r))
         })
         .collect())
+}
+
+/// The critic's `log D` of each level, or zeros when `lambda` is 0 (the critic is then not
+/// consulted) or there is no critic.
+pub(super) fn log_d(
+    levels: &[Level],
+    critic: Option<&mut (dyn Critic + '_)>,
+    lambda: f64,
+) -> Result<Vec<f64>, ScheduleError> {
+    match critic {
+        Some(c) if lambda != 0.0 => {
+            let d = c.realism(levels)?;
+            if d.len() != levels.len() {
+                return Err(ScheduleError::Shape(format!(
+                    "the critic scored {} of {} levels",
+                    d.len(),
+                    levels.len()
+                )));
+            }
+            Ok(d)
+        }
+        _ => Ok(vec![0.0; levels.len()]),
+    }
 }
 
 impl Schedule for Rarl {

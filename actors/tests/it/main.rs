@@ -4,5 +4,6 @@
 // Test helpers outside `#[test]` functions may unwrap too: a failure is a test failure.
 #![allow(clippy::unwrap_used)]
 
+mod curricula;
 mod runtime;
 mod schedules;

@@ -1,9 +1,11 @@
 use crate::schedules::DIMS;
-use actors::msg::FailureKind;
+use actors::msg::{FailureKind, Origin};
 use actors::roles::{EnvWorker, RoleError};
 use actors::runtime::{run, Budget, Control, Observer, Parts, WorkerFactory};
 use actors::schedule::{Iteration, Method, ScheduleConfig};
-use actors::testing::{space, FakeAgent, FakeCritic, FakeSynthesizer, FakeWorker, Sabotage};
+use actors::testing::{
+    space, FakeAgent, FakeCritic, FakeCurriculum, FakeSynthesizer, FakeWorker, Sabotage,
+};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 
@@ -137,4 +139,133 @@ fn a_worker_that_panics_is_restarted_and_its_episode_masked() {
         s.outcomes.iter().any(|o| o.3.is_none() && o.2),
         "no episode succeeded after the restarts"
     );
+}
+
+/// What a curriculum method's run showed, iteration by iteration.
+#[derive(Default)]
+struct Shown {
+    phases: Vec<actors::schedule::Phase>,
+    buffers: Vec<Option<usize>>,
+    antagonist_learned: u64,
+    adversaries_learned: u64,
+    /// (agent, origin, learn) of every counted episode.
+    episodes: Vec<(String, Origin, bool)>,
+}
+
+struct Show(Arc<Mutex<Shown>>);
+
+impl Observer for Show {
+    fn iteration(&mut self, _: u64, _: u64, it: &Iteration) -> Result<Control, RoleError> {
+        let mut s = self.0.lock().unwrap();
+        s.phases.push(it.phase.unwrap());
+        s.buffers.push(it.buffer);
+        s.antagonist_learned += u64::from(it.antagonist.is_some());
+        s.adversaries_learned += it.adversaries.len() as u64;
+        for o in it.outcomes.iter().filter(|o| o.counted()) {
+            s.episodes.push((o.agent.clone(), o.origin, o.learn));
+        }
+        Ok(Control::default())
+    }
+}
+
+/// Run `cfg` through actors for `updates` protagonist updates.
+fn show(cfg: &ScheduleConfig, parts: Parts, updates: u64) -> (actors::runtime::Summary, Shown) {
+    let shown = Arc::new(Mutex::new(Shown::default()));
+    let summary = run(
+        cfg,
+        parts,
+        Box::new(Show(shown.clone())),
+        Budget { updates },
+    )
+    .unwrap();
+    assert_eq!(summary.updates, updates);
+    assert_eq!(summary.worker_restarts, 0);
+    let shown = std::mem::take(&mut *shown.lock().unwrap());
+    assert_eq!(shown.phases.len() as u64, summary.iterations);
+    (summary, shown)
+}
+
+#[test]
+fn paired_through_actors_trains_both_agents_and_scores_the_adversary() {
+    let mut cfg = ScheduleConfig::new(Method::Paired, space(DIMS, 1, 1.0, 20), 3);
+    cfg.adversary_batch = 4;
+    cfg.lambda = 0.5;
+    let mut p = parts(Sabotage::default());
+    p.antagonist = Some(Box::new(FakeAgent::new(
+        2,
+        FakeWorker::actions(DIMS),
+        4,
+        0.3,
+    )));
+    let (summary, shown) = show(&cfg, p, 4);
+    assert_eq!(summary.iterations, 4);
+    assert_eq!(shown.antagonist_learned, 4);
+    assert_eq!(
+        shown.adversaries_learned, 4,
+        "the adversary did not learn every iteration"
+    );
+    assert!(shown.episodes.iter().any(|e| e.0 == "antagonist"));
+    assert!(shown.episodes.iter().any(|e| e.0 == "protagonist"));
+}
+
+fn curriculum_parts() -> Parts {
+    let mut p = parts(Sabotage::default());
+    p.adversaries.clear();
+    p.curriculum = Some(Box::new(FakeCurriculum::new(7, 0.6, 16)));
+    p
+}
+
+#[test]
+fn robust_plr_through_actors_fills_its_buffer_and_never_learns_a_fresh_level() {
+    let cfg = ScheduleConfig::new(Method::Plr, space(DIMS, 1, 1.0, 20), 4);
+    let (summary, shown) = show(&cfg, curriculum_parts(), 6);
+    assert_eq!(summary.iterations, 6);
+    assert!(shown.buffers.last().unwrap().unwrap() > 0);
+    assert!(shown.episodes.iter().any(|e| e.1 == Origin::Replay));
+    for (_, origin, learn) in &shown.episodes {
+        assert_eq!(*learn, *origin == Origin::Replay);
+    }
+}
+
+#[test]
+fn accel_through_actors_plays_mutations_only_to_score_them() {
+    let cfg = ScheduleConfig::new(Method::Accel, space(DIMS, 1, 1.0, 20), 4);
+    let (_, shown) = show(&cfg, curriculum_parts(), 6);
+    let mutations: Vec<_> = shown
+        .episodes
+        .iter()
+        .filter(|e| e.1 == Origin::Mutation)
+        .collect();
+    assert!(!mutations.is_empty(), "no mutation was played");
+    assert!(mutations.iter().all(|e| !e.2));
+}
+
+#[test]
+fn sfl_through_actors_alternates_selections_and_updates() {
+    let mut cfg = ScheduleConfig::new(Method::Sfl, space(DIMS, 1, 1.0, 20), 4);
+    cfg.sfl_candidates = 8;
+    cfg.sfl_keep = 2;
+    cfg.sfl_every = 2;
+    let mut p = parts(Sabotage::default());
+    p.adversaries.clear();
+    let (_, shown) = show(&cfg, p, 4);
+    use actors::schedule::Phase::*;
+    assert_eq!(
+        shown.phases,
+        [
+            Selection,
+            Protagonist,
+            Protagonist,
+            Selection,
+            Protagonist,
+            Protagonist
+        ]
+    );
+    for (phase, buffer) in shown.phases.iter().zip(&shown.buffers) {
+        let kept = buffer.unwrap();
+        assert!(
+            kept <= 2 && (*phase != Selection || kept > 0),
+            "{phase:?} kept {kept}"
+        );
+    }
 }
