@@ -156,8 +156,6 @@ pub struct AgentLog {
     pub learned_samples: u64,
     /// Samples recorded as invalid (they must never be learned from).
     pub invalid_samples: u64,
-    /// Rewards of invalid samples that were learned from (must stay empty).
-    pub learned_invalid: Vec<f32>,
     pub updates: u64,
 }
 

