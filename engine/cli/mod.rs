@@ -46,6 +46,15 @@ pub enum Cmd {
         #[arg(long)]
         dry_run: bool,
     },
+    /// Play an episode of a self-play run again from its record (its plan and actions in
+    /// `episodes.jsonl`) and compare the verdict: `engine replay out/rarl 1:17` (seed 1,
+    /// line 17 from 0) or `engine replay out/rarl/seed-1 17`. Exit 1 when the verdict differs.
+    Replay {
+        run: PathBuf,
+        episode: String,
+        #[arg(long)]
+        json: bool,
+    },
     /// Sandbox commands.
     #[command(subcommand)]
     Sandbox(sandbox::SandboxCmd),
@@ -157,6 +166,7 @@ pub fn run(cmd: Cmd) -> anyhow::Result<i32> {
             experiment,
             dry_run,
         } => run::run(&experiment, dry_run),
+        Cmd::Replay { run, episode, json } => run::replay(&run, &episode, json),
         Cmd::Sandbox(c) => sandbox::run(c),
         Cmd::Bench(c) => bench::run(c),
         Cmd::Episode {

@@ -121,3 +121,33 @@ fn describe(exp: &engine::experiment::Experiment) -> String {
         ),
     }
 }
+
+/// `engine replay RUN EPISODE`.
+pub fn replay(run: &Path, episode: &str, json: bool) -> anyhow::Result<i32> {
+    let rt = super::sandbox::runtime()?;
+    let r = engine::experiment::replay::replay(&rt, &super::sandbox::cache()?, run, episode)?;
+    if json {
+        outln!("{}", serde_json::to_string(&r)?);
+    } else {
+        outln!(
+            "{} line {}: level {} ({}), actions {:?}\nrecorded: success {}, {} steps{}\nreplayed: success {}, {} steps, return {:.3}{}\n{}",
+            r.file.display(),
+            r.index,
+            r.level,
+            r.faults,
+            r.actions,
+            r.recorded_success,
+            r.recorded_steps,
+            r.recorded_failure
+                .as_ref()
+                .map(|f| format!(", failure {f}"))
+                .unwrap_or_default(),
+            r.success,
+            r.steps,
+            r.return_,
+            if r.infra { " (the environment failed)" } else { "" },
+            if r.same_verdict { "same verdict" } else { "DIFFERENT verdict" }
+        );
+    }
+    Ok(if r.same_verdict { 0 } else { 1 })
+}

@@ -21,6 +21,7 @@
 //! | `config.rs` | [`Experiment`] and its tables: loading, validation, [`Experiment::plan`], [`Experiment::env_config`] |
 //! | `runner.rs` | [`run`], [`run_until`] (stops on a flag): the episodes on worker threads, [`EpisodeRecord`] |
 //! | `output.rs` | the output directory (checked before the first episode), episodes appended as they finish, the report at the end or on interruption |
+//! | `replay.rs` | `engine replay`: an episode of a self-play run played again from its record |
 //! | `selfplay.rs` | a self-play run (`[selfplay]`): the schedule through the actor runtime, metrics, checkpoints, held-out evaluation |
 //! | `selfplay_config.rs` | [`SelfPlay`]: the `[selfplay]` table and its validation |
 //! | `study.rs` | a training study (`[training]`): PPO per task and seed, held-out evaluation, `report.md` |
@@ -28,6 +29,7 @@
 
 mod config;
 mod output;
+pub mod replay;
 mod runner;
 pub mod selfplay;
 mod selfplay_config;
@@ -73,6 +75,8 @@ pub enum ExperimentError {
     Learn(#[from] crate::learn::LearnError),
     #[error("self-play: {0}")]
     SelfPlay(String),
+    #[error("{file}: {reason}")]
+    Replay { file: PathBuf, reason: String },
     #[error(transparent)]
     Roles(#[from] crate::roles::RolesError),
     #[error("self-play run")]

@@ -341,6 +341,12 @@ fn run_seed(
         dir: seed_dir.clone(),
         source,
     })?;
+    // The environment settings, for `engine replay`.
+    let env_json = serde_json::to_vec_pretty(&env_cfg).map_err(|e| ExperimentError::Write {
+        file: seed_dir.join("env.json"),
+        source: std::io::Error::other(e),
+    })?;
+    write(&seed_dir.join("env.json"), &env_json)?;
     let shared = Arc::new(Mutex::new(Vec::new()));
     let observer = SeedObserver::new(
         &seed_dir,

@@ -318,4 +318,27 @@ fn a_short_rarl_run_writes_metrics_episodes_checkpoints_and_a_report() {
     );
     let metrics = std::fs::read_to_string(out.join("seed-1/metrics.jsonl")).unwrap();
     assert_eq!(metrics.lines().count(), 3);
+    // Counted episodes (the adversary phase's are played to their end) replay to the same
+    // verdict in the same number of steps.
+    let mut replayed = 0;
+    for (i, line) in episodes.lines().enumerate() {
+        let e: serde_json::Value = serde_json::from_str(line).unwrap();
+        if !e["failure"].is_null() || replayed == 3 {
+            continue;
+        }
+        let r = engine::experiment::replay::replay(&rt, &cache, &out, &format!("1:{i}")).unwrap();
+        assert!(
+            r.same_verdict && r.success == e["success"].as_bool().unwrap(),
+            "{r:?}"
+        );
+        assert_eq!(u64::from(r.steps), e["steps"].as_u64().unwrap(), "{r:?}");
+        replayed += 1;
+    }
+    assert!(replayed > 0, "no episode was counted");
+    for bad in ["1:x", "9:0", "1:100000"] {
+        let e = engine::experiment::replay::replay(&rt, &cache, &out, bad)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("episodes.jsonl"), "{bad}: {e}");
+    }
 }
