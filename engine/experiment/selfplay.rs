@@ -622,6 +622,24 @@ impl SeedObserver {
     }
 }
 
+impl SeedObserver {
+    /// A progress bar redrawn in place on a terminal; plain log lines otherwise.
+    fn progress(&self, line: &str, updates: u64) {
+        use std::io::IsTerminal;
+        if std::io::stderr().is_terminal() {
+            let width = 24usize;
+            let done = (updates.min(self.budget) as usize * width) / self.budget.max(1) as usize;
+            let bar = format!("[{}{}]", "#".repeat(done), ".".repeat(width - done));
+            eprint!("\r\x1b[2K{bar} {line}");
+            if updates >= self.budget {
+                eprintln!();
+            }
+        } else {
+            eprintln!("{line}");
+        }
+    }
+}
+
 fn io(e: std::io::Error) -> RoleError {
     RoleError::wrap("metrics", e)
 }
@@ -714,7 +732,7 @@ impl Observer for SeedObserver {
             line.push(b'\n');
             self.episodes.write_all(&line).map_err(io)?;
         }
-        eprintln!(
+        let line = format!(
             "seed {}: update {updates}/{} ({phase}), {} steps, success {:.2}, return {:.2}{}",
             self.seed,
             self.budget,
@@ -735,6 +753,7 @@ impl Observer for SeedObserver {
                 )
             }
         );
+        self.progress(&line, updates);
         if let Ok(mut c) = self.curve.lock() {
             c.push(point);
         }
