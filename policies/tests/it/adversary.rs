@@ -95,3 +95,70 @@ fn adversary_checkpoint_continues_identically() {
     assert_eq!(step(&mut a), step(&mut b));
     assert_eq!(a.state().unwrap(), b.state().unwrap());
 }
+
+#[test]
+fn samples_within_masks_and_a_cost_budget_and_learns_the_worst_affordable_plan() {
+    let cfg = AdversaryConfig {
+        context_dim: 2,
+        choices: vec![3, 3, 3],
+        max_active: 3,
+        hidden: vec![32],
+        learning_rate: 3e-3,
+        ent_coef: 0.01,
+        ..AdversaryConfig::default()
+    };
+    let mut adv = Adversary::new(&cfg, 5).unwrap();
+    // Choice (0, 2) is forbidden; (1, 1) costs 2; everything else on costs 1; budget 2.
+    let mut allowed = vec![1.0f32; 9];
+    allowed[2] = 0.0;
+    let mut costs = vec![0.0f32, 1.0, 1.0, 0.0, 2.0, 1.0, 0.0, 1.0, 1.0];
+    let ctx = [1.0f32, 0.0];
+    let cost = |c: &[u32], costs: &[f32]| -> f32 {
+        c.iter()
+            .enumerate()
+            .map(|(d, &k)| costs[d * 3 + k as usize])
+            .sum()
+    };
+    for _ in 0..300 {
+        let s = adv.sample_within(&ctx, &allowed, &costs, 2.0).unwrap();
+        assert_ne!(s.choices[0], 2, "a forbidden choice was sampled");
+        assert!(
+            cost(&s.choices, &costs) <= 2.0,
+            "over budget: {:?}",
+            s.choices
+        );
+    }
+    // Learning under the same constraints: damage as in context 0 above; the worst plan
+    // within these masks and this budget is (1, 0, 1): 0.3 + 0.45.
+    let mut rng = seeded(6);
+    let noise = Normal::new(0.0f32, 0.05).unwrap();
+    for _ in 0..250 {
+        let batch: Vec<_> = (0..64)
+            .map(|_| {
+                let s = adv.sample_within(&ctx, &allowed, &costs, 2.0).unwrap();
+                let r = -protagonist_return(0, &s.choices) + noise.sample(&mut rng);
+                (s, r)
+            })
+            .collect();
+        adv.update(&batch).unwrap();
+    }
+    let hits = (0..400)
+        .filter(|_| {
+            adv.sample_within(&ctx, &allowed, &costs, 2.0)
+                .unwrap()
+                .choices
+                == [1, 0, 1]
+        })
+        .count();
+    assert!(
+        hits > 280,
+        "the worst affordable plan was sampled {hits}/400"
+    );
+    // Bad shapes are refused by name.
+    costs.pop();
+    let e = adv
+        .sample_within(&ctx, &allowed, &costs, 2.0)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("costs"), "{e}");
+}
