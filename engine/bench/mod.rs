@@ -2,10 +2,12 @@
 //! `sh -c true`), [`env`] (environment throughput against the raw-exec ceiling) and [`serve`]
 //! (a step through `engine serve` against the in-process step, held sessions), each with its
 //! baseline measured in the same run; [`backends`] (the native backend beside the Docker
-//! backend, interleaved). The criterion benchmarks are in `benches/`.
+//! backend, interleaved); [`harbor`] (task folders' whole episodes, native against Docker).
+//! The criterion benchmarks are in `benches/`.
 
 pub mod backends;
 pub mod env;
+pub mod harbor;
 pub mod sandbox;
 pub mod serve;
 
