@@ -169,12 +169,12 @@ fn size_of(file: &Path, key: &str, v: &str) -> Result<u64, HarborError> {
     })
 }
 
+/// The build context, Dockerfile and environment of a compose file's one service.
+type Compose = (Option<PathBuf>, Option<PathBuf>, Vec<(String, String)>);
+
 /// A compose file: the build context and Dockerfile of its one service, its environment.
 /// More than one service is unsupported.
-fn compose(
-    file: &Path,
-    dir: &Path,
-) -> Result<(Option<PathBuf>, Option<PathBuf>, Vec<(String, String)>), HarborError> {
+fn compose(file: &Path, dir: &Path) -> Result<Compose, HarborError> {
     use yaml_rust2::{Yaml, YamlLoader};
     let text = read(file)?;
     let bad = |reason: String| HarborError::Config {
