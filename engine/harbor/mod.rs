@@ -49,6 +49,12 @@ pub enum HarborError {
 }
 
 impl HarborError {
+    /// Whether the error is the task folder's (bad input: a missing file, a bad config or
+    /// Dockerfile, a build step that fails), not a sandbox or engine failure.
+    pub fn is_bad_input(&self) -> bool {
+        !matches!(self, Self::Io { .. } | Self::Sandbox { .. })
+    }
+
     /// Whether the task uses something outside the supported subset (it is skipped, not
     /// half-run).
     pub fn is_unsupported(&self) -> bool {

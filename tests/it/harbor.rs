@@ -295,3 +295,66 @@ fn the_same_tasks_run_on_the_docker_backend() {
         }
     }
 }
+
+#[test]
+fn check_prints_a_json_line_per_task_and_fails_when_one_fails() {
+    require_root!();
+    let st = common::TempState::new();
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_engine"))
+        .env("ENVFACTORY_STATE", st.path())
+        .args(["harbor", "check", "--json", "--base", "host"])
+        .args(
+            [
+                "harbor/hello-file",
+                "terminal-bench/oracle-fails",
+                "harbor/two-services",
+            ]
+            .map(fixture),
+        )
+        .output()
+        .unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let got: Vec<(&str, bool, bool)> = lines
+        .iter()
+        .map(|v| {
+            for k in ["task", "passed", "reward", "reason", "seconds"] {
+                assert!(!v[k].is_null(), "{k}: {v}");
+            }
+            (
+                v["task"].as_str().unwrap(),
+                v["passed"].as_bool().unwrap(),
+                v["skipped"].as_bool().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            ("hello-file", true, false),
+            ("oracle-fails", false, false),
+            ("two-services", false, true)
+        ]
+    );
+    // A folder that is not a task is bad input (exit 2), named.
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_engine"))
+        .env("ENVFACTORY_STATE", st.path())
+        .args(["harbor", "check", "--base", "host"])
+        .arg(fixture("harbor"))
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("missing task.toml (Harbor) or task.yaml (Terminal-Bench)"),
+        "{err}"
+    );
+}
