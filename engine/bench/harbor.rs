@@ -34,12 +34,12 @@ pub struct Report {
 /// Measure every task folder; `iterations` timed episodes per backend, after one warm-up.
 pub fn run(
     rt: &Runtime,
+    store: &harbor::LayerStore,
     docker: &dyn DynBackend,
     dirs: &[PathBuf],
     base: Option<&RootfsSpec>,
     iterations: usize,
 ) -> Result<Report, HarborError> {
-    let store = harbor::LayerStore::open(rt.state_dir())?;
     let mut report = Report {
         iterations,
         tasks: Vec::new(),
@@ -63,7 +63,7 @@ pub fn run(
                 continue;
             }
         };
-        let img = harbor::build_image(rt, &store, &task, &df, base)?;
+        let img = harbor::build_image(rt, store, &task, &df, base)?;
         if !matches!(img.rootfs, RootfsSpec::Docker(_)) {
             report.skipped.push((
                 task.name.clone(),

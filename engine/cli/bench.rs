@@ -87,8 +87,9 @@ pub fn run(cmd: BenchCmd) -> anyhow::Result<i32> {
             let base = super::harbor::base_opt(base.as_deref())?;
             let rt = super::sandbox::runtime()?;
             let docker = super::sandbox::docker_backend()?;
+            let store = engine::harbor::LayerStore::open(rt.state_dir())?;
             let report =
-                engine::bench::harbor::run(&rt, &docker, &dirs, base.as_ref(), iterations)?;
+                engine::bench::harbor::run(&rt, &store, &docker, &dirs, base.as_ref(), iterations)?;
             if json {
                 outln!("{}", serde_json::to_string(&report)?);
             } else {

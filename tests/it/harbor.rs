@@ -156,6 +156,24 @@ fn a_reward_written_by_the_agent_never_counts() {
     .unwrap();
     assert_eq!(o.reward, 0.0, "{o:?}");
     assert!(o.reason.contains("wrote no reward file"), "{}", o.reason);
+    // An agent that breaks the deletion (`rm` and `mkdir` replaced, reward pre-written): the
+    // host sees the file survive and scores 0.
+    let agent = Agent::Commands(vec![
+        "mkdir -p /logs/verifier && echo 1 > /logs/verifier/reward.txt".into(),
+        "for b in rm mkdir; do p=$(command -v $b); cp /bin/true /tmp/t; mv /tmp/t \"$p\"; done"
+            .into(),
+    ]);
+    let o = harbor::check_task(
+        &rt,
+        &rt,
+        &s.store,
+        &fixture("harbor/reward-trick"),
+        Some(&RootfsSpec::Host),
+        &agent,
+    )
+    .unwrap();
+    assert_eq!(o.reward, 0.0, "{o:?}");
+    assert!(o.reason.contains("survived its deletion"), "{}", o.reason);
     // The honest agent on the same task scores 1.
     let o = harbor::check_task(
         &rt,
@@ -285,6 +303,21 @@ fn the_same_tasks_run_on_the_docker_backend() {
     let rt = common::runtime();
     let s = Store::new();
     let docker = sandbox::docker::DockerBackend::new(d.client(), &dir.path().join("work"));
+    // The benchmark, tiny: both backends timed on the same task, both passing.
+    let r = engine::bench::harbor::run(
+        &rt,
+        &s.store,
+        &docker,
+        &[fixture("harbor/hello-file")],
+        None,
+        1,
+    )
+    .unwrap();
+    assert_eq!(r.tasks.len(), 1, "{r:?}");
+    let t = &r.tasks[0];
+    assert!(t.native_passed && t.docker_passed, "{t:?}");
+    assert_eq!((t.native_s.n, t.docker_s.n), (1, 1));
+    assert!(t.ratio > 0.0 && t.ratio.is_finite(), "{t:?}");
     for (task, reward) in [("harbor/hello-file", 1.0), ("harbor/reward-trick", 0.0)] {
         for backend in [&rt as &dyn sandbox::DynBackend, &docker] {
             let o =
