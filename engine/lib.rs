@@ -14,8 +14,8 @@
 //! | [`perturb`] | the fault catalogue, a file per family, written through [`instance::Builder`] |
 //! | [`tasks`] | task families: setup, verifier, oracle, catalogue, hack trials |
 //! | [`synth`] | plan -> instance: the task's setup and the faults on a builder, the instance cache |
+//! | [`harbor`] | Harbor and Terminal-Bench task folders: the Dockerfile subset built into cached layers, episodes with the task's own tests, the factory's perturbations on top |
 //! | [`running`] | an instance running in its sandbox: episode starts, fault proxies, probes |
-//! | [`harbor`] | Harbor and Terminal-Bench task folders: the Dockerfile subset built into cached layers, episodes with the task's own tests |
 //! | [`certify`] | solvability certificates, and the `engine task check` campaign |
 //! | [`features`] | the feature vector of an observation: text blocks, numbers, action history |
 //! | [`env`] | the RL environment: `Env::reset`, `Env::step`, rewards, observations |

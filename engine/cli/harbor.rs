@@ -39,6 +39,10 @@ pub struct Opts {
     /// the local Docker image of that name, else `host` for a Debian-family base.
     #[arg(long)]
     base: Option<String>,
+    /// A perturbation of the factory's catalogue on the task's image: `NAME` or
+    /// `NAME:key=value,...` (repeatable; `engine perturb list`).
+    #[arg(long = "perturb", value_name = "SPEC")]
+    perturb: Vec<String>,
     /// Run the episodes on this backend.
     #[arg(long, value_enum, default_value = "native")]
     backend: super::episode::BackendKind,
@@ -83,12 +87,22 @@ fn print(o: &Outcome, json: bool) -> anyhow::Result<()> {
         for s in &o.substituted {
             outln!("     offline: {s}");
         }
+        for p in &o.perturbations {
+            outln!("     perturbed: {p}");
+        }
     }
     Ok(())
 }
 
 fn each(dirs: &[PathBuf], opts: &Opts, agent: &Agent, json: bool) -> anyhow::Result<i32> {
     let base = base_opt(opts.base.as_deref())?;
+    let mut perturb = Vec::new();
+    for s in &opts.perturb {
+        perturb.push(
+            engine::perturb::parse_spec(s)
+                .map_err(|e| super::errors::usage(format!("--perturb: {e}")))?,
+        );
+    }
     let rt = super::sandbox::runtime()?;
     let store = harbor::LayerStore::open(rt.state_dir())?;
     let docker;
@@ -101,7 +115,7 @@ fn each(dirs: &[PathBuf], opts: &Opts, agent: &Agent, json: bool) -> anyhow::Res
     };
     let mut failed = false;
     for d in dirs {
-        let o = harbor::check_task(&rt, backend, &store, d, base.as_ref(), agent)?;
+        let o = harbor::check_task(&rt, backend, &store, d, base.as_ref(), agent, &perturb)?;
         failed |= !o.passed && !o.skipped;
         print(&o, json)?;
     }

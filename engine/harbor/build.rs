@@ -28,6 +28,10 @@ pub struct Image {
     pub cached: usize,
     /// How `FROM` was resolved (reported per task).
     pub base_note: String,
+    /// What perturbations need beyond their layer (environment, limits, start steps).
+    pub runtime: crate::instance::RuntimeSettings,
+    /// The perturbations applied, in words.
+    pub applied: Vec<String>,
 }
 
 /// The store of built layers: `<state>/harbor-layers`, its own tmpfs (overlayfs refuses a
@@ -376,6 +380,8 @@ pub fn build_image(
         built: 0,
         cached: 0,
         base_note,
+        runtime: Default::default(),
+        applied: Vec::new(),
     };
     let mut user_spec: Option<(String, usize)> = None;
     for ins in &df.steps {

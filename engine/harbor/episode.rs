@@ -37,6 +37,8 @@ pub struct Outcome {
     pub base: String,
     pub layers_built: usize,
     pub layers_cached: usize,
+    /// The factory's perturbations applied to the task's image.
+    pub perturbations: Vec<String>,
 }
 
 const OFFLINE_BIN: &str = "/usr/local/lib/envfactory-offline/bin";
@@ -185,7 +187,15 @@ pub fn episode_config(task: &Task, img: &Image) -> SandboxConfig {
     cfg.limits.memory_bytes = task.memory_bytes.unwrap_or(2 << 30).max(64 << 20);
     cfg.limits.cpus = task.cpus.unwrap_or(1.0);
     cfg.limits.pids = 1024;
-    cfg.env = merge_env(&cfg.env, &img.env);
+    cfg.env = img.runtime.apply_env(&merge_env(&cfg.env, &img.env));
+    cfg.readonly_paths = img.runtime.readonly.clone();
+    if let Some(n) = img.runtime.nofile {
+        cfg.nofile = n;
+    }
+    if let Some(d) = img.runtime.disk_bytes {
+        cfg.disk_bytes = d;
+    }
+    cfg.disk_inodes = img.runtime.disk_inodes;
     cfg
 }
 
@@ -221,6 +231,17 @@ pub fn run_episode(
         ),
         "preparing /logs",
     )?;
+    // The perturbations' steps at every episode start (as root, before the agent).
+    for step in &img.runtime.start {
+        let r = run(
+            &mut sbx,
+            &sh(&step.shell, "/", &root_env, None, 30.0),
+            "a perturbation's start step",
+        )?;
+        if !r.success() {
+            tracing::warn!(task = %task.name, by = %step.by, exit = r.exit_code(), "a perturbation's start step failed");
+        }
+    }
     // The agent's phase: its environment and user, the instruction only.
     let agent_env = merge_env(&root_env, &task.agent_env);
     let shell = if sbx.stat("/bin/bash").is_ok() {
@@ -480,6 +501,7 @@ fn outcome(
         base: img.base_note.clone(),
         layers_built: img.built,
         layers_cached: img.cached,
+        perturbations: img.applied.clone(),
     }
 }
 
@@ -492,6 +514,7 @@ pub fn check_task(
     dir: &std::path::Path,
     base: Option<&sandbox::RootfsSpec>,
     agent: &Agent,
+    perturb: &[crate::instance::PerturbationChoice],
 ) -> Result<Outcome, HarborError> {
     let t0 = Instant::now();
     let skipped = |e: HarborError| Outcome {
@@ -508,6 +531,7 @@ pub fn check_task(
         base: String::new(),
         layers_built: 0,
         layers_cached: 0,
+        perturbations: vec![],
     };
     let task = match super::load(dir) {
         Ok(t) => t,
@@ -531,6 +555,11 @@ pub fn check_task(
         }
     };
     let img = super::build_image(rt, store, &task, &df, base)?;
+    let img = match super::perturb_image(rt, store, &img, perturb, 1) {
+        Ok(i) => i,
+        Err(e) if e.is_unsupported() => return Ok(skipped(e)),
+        Err(e) => return Err(e),
+    };
     run_episode(backend, &task, &img, agent)
 }
 

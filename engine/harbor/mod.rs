@@ -1,15 +1,17 @@
 //! Harbor and Terminal-Bench task folders run in the factory's sandboxes: the folder
 //! ([`task`]), its Dockerfile subset ([`dockerfile`]) built into cached layers in build
 //! sandboxes ([`build`]), and the episode: the agent (or the oracle), then the task's own
-//! tests, the reward read by the host ([`episode`]). `docs/harbor.md` has the supported subset.
+//! tests, the reward read by the host ([`episode`]); the factory's faults on top ([`perturb`]). `docs/harbor.md` has the supported subset.
 
 pub mod build;
 pub mod dockerfile;
 pub mod episode;
+pub mod perturb;
 pub mod task;
 
 pub use build::{build_image, Image, LayerStore};
 pub use episode::{check_task, run_episode, Agent, Outcome};
+pub use perturb::perturb_image;
 pub use task::{load, Layout, Oracle, Task};
 
 use std::path::PathBuf;
@@ -41,6 +43,8 @@ pub enum HarborError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("--perturb: {0}")]
+    Perturb(Box<crate::synth::SynthError>),
     #[error("{what}: {source}")]
     Sandbox {
         what: String,

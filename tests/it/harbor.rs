@@ -91,6 +91,7 @@ fn task_folders_of_both_layouts_pass_fail_or_skip_as_their_oracles_deserve() {
             &fixture(dir),
             Some(&host),
             &Agent::Oracle,
+            &[],
         )
         .unwrap_or_else(|e| panic!("{dir}: {e}"));
         assert_eq!((o.passed, o.skipped), (*passed, *skipped), "{dir}: {o:?}");
@@ -107,6 +108,7 @@ fn task_folders_of_both_layouts_pass_fail_or_skip_as_their_oracles_deserve() {
         &fixture("harbor/user-glob-uvx"),
         Some(&host),
         &Agent::Oracle,
+        &[],
     )
     .unwrap();
     assert!(
@@ -128,6 +130,7 @@ fn task_folders_of_both_layouts_pass_fail_or_skip_as_their_oracles_deserve() {
             &fixture(dir),
             Some(&host),
             &Agent::Nothing,
+            &[],
         )
         .unwrap();
         assert!(!o.passed && o.reward == 0.0, "{dir}: {o:?}");
@@ -142,7 +145,16 @@ fn a_reward_written_by_the_agent_never_counts() {
     let episode = |cmds: &[&str]| {
         let agent = Agent::Commands(cmds.iter().map(|c| c.to_string()).collect());
         let dir = fixture("harbor/reward-trick");
-        harbor::check_task(&rt, &rt, &s.store, &dir, Some(&RootfsSpec::Host), &agent).unwrap()
+        harbor::check_task(
+            &rt,
+            &rt,
+            &s.store,
+            &dir,
+            Some(&RootfsSpec::Host),
+            &agent,
+            &[],
+        )
+        .unwrap()
     };
     // The agent writes both reward files, makes the folder read-only, leaves a decoy.
     let o = episode(&[
@@ -298,9 +310,16 @@ fn the_same_tasks_run_on_the_docker_backend() {
     assert!(t.ratio > 0.0 && t.ratio.is_finite(), "{t:?}");
     for (task, reward) in [("harbor/hello-file", 1.0), ("harbor/reward-trick", 0.0)] {
         for backend in [&rt as &dyn sandbox::DynBackend, &docker] {
-            let o =
-                harbor::check_task(&rt, backend, &s.store, &fixture(task), None, &Agent::Oracle)
-                    .unwrap();
+            let o = harbor::check_task(
+                &rt,
+                backend,
+                &s.store,
+                &fixture(task),
+                None,
+                &Agent::Oracle,
+                &[],
+            )
+            .unwrap();
             assert_eq!(o.reward, reward, "{task} on {}: {o:?}", backend.name());
             assert!(o.base.contains("docker:debian:bookworm"), "{}", o.base);
         }
@@ -368,4 +387,21 @@ fn check_prints_a_json_line_per_task_and_fails_when_one_fails() {
         err.contains("missing task.toml (Harbor) or task.yaml (Terminal-Bench)"),
         "{err}"
     );
+}
+
+#[test]
+fn the_factorys_perturbations_apply_to_task_folders() {
+    require_root!();
+    let rt = common::runtime();
+    let s = Store::new();
+    let dir = fixture("harbor/hello-file");
+    let host = Some(&RootfsSpec::Host);
+    let spec = engine::perturb::parse_spec("tool-missing:tool=tr").unwrap();
+    let o = harbor::check_task(&rt, &rt, &s.store, &dir, host, &Agent::Oracle, &[spec]).unwrap();
+    assert_eq!(o.reward, 0.0, "the oracle needs tr: {o:?}");
+    assert_eq!(o.perturbations, vec!["tool-missing: removed /usr/bin/tr"]);
+    // The same task unperturbed still passes (the fault is in its own layer, not the image's).
+    let o = harbor::check_task(&rt, &rt, &s.store, &dir, host, &Agent::Oracle, &[]).unwrap();
+    assert_eq!(o.reward, 1.0, "{o:?}");
+    assert!(o.perturbations.is_empty());
 }
