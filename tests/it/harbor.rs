@@ -225,6 +225,15 @@ fn layers_are_cached_and_a_failed_step_publishes_nothing() {
         before,
         "no half-built layer, earlier ones kept"
     );
+    // A base that is nowhere: the error names the Dockerfile and the FROM line.
+    let missing = harbor::dockerfile::parse("# base\nFROM no-such-image:1\nRUN true\n").unwrap();
+    let e = harbor::build_image(&rt, &s.store, &task, &missing, None)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("Dockerfile: line 2: FROM no-such-image:1"),
+        "{e}"
+    );
     // An instruction changed in the middle rebuilds it and everything after it only.
     let text = text
         .replace("chmod 644", "chmod 640")
