@@ -14,7 +14,6 @@
 //! | [`perturb`] | the fault catalogue, a file per family, written through [`instance::Builder`] |
 //! | [`tasks`] | task families: setup, verifier, oracle, catalogue, hack trials |
 //! | [`synth`] | plan -> instance: the task's setup and the faults on a builder, the instance cache |
-//! | [`harbor`] | Harbor and Terminal-Bench task folders: the Dockerfile subset built into cached layers, episodes with the task's own tests, the factory's perturbations on top |
 //! | [`running`] | an instance running in its sandbox: episode starts, fault proxies, probes |
 //! | [`certify`] | solvability certificates, and the `engine task check` campaign |
 //! | [`features`] | the feature vector of an observation: text blocks, numbers, action history |
@@ -22,6 +21,7 @@
 //! | [`actions`] | action files: one action per line, errors located |
 //! | [`agents`] | what chooses actions: random, oracle, catalogue oracle, scripts, trained policies |
 //! | [`episode`] | the one episode loop: an agent in an `Env` |
+//! | [`harbor`] | Harbor and Terminal-Bench task folders: the Dockerfile subset built into cached layers, episodes with the task's own tests, the factory's perturbations on top |
 //! | [`learn`] | PPO in the factory's environments: the adapter, training runs, evaluation, plots |
 //! | [`exploit`] | the reward exploit check: no constant or two-action cycle beats the catalogue oracle |
 //! | [`fingerprint`] | feature vectors of systems (real or synthesized) for realism |

@@ -5,6 +5,8 @@ use clap::{Subcommand, ValueEnum};
 use engine::harbor::{self, Agent, Outcome};
 use std::path::{Path, PathBuf};
 
+// Parsed once per process: the size of `Run` (the language-model options) costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 pub enum HarborCmd {
     /// Build each task, run its oracle then its tests; pass/fail per task (exit 1 if any
@@ -26,6 +28,11 @@ pub enum HarborCmd {
         /// `--agent commands`: a file of shell commands, one per line.
         #[arg(long, required_if_eq("agent", "commands"))]
         commands: Option<PathBuf>,
+        #[command(flatten)]
+        llm: super::episode::LlmOpts,
+        /// `--agent llm`: the most commands the model may run.
+        #[arg(long, default_value = "50", value_parser = clap::value_parser!(u32).range(1..=10_000))]
+        max_steps: u32,
         #[command(flatten)]
         opts: Opts,
         #[arg(long)]
@@ -55,6 +62,8 @@ pub enum AgentKind {
     Nothing,
     /// Shell commands from `--commands FILE`.
     Commands,
+    /// A language model (`--llm-base-url`, `--llm-model`; docs/llm.md).
+    Llm,
 }
 
 /// `--base` parsed (a usage error names it).
@@ -138,6 +147,8 @@ pub fn run(cmd: HarborCmd) -> anyhow::Result<i32> {
             dir,
             agent,
             commands: file,
+            llm,
+            max_steps,
             opts,
             json,
         } => {
@@ -147,6 +158,10 @@ pub fn run(cmd: HarborCmd) -> anyhow::Result<i32> {
                 AgentKind::Commands => {
                     Agent::Commands(commands(file.as_deref().unwrap_or(Path::new("/dev/null")))?)
                 }
+                AgentKind::Llm => Agent::Llm(
+                    std::sync::Arc::new(std::sync::Mutex::new(llm.agent()?)),
+                    max_steps,
+                ),
             };
             each(&[dir], &opts, &agent, json)
         }

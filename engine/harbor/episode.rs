@@ -11,7 +11,7 @@ use serde::Serialize;
 use std::time::Instant;
 
 /// Who acts in the episode.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub enum Agent {
     /// The task's reference solution.
     Oracle,
@@ -19,6 +19,58 @@ pub enum Agent {
     Nothing,
     /// Shell commands, one per step, in order (a scripted agent).
     Commands(Vec<String>),
+    /// A language model (docs/llm.md): told the instruction only, one command per turn,
+    /// at most this many commands.
+    Llm(
+        std::sync::Arc<std::sync::Mutex<crate::agents::LlmAgent>>,
+        u32,
+    ),
+}
+
+impl std::fmt::Debug for Agent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Oracle => f.write_str("Oracle"),
+            Self::Nothing => f.write_str("Nothing"),
+            Self::Commands(c) => f.debug_tuple("Commands").field(c).finish(),
+            Self::Llm(_, n) => f.debug_tuple("Llm").field(n).finish(),
+        }
+    }
+}
+
+/// What the language model reads after a command.
+fn observation(
+    task: &Task,
+    wd: &str,
+    step: u32,
+    max_steps: u32,
+    last: Option<(&str, &sandbox::ExecResult)>,
+) -> crate::env::Observation {
+    let mut text = format!(
+        "Task: {}\nWorking directory: {wd}\nStep {step} of {max_steps}\n",
+        task.instruction.trim()
+    );
+    let mut o = crate::env::Observation {
+        instruction: task.instruction.clone(),
+        cwd: wd.to_string(),
+        step,
+        max_steps,
+        ..Default::default()
+    };
+    if let Some((cmd, r)) = last {
+        o.last_command = Some(cmd.to_string());
+        o.exit_code = Some(r.exit_code());
+        o.stdout = String::from_utf8_lossy(&r.stdout).into_owned();
+        o.stderr = String::from_utf8_lossy(&r.stderr).into_owned();
+        text.push_str(&format!(
+            "$ {cmd}\nexit status {}\nstdout:\n{}\nstderr:\n{}\n",
+            r.exit_code(),
+            o.stdout,
+            o.stderr
+        ));
+    }
+    o.text = text;
+    o
 }
 
 /// What one episode (or check) gave.
@@ -109,6 +161,14 @@ fn sh(
     r.timeout_ms = (timeout_s * 1000.0) as u64;
     r.output_cap = 1 << 20;
     r
+}
+
+/// Seconds until `deadline`, `None` once it has passed.
+fn seconds_left(deadline: Instant) -> Option<f64> {
+    let left = deadline
+        .saturating_duration_since(Instant::now())
+        .as_secs_f64();
+    (left > 0.0).then_some(left)
 }
 
 /// Parent directories of sandbox paths, quoted for `mkdir -p`.
@@ -311,17 +371,57 @@ pub fn run_episode(
                 agent_note = format!("oracle keystrokes exit {}", r.exit_code());
             }
         },
+        Agent::Llm(llm, max_steps) => {
+            let mut llm = llm.lock().unwrap_or_else(|p| p.into_inner());
+            llm.start(&crate::instance::TaskSetup {
+                task: task.name.clone(),
+                seed: 0,
+                instruction: task.instruction.clone(),
+                cwd: wd.clone(),
+                actions: Vec::new(),
+                action_costs: Vec::new(),
+                keywords: Vec::new(),
+                max_steps: *max_steps,
+                facts: serde_json::Value::Null,
+            });
+            let deadline =
+                Instant::now() + std::time::Duration::from_secs_f64(task.agent_timeout_s);
+            let mut obs = observation(task, &wd, 0, *max_steps, None);
+            let mut steps = 0;
+            agent_note = format!("the model used all {max_steps} commands");
+            while steps < *max_steps {
+                let Some(left) = seconds_left(deadline) else {
+                    agent_note = "the agent's time ran out".into();
+                    break;
+                };
+                let cmd = match llm.next(&obs) {
+                    Ok(Some(crate::env::Action::Command(c))) => c,
+                    Ok(_) => {
+                        agent_note = format!("the model said DONE after {steps} commands");
+                        break;
+                    }
+                    Err(e) => {
+                        agent_note = format!("agent failure: {e}");
+                        break;
+                    }
+                };
+                steps += 1;
+                let r = run(
+                    &mut sbx,
+                    &sh(&cmd, &wd, &agent_env, img.user, left),
+                    "an agent command",
+                )?;
+                obs = observation(task, &wd, steps, *max_steps, Some((&cmd, &r)));
+            }
+        }
         Agent::Commands(cmds) => {
             let deadline =
                 Instant::now() + std::time::Duration::from_secs_f64(task.agent_timeout_s);
             for c in cmds {
-                let left = deadline
-                    .saturating_duration_since(Instant::now())
-                    .as_secs_f64();
-                if left <= 0.0 {
+                let Some(left) = seconds_left(deadline) else {
                     agent_note = "the agent's time ran out".into();
                     break;
-                }
+                };
                 run(
                     &mut sbx,
                     &sh(c, &wd, &agent_env, img.user, left),
