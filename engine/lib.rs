@@ -21,6 +21,7 @@
 //! | [`actions`] | action files: one action per line, errors located |
 //! | [`agents`] | what chooses actions: random, oracle, catalogue oracle, scripts, trained policies |
 //! | [`episode`] | the one episode loop: an agent in an `Env` |
+//! | [`harbor`] | Harbor and Terminal-Bench task folders: the Dockerfile subset built into cached layers, episodes with the task's own tests, the factory's perturbations on top |
 //! | [`learn`] | PPO in the factory's environments: the adapter, training runs, evaluation, plots |
 //! | [`exploit`] | the reward exploit check: no constant or two-action cycle beats the catalogue oracle |
 //! | [`fingerprint`] | feature vectors of systems (real or synthesized) for realism |
@@ -40,6 +41,7 @@ pub mod experiment;
 pub mod exploit;
 pub mod features;
 pub mod fingerprint;
+pub mod harbor;
 pub mod instance;
 pub mod learn;
 pub mod netfault;

@@ -3,10 +3,12 @@
 //! (a step through `engine serve` against the in-process step, held sessions), [`selfplay`]
 //! (the actor runtime against the direct loop of the same schedule), each with its
 //! baseline measured in the same run; [`backends`] (the native backend beside the Docker
-//! backend, interleaved). The criterion benchmarks are in `benches/`.
+//! backend, interleaved); [`harbor`] (task folders' whole episodes, native against Docker).
+//! The criterion benchmarks are in `benches/`.
 
 pub mod backends;
 pub mod env;
+pub mod harbor;
 pub mod sandbox;
 pub mod selfplay;
 pub mod serve;

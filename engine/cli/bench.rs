@@ -60,6 +60,21 @@ pub enum BenchCmd {
         #[arg(long)]
         json: bool,
     },
+    /// Whole episodes (start, oracle, tests) of Harbor / Terminal-Bench task folders: the
+    /// native sandbox against the Docker backend (`DOCKER_HOST`) on the same built image,
+    /// interleaved; the median per task and the ratio (docs/harbor.md).
+    Harbor {
+        #[arg(required = true)]
+        dirs: Vec<std::path::PathBuf>,
+        /// Timed episodes per backend and task (after one warm-up each).
+        #[arg(long, default_value = "10", value_parser = super::count::<10_000>)]
+        iterations: usize,
+        /// The rootfs every `FROM` resolves to (else the image of that name in the daemon).
+        #[arg(long)]
+        base: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
     /// Sandbox latencies against the host's `sh -c true` measured in the same run.
     Sandbox {
         #[command(flatten)]
@@ -82,6 +97,25 @@ pub enum BenchCmd {
 
 pub fn run(cmd: BenchCmd) -> anyhow::Result<i32> {
     match cmd {
+        BenchCmd::Harbor {
+            dirs,
+            iterations,
+            base,
+            json,
+        } => {
+            let base = super::harbor::base_opt(base.as_deref())?;
+            let rt = super::sandbox::runtime()?;
+            let docker = super::sandbox::docker_backend()?;
+            let store = engine::harbor::LayerStore::open(rt.state_dir())?;
+            let report =
+                engine::bench::harbor::run(&rt, &store, &docker, &dirs, base.as_ref(), iterations)?;
+            if json {
+                outln!("{}", serde_json::to_string(&report)?);
+            } else {
+                out!("{}", engine::bench::harbor::render(&report));
+            }
+            Ok(0)
+        }
         BenchCmd::Serve {
             task,
             seed,

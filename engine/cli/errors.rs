@@ -78,6 +78,9 @@ fn is_input(e: &(dyn std::error::Error + 'static)) -> Option<bool> {
             P::Unknown(_) | P::UnknownParam { .. } | P::BadParam { .. } | P::BadSpec { .. }
         ));
     }
+    if let Some(h) = e.downcast_ref::<engine::harbor::HarborError>() {
+        return Some(h.is_bad_input());
+    }
     if let Some(l) = e.downcast_ref::<sandbox::layers::LayerError>() {
         return Some(matches!(l, sandbox::layers::LayerError::UnknownRootfs(_)));
     }

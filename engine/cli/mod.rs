@@ -7,6 +7,7 @@ mod bench;
 mod episode;
 pub mod errors;
 mod fingerprint;
+mod harbor;
 mod perturb;
 mod run;
 pub mod sandbox;
@@ -117,9 +118,13 @@ pub enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Harbor and Terminal-Bench task folders (docs/harbor.md).
+    #[command(subcommand)]
+    Harbor(harbor::HarborCmd),
     /// Remove what crashed runs left behind (also done at every start).
     Reap {
-        /// Also unmount and drop the instance cache (synthesized instances, certificates).
+        /// Also unmount and drop the instance cache (synthesized instances, certificates) and
+        /// the harbor layer store.
         #[arg(long)]
         cache: bool,
     },
@@ -200,6 +205,7 @@ pub fn run(cmd: Cmd) -> anyhow::Result<i32> {
             shipped,
             json,
         } => fingerprint::run(&rootfs, shipped, json),
+        Cmd::Harbor(c) => harbor::run(c),
         Cmd::Reap { cache } => sandbox::reap(cache),
         Cmd::Serve(o) => serve::run(&o),
     }

@@ -247,5 +247,8 @@ pub fn reap(cache: bool) -> anyhow::Result<i32> {
     if cache && engine::synth::remove_cache(rt.state_dir())? {
         outln!("instance cache removed");
     }
+    if cache && engine::harbor::LayerStore::remove(rt.state_dir())? {
+        outln!("harbor layer store removed");
+    }
     Ok(0)
 }

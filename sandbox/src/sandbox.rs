@@ -125,6 +125,22 @@ impl Sandbox {
         &self.rt
     }
 
+    /// Copy the sandbox's current diff (its overlay's upper directory: whiteouts, opaque
+    /// markers, owners, modes and times kept) into `dst`, which must not exist: a read-only
+    /// layer for the `layers` of later sandboxes (image builds). Read from this host through
+    /// init's view of its own mount namespace; call it with no command running. Returns the
+    /// bytes of file data copied.
+    pub fn export_diff(&self, dst: &std::path::Path) -> Result<u64, SandboxError> {
+        let rel = self.dir.strip_prefix("/").unwrap_or(&self.dir);
+        let upper = PathBuf::from(format!("/proc/{}/root", self.pid))
+            .join(rel)
+            .join("ep/upper");
+        crate::init::snapshot::copy_tree(&upper, dst).map_err(|source| SandboxError::Spawn {
+            what: "exporting the sandbox's diff",
+            source,
+        })
+    }
+
     fn call(&mut self, req: Request, timeout: Duration) -> Result<Response, SandboxError> {
         if self.dead {
             return Err(SandboxError::Dead);

@@ -34,6 +34,7 @@ impl TempState {
 impl Drop for TempState {
     fn drop(&mut self) {
         let _ = engine::synth::remove_cache(self.dir.path());
+        let _ = engine::harbor::LayerStore::remove(self.dir.path());
     }
 }
 

@@ -525,3 +525,54 @@ fn episode_and_run_keep_the_transcript_and_the_key_stays_out_of_it() {
         .to_string();
     assert!(e.contains("key `llm.timeout`"), "{e}");
 }
+
+/// A Harbor task folder (`engine harbor run --agent llm`): the model is told the instruction
+/// only (never the tests or the oracle), its commands run in the task's sandbox, and the
+/// task's own tests judge; a model that says DONE at once scores 0.
+#[test]
+fn a_model_solves_a_harbor_task_folder_judged_by_its_own_tests() {
+    if !common::is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let rt = common::runtime();
+    let state = common::TempState::new();
+    let store = engine::harbor::LayerStore::open(state.path()).unwrap();
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/harbor/harbor/hello-file");
+    let host = sandbox::RootfsSpec::Host;
+    let run = |script: fn(usize) -> Answer| {
+        let server = FakeChat::start(script);
+        let agent = LlmAgent::new(&server.config()).unwrap();
+        let agent = engine::harbor::Agent::Llm(Arc::new(Mutex::new(agent)), 5);
+        let o =
+            engine::harbor::check_task(&rt, &rt, &store, &dir, Some(&host), &agent, &[]).unwrap();
+        (o, server.seen())
+    };
+    let (o, seen) = run(|n| match n {
+        0 => command("tr a-z A-Z < word.txt > hello.txt"),
+        _ => says("DONE"),
+    });
+    assert_eq!(o.reward, 1.0, "{o:?}");
+    assert!(
+        o.reason.contains("said DONE after 1 commands"),
+        "{}",
+        o.reason
+    );
+    let first = seen[0].body.to_string();
+    assert!(first.contains("upper-cased"), "{first}");
+    // Neither the tests nor the oracle.
+    assert!(!first.contains("grep -qx HELLO"), "{first}");
+    assert!(
+        !first.contains("/app/word.txt > \\\"$GREETING_FILE"),
+        "{first}"
+    );
+    // The second request shows the command's result.
+    assert!(
+        seen[1].body.to_string().contains("exit status 0"),
+        "{}",
+        seen[1].body
+    );
+    let (o, _) = run(|_| says("DONE"));
+    assert_eq!(o.reward, 0.0, "{o:?}");
+}

@@ -16,6 +16,7 @@ mod experiment;
 mod exploit;
 mod fingerprint;
 mod fuzz;
+mod harbor;
 mod layout;
 mod learn;
 mod llm;

@@ -13,7 +13,7 @@
 
 mod exec;
 pub(crate) mod files;
-mod snapshot;
+pub(crate) mod snapshot;
 mod zygote;
 
 use crate::mounts::{self, Layout};

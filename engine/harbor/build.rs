@@ -1,0 +1,587 @@
+//! A task's Dockerfile built into read-only layers: each `RUN`, `COPY`/`ADD` and `WORKDIR`
+//! runs in a build sandbox (offline, like every sandbox) over the base and the layers before
+//! it, and its diff becomes a layer of the store, named by its cache key: the base's digest,
+//! the instruction and everything before it (and the content of what `COPY` reads). A layer
+//! is published by rename only after its step succeeded: no half-built layer is ever used,
+//! and a failed step leaves every earlier layer in place.
+
+use super::dockerfile::{Dockerfile, Source, Step};
+use super::{sbx_err, HarborError, Task};
+use sandbox::{ExecRequest, RootfsSpec, Runtime, SandboxConfig};
+use sha2::{Digest, Sha256};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+/// The built environment of a task.
+#[derive(Debug, Clone)]
+pub struct Image {
+    pub rootfs: RootfsSpec,
+    /// Layers above the rootfs, topmost first.
+    pub layers: Vec<PathBuf>,
+    /// `ENV` (and `ARG`) of the image, in order.
+    pub env: Vec<(String, String)>,
+    /// `USER` as `(uid, gid)`; `None`: root.
+    pub user: Option<(u32, u32)>,
+    pub workdir: String,
+    /// Layers built now, and found in the store.
+    pub built: usize,
+    pub cached: usize,
+    /// How `FROM` was resolved (reported per task).
+    pub base_note: String,
+    /// What perturbations need beyond their layer (environment, limits, start steps).
+    pub runtime: crate::instance::RuntimeSettings,
+    /// The perturbations applied, in words.
+    pub applied: Vec<String>,
+}
+
+/// The store of built layers: `<state>/harbor-layers`, its own tmpfs (overlayfs refuses a
+/// layer nested in another layer's filesystem, and the `host` rootfs uses `/`).
+#[derive(Debug, Clone)]
+pub struct LayerStore {
+    dir: PathBuf,
+}
+
+fn is_mountpoint(p: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::metadata(p), p.parent().map(std::fs::metadata)) {
+        (Ok(a), Some(Ok(b))) => a.dev() != b.dev(),
+        _ => false,
+    }
+}
+
+impl LayerStore {
+    /// Open (mounting its tmpfs on first use) the store of a state directory; what a crashed
+    /// build left (`.tmp-*`) is removed.
+    pub fn open(state: &Path) -> Result<Self, HarborError> {
+        let dir = state.join("harbor-layers");
+        let ioe = |source| HarborError::Io {
+            path: dir.clone(),
+            source,
+        };
+        std::fs::create_dir_all(&dir).map_err(ioe)?;
+        if !is_mountpoint(&dir) {
+            nix::mount::mount(
+                Some("envfactory-harbor"),
+                &dir,
+                Some("tmpfs"),
+                nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
+                Some("mode=0755,size=8g"),
+            )
+            .map_err(|e| ioe(std::io::Error::from(e)))?;
+        }
+        for e in std::fs::read_dir(&dir).map_err(ioe)?.flatten() {
+            let n = e.file_name().to_string_lossy().into_owned();
+            // Only builds of processes that are gone: `.tmp-<key>-<pid>`.
+            if let Some(pid) = n.strip_prefix(".tmp-").and_then(|r| r.rsplit('-').next()) {
+                let alive = pid
+                    .parse::<i32>()
+                    .is_ok_and(|p| Path::new(&format!("/proc/{p}")).exists());
+                if !alive {
+                    let _ = std::fs::remove_dir_all(e.path());
+                }
+            }
+        }
+        Ok(Self { dir })
+    }
+
+    /// Unmount the store of a state directory (`engine reap --cache`); whether one was there.
+    pub fn remove(state: &Path) -> Result<bool, HarborError> {
+        let dir = state.join("harbor-layers");
+        if !is_mountpoint(&dir) {
+            return Ok(false);
+        }
+        nix::mount::umount2(&dir, nix::mount::MntFlags::MNT_DETACH).map_err(|e| {
+            HarborError::Io {
+                path: dir.clone(),
+                source: e.into(),
+            }
+        })?;
+        let _ = std::fs::remove_dir(&dir);
+        Ok(true)
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
+/// Names that stand for a Debian or Ubuntu base: without a local image of that name, `FROM`
+/// takes the `host` rootfs (this host's Debian system, read-only) instead.
+fn is_debian_family(image: &str) -> bool {
+    let name = image.rsplit('/').next().unwrap_or(image);
+    let repo = name.split([':', '@']).next().unwrap_or(name);
+    ["debian", "ubuntu", "python", "buildpack-deps"].contains(&repo)
+}
+
+/// Where `FROM image` comes from: `base` when given, else the local Docker daemon's image of
+/// that name, else `host` for a Debian-family name; else an error naming the line.
+pub fn resolve_from(
+    rt: &Runtime,
+    task: &Task,
+    df: &Dockerfile,
+    base: Option<&RootfsSpec>,
+) -> Result<(RootfsSpec, String), HarborError> {
+    if let Some(b) = base {
+        return Ok((b.clone(), format!("FROM {} -> {b} (--base)", df.from)));
+    }
+    let spec = RootfsSpec::Docker(df.from.clone());
+    match rt.resolve(&spec) {
+        Ok(_) => Ok((spec, format!("FROM {} -> docker:{}", df.from, df.from))),
+        Err(e) if is_debian_family(&df.from) => {
+            tracing::debug!(image = %df.from, error = %e, "no local image: the host rootfs");
+            Ok((
+                RootfsSpec::Host,
+                format!(
+                    "FROM {} -> host (no local image of that name; a Debian-family base)",
+                    df.from
+                ),
+            ))
+        }
+        Err(e) => Err(HarborError::Build {
+            file: task.dockerfile.clone(),
+            line: df.from_line,
+            reason: format!("FROM {}: {e}", df.from),
+        }),
+    }
+}
+
+/// A glob (`*`, `?`) of one path matched against a relative path.
+fn glob_match(pat: &str, s: &str) -> bool {
+    fn m(p: &[u8], s: &[u8]) -> bool {
+        match (p.first(), s.first()) {
+            (None, None) => true,
+            (Some(b'*'), _) => m(&p[1..], s) || (!s.is_empty() && s[0] != b'/' && m(p, &s[1..])),
+            (Some(b'?'), Some(c)) if *c != b'/' => m(&p[1..], &s[1..]),
+            (Some(a), Some(b)) if a == b => m(&p[1..], &s[1..]),
+            _ => false,
+        }
+    }
+    m(pat.as_bytes(), s.as_bytes())
+}
+
+/// The files a `COPY` writes: (path in the image, data, mode), and the directories it makes.
+type Writes = (Vec<(String, Vec<u8>, u32)>, Vec<String>);
+
+fn copy_writes(
+    task: &Task,
+    line: usize,
+    sources: &[Source],
+    dest: &str,
+    workdir: &str,
+    chmod: Option<u32>,
+) -> Result<Writes, HarborError> {
+    let bad = |reason: String| HarborError::Build {
+        file: task.dockerfile.clone(),
+        line,
+        reason,
+    };
+    let dest = if dest.starts_with('/') {
+        dest.to_string()
+    } else {
+        format!("{}/{dest}", workdir.trim_end_matches('/'))
+    };
+    let into_dir = dest.ends_with('/') || sources.len() > 1;
+    let dest = dest.trim_end_matches('/').to_string();
+    let dest = if dest.is_empty() { "/".into() } else { dest };
+    let join = |a: &str, b: &str| format!("{}/{}", a.trim_end_matches('/'), b);
+    let ctx_files = super::task::files_under(&task.context)?;
+    let mut files = Vec::new();
+    let mut dirs: Vec<String> = Vec::new();
+    for s in sources {
+        match s {
+            Source::Heredoc { name, body } => {
+                let p = if into_dir || dest == "/" {
+                    join(&dest, name)
+                } else {
+                    dest.clone()
+                };
+                files.push((p, body.clone().into_bytes(), chmod.unwrap_or(0o644)));
+            }
+            Source::Path(p) => {
+                let p = p.trim_start_matches("./").trim_end_matches('/');
+                if p.split('/').any(|c| c == "..") {
+                    return Err(bad(format!("COPY source `{p}` leaves the build context")));
+                }
+                let is_glob = p.contains(['*', '?']);
+                let mut matched = false;
+                for (rel, host) in &ctx_files {
+                    let (in_image, hit) = if p.is_empty() || p == "." {
+                        (join(&dest, rel), true)
+                    } else if is_glob {
+                        // A glob matches files, or the folders whose contents come along.
+                        let first = rel
+                            .match_indices('/')
+                            .map(|(i, _)| &rel[..i])
+                            .chain([rel.as_str()])
+                            .find(|prefix| glob_match(p, prefix));
+                        match first {
+                            Some(prefix) => {
+                                let base = Path::new(prefix)
+                                    .file_name()
+                                    .map(|n| n.to_string_lossy().into_owned())
+                                    .unwrap_or_default();
+                                let tail = &rel[prefix.len()..];
+                                if tail.is_empty() {
+                                    (join(&dest, &base), true)
+                                } else {
+                                    (join(&dest, tail.trim_start_matches('/')), true)
+                                }
+                            }
+                            None => (String::new(), false),
+                        }
+                    } else if rel == p {
+                        let name = Path::new(rel)
+                            .file_name()
+                            .map(|n| n.to_string_lossy().into_owned())
+                            .unwrap_or_default();
+                        if into_dir {
+                            (join(&dest, &name), true)
+                        } else {
+                            (dest.clone(), true)
+                        }
+                    } else if let Some(tail) = rel.strip_prefix(&format!("{p}/")) {
+                        (join(&dest, tail), true)
+                    } else {
+                        (String::new(), false)
+                    };
+                    if !hit {
+                        continue;
+                    }
+                    matched = true;
+                    let data = std::fs::read(host).map_err(|source| HarborError::Io {
+                        path: host.clone(),
+                        source,
+                    })?;
+                    let mode = match chmod {
+                        Some(m) => m,
+                        None => std::fs::metadata(host)
+                            .map(|m| m.permissions().mode() & 0o7777)
+                            .unwrap_or(0o644),
+                    };
+                    files.push((in_image, data, mode));
+                }
+                if !matched {
+                    return Err(bad(format!(
+                        "COPY source `{p}` matches nothing in the build context {}",
+                        task.context.display()
+                    )));
+                }
+            }
+        }
+    }
+    if into_dir || files.is_empty() {
+        dirs.push(dest.clone());
+    }
+    for (p, _, _) in &files {
+        if let Some((parent, _)) = p.rsplit_once('/') {
+            if !parent.is_empty() && !dirs.iter().any(|d| d == parent) {
+                dirs.push(parent.to_string());
+            }
+        }
+    }
+    Ok((files, dirs))
+}
+
+/// `USER name[:group]` as ids, read from the image's `/etc/passwd` and `/etc/group`.
+fn resolve_user(
+    lowers: &[PathBuf],
+    spec: &str,
+    task: &Task,
+    line: usize,
+) -> Result<(u32, u32), HarborError> {
+    let view = crate::instance::BaseView::from_dirs(lowers.to_vec());
+    let lookup = |file: &str, name: &str| -> Option<(u32, u32)> {
+        let text = String::from_utf8(view.read(file)?).ok()?;
+        text.lines().find_map(|l| {
+            let f: Vec<&str> = l.split(':').collect();
+            (f.first() == Some(&name) && f.len() > 3)
+                .then(|| Some((f[2].parse().ok()?, f[3].parse().unwrap_or(0))))
+                .flatten()
+        })
+    };
+    let (u, g) = spec
+        .split_once(':')
+        .map_or((spec, None), |(u, g)| (u, Some(g)));
+    let (uid, mut gid) = match u.parse::<u32>() {
+        Ok(uid) => (uid, uid),
+        Err(_) => lookup("/etc/passwd", u).ok_or_else(|| HarborError::Build {
+            file: task.dockerfile.clone(),
+            line,
+            reason: format!("USER {u}: no such user in the image's /etc/passwd"),
+        })?,
+    };
+    if let Some(g) = g {
+        gid =
+            match g.parse::<u32>() {
+                Ok(gid) => gid,
+                Err(_) => lookup("/etc/group", g).map(|(gid, _)| gid).ok_or_else(|| {
+                    HarborError::Build {
+                        file: task.dockerfile.clone(),
+                        line,
+                        reason: format!("USER {spec}: no such group in the image's /etc/group"),
+                    }
+                })?,
+            };
+    }
+    Ok((uid, gid))
+}
+
+/// The configuration of a build sandbox: the base, the layers so far, generous limits.
+fn build_config(
+    rootfs: &RootfsSpec,
+    layers: &[PathBuf],
+    env: &[(String, String)],
+) -> SandboxConfig {
+    let mut cfg = SandboxConfig {
+        rootfs: rootfs.clone(),
+        layers: layers.to_vec(),
+        disk_bytes: 4 << 30,
+        ..SandboxConfig::default()
+    };
+    cfg.limits.memory_bytes = 2 << 30;
+    cfg.limits.pids = 1024;
+    cfg.limits.cpus = 0.0;
+    cfg.env = merge_env(&cfg.env, env);
+    cfg
+}
+
+/// `base` (`KEY=VALUE`) with `over` set on top.
+pub fn merge_env(base: &[String], over: &[(String, String)]) -> Vec<String> {
+    let mut out: Vec<String> = base.to_vec();
+    for (k, v) in over {
+        let prefix = format!("{k}=");
+        out.retain(|e| !e.starts_with(&prefix));
+        out.push(format!("{k}={v}"));
+    }
+    out
+}
+
+/// Build (or find in the store) a task's image.
+pub fn build_image(
+    rt: &Runtime,
+    store: &LayerStore,
+    task: &Task,
+    df: &Dockerfile,
+    base: Option<&RootfsSpec>,
+) -> Result<Image, HarborError> {
+    let (rootfs, base_note) = resolve_from(rt, task, df, base)?;
+    let resolved = rt
+        .resolve(&rootfs)
+        .map_err(sbx_err(format!("rootfs {rootfs}")))?;
+    let mut key = hex::encode(Sha256::digest(
+        format!("envfactory-harbor-v1\n{}", resolved.digest).as_bytes(),
+    ));
+    let mut img = Image {
+        rootfs: rootfs.clone(),
+        layers: Vec::new(),
+        env: Vec::new(),
+        user: None,
+        workdir: "/".into(),
+        built: 0,
+        cached: 0,
+        base_note,
+        runtime: Default::default(),
+        applied: Vec::new(),
+    };
+    let mut user_spec: Option<(String, usize)> = None;
+    for ins in &df.steps {
+        let mut h = Sha256::new();
+        h.update(key.as_bytes());
+        h.update(b"\n");
+        h.update(ins.text.as_bytes());
+        let mut copy = None;
+        let script: Option<String> = match &ins.step {
+            Step::Run { script } => Some(script.clone()),
+            Step::Copy {
+                sources,
+                dest,
+                chown,
+                chmod,
+            } => {
+                let w = copy_writes(task, ins.line, sources, dest, &img.workdir, *chmod)?;
+                for (p, data, mode) in &w.0 {
+                    h.update(format!("\n{p} {mode:o} {}\n", data.len()).as_bytes());
+                    h.update(data);
+                }
+                copy = Some((w, chown.clone()));
+                None
+            }
+            Step::Workdir(d) => {
+                img.workdir = if d.starts_with('/') {
+                    d.clone()
+                } else {
+                    format!("{}/{d}", img.workdir.trim_end_matches('/'))
+                };
+                Some(format!(
+                    "mkdir -p {}",
+                    crate::instance::sh_quote(&img.workdir)
+                ))
+            }
+            Step::Env(kvs) => {
+                for (k, v) in kvs {
+                    img.env.retain(|(k2, _)| k2 != k);
+                    img.env.push((k.clone(), v.clone()));
+                }
+                None
+            }
+            Step::Arg(name, default) => {
+                if !img.env.iter().any(|(k, _)| k == name) {
+                    img.env
+                        .push((name.clone(), default.clone().unwrap_or_default()));
+                }
+                None
+            }
+            Step::User(u) => {
+                user_spec = Some((u.clone(), ins.line));
+                None
+            }
+            Step::Ignored(_) => None,
+        };
+        key = hex::encode(h.finalize());
+        if script.is_none() && copy.is_none() {
+            continue;
+        }
+        let layer = store.dir.join(&key);
+        if layer.is_dir() {
+            img.cached += 1;
+            img.layers.insert(0, layer);
+            continue;
+        }
+        let cfg = build_config(&rootfs, &img.layers, &img.env);
+        let mut sbx = rt
+            .create(&cfg)
+            .map_err(sbx_err(format!("build sandbox for line {}", ins.line)))?;
+        let fail = |reason: String| HarborError::Build {
+            file: task.dockerfile.clone(),
+            line: ins.line,
+            reason,
+        };
+        let user = match &user_spec {
+            Some((u, l)) => Some(resolve_user(
+                &resolved_lowers(rt, &rootfs, &img)?,
+                u,
+                task,
+                *l,
+            )?),
+            None => None,
+        };
+        let run = |sbx: &mut sandbox::Sandbox, cmd: String, user| -> Result<(), HarborError> {
+            let mut req = ExecRequest::shell(cmd);
+            req.cwd = "/".into();
+            req.timeout_ms = 3_600_000;
+            req.user = user;
+            let r = sbx
+                .exec(&req)
+                .map_err(sbx_err(format!("line {}", ins.line)))?;
+            if r.success() {
+                return Ok(());
+            }
+            let err = String::from_utf8_lossy(&r.stderr);
+            let tail: Vec<&str> = err.lines().rev().take(3).collect();
+            let tail: Vec<&str> = tail.into_iter().rev().collect();
+            Err(fail(format!(
+                "the step failed (exit {}): {}",
+                r.exit_code(),
+                crate::text::cut(&tail.join(" | "))
+            )))
+        };
+        if let Some(script) = script {
+            let wd = crate::instance::sh_quote(&img.workdir);
+            let cmd = format!(
+                "mkdir -p {wd} 2>/dev/null; cd {wd} && exec /bin/sh -c {}",
+                crate::instance::sh_quote(&script)
+            );
+            let as_user = if matches!(ins.step, Step::Workdir(_)) {
+                None
+            } else {
+                user
+            };
+            run(&mut sbx, cmd, as_user)?;
+        }
+        if let Some(((files, dirs), chown)) = copy {
+            let q: Vec<String> = dirs.iter().map(|d| crate::instance::sh_quote(d)).collect();
+            if !q.is_empty() {
+                run(&mut sbx, format!("mkdir -p {}", q.join(" ")), None)?;
+            }
+            for (p, data, mode) in &files {
+                sbx.write_file(p, data, *mode)
+                    .map_err(sbx_err(format!("line {}: writing {p}", ins.line)))?;
+            }
+            if let Some(owner) = chown {
+                let q: Vec<String> = files
+                    .iter()
+                    .map(|(p, _, _)| crate::instance::sh_quote(p))
+                    .collect();
+                run(
+                    &mut sbx,
+                    format!(
+                        "chown {} {}",
+                        crate::instance::sh_quote(&owner),
+                        q.join(" ")
+                    ),
+                    None,
+                )?;
+            }
+        }
+        sbx.kill_all().map_err(sbx_err("stopping the build step"))?;
+        let tmp = store.dir.join(format!(".tmp-{key}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&tmp);
+        if let Err(e) = sbx.export_diff(&tmp) {
+            let _ = std::fs::remove_dir_all(&tmp);
+            return Err(sbx_err(format!("line {}: saving the layer", ins.line))(e));
+        }
+        drop(sbx);
+        if let Err(e) = std::fs::rename(&tmp, &layer) {
+            // Another process published the same layer first: theirs is as good.
+            let _ = std::fs::remove_dir_all(&tmp);
+            if !layer.is_dir() {
+                return Err(HarborError::Io {
+                    path: layer,
+                    source: e,
+                });
+            }
+        }
+        tracing::info!(task = %task.name, line = ins.line, key = %key, "built a layer");
+        img.built += 1;
+        img.layers.insert(0, layer);
+    }
+    if let Some((u, l)) = &user_spec {
+        img.user = Some(resolve_user(
+            &resolved_lowers(rt, &rootfs, &img)?,
+            u,
+            task,
+            *l,
+        )?);
+    }
+    Ok(img)
+}
+
+/// The lower directories of an image so far (its layers over its resolved rootfs).
+fn resolved_lowers(
+    rt: &Runtime,
+    rootfs: &RootfsSpec,
+    img: &Image,
+) -> Result<Vec<PathBuf>, HarborError> {
+    let r = rt
+        .resolve(rootfs)
+        .map_err(sbx_err(format!("rootfs {rootfs}")))?;
+    let mut out = img.layers.clone();
+    out.extend(r.lowers.iter().map(PathBuf::from));
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn globs_and_family_names() {
+        assert!(glob_match("*.py", "a.py"));
+        assert!(!glob_match("*.py", "d/a.py"));
+        assert!(glob_match("d/*.txt", "d/x.txt"));
+        assert!(glob_match("dat?", "data"));
+        assert!(is_debian_family("debian:bookworm-slim"));
+        assert!(is_debian_family("docker.io/library/ubuntu:24.04"));
+        assert!(!is_debian_family("alpine:3.19"));
+    }
+}

@@ -1,0 +1,416 @@
+//! Harbor and Terminal-Bench task folders (`tests/fixtures/harbor/`): each layout's tasks
+//! built into layers and run with their oracle and their own tests, the reward-file trick
+//! scoring 0, unsupported folders skipped, bad input named, build layers cached; and on a
+//! private `dockerd` the same tasks on the Docker backend.
+
+use crate::common;
+use engine::harbor::{self, Agent, LayerStore};
+use sandbox::RootfsSpec;
+use std::path::{Path, PathBuf};
+
+fn fixture(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/harbor")
+        .join(rel)
+}
+
+/// A private layer store (its own tmpfs), unmounted when dropped.
+struct Store {
+    dir: tempfile::TempDir,
+    store: LayerStore,
+}
+
+impl Store {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LayerStore::open(dir.path()).unwrap();
+        Self { dir, store }
+    }
+    fn entries(&self) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(self.store.dir())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    }
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        let _ = LayerStore::remove(self.dir.path());
+    }
+}
+
+#[test]
+fn task_folders_of_both_layouts_pass_fail_or_skip_as_their_oracles_deserve() {
+    require_root!();
+    let rt = common::runtime();
+    let s = Store::new();
+    let host = RootfsSpec::Host;
+    // (folder, passed, skipped, a part of the reason)
+    let expect: &[(&str, bool, bool, &str)] = &[
+        ("harbor/hello-file", true, false, "reward.txt: 1"),
+        ("harbor/oracle-fails", false, false, "reward.txt: 0"),
+        ("harbor/reward-trick", false, false, "wrote no reward file"),
+        ("harbor/service-daemon", true, false, "reward.txt: 1"),
+        ("harbor/user-glob-uvx", true, false, "reward.txt: 1"),
+        (
+            "harbor/two-services",
+            false,
+            true,
+            "unsupported: 2 services",
+        ),
+        ("terminal-bench/count-lines", true, false, "1 tests passed"),
+        (
+            "terminal-bench/oracle-fails",
+            false,
+            false,
+            "test_outputs.py::test_answer",
+        ),
+        ("terminal-bench/keystrokes", true, false, "1 tests passed"),
+        (
+            "terminal-bench/compose-context",
+            true,
+            false,
+            "2 tests passed",
+        ),
+        ("terminal-bench/reward-trick", false, false, "failed:"),
+        (
+            "terminal-bench/multi-stage",
+            false,
+            true,
+            "unsupported: a second FROM",
+        ),
+    ];
+    for (dir, passed, skipped, reason) in expect {
+        let o = harbor::check_task(
+            &rt,
+            &rt,
+            &s.store,
+            &fixture(dir),
+            Some(&host),
+            &Agent::Oracle,
+            &[],
+        )
+        .unwrap_or_else(|e| panic!("{dir}: {e}"));
+        assert_eq!((o.passed, o.skipped), (*passed, *skipped), "{dir}: {o:?}");
+        assert!(o.reason.contains(reason), "{dir}: {}", o.reason);
+        if !passed {
+            assert_eq!(o.reward, 0.0, "{dir}");
+        }
+    }
+    // The offline rule is reported per task.
+    let o = harbor::check_task(
+        &rt,
+        &rt,
+        &s.store,
+        &fixture("harbor/user-glob-uvx"),
+        Some(&host),
+        &Agent::Oracle,
+        &[],
+    )
+    .unwrap();
+    assert!(
+        o.substituted.iter().any(|x| x.starts_with("uvx")),
+        "{:?}",
+        o.substituted
+    );
+    assert!(
+        o.substituted.iter().any(|x| x.starts_with("curl")),
+        "{:?}",
+        o.substituted
+    );
+    // The tests can fail: without the oracle, nothing passes.
+    for dir in ["harbor/hello-file", "terminal-bench/count-lines"] {
+        let o = harbor::check_task(
+            &rt,
+            &rt,
+            &s.store,
+            &fixture(dir),
+            Some(&host),
+            &Agent::Nothing,
+            &[],
+        )
+        .unwrap();
+        assert!(!o.passed && o.reward == 0.0, "{dir}: {o:?}");
+    }
+}
+
+#[test]
+fn a_reward_written_by_the_agent_never_counts() {
+    require_root!();
+    let rt = common::runtime();
+    let s = Store::new();
+    let episode = |cmds: &[&str]| {
+        let agent = Agent::Commands(cmds.iter().map(|c| c.to_string()).collect());
+        let dir = fixture("harbor/reward-trick");
+        harbor::check_task(
+            &rt,
+            &rt,
+            &s.store,
+            &dir,
+            Some(&RootfsSpec::Host),
+            &agent,
+            &[],
+        )
+        .unwrap()
+    };
+    // The agent writes both reward files, makes the folder read-only, leaves a decoy.
+    let o = episode(&[
+        "mkdir -p /logs/verifier && echo 1 > /logs/verifier/reward.txt",
+        "echo '{\"reward\": 1}' > /logs/verifier/reward.json; chmod 555 /logs/verifier",
+        "mkdir -p /tmp/fake && echo 1 > /tmp/fake/reward.txt",
+    ]);
+    assert_eq!(o.reward, 0.0, "{o:?}");
+    assert!(o.reason.contains("wrote no reward file"), "{}", o.reason);
+    // An agent that breaks the deletion (`rm` and `mkdir` replaced, reward pre-written): the
+    // host sees the file survive and scores 0.
+    let o = episode(&[
+        "mkdir -p /logs/verifier && echo 1 > /logs/verifier/reward.txt",
+        "for b in rm mkdir; do p=$(command -v $b); cp /bin/true /tmp/t; mv /tmp/t \"$p\"; done",
+    ]);
+    assert_eq!(o.reward, 0.0, "{o:?}");
+    assert!(o.reason.contains("survived its deletion"), "{}", o.reason);
+    // The honest agent on the same task scores 1.
+    let o = episode(&["touch /app/done"]);
+    assert_eq!(o.reward, 1.0, "{o:?}");
+}
+
+/// A copy of a fixture folder to edit.
+fn copy_fixture(rel: &str) -> tempfile::TempDir {
+    let t = tempfile::tempdir().unwrap();
+    let ok = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(fixture(rel))
+        .arg(t.path().join("task"))
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    t
+}
+
+#[test]
+fn layers_are_cached_and_a_failed_step_publishes_nothing() {
+    require_root!();
+    let rt = common::runtime();
+    let s = Store::new();
+    let t = copy_fixture("harbor/hello-file");
+    let dir = t.path().join("task");
+    let task = harbor::load(&dir).unwrap();
+    let df =
+        harbor::dockerfile::parse(&std::fs::read_to_string(&task.dockerfile).unwrap()).unwrap();
+    let first = harbor::build_image(&rt, &s.store, &task, &df, Some(&RootfsSpec::Host)).unwrap();
+    assert_eq!((first.built, first.cached), (3, 0), "WORKDIR, COPY, RUN");
+    let again = harbor::build_image(&rt, &s.store, &task, &df, Some(&RootfsSpec::Host)).unwrap();
+    assert_eq!((again.built, again.cached), (0, 3));
+    assert_eq!(again.layers, first.layers);
+    let before = s.entries();
+    // A failing step after the cached ones: the error names the file and line; nothing new.
+    let text = std::fs::read_to_string(&task.dockerfile).unwrap() + "RUN echo broken >&2; exit 3\n";
+    std::fs::write(&task.dockerfile, &text).unwrap();
+    let df = harbor::dockerfile::parse(&text).unwrap();
+    let e = harbor::build_image(&rt, &s.store, &task, &df, Some(&RootfsSpec::Host))
+        .unwrap_err()
+        .to_string();
+    let line = text.lines().count();
+    assert!(
+        e.contains(&format!(
+            "Dockerfile: line {line}: the step failed (exit 3): broken"
+        )),
+        "{e}"
+    );
+    assert_eq!(
+        s.entries(),
+        before,
+        "no half-built layer, earlier ones kept"
+    );
+    // A base that is nowhere: the error names the Dockerfile and the FROM line.
+    let missing = harbor::dockerfile::parse("# base\nFROM no-such-image:1\nRUN true\n").unwrap();
+    let e = harbor::build_image(&rt, &s.store, &task, &missing, None)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("Dockerfile: line 2: FROM no-such-image:1"),
+        "{e}"
+    );
+    // An instruction changed in the middle rebuilds it and everything after it only.
+    let text = text
+        .replace("chmod 644", "chmod 640")
+        .replace("RUN echo broken >&2; exit 3\n", "");
+    let df = harbor::dockerfile::parse(&text).unwrap();
+    let third = harbor::build_image(&rt, &s.store, &task, &df, Some(&RootfsSpec::Host)).unwrap();
+    assert_eq!((third.built, third.cached), (1, 2));
+}
+
+#[test]
+fn bad_task_folders_are_named() {
+    let t = copy_fixture("harbor/hello-file");
+    let dir = t.path().join("task");
+    let toml = dir.join("task.toml");
+    let good = std::fs::read_to_string(&toml).unwrap();
+    std::fs::write(
+        &toml,
+        good.replace("[verifier]", "[verifier]\ntimeout_secs = 3"),
+    )
+    .unwrap();
+    let e = harbor::load(&dir).unwrap_err().to_string();
+    assert!(
+        e.contains("task.toml") && e.contains("unknown field `timeout_secs`"),
+        "{e}"
+    );
+    std::fs::write(
+        &toml,
+        good.replace("memory_mb = 512", "memory_mb = \"lots\""),
+    )
+    .unwrap();
+    let e = harbor::load(&dir).unwrap_err().to_string();
+    assert!(e.contains("task.toml") && e.contains("memory_mb"), "{e}");
+    std::fs::write(&toml, &good).unwrap();
+    std::fs::remove_file(dir.join("tests/test.sh")).unwrap();
+    let e = harbor::load(&dir).unwrap_err().to_string();
+    assert!(e.ends_with("missing tests/test.sh"), "{e}");
+    let e = harbor::load(&fixture("nowhere")).unwrap_err().to_string();
+    assert!(e.contains("nowhere"), "{e}");
+    let t = copy_fixture("terminal-bench/count-lines");
+    let y = t.path().join("task/task.yaml");
+    std::fs::write(&y, "instruction: [1, 2]\n").unwrap();
+    let e = harbor::load(&t.path().join("task"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("task.yaml") && e.contains("`instruction` must be a string"),
+        "{e}"
+    );
+}
+
+#[test]
+fn the_same_tasks_run_on_the_docker_backend() {
+    require_root!();
+    let d = require_docker!();
+    let dir = tempfile::tempdir().unwrap();
+    let tar = dir.path().join("rootfs.tar");
+    sandbox::docker_testing::rootfs_tar(
+        &tar,
+        &[
+            "sh", "bash", "cat", "mkdir", "rm", "chmod", "grep", "tr", "test", "touch", "echo",
+        ],
+        &[],
+    );
+    // The fixtures' `FROM debian:bookworm` resolves to the daemon's image of that name.
+    d.import(&tar, "debian:bookworm");
+    let rt = common::runtime();
+    let s = Store::new();
+    let docker = sandbox::docker::DockerBackend::new(d.client(), &dir.path().join("work"));
+    // The benchmark, tiny: both backends timed on the same task, both passing.
+    let r = engine::bench::harbor::run(
+        &rt,
+        &s.store,
+        &docker,
+        &[fixture("harbor/hello-file")],
+        None,
+        1,
+    )
+    .unwrap();
+    assert_eq!(r.tasks.len(), 1, "{r:?}");
+    let t = &r.tasks[0];
+    assert!(t.native_passed && t.docker_passed, "{t:?}");
+    assert_eq!((t.native_s.n, t.docker_s.n), (1, 1));
+    assert!(t.ratio > 0.0 && t.ratio.is_finite(), "{t:?}");
+    for (task, reward) in [("harbor/hello-file", 1.0), ("harbor/reward-trick", 0.0)] {
+        for backend in [&rt as &dyn sandbox::DynBackend, &docker] {
+            let o = harbor::check_task(
+                &rt,
+                backend,
+                &s.store,
+                &fixture(task),
+                None,
+                &Agent::Oracle,
+                &[],
+            )
+            .unwrap();
+            assert_eq!(o.reward, reward, "{task} on {}: {o:?}", backend.name());
+            assert!(o.base.contains("docker:debian:bookworm"), "{}", o.base);
+        }
+    }
+}
+
+#[test]
+fn check_prints_a_json_line_per_task_and_fails_when_one_fails() {
+    require_root!();
+    let st = common::TempState::new();
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_engine"))
+        .env("ENVFACTORY_STATE", st.path())
+        .args(["harbor", "check", "--json", "--base", "host"])
+        .args(
+            [
+                "harbor/hello-file",
+                "terminal-bench/oracle-fails",
+                "harbor/two-services",
+            ]
+            .map(fixture),
+        )
+        .output()
+        .unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let got: Vec<(&str, bool, bool)> = lines
+        .iter()
+        .map(|v| {
+            for k in ["task", "passed", "reward", "reason", "seconds"] {
+                assert!(!v[k].is_null(), "{k}: {v}");
+            }
+            (
+                v["task"].as_str().unwrap(),
+                v["passed"].as_bool().unwrap(),
+                v["skipped"].as_bool().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            ("hello-file", true, false),
+            ("oracle-fails", false, false),
+            ("two-services", false, true)
+        ]
+    );
+    // A folder that is not a task is bad input (exit 2), named.
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_engine"))
+        .env("ENVFACTORY_STATE", st.path())
+        .args(["harbor", "check", "--base", "host"])
+        .arg(fixture("harbor"))
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("missing task.toml (Harbor) or task.yaml (Terminal-Bench)"),
+        "{err}"
+    );
+}
+
+#[test]
+fn the_factorys_perturbations_apply_to_task_folders() {
+    require_root!();
+    let rt = common::runtime();
+    let s = Store::new();
+    let dir = fixture("harbor/hello-file");
+    let host = Some(&RootfsSpec::Host);
+    let spec = engine::perturb::parse_spec("tool-missing:tool=tr").unwrap();
+    let o = harbor::check_task(&rt, &rt, &s.store, &dir, host, &Agent::Oracle, &[spec]).unwrap();
+    assert_eq!(o.reward, 0.0, "the oracle needs tr: {o:?}");
+    assert_eq!(o.perturbations, vec!["tool-missing: removed /usr/bin/tr"]);
+    // The same task unperturbed still passes (the fault is in its own layer, not the image's).
+    let o = harbor::check_task(&rt, &rt, &s.store, &dir, host, &Agent::Oracle, &[]).unwrap();
+    assert_eq!(o.reward, 1.0, "{o:?}");
+    assert!(o.perturbations.is_empty());
+}
