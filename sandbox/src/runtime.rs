@@ -284,9 +284,13 @@ impl Runtime {
         // Plan once (one walk of the host) relative to `/`, so the digest does not depend on
         // where this run keeps the mask; then perform the plan under the mask directory.
         let t_walk = std::time::Instant::now();
-        let mut plan = crate::sys::Recorder::default();
-        layers::plan_host_mask(&mut plan, Path::new("/"), &layers::RealHost)?;
-        let digest = layers::host_digest(&plan.ops, &state::digest_cache_dir(&self.inner.state));
+        let cache_dir = state::digest_cache_dir(&self.inner.state);
+        let (plan, source) = crate::host_walk::with_host(&cache_dir, |host| {
+            let mut plan = crate::sys::Recorder::default();
+            layers::plan_host_mask(&mut plan, Path::new("/"), host)?;
+            Ok(plan)
+        })?;
+        let digest = layers::host_digest(&plan.ops, &cache_dir);
         let walk_us = t_walk.elapsed().as_micros() as u64;
         let t_build = std::time::Instant::now();
         let dir = self.inner.run_dir.join("hostmask");
@@ -319,6 +323,7 @@ impl Runtime {
         .map_err(LayerError::from)?;
         tracing::debug!(
             walk_us,
+            walk = ?source,
             build_us = t_build.elapsed().as_micros() as u64,
             ops = plan.ops.len(),
             "host mask built"
