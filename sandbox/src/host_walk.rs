@@ -23,8 +23,8 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 /// The cache entry's name and key (the key changes with the format or the planner's input).
-const ENTRY: &str = "host-walk.v1";
-const KEY: &str = "host-walk-v1 etc-modes";
+const ENTRY: &str = "host-walk.v2";
+const KEY: &str = "host-walk-v2 etc-modes";
 
 /// Entries under this directory are checked one by one (their modes are the plan's input).
 const MODES_UNDER: &str = "/etc";
@@ -59,7 +59,7 @@ impl Check {
 
 #[derive(Debug, Default, Serialize, Deserialize)]
 struct Walk {
-    listings: Vec<(PathBuf, Vec<(String, bool, bool, u32)>)>,
+    listings: Vec<(PathBuf, Vec<HostEntry>)>,
     checks: Vec<Check>,
 }
 
@@ -117,13 +117,10 @@ impl HostView for Recording {
                 self.check(&dir.join(&e.name))?;
             }
         }
-        self.walk.borrow_mut().listings.push((
-            dir.to_path_buf(),
-            entries
-                .iter()
-                .map(|e| (e.name.clone(), e.is_dir, e.is_symlink, e.mode))
-                .collect(),
-        ));
+        self.walk
+            .borrow_mut()
+            .listings
+            .push((dir.to_path_buf(), entries.clone()));
         Ok(entries)
     }
 }
@@ -160,22 +157,7 @@ pub fn with_host<T>(
 ) -> Result<(T, Source), LayerError> {
     if let Some(walk) = remembered(cache_dir) {
         let host = Remembered {
-            listings: walk
-                .listings
-                .into_iter()
-                .map(|(dir, entries)| {
-                    let entries = entries
-                        .into_iter()
-                        .map(|(name, is_dir, is_symlink, mode)| HostEntry {
-                            name,
-                            is_dir,
-                            is_symlink,
-                            mode,
-                        })
-                        .collect();
-                    (dir, entries)
-                })
-                .collect(),
+            listings: walk.listings.into_iter().collect(),
         };
         // A remembered walk that does not answer every listing the planner asks for is
         // not used (it cannot happen for a walk recorded by the same planner).
