@@ -108,7 +108,7 @@ pub const HOST_FRESH: &[(&str, u32)] = &[
 pub const HOST_MOUNTPOINTS: &[&str] = &["proc", "sys", "dev"];
 
 /// An entry of a host directory, as the mask planner sees it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct HostEntry {
     pub name: String,
     pub is_dir: bool,

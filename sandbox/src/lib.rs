@@ -15,6 +15,7 @@ pub mod docker;
 #[cfg(all(feature = "testing", feature = "docker"))]
 pub mod docker_testing;
 pub mod error;
+pub mod host_walk;
 pub mod init;
 pub mod landlock;
 pub mod layers;

@@ -76,6 +76,9 @@ struct Inner {
     admission: Mutex<crate::Admission>,
     rootfs: Mutex<HashMap<RootfsSpec, Rootfs>>,
     host_mask: Mutex<Option<(PathBuf, String)>>,
+    /// Whether `<run>/hostmask` is already a shared mount point (see
+    /// [`Runtime::share_host_mask_point`]).
+    host_mask_point: Mutex<bool>,
     seccomp: Mutex<Option<crate::seccomp::CompiledSeccomp>>,
 }
 
@@ -97,6 +100,7 @@ impl std::fmt::Debug for Runtime {
 impl Runtime {
     /// A runtime over `state` (see [`state::default_state_dir`]) using `init` as PID 1.
     pub fn new(state: &Path, init: InitProgram) -> Result<Self, SandboxError> {
+        let t0 = std::time::Instant::now();
         raise_nofile();
         let cgroups = cgroup::Layout::detect()?;
         let roots: Vec<PathBuf> = cgroups.roots().into_iter().map(|r| r.1).collect();
@@ -112,7 +116,12 @@ impl Runtime {
         }
         let run = state::new_run_id();
         let run_dir = state::create_run(state, &run)?;
-        tracing::debug!(run = %run, dir = %run_dir.display(), "runtime started");
+        tracing::debug!(
+            run = %run,
+            dir = %run_dir.display(),
+            us = t0.elapsed().as_micros() as u64,
+            "runtime started"
+        );
         Ok(Self {
             inner: Arc::new(Inner {
                 state: state.to_path_buf(),
@@ -125,6 +134,7 @@ impl Runtime {
                 admission: Mutex::new(crate::Admission::default()),
                 rootfs: Mutex::new(HashMap::new()),
                 host_mask: Mutex::new(None),
+                host_mask_point: Mutex::new(false),
                 seccomp: Mutex::new(None),
             }),
         })
@@ -234,7 +244,35 @@ impl Runtime {
         Ok(r)
     }
 
-    /// The host layer's mask: a small tmpfs in the host mount namespace, built once per run.
+    /// Make `<run>/hostmask` a shared mount point (bound onto itself), once per run, before
+    /// the first host-rooted sandbox's init is cloned: init's copy of it is then a peer, so
+    /// the mask mounted there afterwards (while init execs, see [`Runtime::create`]) appears
+    /// in init's mount namespace too. Init makes everything private before it reads its plan
+    /// (which is sent after the mask is complete and read-only), so nothing propagates later.
+    fn share_host_mask_point(&self) -> Result<(), SandboxError> {
+        let mut done = lock(&self.inner.host_mask_point);
+        if *done {
+            return Ok(());
+        }
+        let dir = self.inner.run_dir.join("hostmask");
+        std::fs::create_dir_all(&dir).map_err(|source| SandboxError::Spawn {
+            what: "creating the host mask directory",
+            source,
+        })?;
+        use nix::mount::MsFlags;
+        let none: Option<&str> = None;
+        nix::mount::mount(Some(&dir), &dir, none, MsFlags::MS_BIND, none)
+            .and_then(|()| nix::mount::mount(none, &dir, none, MsFlags::MS_SHARED, none))
+            .map_err(|e| SandboxError::Spawn {
+                what: "making the host mask's mount point shared",
+                source: e.into(),
+            })?;
+        *done = true;
+        Ok(())
+    }
+
+    /// The host layer's mask: a small tmpfs in the host mount namespace, built once per run
+    /// on the shared mount point of [`Runtime::share_host_mask_point`].
     /// (It cannot live on the root filesystem: overlayfs refuses a lower layer nested inside
     /// another lower layer, and the host's `/` is one.)
     fn host_mask(&self) -> Result<(PathBuf, String), SandboxError> {
@@ -242,17 +280,21 @@ impl Runtime {
         if let Some(m) = guard.as_ref() {
             return Ok(m.clone());
         }
+        self.share_host_mask_point()?;
         // Plan once (one walk of the host) relative to `/`, so the digest does not depend on
         // where this run keeps the mask; then perform the plan under the mask directory.
-        let mut plan = crate::sys::Recorder::default();
-        layers::plan_host_mask(&mut plan, Path::new("/"), &layers::RealHost)?;
-        let digest = layers::host_digest(&plan.ops, &state::digest_cache_dir(&self.inner.state));
+        let t_walk = std::time::Instant::now();
+        let cache_dir = state::digest_cache_dir(&self.inner.state);
+        let (plan, source) = crate::host_walk::with_host(&cache_dir, |host| {
+            let mut plan = crate::sys::Recorder::default();
+            layers::plan_host_mask(&mut plan, Path::new("/"), host)?;
+            Ok(plan)
+        })?;
+        let digest = layers::host_digest(&plan.ops, &cache_dir);
+        let walk_us = t_walk.elapsed().as_micros() as u64;
+        let t_build = std::time::Instant::now();
         let dir = self.inner.run_dir.join("hostmask");
         let plan = plan.rebased(&dir);
-        std::fs::create_dir_all(&dir).map_err(|source| SandboxError::Spawn {
-            what: "creating the host mask directory",
-            source,
-        })?;
         let mut sys = RealSys;
         use crate::sys::Sys;
         sys.mount(
@@ -279,6 +321,13 @@ impl Runtime {
             "",
         )
         .map_err(LayerError::from)?;
+        tracing::debug!(
+            walk_us,
+            walk = ?source,
+            build_us = t_build.elapsed().as_micros() as u64,
+            ops = plan.ops.len(),
+            "host mask built"
+        );
         *guard = Some((dir.clone(), digest.clone()));
         Ok((dir, digest))
     }
@@ -313,8 +362,6 @@ impl Runtime {
         // The place goes back if creation fails before the sandbox owns it.
         let mut place = Place(Some(self));
         let us = |t: std::time::Instant| t.elapsed().as_micros() as u64;
-        let rootfs = stack_layers(self.resolve(&cfg.rootfs)?, &cfg.layers)?;
-        let seccomp = self.seccomp(cfg)?;
         let n = self.inner.counter.fetch_add(1, Ordering::Relaxed);
         let name = format!("s{n}");
         let dir = self.inner.run_dir.join("sbx").join(&name);
@@ -325,6 +372,9 @@ impl Runtime {
         let mut guard = CreateGuard {
             dir: Some(dir.clone()),
         };
+        if cfg.rootfs == RootfsSpec::Host {
+            self.share_host_mask_point()?;
+        }
         let t_cg = std::time::Instant::now();
         let cgroup = Cgroup::create(&self.inner.cgroups, &self.inner.run, &name, &cfg.limits)?;
         let cgroup_us = us(t_cg);
@@ -335,10 +385,21 @@ impl Runtime {
         let t_spawn = std::time::Instant::now();
         let pid = spawn_init(&self.inner.init, child_sock.into())?;
         let spawn_us = us(t_spawn);
-        let mut sb = Sandbox::new(self.clone(), name, dir, host_sock, pid, cgroup, rootfs);
+        let no_root_yet = Rootfs {
+            lowers: Vec::new(),
+            digest: String::new(),
+        };
+        let mut sb = Sandbox::new(self.clone(), name, dir, host_sock, pid, cgroup, no_root_yet);
         guard.dir = None; // the sandbox's Drop owns cleanup from here on
         place.0 = None; // and its place among the live ones
         let _ = std::fs::write(self.init_record(sb.name()), state::identity(pid));
+        // Resolve the root and the policy while init execs and loads on another CPU (it waits
+        // for its plan): the first sandbox of a process walks the host for the mask here. A
+        // failure drops `sb`, which kills init and removes what was made for it.
+        let t_resolve = std::time::Instant::now();
+        sb.set_rootfs(stack_layers(self.resolve(&cfg.rootfs)?, &cfg.layers)?);
+        let seccomp = self.seccomp(cfg)?;
+        let resolve_us = us(t_resolve);
         let t_setup = std::time::Instant::now();
         sb.setup(cfg, seccomp)?;
         tracing::debug!(
@@ -346,6 +407,7 @@ impl Runtime {
             pid,
             cgroup_us,
             spawn_us,
+            resolve_us,
             setup_us = us(t_setup),
             total_us = us(t0),
             "sandbox ready"
@@ -397,9 +459,8 @@ fn raise_nofile() {
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        if let Some((mask, _)) = self.host_mask.get_mut().ok().and_then(|m| m.take()) {
-            let _ = nix::mount::umount2(&mask, nix::mount::MntFlags::MNT_DETACH);
-        }
+        // The host mask's tmpfs and the shared mount point under it are both listed (one
+        // path twice): each unmount removes the topmost.
         for m in state::mounts_under(&self.run_dir) {
             let _ = nix::mount::umount2(&m, nix::mount::MntFlags::MNT_DETACH);
         }

@@ -66,6 +66,11 @@ impl Sandbox {
         }
     }
 
+    /// The root filesystem, resolved while init starts (before [`Self::setup`]).
+    pub(crate) fn set_rootfs(&mut self, rootfs: Rootfs) {
+        self.rootfs = rootfs;
+    }
+
     /// Send init its setup plan (this sandbox's directory, cgroups and layers, and the rest of
     /// `cfg`) and wait until the sandbox is ready.
     pub(crate) fn setup(
@@ -365,6 +370,7 @@ fn unexpected(request: &'static str, r: Response) -> SandboxError {
 
 impl Drop for Sandbox {
     fn drop(&mut self) {
+        let t0 = std::time::Instant::now();
         // SIGKILL to init, no goodbye: the kernel kills every other process of its pid
         // namespace and init's exit waits until they are all gone, so once it is reaped
         // nothing of the sandbox runs (its mounts went with its mount namespace) and the
@@ -377,5 +383,6 @@ impl Drop for Sandbox {
         let _ = std::fs::remove_dir(&self.dir);
         let _ = std::fs::remove_file(self.rt.init_record(&self.name));
         self.rt.release();
+        tracing::debug!(sandbox = %self.name, us = t0.elapsed().as_micros() as u64, "sandbox removed");
     }
 }

@@ -114,8 +114,9 @@ pub fn mounts_under(dir: &Path) -> Vec<PathBuf> {
         .map(|p| PathBuf::from(p.replace("\\040", " ")))
         .filter(|p| p.starts_with(dir))
         .collect();
+    // Deepest first; a path with two mounts stacked on it (the host mask on its shared mount
+    // point) is listed twice, so unmounting each entry once removes both.
     v.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
-    v.dedup();
     v
 }
 

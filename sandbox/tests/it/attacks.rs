@@ -148,6 +148,69 @@ fn host_private_files_are_invisible() {
     );
 }
 
+/// The host mask's walk is remembered across runtimes (`sandbox::host_walk`): a file of
+/// `/etc` that was world-readable when the walk was remembered and is made private later must
+/// be hidden from the next sandbox, as a fresh walk would hide it.
+#[test]
+fn an_etc_file_made_private_after_the_walk_was_remembered_is_hidden() {
+    require_root!();
+    use sandbox::host_walk::{with_host, Source};
+    use std::os::unix::fs::PermissionsExt;
+    struct Remove(std::path::PathBuf);
+    impl Drop for Remove {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+    let name = format!("envfactory-walk-canary-{}", std::process::id());
+    let canary = Remove(std::path::Path::new("/etc").join(&name));
+    std::fs::write(&canary.0, "secret").unwrap();
+    std::fs::set_permissions(&canary.0, std::fs::Permissions::from_mode(0o644)).unwrap();
+    // Times newer than the settle window are never remembered: wait until the canary's (and
+    // /etc's) are older, so the walk below is remembered.
+    std::thread::sleep(sandbox::digest_cache::SETTLE + std::time::Duration::from_millis(200));
+    let rt = runtime();
+    let cache = sandbox::state::digest_cache_dir(rt.state_dir());
+    let plan = || {
+        with_host(&cache, |host| {
+            let mut rec = sandbox::sys::Recorder::default();
+            sandbox::layers::plan_host_mask(&mut rec, std::path::Path::new("/"), host)?;
+            Ok(rec.ops)
+        })
+        .unwrap()
+    };
+    let hides = |ops: &[sandbox::sys::Op]| {
+        ops.iter()
+            .any(|op| matches!(op, sandbox::sys::Op::Mknod { path, .. } if path.ends_with(&name)))
+    };
+    let (first, _) = plan();
+    let (again, source) = plan();
+    assert_eq!(
+        source,
+        Source::Remembered,
+        "an unchanged host is not walked again"
+    );
+    assert_eq!(first, again, "the remembered walk plans the same mask");
+    assert!(!hides(&again), "a world-readable file passes through");
+    let mut sb = rt.create(&small()).unwrap();
+    assert!(out(&sh(&mut sb, &format!("cat /etc/{name}"))).contains("secret"));
+    drop(sb);
+    drop(rt);
+
+    std::fs::set_permissions(&canary.0, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let (after, source) = plan();
+    assert_eq!(
+        source,
+        Source::Walked,
+        "a chmod invalidates the remembered walk"
+    );
+    assert!(hides(&after), "the private file is whited out");
+    let rt = runtime();
+    let mut sb = rt.create(&small()).unwrap();
+    let o = out(&sh(&mut sb, &format!("cat /etc/{name} 2>&1; echo rc=$?")));
+    assert!(!o.contains("secret") && o.contains("No such file"), "{o}");
+}
+
 #[test]
 fn mounting_and_loading_modules_are_refused() {
     require_root!();
