@@ -85,8 +85,8 @@ pub struct Start {
 }
 
 /// Why an episode could not be played or finished. None of these is a result of the agent:
-/// the episode is masked from learning (no gradient, no bootstrap target), never scored as
-/// a zero reward.
+/// the failing step is masked from learning (no gradient, no bootstrap target from it), and
+/// the episode is never scored as a zero reward.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum FailureKind {

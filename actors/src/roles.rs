@@ -105,4 +105,7 @@ pub trait Workers {
     fn reset(&mut self, levels: &[(usize, Level)]) -> Vec<Result<Start, Failure>>;
     /// Step the workers that have an action; the others idle and answer `None`.
     fn step(&mut self, actions: &[Option<u32>]) -> Vec<Option<StepResult>>;
+    /// Tear every worker down now (their sandboxes with them) and wait for it; the run calls
+    /// this before it returns. Dropping does the same, without the wait.
+    fn shutdown(&mut self) {}
 }

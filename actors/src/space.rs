@@ -56,6 +56,13 @@ pub struct LevelSpace {
     /// Task seeds `seed_base .. seed_base + seed_count`.
     pub seed_base: u64,
     pub seed_count: u64,
+    /// At most this many faults on at once (no limit unless [`with_max_active`](Self::with_max_active)).
+    #[serde(default = "no_limit")]
+    pub max_active: usize,
+}
+
+fn no_limit() -> usize {
+    usize::MAX
 }
 
 impl LevelSpace {
@@ -121,7 +128,14 @@ impl LevelSpace {
             budget,
             seed_base,
             seed_count,
+            max_active: usize::MAX,
         })
+    }
+
+    /// The same space with at most `n` faults on at once (at least 1).
+    pub fn with_max_active(mut self, n: usize) -> Self {
+        self.max_active = n.max(1);
+        self
     }
 
     /// Choices per dimension (the adversary's action space).
@@ -164,6 +178,17 @@ impl LevelSpace {
                 });
             }
         }
+        if level.active() > self.max_active {
+            return Err(SpaceError::Dimension {
+                dim: "max_active".into(),
+                reason: format!(
+                    "level {} has {} faults on; at most {}",
+                    level.key(),
+                    level.active(),
+                    self.max_active
+                ),
+            });
+        }
         let cost = self.cost(level);
         if cost > self.budget + 1e-9 {
             return Err(SpaceError::Dimension {
@@ -195,13 +220,17 @@ impl LevelSpace {
         let mut order: Vec<usize> = (0..self.dims.len()).collect();
         order.shuffle(rng);
         let mut left = self.budget;
+        let mut on = 0;
         for d in order {
             let dim = &self.dims[d];
             let fits: Vec<usize> = (0..dim.choices())
-                .filter(|&c| dim.allowed[c] && dim.cost[c] <= left + 1e-9)
+                .filter(|&c| {
+                    dim.allowed[c] && dim.cost[c] <= left + 1e-9 && (c == 0 || on < self.max_active)
+                })
                 .collect();
             let c = fits.choose(rng).copied().unwrap_or(0);
             left -= dim.cost[c];
+            on += usize::from(c != 0);
             choices[d] = c as u32;
         }
         Level { seed, choices }
@@ -227,9 +256,14 @@ impl LevelSpace {
             let dim = &self.dims[d];
             let current = out.choices[d] as usize;
             let rest = self.cost(&out) - dim.cost.get(current).copied().unwrap_or(0.0);
+            // Switching a fault on needs room under the count cap as well as the budget.
+            let room = current != 0 || out.active() < self.max_active;
             let options: Vec<usize> = (0..dim.choices())
                 .filter(|&c| {
-                    c != current && dim.allowed[c] && rest + dim.cost[c] <= self.budget + 1e-9
+                    c != current
+                        && dim.allowed[c]
+                        && rest + dim.cost[c] <= self.budget + 1e-9
+                        && (c == 0 || room)
                 })
                 .collect();
             if let Some(&c) = options.choose(rng) {
@@ -312,6 +346,24 @@ mod tests {
             seen_on > 100,
             "domain randomisation switched {seen_on} faults on in 500 levels"
         );
+    }
+
+    #[test]
+    fn the_fault_count_cap_holds_for_draws_mutations_and_checks() {
+        let s = space(10.0).with_max_active(1);
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
+        for _ in 0..300 {
+            let l = s.random(&mut rng);
+            assert!(l.active() <= 1, "{l:?}");
+            let m = s.mutate(&l, &mut rng);
+            assert!(m.active() <= 1, "{m:?}");
+        }
+        let two = Level {
+            seed: 100,
+            choices: vec![1, 1, 0],
+        };
+        assert!(s.check(&two).is_err(), "two faults passed a cap of one");
+        assert!(space(10.0).check(&two).is_ok());
     }
 
     #[test]

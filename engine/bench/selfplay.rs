@@ -95,6 +95,7 @@ pub fn run(
     let settings = SpaceSettings {
         costs: Default::default(),
         budget: 1.0,
+        max_faults: 1,
         seed_base: 9_000_000,
         seed_count: o.envs as u64,
     };

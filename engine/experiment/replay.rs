@@ -95,10 +95,11 @@ pub fn replay(
     let actions: Vec<usize> = serde_json::from_value(v["actions"].clone())
         .map_err(|e| bad(&file, format!("line {}: `actions`: {e}", index + 1)))?;
     let env_file = file.with_file_name("env.json");
-    let cfg: EnvConfig = match std::fs::read(&env_file) {
-        Ok(b) => serde_json::from_slice(&b).map_err(|e| bad(&env_file, e.to_string()))?,
-        Err(_) => EnvConfig::default(),
-    };
+    // The run's settings decide the step limit and what may be played: without them a
+    // verdict would be compared under other rules.
+    let bytes = std::fs::read(&env_file).map_err(|e| bad(&env_file, e.to_string()))?;
+    let cfg: EnvConfig =
+        serde_json::from_slice(&bytes).map_err(|e| bad(&env_file, e.to_string()))?;
     let mut env = Env::new(rt.clone(), cache.clone(), cfg)?;
     let first = env.reset(&plan)?;
     let mut agent = Script::once(
@@ -107,6 +108,12 @@ pub fn replay(
     );
     let p = play(&mut env, &first, &mut agent, &mut |_, _| {})
         .map_err(|e| bad(&file, format!("replaying episode {index}: {e}")))?;
+    if p.infra {
+        return Err(bad(
+            &file,
+            format!("replaying episode {index}: the environment failed; no verdict to compare"),
+        ));
+    }
     let recorded_success = v["success"].as_bool().unwrap_or(false);
     let recorded_failure = v.get("failure").filter(|f| !f.is_null()).cloned();
     let infra_recorded = recorded_failure

@@ -122,7 +122,7 @@ pub fn describe(exp: &Experiment, sp: &SelfPlay) -> String {
     if needs.is_some_and(|n| n.curriculum) {
         roles.push(format!(
             "level buffer (capacity {}, replay {})",
-            sp.replay_prob, sp.buffer_capacity
+            sp.buffer_capacity, sp.replay_prob
         ));
     }
     roles.push(format!("{} worker actors", t.num_envs));
@@ -231,6 +231,7 @@ fn run_seed(
     let settings = SpaceSettings {
         costs: sp.costs.clone(),
         budget: sp.budget,
+        max_faults: sp.max_faults,
         seed_base: seed.wrapping_mul(SEED_STRIDE),
         seed_count: t.train_levels as u64,
     };

@@ -14,6 +14,8 @@ use std::collections::HashMap;
 use std::path::Path;
 
 const ROLE: &str = "adversary";
+/// Proposals kept for learning at most (the newest).
+const MAX_PENDING: usize = 4096;
 /// Weight of a new episode in the success averages.
 const EMA: f32 = 0.05;
 
@@ -89,6 +91,11 @@ impl Synthesizer for AdversaryRole {
             };
             self.token += 1;
             self.pending.insert(self.token, s);
+            if self.pending.len() > MAX_PENDING {
+                // Proposals never scored (a phase whose episodes all failed) are forgotten.
+                let oldest = self.token.saturating_sub(MAX_PENDING as u64);
+                self.pending.retain(|&t, _| t > oldest);
+            }
             out.push(Proposal {
                 level,
                 token: self.token,

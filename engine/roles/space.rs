@@ -16,6 +16,8 @@ pub struct SpaceSettings {
     /// not given. A setting's own cost wins over its fault's.
     pub costs: BTreeMap<String, f64>,
     pub budget: f64,
+    /// At most this many faults on at once.
+    pub max_faults: usize,
     pub seed_base: u64,
     pub seed_count: u64,
 }
@@ -74,7 +76,8 @@ impl FaultSpace {
                 });
             }
         }
-        let space = LevelSpace::new(dims, s.budget, s.seed_base, s.seed_count)?;
+        let space = LevelSpace::new(dims, s.budget, s.seed_base, s.seed_count)?
+            .with_max_active(s.max_faults);
         Ok(Self { template, space })
     }
 

@@ -138,7 +138,7 @@ fn task_folders_of_both_layouts_pass_fail_or_skip_as_their_oracles_deserve() {
 }
 
 #[test]
-fn a_reward_written_by_the_agent_never_counts() {
+fn a_reward_file_the_agent_leaves_before_the_tests_never_counts() {
     require_root!();
     let rt = common::runtime();
     let s = Store::new();

@@ -190,6 +190,7 @@ fn a_worker_whose_sandbox_init_is_killed_mid_run_is_restarted_and_the_run_goes_o
     let settings = SpaceSettings {
         costs: Default::default(),
         budget: 1.0,
+        max_faults: 2,
         seed_base: 7_000,
         seed_count: 4,
     };
@@ -298,6 +299,9 @@ fn a_short_rarl_run_writes_metrics_episodes_checkpoints_and_a_report() {
     assert_eq!(phases, ["protagonist", "adversary", "protagonist"]);
     assert_eq!(s.held_out_clean.episodes, 2);
     assert_eq!(s.held_out_faulted.episodes, 2);
+    for (family, (ok, n)) in &s.per_fault {
+        assert!(ok <= n, "{family}: {ok} successes of {n} counted episodes");
+    }
     let json: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
     assert_eq!(json["method"], "rarl");
     assert!(json["held_out_clean"]["per_seed"].as_array().unwrap().len() == 1);

@@ -103,6 +103,34 @@ pub fn save_roles(roles: &Roles, dir: &Path) -> Result<(), RoleError> {
     Ok(())
 }
 
+/// The schedule's iterations until the budget is spent or the observer stops the run.
+fn run_loop(
+    schedule: &mut dyn Schedule,
+    roles: &mut Roles,
+    observer: &mut dyn Observer,
+    budget: Budget,
+    s: &mut Summary,
+) -> Result<(), RuntimeError> {
+    while schedule.updates() < budget.updates {
+        let it = schedule.iterate(roles)?;
+        s.steps += it.steps;
+        s.episodes += it.outcomes.len() as u64;
+        s.failed_episodes += it.outcomes.iter().filter(|o| !o.counted()).count() as u64;
+        let control = observer
+            .iteration(s.iterations, schedule.updates(), &it)
+            .map_err(crate::schedule::ScheduleError::from)?;
+        s.iterations += 1;
+        if let Some(dir) = &control.checkpoint {
+            save_roles(roles, dir).map_err(crate::schedule::ScheduleError::from)?;
+        }
+        if control.stop {
+            s.stopped = true;
+            break;
+        }
+    }
+    Ok(())
+}
+
 impl Handler<Run> for Coordinator {
     type Result = Result<Summary, RuntimeError>;
 
@@ -113,23 +141,17 @@ impl Handler<Run> for Coordinator {
                 reason: "it was asked to run twice".into(),
             })?;
         let mut s = Summary::default();
-        while schedule.updates() < budget.updates {
-            let it = schedule.iterate(&mut roles)?;
-            s.steps += it.steps;
-            s.episodes += it.outcomes.len() as u64;
-            s.failed_episodes += it.outcomes.iter().filter(|o| !o.counted()).count() as u64;
-            let control = observer
-                .iteration(s.iterations, schedule.updates(), &it)
-                .map_err(crate::schedule::ScheduleError::from)?;
-            s.iterations += 1;
-            if let Some(dir) = &control.checkpoint {
-                save_roles(&roles, dir).map_err(crate::schedule::ScheduleError::from)?;
-            }
-            if control.stop {
-                s.stopped = true;
-                break;
-            }
-        }
+        let ran = run_loop(
+            schedule.as_mut(),
+            &mut roles,
+            observer.as_mut(),
+            budget,
+            &mut s,
+        );
+        // Every worker's environment is torn down before the run returns, even after an
+        // error (a caller may remove the state the sandboxes live in right after).
+        roles.workers.shutdown();
+        ran?;
         s.updates = schedule.updates();
         s.worker_restarts = counts.restarts.load(Ordering::Relaxed);
         s.worker_panics = counts.panics.load(Ordering::Relaxed);

@@ -49,6 +49,19 @@ impl Message for Step {
     type Result = StepResult;
 }
 
+/// Drop the worker (and its environment) now.
+struct Shutdown;
+impl Message for Shutdown {
+    type Result = ();
+}
+
+impl Handler<Shutdown> for WorkerActor {
+    type Result = ();
+    fn handle(&mut self, _: Shutdown, _: &mut Self::Context) {
+        self.worker = None;
+    }
+}
+
 fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
     p.downcast_ref::<&str>()
         .map(|s| (*s).to_string())
@@ -213,5 +226,13 @@ impl Workers for ActorWorkers {
             .enumerate()
             .map(|(i, req)| req.map(|r| block_on(r).unwrap_or_else(|e| Err(self.gone(i, e)))))
             .collect()
+    }
+
+    fn shutdown(&mut self) {
+        let pending: Vec<_> = self.addrs.iter().map(|a| a.send(Shutdown)).collect();
+        for p in pending {
+            // A worker whose actor is already gone has nothing left to tear down.
+            let _ = block_on(p);
+        }
     }
 }

@@ -315,15 +315,22 @@ fn dr_or(
 /// The adversaries' reward for the protagonist's episode on a proposed level: its failure
 /// (minus its return, so a level it solves slowly scores above one it solves at once),
 /// plus `lambda * log D` of the level. A level that cannot be played (uncertified, not
-/// solvable through the catalogue) scores `UNUSABLE_REWARD`, below any played level, so an
-/// adversary never profits from proposing one; an infrastructure failure is not scored.
+/// solvable through the catalogue) scores `UNUSABLE_REWARD`, below any played level (played
+/// rewards are floored at [`PLAYED_FLOOR`]), so an adversary never profits from proposing
+/// one; an infrastructure failure is not scored.
 pub fn adversary_reward(outcome: &EpisodeOutcome, log_d: f64, lambda: f64) -> Option<f64> {
     match &outcome.failure {
-        None => Some(-outcome.ret + lambda * log_d),
+        None => Some((-outcome.ret + lambda * log_d).max(PLAYED_FLOOR)),
         Some(f) if f.kind == crate::msg::FailureKind::Unusable => Some(UNUSABLE_REWARD),
         Some(_) => None,
     }
 }
 
 /// See [`adversary_reward`].
-pub const UNUSABLE_REWARD: f64 = -2.0;
+pub const UNUSABLE_REWARD: f64 = -10.0;
+
+/// The lowest reward a played level gives an adversary (RARL's minus return, PAIRED's
+/// regret, with the realism term). The factory's rewards keep returns within a few units
+/// (goal 1, potential 1, a small step cost), so the floor only binds on extreme `log D`
+/// terms; it keeps [`UNUSABLE_REWARD`] strictly below every played level.
+pub const PLAYED_FLOOR: f64 = -9.0;

@@ -12,7 +12,7 @@
 use super::rarl::log_d;
 use super::{
     dr_or, rng, Arena, Iteration, Method, Roles, Schedule, ScheduleConfig, ScheduleError,
-    UNUSABLE_REWARD,
+    PLAYED_FLOOR, UNUSABLE_REWARD,
 };
 use crate::msg::{Assignment, EpisodeOutcome, FailureKind, Origin, Proposal};
 use crate::space::LevelSpace;
@@ -95,7 +95,7 @@ fn regret_reward(
         return None;
     }
     let mean = p.iter().sum::<f64>() / p.len() as f64;
-    Some(best - mean + lambda * log_d)
+    Some((best - mean + lambda * log_d).max(PLAYED_FLOOR))
 }
 
 impl Schedule for Paired {

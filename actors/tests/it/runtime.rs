@@ -108,9 +108,13 @@ fn a_worker_that_panics_is_restarted_and_its_episode_masked() {
         infra_seeds: vec![7],
         ..Sabotage::default()
     };
+    let mut p = parts(sabotage);
+    let agent = FakeAgent::new(1, FakeWorker::actions(DIMS), 4, 0.3);
+    let log = agent.log.clone();
+    p.protagonist = Box::new(agent);
     let summary = run(
         &cfg,
-        parts(sabotage),
+        p,
         Box::new(Record(seen.clone(), None)),
         Budget { updates: 12 },
     )
@@ -135,6 +139,12 @@ fn a_worker_that_panics_is_restarted_and_its_episode_masked() {
     assert!(infra >= 1, "no level of seed 7 was drawn in 12 updates");
     // Each of them restarted its worker.
     assert_eq!(summary.worker_restarts as usize, crashes + infra);
+    // The failed steps reached the learner as invalid samples: no gradient from them.
+    let invalid = log.lock().unwrap().invalid_samples as usize;
+    assert!(
+        invalid >= crashes + infra,
+        "{invalid} invalid samples for {crashes} crashes and {infra} infrastructure failures"
+    );
     assert!(
         s.outcomes.iter().any(|o| o.3.is_none() && o.2),
         "no episode succeeded after the restarts"
