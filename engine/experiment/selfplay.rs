@@ -564,10 +564,8 @@ fn per_fault(
         let e = learn::evaluate(rt, cache, cfg, &with, workers, &make).map_err(learn_err)?;
         by_family.insert(
             dim.name.clone(),
-            (
-                e.successes,
-                e.episodes - e.infra - e.skipped.min(e.episodes - e.infra),
-            ),
+            // `episodes` leaves skipped levels out already.
+            (e.successes, e.episodes - e.infra),
         );
         all.push(e);
     }
