@@ -548,32 +548,28 @@ fn per_fault(
     mode: learn::PolicyMode,
     seed: u64,
 ) -> Result<(PerFault, Evaluation), ExperimentError> {
+    // Each level is played once; the families' figures are tallies over its outcomes.
+    let plans: Vec<Plan> = levels.iter().map(|l| space.plan(l)).collect();
+    let a = agent.clone();
+    let make = move || learn::policy_agent(&a, mode, seed);
+    let outcomes =
+        learn::evaluate_each(rt, cache, cfg, &plans, workers, &make).map_err(learn_err)?;
     let mut by_family = BTreeMap::new();
-    let mut all = Vec::new();
     for (d, dim) in space.space.dims.iter().enumerate() {
-        let with: Vec<Plan> = levels
+        let with: Vec<_> = levels
             .iter()
-            .filter(|l| l.choices.get(d).is_some_and(|&c| c != 0))
-            .map(|l| space.plan(l))
+            .zip(&outcomes)
+            .filter(|(l, _)| l.choices.get(d).is_some_and(|&c| c != 0))
+            .map(|(_, o)| o)
             .collect();
         if with.is_empty() {
             continue;
         }
-        let a = agent.clone();
-        let make = move || learn::policy_agent(&a, mode, seed);
-        let e = learn::evaluate(rt, cache, cfg, &with, workers, &make).map_err(learn_err)?;
-        by_family.insert(
-            dim.name.clone(),
-            // `episodes` leaves skipped levels out already.
-            (e.successes, e.episodes - e.infra),
-        );
-        all.push(e);
+        let e = learn::tally(with);
+        // `episodes` leaves skipped levels out already.
+        by_family.insert(dim.name.clone(), (e.successes, e.episodes - e.infra));
     }
-    let plans: Vec<Plan> = levels.iter().map(|l| space.plan(l)).collect();
-    let a = agent.clone();
-    let make = move || learn::policy_agent(&a, mode, seed);
-    let e = learn::evaluate(rt, cache, cfg, &plans, workers, &make).map_err(learn_err)?;
-    Ok((by_family, e))
+    Ok((by_family, learn::tally(&outcomes)))
 }
 
 /// Writes the metrics and episodes of one seed, asks for checkpoints, watches the stop flag.

@@ -16,8 +16,8 @@ mod train;
 
 pub use adapter::{AdapterCounts, TrainEnv};
 pub use train::{
-    catalogue_oracle, evaluate, greedy, policy_agent, train, CheckPoint, CheckSpec, CurvePoint,
-    Evaluation, PolicyMode, TrainResult, TrainSpec,
+    catalogue_oracle, evaluate, evaluate_each, greedy, policy_agent, tally, train, CheckPoint,
+    CheckSpec, CurvePoint, Evaluation, LevelOutcome, PolicyMode, TrainResult, TrainSpec,
 };
 
 use crate::env::EnvError;

@@ -386,22 +386,37 @@ pub fn evaluate(
     workers: usize,
     make: &(dyn Fn() -> Box<dyn Agent> + Sync),
 ) -> Result<Evaluation, LearnError> {
-    let outcomes = crate::work_queue::run(
+    Ok(tally(&evaluate_each(
+        rt, cache, cfg, levels, workers, make,
+    )?))
+}
+
+/// [`evaluate`]'s episodes, one outcome per level in level order (for tallies over subsets,
+/// [`tally`]).
+pub fn evaluate_each(
+    rt: &Runtime,
+    cache: &Cache,
+    cfg: &EnvConfig,
+    levels: &[Plan],
+    workers: usize,
+    make: &(dyn Fn() -> Box<dyn Agent> + Sync),
+) -> Result<Vec<LevelOutcome>, LearnError> {
+    crate::work_queue::run(
         levels,
         workers,
         |_| Ok((Env::new(rt.clone(), cache.clone(), cfg.clone())?, make())),
         |(env, agent), _, plan| {
             let first = match env.reset(plan) {
                 Ok(o) => o,
-                Err(e) if e.skips_level() => return Ok(Outcome::Skipped),
-                Err(e) if e.is_infrastructure() => return Ok(Outcome::Infra),
+                Err(e) if e.skips_level() => return Ok(LevelOutcome::Skipped),
+                Err(e) if e.is_infrastructure() => return Ok(LevelOutcome::Infra),
                 Err(e) => return Err(LearnError::Env(e)),
             };
             let p = play(env, &first, agent.as_mut(), &mut |_, _| {})?;
             Ok(if p.infra {
-                Outcome::Infra
+                LevelOutcome::Infra
             } else {
-                Outcome::Played {
+                LevelOutcome::Played {
                     success: p.success,
                     steps: p.steps,
                 }
@@ -411,16 +426,20 @@ pub fn evaluate(
             tried: 0,
             last: "an evaluation worker panicked".into(),
         },
-    )?;
+    )
+}
+
+/// The [`Evaluation`] of some levels' outcomes.
+pub fn tally<'a>(outcomes: impl IntoIterator<Item = &'a LevelOutcome>) -> Evaluation {
     let mut t = Tally::default();
     for o in outcomes {
-        match o {
-            Outcome::Skipped => t.skipped += 1,
-            Outcome::Infra => {
+        match *o {
+            LevelOutcome::Skipped => t.skipped += 1,
+            LevelOutcome::Infra => {
                 t.episodes += 1;
                 t.infra += 1;
             }
-            Outcome::Played { success, steps } => {
+            LevelOutcome::Played { success, steps } => {
                 t.episodes += 1;
                 t.successes += usize::from(success);
                 t.steps += u64::from(steps);
@@ -435,7 +454,7 @@ pub fn evaluate(
             x / counted as f64
         }
     };
-    Ok(Evaluation {
+    Evaluation {
         episodes: t.episodes,
         successes: t.successes,
         infra: t.infra,
@@ -443,11 +462,12 @@ pub fn evaluate(
         success_rate: per(t.successes as f64),
         mean_steps: per(t.steps as f64),
         steps: t.steps,
-    })
+    }
 }
 
 /// How one evaluation level went.
-enum Outcome {
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LevelOutcome {
     /// Not usable (uncertified, not applicable): not an episode.
     Skipped,
     /// The environment failed: an episode, counted neither way.

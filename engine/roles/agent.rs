@@ -69,21 +69,10 @@ impl Agent for PpoRole {
             .pending
             .take()
             .ok_or_else(|| RoleError::new(ROLE, "a step was recorded that was not acted"))?;
-        let n = s.rewards.len();
-        let mut final_values = vec![0f32; n];
-        let idx: Vec<usize> = (0..n).filter(|&i| s.final_obs[i].is_some()).collect();
-        if !idx.is_empty() {
-            let fo: Vec<f32> = idx
-                .iter()
-                .filter_map(|&i| s.final_obs[i].as_deref())
-                .flatten()
-                .copied()
-                .collect();
-            let v = self.agent.values(&fo).map_err(role_err)?;
-            for (k, &i) in idx.iter().enumerate() {
-                final_values[i] = v[k];
-            }
-        }
+        let final_values = self
+            .agent
+            .truncation_values(&s.truncated, &s.final_obs)
+            .map_err(role_err)?;
         self.buf
             .push(&StepRecord {
                 obs: &obs,

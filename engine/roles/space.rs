@@ -4,7 +4,7 @@
 
 use super::RolesError;
 use crate::instance::Plan;
-use crate::template::Template;
+use crate::template::{Settings, Template};
 use actors::msg::Level;
 use actors::space::{Dimension, LevelSpace};
 use std::collections::BTreeMap;
@@ -27,6 +27,8 @@ pub struct SpaceSettings {
 pub struct FaultSpace {
     pub template: Template,
     pub space: LevelSpace,
+    /// The template's settings, computed once (a plan is made at every reset).
+    settings: Vec<Settings>,
 }
 
 impl FaultSpace {
@@ -78,12 +80,17 @@ impl FaultSpace {
         }
         let space = LevelSpace::new(dims, s.budget, s.seed_base, s.seed_count)?
             .with_max_active(s.max_faults);
-        Ok(Self { template, space })
+        Ok(Self {
+            template,
+            space,
+            settings,
+        })
     }
 
     /// The plan of a level.
     pub fn plan(&self, level: &Level) -> Plan {
-        self.template.plan_with(level.seed, &level.choices)
+        self.template
+            .plan_with(&self.settings, level.seed, &level.choices)
     }
 
     /// Mask `(dimension, choice)` off (a fault that does not apply, or that the catalogue

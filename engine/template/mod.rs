@@ -178,6 +178,9 @@ pub struct Template {
     pub space: Vec<SpaceEntry>,
 }
 
+/// One perturbation of a space and its settings: `(name, [(label, params)])`.
+pub type Settings = (String, Vec<(String, Params)>);
+
 /// Where perturbations and tasks are looked up (the built-in catalogue, or a test's).
 pub trait Catalog {
     fn perturbation(&self, name: &str) -> Option<&'static Info>;
@@ -304,7 +307,7 @@ impl Template {
     /// Every setting of each perturbation of the space, for a learned adversary: per entry,
     /// its name and each combination of its list parameters (fixed ones included), checked
     /// and with defaults filled in, with a label such as `tool=gzip,exit_code=2`.
-    pub fn settings(&self) -> Vec<(String, Vec<(String, Params)>)> {
+    pub fn settings(&self) -> Vec<Settings> {
         self.space
             .iter()
             .map(|e| {
@@ -351,18 +354,18 @@ impl Template {
     }
 
     /// The plan of task seed `seed` with exactly the perturbations `picks` names: per
-    /// entry of the space, 0 for off or `1 + k` for the k-th of its [`settings`](Self::settings)
-    /// (missing entries are off; an index past the settings is off too, the caller checks).
-    pub fn plan_with(&self, seed: u64, picks: &[u32]) -> Plan {
-        let settings = self.settings();
+    /// entry of the space, 0 for off or `1 + k` for the k-th of its settings (`settings` is
+    /// [`settings`](Self::settings), computed once by the caller; missing entries are off,
+    /// and an index past the settings is off too, the caller checks).
+    pub fn plan_with(&self, settings: &[Settings], seed: u64, picks: &[u32]) -> Plan {
         let perturbations = settings
-            .into_iter()
+            .iter()
             .zip(picks.iter().copied().chain(std::iter::repeat(0)))
-            .filter_map(|((name, mut s), pick)| {
+            .filter_map(|((name, s), pick)| {
                 let k = (pick as usize).checked_sub(1)?;
-                (k < s.len()).then(|| PerturbationChoice {
-                    name,
-                    params: s.swap_remove(k).1,
+                s.get(k).map(|(_, params)| PerturbationChoice {
+                    name: name.clone(),
+                    params: params.clone(),
                 })
             })
             .collect();

@@ -844,6 +844,34 @@ impl PpoAgent {
         Ok(self.net.value(&x)?.to_vec1()?)
     }
 
+    /// `V(final observation)` of the environments whose episode was cut by its time limit
+    /// (`truncated[i]` with `final_obs[i]` given), 0 elsewhere: the bootstrap a
+    /// [`StepRecord`] takes as `final_values`.
+    pub fn truncation_values(
+        &self,
+        truncated: &[bool],
+        final_obs: &[Option<Vec<f32>>],
+    ) -> Result<Vec<f32>, PpoError> {
+        let mut out = vec![0f32; truncated.len()];
+        let idx: Vec<usize> = (0..truncated.len())
+            .filter(|&i| truncated[i] && final_obs.get(i).is_some_and(Option::is_some))
+            .collect();
+        if idx.is_empty() {
+            return Ok(out);
+        }
+        let fo: Vec<f32> = idx
+            .iter()
+            .filter_map(|&i| final_obs[i].as_deref())
+            .flatten()
+            .copied()
+            .collect();
+        let v = self.values(&fo)?;
+        for (k, &i) in idx.iter().enumerate() {
+            out[i] = v[k];
+        }
+        Ok(out)
+    }
+
     /// Action probabilities `[B, sum(action_dims)]` (masked entries are exactly 0).
     pub fn probs(&self, obs: &[f32], mask: Option<&[f32]>) -> Result<Vec<f32>, PpoError> {
         Ok(self.forward_host(obs, mask)?.probs)

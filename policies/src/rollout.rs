@@ -405,7 +405,6 @@ pub fn collect<E: Env>(
     }
     buf.clear();
     let mut episodes = Vec::new();
-    let n = venv.len();
     let steps = agent.config().num_steps;
     for _ in 0..steps {
         let obs = venv.obs().to_vec();
@@ -418,20 +417,7 @@ pub fn collect<E: Env>(
         };
         let out = agent.act(&obs, masks.as_deref())?;
         let s = venv.step(&out.actions)?;
-        let mut final_values = vec![0f32; n];
-        let trunc_idx: Vec<usize> = (0..n).filter(|&i| s.truncated[i]).collect();
-        if !trunc_idx.is_empty() {
-            let mut fo = Vec::with_capacity(trunc_idx.len() * venv.obs_dim());
-            for &i in &trunc_idx {
-                if let Some(o) = &s.final_obs[i] {
-                    fo.extend_from_slice(o);
-                }
-            }
-            let v = agent.values(&fo)?;
-            for (k, &i) in trunc_idx.iter().enumerate() {
-                final_values[i] = v[k];
-            }
-        }
+        let final_values = agent.truncation_values(&s.truncated, &s.final_obs)?;
         // A sample after which the environment failed bootstraps nothing from it.
         buf.push(&StepRecord {
             obs: &obs,
