@@ -67,7 +67,11 @@ fn is_input(e: &(dyn std::error::Error + 'static)) -> Option<bool> {
     }
     if let Some(x) = e.downcast_ref::<X>() {
         return match x {
-            X::Read(_) | X::Parse { .. } | X::Invalid { .. } | X::Output { .. } => Some(true),
+            X::Read(_)
+            | X::Parse { .. }
+            | X::Invalid { .. }
+            | X::Output { .. }
+            | X::Resume { .. } => Some(true),
             X::Template(t) => Some(!matches!(t, T::Synthesis { .. })),
             _ => Some(false),
         };

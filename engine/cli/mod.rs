@@ -46,6 +46,11 @@ pub enum Cmd {
         /// Validate the config and print what the run would do, without starting it.
         #[arg(long)]
         dry_run: bool,
+        /// Self-play: go on with the run in the experiment's output directory from each
+        /// seed's newest checkpoint (finished seeds are kept). The directory must have been
+        /// written by the same configuration.
+        #[arg(long, conflicts_with = "dry_run")]
+        resume: bool,
     },
     /// Play an episode of a self-play run again from its record (its plan and actions in
     /// `episodes.jsonl`) and compare the verdict: `engine replay out/rarl 1:17` (seed 1,
@@ -170,7 +175,8 @@ pub fn run(cmd: Cmd) -> anyhow::Result<i32> {
         Cmd::Run {
             experiment,
             dry_run,
-        } => run::run(&experiment, dry_run),
+            resume,
+        } => run::run(&experiment, dry_run, resume),
         Cmd::Replay { run, episode, json } => run::replay(&run, &episode, json),
         Cmd::Sandbox(c) => sandbox::run(c),
         Cmd::Bench(c) => bench::run(c),

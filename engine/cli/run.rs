@@ -2,18 +2,30 @@
 
 use std::path::Path;
 
-pub fn run(experiment: &Path, dry_run: bool) -> anyhow::Result<i32> {
+pub fn run(experiment: &Path, dry_run: bool, resume: bool) -> anyhow::Result<i32> {
     let exp = engine::experiment::Experiment::load(experiment)?;
     if dry_run {
         outln!("{}", describe(&exp));
         return Ok(0);
     }
+    if resume && exp.selfplay.is_none() {
+        return Err(super::errors::usage(format!(
+            "{}: --resume needs a [selfplay] experiment (studies and episode runs are not checkpointed)",
+            experiment.display()
+        )));
+    }
     let rt = super::sandbox::runtime()?;
     if let Some(sp) = &exp.selfplay {
         let cache = super::sandbox::cache()?;
         super::signals::cooperative();
-        let (report, path) =
-            engine::experiment::selfplay::run(&exp, sp, &rt, &cache, &super::signals::STOP)?;
+        let (report, path) = engine::experiment::selfplay::run(
+            &exp,
+            sp,
+            &rt,
+            &cache,
+            &super::signals::STOP,
+            resume,
+        )?;
         out!("{}", engine::experiment::selfplay::render(&report));
         outln!("report: {}", path.display());
         return Ok(match super::signals::received() {

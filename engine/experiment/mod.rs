@@ -22,6 +22,7 @@
 //! | `runner.rs` | [`run`], [`run_until`] (stops on a flag): the episodes on worker threads, [`EpisodeRecord`] |
 //! | `output.rs` | the output directory (checked before the first episode), episodes appended as they finish, the report at the end or on interruption |
 //! | `replay.rs` | `engine replay`: an episode of a self-play run played again from its record |
+//! | `resume.rs` | `engine run --resume`: a run's identity (`run.json`) checked key by key, reading back what a run wrote |
 //! | `selfplay.rs` | a self-play run (`[selfplay]`): the schedule through the actor runtime, metrics, checkpoints, held-out evaluation |
 //! | `selfplay_config.rs` | [`SelfPlay`]: the `[selfplay]` table and its validation |
 //! | `study.rs` | a training study (`[training]`): PPO per task and seed, held-out evaluation, `report.md` |
@@ -30,6 +31,7 @@
 mod config;
 mod output;
 pub mod replay;
+pub mod resume;
 mod runner;
 pub mod selfplay;
 mod selfplay_config;
@@ -85,6 +87,8 @@ pub enum ExperimentError {
     Checkpoint(#[source] policies::ppo::PpoError),
     #[error("an episode worker of seed {seed} panicked")]
     Worker { seed: u64 },
+    #[error("--resume {}: {reason}", dir.display())]
+    Resume { dir: PathBuf, reason: String },
     #[error("output directory {dir}: {source}")]
     Output {
         dir: PathBuf,

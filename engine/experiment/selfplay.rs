@@ -5,9 +5,11 @@
 //! chosen schedule trains, every iteration goes to `metrics.jsonl` and every episode to
 //! `episodes.jsonl`, every role is checkpointed, and the final protagonist is evaluated on
 //! held-out task seeds: clean, with faults drawn from the space, and with the held-out
-//! families, beside the catalogue oracle on the same levels.
+//! families, beside the catalogue oracle on the same levels. `--resume` goes on from each
+//! seed's newest checkpoint (`resume.rs` checks the directory is this config's).
 
 use super::config::{Experiment, Training, HELD_OUT_OFFSET, SEED_STRIDE};
+use super::resume;
 use super::selfplay_config::SelfPlay;
 use super::study::{write, PerSeed};
 use super::ExperimentError;
@@ -21,13 +23,14 @@ use crate::roles::{
 use crate::synth::Cache;
 use actors::msg::{Failure, FailureKind, Level, Origin};
 use actors::roles::{EnvWorker, RoleError};
+use actors::runtime::checkpoint::{self, Checkpoint};
 use actors::runtime::{Budget, Control, Observer, Parts, WorkerFactory};
 use actors::schedule::{Iteration, Phase};
 use policies::curriculum::LevelBufferConfig;
 use policies::nets::{Activation, ActorCriticConfig};
 use rand::SeedableRng;
 use sandbox::Runtime;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -36,14 +39,16 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 /// One point of a seed's curves (after a protagonist update or an adversary phase).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct CurvePoint {
     pub iteration: u64,
     pub updates: u64,
     pub phase: String,
     pub steps: u64,
     /// Success and return of the protagonist's counted episodes of the iteration.
+    #[serde(deserialize_with = "learn::nan_as_null")]
     pub success_rate: f64,
+    #[serde(deserialize_with = "learn::nan_as_null")]
     pub mean_return: f64,
     pub episodes: usize,
     pub failed: usize,
@@ -53,8 +58,8 @@ pub struct CurvePoint {
     pub faults: BTreeMap<String, u64>,
 }
 
-/// What one seed measured.
-#[derive(Debug, Clone, Serialize)]
+/// What one seed measured (also its `seed-N/result.json`, kept by `--resume`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SeedReport {
     pub seed: u64,
     pub updates: u64,
@@ -152,6 +157,7 @@ pub fn run(
     rt: &Runtime,
     cache: &Cache,
     stop: &'static AtomicBool,
+    resume: bool,
 ) -> Result<(SelfPlayReport, PathBuf), ExperimentError> {
     let training = exp.training.clone().unwrap_or_default();
     let tpl = exp
@@ -159,10 +165,16 @@ pub fn run(
         .clone()
         .ok_or_else(|| ExperimentError::SelfPlay("no template".into()))?;
     let dir = exp.experiment.out_dir.join(&exp.experiment.name);
-    std::fs::create_dir_all(&dir).map_err(|source| ExperimentError::Output {
-        dir: dir.clone(),
-        source,
-    })?;
+    if resume {
+        // Before anything is written: a directory of another config is left as it is.
+        resume::check(&dir, exp)?;
+    } else {
+        std::fs::create_dir_all(&dir).map_err(|source| ExperimentError::Output {
+            dir: dir.clone(),
+            source,
+        })?;
+        resume::record(&dir, exp)?;
+    }
     let mut report = SelfPlayReport {
         name: exp.experiment.name.clone(),
         method: sp.method.clone(),
@@ -182,7 +194,7 @@ pub fn run(
             report.interrupted = true;
             break;
         }
-        let s = run_seed(exp, sp, &training, rt, cache, &dir, seed, stop)?;
+        let s = run_seed(exp, sp, &training, rt, cache, &dir, seed, stop, resume)?;
         report.interrupted |= s.updates < sp.updates(&training);
         report.seeds.push(s);
         aggregate(&mut report);
@@ -222,7 +234,27 @@ fn run_seed(
     dir: &Path,
     seed: u64,
     stop: &'static AtomicBool,
+    resume: bool,
 ) -> Result<SeedReport, ExperimentError> {
+    let seed_dir = dir.join(format!("seed-{seed}"));
+    let result_file = seed_dir.join(RESULT_FILE);
+    let budget = Budget {
+        updates: sp.updates(t),
+    };
+    let from: Option<Checkpoint> = if resume {
+        if result_file.exists() {
+            let done: SeedReport = resume::read_json(&result_file)?;
+            if done.updates >= budget.updates {
+                tracing::info!(seed, "seed finished before: kept");
+                return Ok(done);
+            }
+        }
+        checkpoint::latest(&resume::checkpoint_dirs(&seed_dir))
+            .map(|c| checkpoint::promote(c).map_err(actors::runtime::RuntimeError::from))
+            .transpose()?
+    } else {
+        None
+    };
     let tpl = exp
         .template
         .clone()
@@ -261,9 +293,6 @@ fn run_seed(
         activation: Activation::Tanh,
         shared_trunk: false,
     };
-    let budget = Budget {
-        updates: sp.updates(t),
-    };
     let ppo = policies::ppo::PpoConfig {
         total_updates: budget.updates,
         ..exp.ppo_config(t)
@@ -278,14 +307,19 @@ fn run_seed(
         ent_coef: sp.adversary_ent_coef,
         max_active: sp.max_faults,
     };
+    // Each role from the checkpoint being resumed, or new.
+    let saved = |role: &str| from.as_ref().map(|c| c.dir.join(role));
     let adversaries = if needs.adversaries {
         (0..sp.population)
             .map(|k| {
-                AdversaryRole::new(
-                    &space.space,
-                    &adv,
-                    seed.wrapping_mul(1000).wrapping_add(k as u64),
-                )
+                match saved(&format!("adversary-{k}")) {
+                    Some(d) => AdversaryRole::load(&d, &space.space, &adv),
+                    None => AdversaryRole::new(
+                        &space.space,
+                        &adv,
+                        seed.wrapping_mul(1000).wrapping_add(k as u64),
+                    ),
+                }
                 .map(|a| Box::new(a) as Box<dyn actors::roles::Synthesizer>)
             })
             .collect::<Result<Vec<_>, _>>()
@@ -306,16 +340,21 @@ fn run_seed(
         } else {
             ScoreKind::PositiveValueLoss
         };
-        Some(
-            Box::new(BufferRole::new(cfg, score, t.gamma, t.gae_lambda, seed).map_err(roles_err)?)
-                as Box<dyn actors::roles::Curriculum>,
-        )
+        let role = match saved("curriculum") {
+            Some(d) => BufferRole::load(&d, &cfg, score, t.gamma, t.gae_lambda),
+            None => BufferRole::new(cfg, score, t.gamma, t.gae_lambda, seed),
+        };
+        Some(Box::new(role.map_err(roles_err)?) as Box<dyn actors::roles::Curriculum>)
     } else {
         None
     };
+    let agent = |role: &str, seed: u64| match saved(role) {
+        Some(d) => PpoRole::load(&d, &net, &ppo),
+        None => PpoRole::new(&net, &ppo, seed),
+    };
     let antagonist = if needs.antagonist {
         Some(
-            Box::new(PpoRole::new(&net, &ppo, seed ^ 0xa27a).map_err(roles_err)?)
+            Box::new(agent("antagonist", seed ^ 0xa27a).map_err(roles_err)?)
                 as Box<dyn actors::roles::Agent>,
         )
     } else {
@@ -328,7 +367,7 @@ fn run_seed(
             .map_err(|e| Failure::new(FailureKind::Infrastructure, e.to_string()))
     });
     let parts = Parts {
-        protagonist: Box::new(PpoRole::new(&net, &ppo, seed).map_err(roles_err)?),
+        protagonist: Box::new(agent("protagonist", seed).map_err(roles_err)?),
         antagonist,
         adversaries,
         critic: None,
@@ -336,7 +375,6 @@ fn run_seed(
         workers: ppo.num_envs,
         worker_factory: factory,
     };
-    let seed_dir = dir.join(format!("seed-{seed}"));
     let final_dir = seed_dir.join("final");
     std::fs::create_dir_all(&seed_dir).map_err(|source| ExperimentError::Output {
         dir: seed_dir.clone(),
@@ -357,13 +395,15 @@ fn run_seed(
         stop,
         space.clone(),
         shared.clone(),
+        from.as_ref().map(|c| c.dir.as_path()),
     )?;
+    let seconds_before = observer.seconds_before;
     let cfg = sp
         .schedule(space.space.clone(), seed)
         .ok_or_else(|| ExperimentError::SelfPlay(format!("unknown method {}", sp.method)))?;
     let t0 = Instant::now();
-    let summary = actors::runtime::run(&cfg, parts, Box::new(observer), budget)?;
-    let seconds = t0.elapsed().as_secs_f64();
+    let summary = actors::runtime::run_from(&cfg, parts, Box::new(observer), budget, from)?;
+    let seconds = seconds_before + t0.elapsed().as_secs_f64();
     let curve = shared.lock().map(|c| c.clone()).unwrap_or_default();
     // The final protagonist, from its checkpoint (the actor that trained it is gone).
     let agent = Arc::new(
@@ -423,7 +463,7 @@ fn run_seed(
     } else {
         (Some(eval(&families, false)?), Some(eval(&families, true)?))
     };
-    Ok(SeedReport {
+    let report = SeedReport {
         seed,
         updates: summary.updates,
         steps: summary.steps,
@@ -442,7 +482,30 @@ fn run_seed(
         held_out_families_oracle,
         per_fault,
         checkpoint: final_dir,
-    })
+    };
+    let json = serde_json::to_vec_pretty(&report).map_err(|e| ExperimentError::Write {
+        file: result_file.clone(),
+        source: std::io::Error::other(e),
+    })?;
+    write(&result_file, &json)?;
+    Ok(report)
+}
+
+/// A finished seed's report in its directory.
+const RESULT_FILE: &str = "result.json";
+/// What the observer keeps in a checkpoint.
+const OBSERVER_STATE: &str = "observer.json";
+
+/// The observer's state at a checkpoint: how much of its files belongs to the run up to it,
+/// and its curve.
+#[derive(Debug, Serialize, Deserialize)]
+struct ObserverState {
+    metrics_bytes: u64,
+    episodes_bytes: u64,
+    last_checkpoint: u64,
+    /// Seconds of training up to the checkpoint (over every process that ran it).
+    seconds: f64,
+    curve: Vec<CurvePoint>,
 }
 
 /// Mask what the catalogue cannot recover from (one clean instance per setting, at the
@@ -577,6 +640,10 @@ struct SeedObserver {
     seed: u64,
     metrics: std::fs::File,
     episodes: std::fs::File,
+    metrics_bytes: u64,
+    episodes_bytes: u64,
+    /// Training seconds before this process (a resumed run).
+    seconds_before: f64,
     every: u64,
     last_checkpoint: u64,
     budget: u64,
@@ -588,6 +655,9 @@ struct SeedObserver {
 }
 
 impl SeedObserver {
+    /// The observer of seed `seed` writing into `dir`; going on from the checkpoint
+    /// `from` (its files cut back to what they held at that checkpoint), or from scratch.
+    #[allow(clippy::too_many_arguments)]
     fn new(
         dir: &Path,
         seed: u64,
@@ -596,17 +666,56 @@ impl SeedObserver {
         stop: &'static AtomicBool,
         space: Arc<FaultSpace>,
         curve: Arc<Mutex<Vec<CurvePoint>>>,
+        from: Option<&Path>,
     ) -> Result<Self, ExperimentError> {
-        let open = |name: &str| {
+        let state: Option<ObserverState> = from
+            .map(|d| resume::read_json(&d.join(OBSERVER_STATE)))
+            .transpose()?;
+        let open = |name: &str, keep: Option<u64>| {
             let file = dir.join(name);
-            std::fs::File::create(&file).map_err(|source| ExperimentError::Write { file, source })
+            let werr = |source| ExperimentError::Write {
+                file: file.clone(),
+                source,
+            };
+            match keep {
+                None => std::fs::File::create(&file).map_err(werr),
+                Some(len) => {
+                    let f = std::fs::OpenOptions::new()
+                        .append(true)
+                        .open(&file)
+                        .map_err(werr)?;
+                    let have = f.metadata().map_err(werr)?.len();
+                    if have < len {
+                        return Err(ExperimentError::Resume {
+                            dir: dir.to_path_buf(),
+                            reason: format!(
+                                "{} holds {have} bytes, the checkpoint counted {len}",
+                                file.display()
+                            ),
+                        });
+                    }
+                    // What was written after the checkpoint is played again.
+                    f.set_len(len).map_err(werr)?;
+                    Ok(f)
+                }
+            }
         };
+        let metrics_bytes = state.as_ref().map_or(0, |s| s.metrics_bytes);
+        let episodes_bytes = state.as_ref().map_or(0, |s| s.episodes_bytes);
+        let metrics = open("metrics.jsonl", state.as_ref().map(|s| s.metrics_bytes))?;
+        let episodes = open("episodes.jsonl", state.as_ref().map(|s| s.episodes_bytes))?;
+        if let (Some(s), Ok(mut c)) = (&state, curve.lock()) {
+            *c = s.curve.clone();
+        }
         Ok(Self {
             seed,
-            metrics: open("metrics.jsonl")?,
-            episodes: open("episodes.jsonl")?,
+            metrics,
+            episodes,
+            metrics_bytes,
+            episodes_bytes,
+            seconds_before: state.as_ref().map_or(0.0, |s| s.seconds),
             every,
-            last_checkpoint: 0,
+            last_checkpoint: state.as_ref().map_or(0, |s| s.last_checkpoint),
             budget,
             dir: dir.to_path_buf(),
             stop,
@@ -706,6 +815,7 @@ impl Observer for SeedObserver {
         .map_err(|e| RoleError::wrap("metrics", e))?;
         line.push(b'\n');
         self.metrics.write_all(&line).map_err(io)?;
+        self.metrics_bytes += line.len() as u64;
         for o in &it.outcomes {
             let mut line = serde_json::to_vec(&serde_json::json!({
                 "seed": self.seed,
@@ -726,6 +836,7 @@ impl Observer for SeedObserver {
             .map_err(|e| RoleError::wrap("episodes", e))?;
             line.push(b'\n');
             self.episodes.write_all(&line).map_err(io)?;
+            self.episodes_bytes += line.len() as u64;
         }
         let line = format!(
             "seed {}: update {updates}/{} ({phase}), {} steps, success {:.2}, return {:.2}{}",
@@ -763,6 +874,18 @@ impl Observer for SeedObserver {
             None
         };
         Ok(Control { checkpoint, stop })
+    }
+
+    fn checkpointed(&mut self, dir: &Path) -> Result<(), RoleError> {
+        let st = ObserverState {
+            metrics_bytes: self.metrics_bytes,
+            episodes_bytes: self.episodes_bytes,
+            last_checkpoint: self.last_checkpoint,
+            seconds: self.seconds_before + self.t0.elapsed().as_secs_f64(),
+            curve: self.curve.lock().map(|c| c.clone()).unwrap_or_default(),
+        };
+        let text = serde_json::to_vec(&st).map_err(|e| RoleError::wrap("checkpoint", e))?;
+        std::fs::write(dir.join(OBSERVER_STATE), text).map_err(|e| RoleError::wrap("checkpoint", e))
     }
 }
 

@@ -83,7 +83,7 @@ impl Default for SelfPlay {
             sfl_rollouts: 2,
             sfl_keep: 8,
             sfl_every: 8,
-            checkpoint_every: 10,
+            checkpoint_every: 1,
         }
     }
 }

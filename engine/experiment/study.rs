@@ -62,6 +62,11 @@ pub struct TaskReport {
     /// count environment steps: a trained policy's short episodes pay more resets per step
     /// and its recovery actions run heavier commands, so this is not the learner's cost alone.
     pub throughput_ratio: PerSeed,
+    /// The last updates' training steps per second (as many steps as the baseline's) over
+    /// the final policy's steps per second acting the same way without learning, right after
+    /// on the same environments and workers: the same environment work with and without the
+    /// learner, so what learning costs in throughput.
+    pub learning_throughput_ratio: PerSeed,
     /// Environment steps per second of the environments alone while learning (training steps
     /// over the wall time of the vectorised steps and resets): what the environments give
     /// under the learning policy's own actions and episode lengths.
@@ -309,6 +314,9 @@ fn task_report(runs: Vec<RunReport>, curve_png: PathBuf) -> TaskReport {
         train_steps_per_s: col(&|r| r.train.train_steps_per_s),
         random_steps_per_s: col(&|r| r.train.random_steps_per_s),
         throughput_ratio: col(&|r| r.train.train_steps_per_s / r.train.random_steps_per_s),
+        learning_throughput_ratio: col(&|r| {
+            r.train.late_train_steps_per_s / r.train.policy_steps_per_s
+        }),
         env_steps_per_s: col(&|r| r.train.steps as f64 / r.train.env_seconds),
         learning_cost: col(&|r| 1.0 - r.train.env_seconds / r.train.train_seconds),
         learner_share: col(&|r| r.train.update_seconds / r.train.train_seconds),
@@ -388,17 +396,17 @@ pub fn render(r: &StudyReport) -> String {
     }
     let _ = writeln!(
         s,
-        "| task | held-out success | greedy | catalogue oracle | ratio | faulted success | faulted oracle | robustness gap | train steps/s | random steps/s | ratio | env steps/s while training | learning cost | learner share | steps to 0.9 (training, checks) | steps trained | steps per episode (first, last rollout) |"
+        "| task | held-out success | greedy | catalogue oracle | ratio | faulted success | faulted oracle | robustness gap | train steps/s | random steps/s | ratio | late training / same policy not learning | env steps/s while training | learning cost | learner share | steps to 0.9 (training, checks) | steps trained | steps per episode (first, last rollout) |"
     );
     let _ = writeln!(
         s,
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     );
     let o = |p: &Option<PerSeed>| p.as_ref().map_or("-".to_string(), fmt);
     for (task, t) in &r.tasks {
         let _ = writeln!(
             s,
-            "| {task} | {} | {} | {} | {} | {} | {} | {} | {:.0} ± {:.0} | {:.0} ± {:.0} | {} | {:.0} ± {:.0} | {} | {} | {:.0}, {:.0} | {:.0} ± {:.0} | {:.1}, {:.1} |",
+            "| {task} | {} | {} | {} | {} | {} | {} | {} | {:.0} ± {:.0} | {:.0} ± {:.0} | {} | {} | {:.0} ± {:.0} | {} | {} | {:.0}, {:.0} | {:.0} ± {:.0} | {:.1}, {:.1} |",
             fmt(&t.held_out_success),
             o(&t.held_out_greedy_success),
             fmt(&t.catalogue_oracle_success),
@@ -411,6 +419,7 @@ pub fn render(r: &StudyReport) -> String {
             t.random_steps_per_s.mean,
             t.random_steps_per_s.ci95,
             fmt(&t.throughput_ratio),
+            fmt(&t.learning_throughput_ratio),
             t.env_steps_per_s.mean,
             t.env_steps_per_s.ci95,
             fmt(&t.learning_cost),

@@ -16,8 +16,9 @@ mod train;
 
 pub use adapter::{AdapterCounts, TrainEnv};
 pub use train::{
-    catalogue_oracle, evaluate, evaluate_each, greedy, policy_agent, tally, train, CheckPoint,
-    CheckSpec, CurvePoint, Evaluation, LevelOutcome, PolicyMode, TrainResult, TrainSpec,
+    catalogue_oracle, evaluate, evaluate_each, greedy, nan_as_null, policy_agent, tally, train,
+    CheckPoint, CheckSpec, CurvePoint, Evaluation, LevelOutcome, PolicyMode, TrainResult,
+    TrainSpec,
 };
 
 use crate::env::EnvError;

@@ -93,8 +93,14 @@ pub struct CurvePoint {
     pub masked: usize,
 }
 
+/// An `f64` that JSON wrote as `null` because it was NaN (serde_json writes NaN so), read
+/// back as NaN.
+pub fn nan_as_null<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    Ok(<Option<f64> as serde::Deserialize>::deserialize(d)?.unwrap_or(f64::NAN))
+}
+
 /// Success of an agent on a set of levels.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct Evaluation {
     pub episodes: usize,
     pub successes: usize,
@@ -103,7 +109,9 @@ pub struct Evaluation {
     /// Levels skipped (not certified, not catalogue-solvable, not applicable).
     pub skipped: usize,
     /// `successes / (episodes - infra)` (NaN when none counted).
+    #[serde(deserialize_with = "nan_as_null")]
     pub success_rate: f64,
+    #[serde(deserialize_with = "nan_as_null")]
     pub mean_steps: f64,
     /// Steps of the counted episodes.
     pub steps: u64,
@@ -122,6 +130,13 @@ pub struct TrainResult {
     pub train_steps_per_s: f64,
     /// The random agent's steps per second on the same environments and workers.
     pub random_steps_per_s: f64,
+    /// Steps per second of the last updates' training (collection and updates, as many
+    /// steps as the baseline's, checks not counted).
+    pub late_train_steps_per_s: f64,
+    /// The final policy acting as in training but without learning (no buffer, no update),
+    /// on the same environments and workers right after training, for as many steps: the
+    /// same environment work as the late training, without the learning.
+    pub policy_steps_per_s: f64,
     /// Wall time of the training phase, and the part of it spent in PPO updates (the
     /// learner's own cost; acting is a forward pass per vectorised step besides).
     pub train_seconds: f64,
@@ -206,6 +221,8 @@ pub fn train(rt: &Runtime, cache: &Cache, spec: &TrainSpec) -> Result<TrainResul
     let env_seconds_before = venv.env_seconds();
     let (mut update_seconds, mut check_seconds) = (0.0, 0.0);
     let mut stopped_early = false;
+    // (steps, training seconds without checks) at the end of every update.
+    let mut marks: Vec<(u64, f64)> = vec![(0, 0.0)];
     for u in 1..=updates {
         let eps = collect(&mut agent, &mut venv, &mut buf)?;
         let tu = Instant::now();
@@ -236,6 +253,7 @@ pub fn train(rt: &Runtime, cache: &Cache, spec: &TrainSpec) -> Result<TrainResul
             success_rate = curve.last().map_or(f64::NAN, |c| c.success_rate),
             "ppo update"
         );
+        marks.push((steps, t1.elapsed().as_secs_f64() - check_seconds));
         let c = &spec.checks;
         if c.every_updates > 0 && !c.levels.is_empty() && (u % c.every_updates == 0 || u == updates)
         {
@@ -274,6 +292,10 @@ pub fn train(rt: &Runtime, cache: &Cache, spec: &TrainSpec) -> Result<TrainResul
     let env_seconds = venv.env_seconds() - env_seconds_before;
     let updates_run = curve.len() as u64;
     let train_steps_per_s = steps as f64 / train_seconds.max(1e-9);
+    // The last updates covering the baseline's steps, against the final policy acting
+    // without learning for as many steps right after (same levels, workers, run).
+    let late = late_rate(&marks, spec.baseline_steps);
+    let policy_steps_per_s = acting_rate(&mut agent, &mut venv, late.0)?;
     let (mut skipped, mut masked) = (0, 0);
     for e in venv.envs() {
         skipped += e.counts.skipped_levels;
@@ -287,6 +309,8 @@ pub fn train(rt: &Runtime, cache: &Cache, spec: &TrainSpec) -> Result<TrainResul
         updates: updates_run,
         train_steps_per_s,
         random_steps_per_s,
+        late_train_steps_per_s: late.1,
+        policy_steps_per_s,
         train_seconds,
         update_seconds,
         env_seconds,
@@ -297,6 +321,43 @@ pub fn train(rt: &Runtime, cache: &Cache, spec: &TrainSpec) -> Result<TrainResul
         masked_episodes: masked,
         policy: Some(Arc::new(agent)),
     })
+}
+
+/// `(steps, steps per second)` of the last updates in `marks` (cumulative `(steps,
+/// seconds)`) that cover at least `want` steps (all of training when it had fewer).
+fn late_rate(marks: &[(u64, f64)], want: u64) -> (u64, f64) {
+    let Some(&(end_steps, end_s)) = marks.last() else {
+        return (0, f64::NAN);
+    };
+    let start = marks
+        .iter()
+        .rev()
+        .find(|m| end_steps - m.0 >= want)
+        .or(marks.first())
+        .copied()
+        .unwrap_or((0, 0.0));
+    let steps = end_steps - start.0;
+    (steps, steps as f64 / (end_s - start.1).max(1e-9))
+}
+
+/// Steps per second of `agent` acting on `venv` as in training (sampled, masked), without
+/// recording or learning, for at least `steps` environment steps.
+fn acting_rate(
+    agent: &mut PpoAgent,
+    venv: &mut VecEnv<TrainEnv>,
+    steps: u64,
+) -> Result<f64, LearnError> {
+    let n = venv.len() as u64;
+    let t = Instant::now();
+    let mut done = 0u64;
+    while done < steps {
+        let obs = venv.obs().to_vec();
+        let masks = venv.masks();
+        let out = agent.act(&obs, masks.as_deref())?;
+        venv.step(&out.actions)?;
+        done += n;
+    }
+    Ok(done as f64 / t.elapsed().as_secs_f64().max(1e-9))
 }
 
 /// One episode of the policy on each check level; hands the learner back.
@@ -505,4 +566,18 @@ pub fn policy_agent(agent: &Arc<PpoAgent>, mode: PolicyMode, seed: u64) -> Box<d
 /// The catalogue oracle as an evaluation agent.
 pub fn catalogue_oracle() -> Box<dyn Agent> {
     Box::new(CatalogueOracle::default())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::late_rate;
+
+    #[test]
+    fn late_rate_covers_the_last_updates_with_enough_steps() {
+        let marks = [(0, 0.0), (256, 1.0), (512, 2.0), (768, 4.0)];
+        assert_eq!(late_rate(&marks, 512), (512, 512.0 / 3.0));
+        assert_eq!(late_rate(&marks, 256), (256, 256.0 / 2.0));
+        // Fewer steps than asked for: all of training.
+        assert_eq!(late_rate(&marks, 4096), (768, 768.0 / 4.0));
+    }
 }

@@ -4,7 +4,7 @@
 //! sampling distribution), conditioned on a context of the protagonist's recent success:
 //! overall and on levels with each family switched on (exponential moving averages).
 
-use super::RolesError;
+use super::{read_state, write_state, RolesError};
 use actors::msg::{EpisodeOutcome, LearnStats, Level, Proposal};
 use actors::roles::{RoleError, Synthesizer};
 use actors::space::LevelSpace;
@@ -29,6 +29,16 @@ pub struct AdversarySettings {
     pub max_active: usize,
 }
 
+/// The role's own state beside the adversary's weights (`role.json`).
+#[derive(serde::Serialize, serde::Deserialize)]
+struct RoleState {
+    rng: rand_chacha::ChaCha8Rng,
+    token: u64,
+    success: Vec<f32>,
+}
+
+const ROLE_STATE: &str = "role.json";
+
 pub struct AdversaryRole {
     adv: Adversary,
     space: LevelSpace,
@@ -52,8 +62,17 @@ impl AdversaryRole {
             ent_coef: s.ent_coef,
             ..AdversaryConfig::default()
         };
-        Ok(Self {
-            adv: Adversary::new(&cfg, seed)?,
+        let st = RoleState {
+            rng: rand_chacha::ChaCha8Rng::seed_from_u64(seed ^ 0xad7e),
+            token: 0,
+            success: vec![0.5; 1 + space.dims.len()],
+        };
+        Ok(Self::with(Adversary::new(&cfg, seed)?, space, st))
+    }
+
+    fn with(adv: Adversary, space: &LevelSpace, st: RoleState) -> Self {
+        Self {
+            adv,
             space: space.clone(),
             mask: space.mask(),
             costs: space
@@ -61,11 +80,46 @@ impl AdversaryRole {
                 .iter()
                 .flat_map(|d| d.cost.iter().map(|&c| c as f32))
                 .collect(),
-            rng: rand_chacha::ChaCha8Rng::seed_from_u64(seed ^ 0xad7e),
-            token: 0,
+            rng: st.rng,
+            token: st.token,
             pending: HashMap::new(),
-            success: vec![0.5; 1 + space.dims.len()],
-        })
+            success: st.success,
+        }
+    }
+
+    /// The adversary saved under `dir` (by [`Synthesizer::save`]) over `space`; a
+    /// checkpoint of another level space or other settings is refused.
+    pub fn load(dir: &Path, space: &LevelSpace, s: &AdversarySettings) -> Result<Self, RolesError> {
+        let adv = Adversary::load(&dir.join("adversary"))?;
+        let c = adv.config();
+        if c.choices != space.choices() || c.context_dim != 2 + space.dims.len() {
+            return Err(RolesError::checkpoint(
+                dir,
+                format!(
+                    "the adversary chooses among {:?} there, this run's level space has {:?}",
+                    c.choices,
+                    space.choices()
+                ),
+            ));
+        }
+        if c.hidden != s.hidden || c.max_active != s.max_active {
+            return Err(RolesError::checkpoint(
+                dir,
+                "the adversary's settings differ from this run's",
+            ));
+        }
+        let st: RoleState = read_state(dir, ROLE_STATE)?;
+        if st.success.len() != 1 + space.dims.len() {
+            return Err(RolesError::checkpoint(
+                dir,
+                format!(
+                    "{ROLE_STATE}: {} success averages for {} dimensions",
+                    st.success.len(),
+                    space.dims.len()
+                ),
+            ));
+        }
+        Ok(Self::with(adv, space, st))
     }
 
     fn context(&self) -> Vec<f32> {
@@ -149,6 +203,12 @@ impl Synthesizer for AdversaryRole {
     fn save(&self, dir: &Path) -> Result<(), RoleError> {
         self.adv
             .save(&dir.join("adversary"))
-            .map_err(|e| RoleError::wrap(ROLE, e))
+            .map_err(|e| RoleError::wrap(ROLE, e))?;
+        let st = RoleState {
+            rng: self.rng.clone(),
+            token: self.token,
+            success: self.success.clone(),
+        };
+        write_state(ROLE, dir, ROLE_STATE, &st)
     }
 }

@@ -31,6 +31,33 @@ impl PpoRole {
         })
     }
 
+    /// The agent saved under `dir` (by [`Agent::save`]), which must have been made with
+    /// `net` and `cfg` (a checkpoint of another architecture or other settings is refused).
+    pub fn load(dir: &Path, net: &ActorCriticConfig, cfg: &PpoConfig) -> Result<Self, RolesError> {
+        let agent = PpoAgent::load(&dir.join("ppo"))?;
+        if agent.net_config() != net {
+            return Err(RolesError::checkpoint(
+                dir,
+                format!(
+                    "its network is {:?}, this run's is {:?} (a checkpoint of another architecture)",
+                    agent.net_config(),
+                    net
+                ),
+            ));
+        }
+        if agent.config() != cfg {
+            return Err(RolesError::checkpoint(
+                dir,
+                "its PPO settings differ from this run's",
+            ));
+        }
+        Ok(Self {
+            buf: RolloutBuffer::new(cfg.num_steps, cfg.num_envs, net, true),
+            agent,
+            pending: None,
+        })
+    }
+
     pub fn agent(&self) -> &PpoAgent {
         &self.agent
     }

@@ -3,10 +3,12 @@
 //! one; each counted episode scores its level by positive value loss (GAE advantages of the
 //! episode from its rewards and the agent's values) or MaxMC.
 
-use super::RolesError;
+use super::{read_state, write_state, RolesError};
 use actors::msg::{EpisodeOutcome, Level, Pick};
 use actors::roles::{Curriculum, RoleError};
-use policies::curriculum::{max_mc, positive_value_loss, Decision, LevelBuffer, LevelBufferConfig};
+use policies::curriculum::{
+    max_mc, positive_value_loss, Decision, LevelBuffer, LevelBufferConfig, LevelBufferState,
+};
 use std::path::Path;
 
 const ROLE: &str = "curriculum";
@@ -17,6 +19,15 @@ pub enum ScoreKind {
     PositiveValueLoss,
     MaxMc,
 }
+
+/// The whole buffer and its generator (`buffer.json`).
+#[derive(serde::Serialize, serde::Deserialize)]
+struct SavedBuffer {
+    buffer: LevelBufferState<Level>,
+    rng: policies::rng::RngState,
+}
+
+const BUFFER_STATE: &str = "buffer.json";
 
 pub struct BufferRole {
     buf: LevelBuffer<Level>,
@@ -37,6 +48,31 @@ impl BufferRole {
         Ok(Self {
             buf: LevelBuffer::new(cfg)?,
             rng: policies::rng::seeded(seed),
+            score,
+            gamma,
+            lambda,
+        })
+    }
+
+    /// The buffer saved under `dir` (by [`Curriculum::save`]); it must have been made with
+    /// `cfg` (a checkpoint of other buffer settings is refused).
+    pub fn load(
+        dir: &Path,
+        cfg: &LevelBufferConfig,
+        score: ScoreKind,
+        gamma: f64,
+        lambda: f64,
+    ) -> Result<Self, RolesError> {
+        let st: SavedBuffer = read_state(dir, BUFFER_STATE)?;
+        if st.buffer.config() != cfg {
+            return Err(RolesError::checkpoint(
+                dir,
+                "the level buffer's settings differ from this run's",
+            ));
+        }
+        Ok(Self {
+            buf: LevelBuffer::from_state(st.buffer)?,
+            rng: st.rng.restore(),
             score,
             gamma,
             lambda,
@@ -112,7 +148,11 @@ impl Curriculum for BufferRole {
                 (k, s)
             })
             .collect();
-        let text = serde_json::to_string(&levels).map_err(|e| RoleError::wrap(ROLE, e))?;
-        std::fs::write(dir.join("levels.json"), text).map_err(|e| RoleError::wrap(ROLE, e))
+        write_state(ROLE, dir, "levels.json", &levels)?;
+        let st = SavedBuffer {
+            buffer: self.buf.state(),
+            rng: policies::rng::RngState::capture(&self.rng),
+        };
+        write_state(ROLE, dir, BUFFER_STATE, &st)
     }
 }

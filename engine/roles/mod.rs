@@ -40,4 +40,42 @@ pub enum RolesError {
     Cost { key: String, reason: String },
     #[error("the {what} does not match: {reason}")]
     Shape { what: &'static str, reason: String },
+    #[error("checkpoint {}: {reason}", dir.display())]
+    Checkpoint {
+        dir: std::path::PathBuf,
+        reason: String,
+    },
+}
+
+impl RolesError {
+    /// A checkpoint under `dir` that cannot be loaded for `reason`.
+    pub(crate) fn checkpoint(dir: &std::path::Path, reason: impl Into<String>) -> Self {
+        Self::Checkpoint {
+            dir: dir.to_path_buf(),
+            reason: reason.into(),
+        }
+    }
+}
+
+/// Write `v` as JSON to `dir/file` (a role's own state beside its weights).
+fn write_state<T: serde::Serialize>(
+    role: &'static str,
+    dir: &std::path::Path,
+    file: &str,
+    v: &T,
+) -> Result<(), actors::roles::RoleError> {
+    let text = serde_json::to_vec(v).map_err(|e| actors::roles::RoleError::wrap(role, e))?;
+    std::fs::write(dir.join(file), text).map_err(|e| actors::roles::RoleError::wrap(role, e))
+}
+
+/// Read [`write_state`]'s file.
+fn read_state<T: serde::de::DeserializeOwned>(
+    dir: &std::path::Path,
+    file: &str,
+) -> Result<T, RolesError> {
+    let path = dir.join(file);
+    let text = std::fs::read(&path)
+        .map_err(|e| RolesError::checkpoint(dir, format!("{}: {e}", path.display())))?;
+    serde_json::from_slice(&text)
+        .map_err(|e| RolesError::checkpoint(dir, format!("{}: {e}", path.display())))
 }

@@ -51,6 +51,9 @@ pub enum CurriculumError {
         /// Allowed range.
         range: &'static str,
     },
+    /// A saved buffer that cannot be a buffer's state.
+    #[error("curriculum: saved buffer: {0}")]
+    BadState(String),
 }
 
 fn finite<T: Copy + Into<f64>>(what: &'static str, xs: &[T]) -> Result<(), CurriculumError> {
@@ -192,7 +195,7 @@ pub enum UpdateOutcome<K> {
     Rejected,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 struct Entry<K> {
     key: K,
     score: f64,
@@ -211,7 +214,68 @@ pub struct LevelBuffer<K> {
     inserted: u64,
 }
 
+/// A [`LevelBuffer`]'s whole state (for checkpoints): its levels with their scores,
+/// staleness and best returns, and its counters.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LevelBufferState<K> {
+    cfg: LevelBufferConfig,
+    entries: Vec<Entry<K>>,
+    decisions: u64,
+    inserted: u64,
+}
+
+impl<K> LevelBufferState<K> {
+    /// The settings of the buffer it was taken from.
+    pub fn config(&self) -> &LevelBufferConfig {
+        &self.cfg
+    }
+}
+
 impl<K: Clone + Eq + Hash> LevelBuffer<K> {
+    /// Its whole state.
+    pub fn state(&self) -> LevelBufferState<K> {
+        LevelBufferState {
+            cfg: self.cfg.clone(),
+            entries: self.entries.clone(),
+            decisions: self.decisions,
+            inserted: self.inserted,
+        }
+    }
+
+    /// The buffer [`Self::state`] captured, checked (settings in range, at most `capacity`
+    /// levels, each once, finite scores).
+    pub fn from_state(st: LevelBufferState<K>) -> Result<Self, CurriculumError> {
+        st.cfg.validate()?;
+        if st.entries.len() > st.cfg.capacity {
+            return Err(CurriculumError::BadState(format!(
+                "{} levels in a buffer of {}",
+                st.entries.len(),
+                st.cfg.capacity
+            )));
+        }
+        let mut index = HashMap::with_capacity(st.entries.len());
+        for (i, e) in st.entries.iter().enumerate() {
+            if !e.score.is_finite() {
+                return Err(CurriculumError::BadState(format!(
+                    "level {i} scores {}",
+                    e.score
+                )));
+            }
+            if index.insert(e.key.clone(), i).is_some() {
+                return Err(CurriculumError::BadState(format!(
+                    "level {i} is held twice"
+                )));
+            }
+        }
+        Ok(Self {
+            cfg: st.cfg,
+            entries: st.entries,
+            index,
+            decisions: st.decisions,
+            inserted: st.inserted,
+        })
+    }
+
     /// An empty buffer.
     pub fn new(cfg: LevelBufferConfig) -> Result<Self, CurriculumError> {
         cfg.validate()?;
@@ -401,6 +465,48 @@ mod tests {
             min_fill,
         })
         .unwrap()
+    }
+
+    #[test]
+    fn a_saved_state_gives_the_same_buffer_and_bad_states_are_refused() {
+        let mut b = buf(3, 0.5, 1);
+        let mut rng = crate::rng::seeded(4);
+        for (k, s) in [("a", 0.1), ("b", 0.9), ("c", 0.5), ("d", 0.7)] {
+            b.update(k, s).unwrap();
+            b.decide(&mut rng);
+        }
+        b.record_return(&"b", 2.5).unwrap();
+        let st = b.state();
+        let json = serde_json::to_string(&st).unwrap();
+        let back: LevelBufferState<String> = serde_json::from_str(&json).unwrap();
+        let c = LevelBuffer::from_state(back).unwrap();
+        assert_eq!(
+            c.keys(),
+            b.keys().iter().map(|k| k.to_string()).collect::<Vec<_>>()
+        );
+        assert_eq!(c.replay_distribution(), b.replay_distribution());
+        assert_eq!(c.decisions(), b.decisions());
+        assert_eq!(c.max_return(&"b".to_string()), Some(2.5));
+        // The same decisions from the same generator.
+        let (mut r1, mut r2) = (crate::rng::seeded(9), crate::rng::seeded(9));
+        let mut c2 = LevelBuffer::from_state(b.state()).unwrap();
+        for _ in 0..20 {
+            assert_eq!(b.decide(&mut r1), c2.decide(&mut r2));
+        }
+        let mut twice = c.state();
+        twice.entries.push(twice.entries[0].clone());
+        twice.cfg.capacity = 10;
+        let e = LevelBuffer::from_state(twice).unwrap_err().to_string();
+        assert!(e.contains("held twice"), "{e}");
+        let mut nan = c.state();
+        nan.entries[0].score = f64::NAN;
+        assert!(LevelBuffer::from_state(nan).is_err());
+        let mut over = c.state();
+        over.cfg.capacity = 1;
+        assert!(LevelBuffer::from_state(over)
+            .unwrap_err()
+            .to_string()
+            .contains("levels in a buffer of 1"));
     }
 
     #[test]

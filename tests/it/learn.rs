@@ -178,6 +178,8 @@ baseline_steps = 8
         assert_eq!(r.train.stopped_early, solved && r.train.steps < 128);
         // The environments' part of the training phase is a part of it.
         assert!(r.train.env_seconds > 0.0 && r.train.env_seconds <= r.train.train_seconds);
+        // The learning-cost baseline: the final policy acted without learning.
+        assert!(r.train.policy_steps_per_s > 0.0 && r.train.late_train_steps_per_s > 0.0);
     }
     let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
     assert_eq!(json["complete"], true);
@@ -187,6 +189,7 @@ baseline_steps = 8
         "steps_trained",
         "check_steps_to_0_9",
         "throughput_ratio",
+        "learning_throughput_ratio",
         "env_steps_per_s",
         "learning_cost",
         "episode_steps_first",

@@ -288,9 +288,15 @@ fn a_short_rarl_run_writes_metrics_episodes_checkpoints_and_a_report() {
     let st = common::TempState::new();
     let cache = Cache::open_with(st.path(), 64, 1 << 30).unwrap();
     static STOP: AtomicBool = AtomicBool::new(false);
-    let (report, path) =
-        engine::experiment::selfplay::run(&exp, exp.selfplay.as_ref().unwrap(), &rt, &cache, &STOP)
-            .unwrap();
+    let (report, path) = engine::experiment::selfplay::run(
+        &exp,
+        exp.selfplay.as_ref().unwrap(),
+        &rt,
+        &cache,
+        &STOP,
+        false,
+    )
+    .unwrap();
     assert!(report.complete && !report.interrupted);
     let s = &report.seeds[0];
     assert_eq!(s.updates, 2);
@@ -345,4 +351,143 @@ fn a_short_rarl_run_writes_metrics_episodes_checkpoints_and_a_report() {
             .to_string();
         assert!(e.contains("episodes.jsonl"), "{bad}: {e}");
     }
+}
+
+/// `(iteration, updates)` of every line of a seed's `metrics.jsonl`.
+fn metric_points(file: &Path) -> Vec<(u64, u64)> {
+    std::fs::read_to_string(file)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            (
+                v["point"]["iteration"].as_u64().unwrap(),
+                v["point"]["updates"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn a_run_killed_with_sigkill_resumes_from_its_last_checkpoint_and_loses_at_most_one_update() {
+    if !common::is_root() {
+        return;
+    }
+    let (root, file) = project(
+        "method = \"rarl\"\npopulation = 1\nprotagonist_updates = 1\nadversary_batch = 2\nbudget = 1.0\nmax_faults = 1\ncheckpoint_every = 1\n",
+        "total_steps = 64\nnum_envs = 2\nnum_steps = 4\nnum_minibatches = 1\nupdate_epochs = 1\nhidden = [16]\ntrain_levels = 4\neval_levels = 2\n",
+    );
+    let st = common::TempState::new();
+    let engine = |args: &[&str]| {
+        let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_engine"));
+        c.env("ENVFACTORY_STATE", st.path())
+            .args(args)
+            .arg(&file)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped());
+        c
+    };
+    let seed = root.path().join("out/sp/seed-1");
+    // (updates, iterations) of a complete checkpoint.
+    let progress = |dir: &str| -> Option<(u64, u64)> {
+        let d = seed.join(dir);
+        d.join("COMPLETE").is_file().then_some(())?;
+        let v: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(d.join("progress.json")).ok()?).ok()?;
+        Some((v["updates"].as_u64()?, v["iterations"].as_u64()?))
+    };
+    let mut child = engine(&["run"]).spawn().unwrap();
+    let killed = child.id();
+    assert!(
+        sandbox::testing::eventually(300, || progress("checkpoint").is_some_and(|p| p.0 >= 3)),
+        "no checkpoint of 3 updates appeared"
+    );
+    // SAFETY: kill with integer arguments: our own child.
+    unsafe { libc::kill(killed as i32, libc::SIGKILL) };
+    child.wait().unwrap();
+    let before = std::fs::read(seed.join("metrics.jsonl")).unwrap();
+    let logged = metric_points(&seed.join("metrics.jsonl"));
+    let (saved, saved_iterations) = ["checkpoint", "checkpoint.tmp", "checkpoint.old"]
+        .iter()
+        .filter_map(|d| progress(d))
+        .max()
+        .unwrap();
+    let last_logged = logged.iter().map(|p| p.1).max().unwrap();
+    assert!(
+        saved + 1 >= last_logged && last_logged < 8,
+        "checkpoint at {saved} updates, {last_logged} logged: more than one update lost (or the run had ended)"
+    );
+
+    // A resume under another configuration is refused and changes nothing.
+    let text = std::fs::read_to_string(&file).unwrap();
+    std::fs::write(&file, text.replace("population = 1", "population = 2")).unwrap();
+    let o = engine(&["run", "--resume"]).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    assert!(
+        err.contains("run.json")
+            && err.contains("selfplay.population")
+            && err.contains("nothing was changed"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read(seed.join("metrics.jsonl")).unwrap(), before);
+    std::fs::write(&file, &text).unwrap();
+
+    let out = engine(&["run", "--resume"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(root.path().join("out/sp/report.json")).unwrap())
+            .unwrap();
+    assert_eq!(report["complete"], true, "{report}");
+    assert_eq!(report["seeds"][0]["updates"], 8);
+    // The metrics up to the checkpoint are kept as they were, the rest played again: every
+    // iteration once, in order, and 8 protagonist updates in all.
+    let after = std::fs::read(seed.join("metrics.jsonl")).unwrap();
+    let points = metric_points(&seed.join("metrics.jsonl"));
+    let kept = points.iter().take_while(|p| p.0 < saved_iterations).count();
+    assert_eq!(kept as u64, saved_iterations);
+    let kept_bytes: usize = after
+        .split_inclusive(|b| *b == b'\n')
+        .take(kept)
+        .map(<[u8]>::len)
+        .sum();
+    assert_eq!(&after[..kept_bytes], &before[..kept_bytes]);
+    let iterations: Vec<u64> = points.iter().map(|p| p.0).collect();
+    assert_eq!(iterations, (0..points.len() as u64).collect::<Vec<_>>());
+    assert_eq!(points.last().unwrap().1, 8);
+    // The protagonist went on learning: its optimiser counted every update once.
+    let agent = policies::ppo::PpoAgent::load(&seed.join("final/protagonist/ppo")).unwrap();
+    assert_eq!(agent.updates(), 8);
+    // The killed run's sandboxes, cgroups and mounts were reaped by the resumed run.
+    assert_eq!(crate::signals::leftovers(&st, killed), Vec::<String>::new());
+
+    // A finished run resumes to the same report without training again.
+    let again = engine(&["run", "--resume"]).output().unwrap();
+    assert!(again.status.success());
+    assert_eq!(std::fs::read(seed.join("metrics.jsonl")).unwrap(), after);
+}
+
+#[test]
+fn resume_needs_a_run_directory() {
+    if !common::is_root() {
+        return;
+    }
+    let (_root, file) = project(
+        "method = \"dr\"\n",
+        "total_steps = 8\nnum_envs = 2\nnum_steps = 4\n",
+    );
+    let st = common::TempState::new();
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_engine"))
+        .env("ENVFACTORY_STATE", st.path())
+        .args(["run", "--resume"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("nothing to resume") && err.contains("run.json"),
+        "{err}"
+    );
 }

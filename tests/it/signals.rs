@@ -35,7 +35,7 @@ fn lines(p: &Path) -> usize {
 }
 
 /// The runs of `st` still present, and the cgroups and mounts of process `pid`.
-fn leftovers(st: &TempState, pid: u32) -> Vec<String> {
+pub(crate) fn leftovers(st: &TempState, pid: u32) -> Vec<String> {
     let mut left: Vec<String> = std::fs::read_dir(st.path().join("runs"))
         .map(|rd| {
             rd.flatten()

@@ -1,6 +1,8 @@
 //! The coordinator: runs the schedule's iterations until the budget is spent, hands each to
-//! the [`Observer`] (metrics, progress, when to checkpoint), and saves every role when asked.
+//! the [`Observer`] (metrics, progress, when to checkpoint), and writes a checkpoint
+//! ([`super::checkpoint`]) when asked; a resumed run starts from one.
 
+use super::checkpoint::{self, Checkpoint, Progress};
 use super::worker::WorkerCounts;
 use super::{Budget, RuntimeError};
 use crate::roles::RoleError;
@@ -13,8 +15,9 @@ use std::sync::{Arc, Mutex};
 /// What the observer wants after an iteration.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Control {
-    /// Save every role under this directory (`protagonist/`, `antagonist/`, `adversary-K/`,
-    /// `critic/`, `curriculum/`) before going on.
+    /// Write a checkpoint as this directory before going on: every role (`protagonist/`,
+    /// `antagonist/`, `adversary-K/`, `critic/`, `curriculum/`), the schedule's state and the
+    /// counts ([`super::checkpoint`]).
     pub checkpoint: Option<PathBuf>,
     /// End the run after this iteration (an interruption, a target reached).
     pub stop: bool,
@@ -25,6 +28,11 @@ pub trait Observer: Send {
     /// After iteration `index` (from 0); `updates` is the protagonist's update count.
     fn iteration(&mut self, index: u64, updates: u64, it: &Iteration)
         -> Result<Control, RoleError>;
+    /// Write what the observer needs to go on from the checkpoint being written in `dir`
+    /// (its metrics so far, say), before the checkpoint is marked complete.
+    fn checkpointed(&mut self, _dir: &Path) -> Result<(), RoleError> {
+        Ok(())
+    }
 }
 
 /// What a run did.
@@ -48,6 +56,7 @@ type Parts = (
     Box<dyn Observer>,
     Budget,
     Arc<WorkerCounts>,
+    Option<Checkpoint>,
 );
 
 /// The coordinator actor (one `SyncArbiter` thread: the schedule blocks on its roles).
@@ -72,8 +81,9 @@ impl Coordinator {
         observer: Box<dyn Observer>,
         budget: Budget,
         counts: Arc<WorkerCounts>,
+        resume: Option<Checkpoint>,
     ) -> Addr<Self> {
-        let slot = Mutex::new(Some((schedule, roles, observer, budget, counts)));
+        let slot = Mutex::new(Some((schedule, roles, observer, budget, counts, resume)));
         actix::SyncArbiter::start(1, move || Coordinator {
             parts: slot.lock().ok().and_then(|mut s| s.take()),
         })
@@ -121,7 +131,10 @@ fn run_loop(
             .map_err(crate::schedule::ScheduleError::from)?;
         s.iterations += 1;
         if let Some(dir) = &control.checkpoint {
-            save_roles(roles, dir).map_err(crate::schedule::ScheduleError::from)?;
+            let progress = Progress::of(s, schedule.updates());
+            checkpoint::write(dir, roles, schedule, &progress, &mut |d| {
+                observer.checkpointed(d)
+            })?;
         }
         if control.stop {
             s.stopped = true;
@@ -135,12 +148,21 @@ impl Handler<Run> for Coordinator {
     type Result = Result<Summary, RuntimeError>;
 
     fn handle(&mut self, _: Run, _: &mut Self::Context) -> Self::Result {
-        let (mut schedule, mut roles, mut observer, budget, counts) =
+        let (mut schedule, mut roles, mut observer, budget, counts, resume) =
             self.parts.take().ok_or_else(|| RuntimeError::ActorGone {
                 actor: "coordinator",
                 reason: "it was asked to run twice".into(),
             })?;
         let mut s = Summary::default();
+        if let Some(cp) = resume {
+            schedule.restore(cp.schedule)?;
+            let p = cp.progress;
+            s.iterations = p.iterations;
+            s.steps = p.steps;
+            s.episodes = p.episodes;
+            s.failed_episodes = p.failed_episodes;
+            tracing::info!(dir = %cp.dir.display(), updates = p.updates, iterations = p.iterations, "resumed from a checkpoint");
+        }
         let ran = run_loop(
             schedule.as_mut(),
             &mut roles,

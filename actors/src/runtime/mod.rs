@@ -6,6 +6,7 @@
 //! | file | actor |
 //! |---|---|
 //! | `coordinator.rs` | [`Coordinator`]: the schedule's loop, the observer, checkpoints |
+//! | `checkpoint.rs` | checkpoints on disk, written whole or not at all; [`checkpoint::latest`] for a resume |
 //! | `agent.rs` | an [`Agent`] (protagonist, antagonist) and its proxy |
 //! | `synthesizer.rs` | an adversary and its proxy |
 //! | `critic.rs` | the realism critic and its proxy |
@@ -20,6 +21,7 @@
 //! recovered without a checkpoint).
 
 mod agent;
+pub mod checkpoint;
 mod coordinator;
 mod critic;
 mod curriculum;
@@ -50,6 +52,8 @@ pub enum RuntimeError {
     ActorGone { actor: &'static str, reason: String },
     #[error("the actor system failed: {0}")]
     System(#[from] std::io::Error),
+    #[error(transparent)]
+    Checkpoint(#[from] checkpoint::CheckpointError),
 }
 
 /// The roles to run, before they are put in actors.
@@ -79,12 +83,25 @@ pub fn run(
     observer: Box<dyn Observer>,
     budget: Budget,
 ) -> Result<Summary, RuntimeError> {
+    run_from(cfg, parts, observer, budget, None)
+}
+
+/// [`run`], going on from `resume` when given: the schedule's state and the counts are
+/// restored from it (the caller built `parts`' roles from its files), and the run continues
+/// until the budget is spent.
+pub fn run_from(
+    cfg: &ScheduleConfig,
+    parts: Parts,
+    observer: Box<dyn Observer>,
+    budget: Budget,
+    resume: Option<checkpoint::Checkpoint>,
+) -> Result<Summary, RuntimeError> {
     let cfg = cfg.clone();
     let system = actix::System::new();
     system.block_on(async move {
         let (roles, counts) = start(parts);
         let schedule = crate::schedule::build(&cfg, &roles)?;
-        let coordinator = Coordinator::start(schedule, roles, observer, budget, counts);
+        let coordinator = Coordinator::start(schedule, roles, observer, budget, counts, resume);
         coordinator
             .send(coordinator::Run)
             .await

@@ -2,7 +2,10 @@
 //! space (within its budget and masks). Clean training (`clean.rs`) is the same schedule
 //! drawing unperturbed levels.
 
-use super::{rng, Arena, Iteration, Method, Roles, Schedule, ScheduleConfig, ScheduleError};
+use super::{
+    rng, Arena, Detail, Iteration, Method, Roles, Schedule, ScheduleConfig, ScheduleError,
+    ScheduleState,
+};
 use crate::msg::{Assignment, Origin};
 use crate::space::LevelSpace;
 use rand_chacha::ChaCha8Rng;
@@ -45,6 +48,26 @@ impl Schedule for Sampled {
 
     fn updates(&self) -> u64 {
         self.updates
+    }
+
+    fn state(&self) -> ScheduleState {
+        ScheduleState {
+            method: self.method,
+            updates: self.updates,
+            rng: self.rng.clone(),
+            detail: Detail::None,
+        }
+    }
+
+    fn restore(&mut self, state: ScheduleState) -> Result<(), ScheduleError> {
+        let st = state.of(self.method)?;
+        if st.detail != Detail::None {
+            return Err(st.bad_detail());
+        }
+        self.updates = st.updates;
+        self.rng = st.rng;
+        self.arena.abandon();
+        Ok(())
     }
 
     fn iterate(&mut self, roles: &mut Roles) -> Result<Iteration, ScheduleError> {

@@ -250,6 +250,70 @@ pub trait Schedule: Send {
     fn iterate(&mut self, roles: &mut Roles) -> Result<Iteration, ScheduleError>;
     /// Protagonist updates done so far.
     fn updates(&self) -> u64;
+    /// Its state between two iterations, for a checkpoint.
+    fn state(&self) -> ScheduleState;
+    /// Go on from `state` (taken from a schedule of the same method). Live episodes are not
+    /// part of a state: the next iteration starts every worker on a fresh episode.
+    fn restore(&mut self, state: ScheduleState) -> Result<(), ScheduleError>;
+}
+
+/// A schedule's state between two iterations (checkpoints, `--resume`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ScheduleState {
+    pub method: Method,
+    /// Protagonist updates done.
+    pub updates: u64,
+    /// The schedule's own generator (level draws, mixing), at its exact position.
+    pub rng: rand_chacha::ChaCha8Rng,
+    #[serde(default)]
+    pub detail: Detail,
+}
+
+/// What a method keeps besides its generator and update count.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Detail {
+    #[default]
+    None,
+    /// Protagonist updates left in the current phase, and the next adversary to propose.
+    Rarl { left: u32, next_adversary: usize },
+    /// Mutations of replayed levels waiting to be played.
+    Accel { mutations: Vec<crate::msg::Level> },
+    /// The levels kept by the last selection, and the updates since it.
+    Sfl {
+        kept: Vec<crate::msg::Level>,
+        since: Option<u32>,
+    },
+}
+
+impl ScheduleState {
+    /// `self` checked to come from a schedule of `method`.
+    fn of(self, method: Method) -> Result<Self, ScheduleError> {
+        if self.method == method {
+            Ok(self)
+        } else {
+            Err(ScheduleError::Config {
+                key: "method",
+                reason: format!(
+                    "the checkpoint holds a {} schedule, not {}",
+                    self.method.name(),
+                    method.name()
+                ),
+            })
+        }
+    }
+
+    /// `detail` did not fit the method.
+    fn bad_detail(&self) -> ScheduleError {
+        ScheduleError::Config {
+            key: "detail",
+            reason: format!(
+                "the checkpoint's {} schedule holds {:?}",
+                self.method.name(),
+                self.detail
+            ),
+        }
+    }
 }
 
 /// The schedule of `cfg.method`, checking that `roles` has what it needs.

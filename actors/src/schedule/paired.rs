@@ -11,8 +11,8 @@
 
 use super::rarl::log_d;
 use super::{
-    dr_or, rng, Arena, Iteration, Method, Roles, Schedule, ScheduleConfig, ScheduleError,
-    PLAYED_FLOOR, UNUSABLE_REWARD,
+    dr_or, rng, Arena, Detail, Iteration, Method, Roles, Schedule, ScheduleConfig, ScheduleError,
+    ScheduleState, PLAYED_FLOOR, UNUSABLE_REWARD,
 };
 use crate::msg::{Assignment, EpisodeOutcome, FailureKind, Origin, Proposal};
 use crate::space::LevelSpace;
@@ -105,6 +105,27 @@ impl Schedule for Paired {
 
     fn updates(&self) -> u64 {
         self.updates
+    }
+
+    fn state(&self) -> ScheduleState {
+        ScheduleState {
+            method: Method::Paired,
+            updates: self.updates,
+            rng: self.rng.clone(),
+            detail: Detail::None,
+        }
+    }
+
+    fn restore(&mut self, state: ScheduleState) -> Result<(), ScheduleError> {
+        let st = state.of(Method::Paired)?;
+        if st.detail != Detail::None {
+            return Err(st.bad_detail());
+        }
+        self.updates = st.updates;
+        self.rng = st.rng;
+        self.protagonist.abandon();
+        self.antagonist.abandon();
+        Ok(())
     }
 
     fn iterate(&mut self, roles: &mut Roles) -> Result<Iteration, ScheduleError> {

@@ -5,7 +5,10 @@
 //! episode's rewards and values; failed episodes are never scored. ACCEL (`accel.rs`) is
 //! the same schedule with its replays mutated into new candidates.
 
-use super::{rng, Arena, Iteration, Method, Roles, Schedule, ScheduleConfig, ScheduleError};
+use super::{
+    rng, Arena, Detail, Iteration, Method, Roles, Schedule, ScheduleConfig, ScheduleError,
+    ScheduleState,
+};
 use crate::msg::{Assignment, Level, Origin, Pick};
 use crate::space::LevelSpace;
 use rand_chacha::ChaCha8Rng;
@@ -56,6 +59,33 @@ impl Schedule for Replayed {
 
     fn updates(&self) -> u64 {
         self.updates
+    }
+
+    fn state(&self) -> ScheduleState {
+        ScheduleState {
+            method: self.method,
+            updates: self.updates,
+            rng: self.rng.clone(),
+            detail: match &self.mutations {
+                Some(m) => Detail::Accel {
+                    mutations: m.iter().cloned().collect(),
+                },
+                None => Detail::None,
+            },
+        }
+    }
+
+    fn restore(&mut self, state: ScheduleState) -> Result<(), ScheduleError> {
+        let st = state.of(self.method)?;
+        match (&st.detail, self.mutations.as_mut()) {
+            (Detail::None, None) => {}
+            (Detail::Accel { mutations }, Some(m)) => *m = mutations.iter().cloned().collect(),
+            _ => return Err(st.bad_detail()),
+        }
+        self.updates = st.updates;
+        self.rng = st.rng;
+        self.arena.abandon();
+        Ok(())
     }
 
     fn iterate(&mut self, roles: &mut Roles) -> Result<Iteration, ScheduleError> {

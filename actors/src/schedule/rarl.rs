@@ -5,8 +5,8 @@
 //! protagonist plays each once, and the adversary learns from [`adversary_reward`]).
 
 use super::{
-    adversary_reward, dr_or, rng, Arena, Iteration, Method, Phase, Roles, Schedule, ScheduleConfig,
-    ScheduleError,
+    adversary_reward, dr_or, rng, Arena, Detail, Iteration, Method, Phase, Roles, Schedule,
+    ScheduleConfig, ScheduleError, ScheduleState,
 };
 use crate::msg::{Assignment, EpisodeOutcome, Level, Origin, Proposal};
 use crate::roles::Critic;
@@ -190,6 +190,45 @@ impl Schedule for Rarl {
 
     fn updates(&self) -> u64 {
         self.updates
+    }
+
+    fn state(&self) -> ScheduleState {
+        ScheduleState {
+            method: Method::Rarl,
+            updates: self.updates,
+            rng: self.rng.clone(),
+            detail: Detail::Rarl {
+                left: self.left,
+                next_adversary: self.next_adversary,
+            },
+        }
+    }
+
+    fn restore(&mut self, state: ScheduleState) -> Result<(), ScheduleError> {
+        let st = state.of(Method::Rarl)?;
+        let Detail::Rarl {
+            left,
+            next_adversary,
+        } = st.detail
+        else {
+            return Err(st.bad_detail());
+        };
+        if left > self.phase_updates {
+            return Err(ScheduleError::Config {
+                key: "protagonist_updates",
+                reason: format!(
+                    "the checkpoint has {left} updates left in a phase of {}",
+                    self.phase_updates
+                ),
+            });
+        }
+        self.updates = st.updates;
+        self.rng = st.rng;
+        self.left = left;
+        self.next_adversary = next_adversary;
+        self.learner.abandon();
+        self.scorer.abandon();
+        Ok(())
     }
 
     fn iterate(&mut self, roles: &mut Roles) -> Result<Iteration, ScheduleError> {

@@ -7,7 +7,8 @@
 //! `dr_share` of domain-randomised levels mixed in.
 
 use super::{
-    dr_or, rng, Arena, Iteration, Method, Phase, Roles, Schedule, ScheduleConfig, ScheduleError,
+    dr_or, rng, Arena, Detail, Iteration, Method, Phase, Roles, Schedule, ScheduleConfig,
+    ScheduleError, ScheduleState,
 };
 use crate::msg::{Assignment, EpisodeOutcome, FailureKind, Level, Origin};
 use crate::space::LevelSpace;
@@ -144,6 +145,32 @@ impl Schedule for Sfl {
 
     fn updates(&self) -> u64 {
         self.updates
+    }
+
+    fn state(&self) -> ScheduleState {
+        ScheduleState {
+            method: Method::Sfl,
+            updates: self.updates,
+            rng: self.rng.clone(),
+            detail: Detail::Sfl {
+                kept: self.kept.clone(),
+                since: self.since,
+            },
+        }
+    }
+
+    fn restore(&mut self, state: ScheduleState) -> Result<(), ScheduleError> {
+        let st = state.of(Method::Sfl)?;
+        let Detail::Sfl { kept, since } = st.detail else {
+            return Err(st.bad_detail());
+        };
+        self.updates = st.updates;
+        self.rng = st.rng;
+        self.kept = kept;
+        self.since = since;
+        self.learner.abandon();
+        self.scorer.abandon();
+        Ok(())
     }
 
     fn iterate(&mut self, roles: &mut Roles) -> Result<Iteration, ScheduleError> {

@@ -4,6 +4,7 @@
 // Test helpers outside `#[test]` functions may unwrap too: a failure is a test failure.
 #![allow(clippy::unwrap_used)]
 
+mod checkpoints;
 mod curricula;
 mod runtime;
 mod schedules;
