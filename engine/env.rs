@@ -483,6 +483,14 @@ impl Env {
         self.setup.as_ref()
     }
 
+    /// Whether a reset of `plan` would reuse the running sandbox (an incremental reset):
+    /// it runs that plan's instance and is alive.
+    pub fn runs(&self, plan: &Plan) -> bool {
+        self.running
+            .as_ref()
+            .is_some_and(|l| l.sandbox.is_alive() && l.instance.plan == *plan)
+    }
+
     /// The id of the current instance.
     pub fn instance_id(&self) -> Option<&str> {
         self.running.as_ref().map(|l| l.instance.id.as_str())
@@ -503,10 +511,7 @@ impl Env {
             return Err(EnvError::NoTask);
         }
         self.done = true;
-        let reuse = self
-            .running
-            .as_ref()
-            .is_some_and(|l| l.sandbox.is_alive() && l.instance.plan == *plan);
+        let reuse = self.runs(plan);
         let mut restarted = false;
         if reuse {
             if let Some(running) = self.running.as_mut() {

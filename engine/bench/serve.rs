@@ -13,7 +13,16 @@
 //! a `state` frame, and one more connection is refused with `CAPACITY_REACHED`, whose
 //! `active_sessions` is the server's own count. `kib_per_session` is the server process's RSS
 //! growth over the sessions (the sessions hold no sandbox until they reset; the one stepping
-//! session's sandbox processes are not in the server's RSS). Times are milliseconds as
+//! session's sandbox processes are not in the server's RSS).
+//!
+//! `resets`: reset latency through the server under both pool policies, two servers side by
+//! side (`--pool 2`, `--pool-policy last` and `instance`). On each, two sessions reset seeds
+//! `seed` and `seed + 1` and close, so the pool holds an environment running each; then one
+//! session resets the two seeds in turn, `resets` times, alternating between the servers.
+//! Under `last` the session keeps its own environment, which runs the other instance: every
+//! reset starts a sandbox. Under `instance` it trades it for the pooled one that runs the
+//! instance: an incremental reset. `ratio_p50` is last / instance; the counts are the
+//! servers' own (`warm_resets`, `cold_resets` of `/metadata`). Times are milliseconds as
 //! `{p50, p99, n}`; `machine` has the CPU count and the load average at the start and end.
 
 use crate::env::{Action, Env, EnvConfig};
@@ -56,6 +65,8 @@ pub struct ServeBenchOpts {
     pub command: String,
     /// Sessions to hold at once.
     pub sessions: usize,
+    /// Timed resets per pool policy (0: none).
+    pub resets: usize,
 }
 
 /// Percentiles of a sample, milliseconds.
@@ -92,6 +103,18 @@ pub struct Held {
     pub kib_per_session: f64,
 }
 
+/// Reset latency through the server per pool policy.
+#[derive(Debug, Clone, Serialize)]
+pub struct Resets {
+    pub last: Latency,
+    pub instance: Latency,
+    /// `last` / `instance` at p50.
+    pub ratio_p50: f64,
+    /// The servers' counts after the runs: `[warm_resets, cold_resets]`.
+    pub last_counts: [u64; 2],
+    pub instance_counts: [u64; 2],
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct Machine {
     pub cpus: usize,
@@ -110,6 +133,8 @@ pub struct ServeBenchReport {
     pub overhead_p99_ms: f64,
     pub ratio_p50: f64,
     pub sessions: Held,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub resets: Option<Resets>,
     pub machine: Machine,
 }
 
@@ -120,7 +145,13 @@ struct Server {
 }
 
 impl Server {
-    fn start(cmd: &[String], o: &ServeBenchOpts) -> Result<Self, BenchServeError> {
+    fn start(
+        cmd: &[String],
+        o: &ServeBenchOpts,
+        pool: usize,
+        policy: &str,
+        max_sessions: usize,
+    ) -> Result<Self, BenchServeError> {
         let shown = cmd.join(" ");
         let err = |reason: String| BenchServeError::Start {
             cmd: shown.clone(),
@@ -129,7 +160,14 @@ impl Server {
         let (exe, pre) = cmd.split_first().ok_or_else(|| err("empty".into()))?;
         let mut child = Command::new(exe)
             .args(pre)
-            .args(["serve", "--bind", "127.0.0.1:0", "--pool", "1"])
+            .args([
+                "serve",
+                "--bind",
+                "127.0.0.1:0",
+                "--pool",
+                &pool.to_string(),
+            ])
+            .args(["--pool-policy", policy])
             .args([
                 "--task",
                 &o.task,
@@ -138,7 +176,7 @@ impl Server {
                 "--keepalive",
                 "3600",
             ])
-            .args(["--max-sessions", &(o.sessions + 1).to_string()])
+            .args(["--max-sessions", &max_sessions.to_string()])
             .args(["--max-steps", "1000000000"])
             .env("ENVFACTORY_LOG", "warn")
             .stdin(Stdio::null())
@@ -216,7 +254,7 @@ pub fn run(
         return Err(BenchServeError::UnknownTask(o.task.clone()));
     }
     let load_start = load();
-    let server = Server::start(server_cmd, o)?;
+    let server = Server::start(server_cmd, o, 1, "instance", o.sessions + 1)?;
     let cfg = EnvConfig {
         max_steps: Some(1_000_000_000),
         ..EnvConfig::default()
@@ -270,6 +308,10 @@ pub fn run(
         }
         let sessions = hold(&server, &url, o.sessions).await?;
         let _ = ws.close(None).await;
+        let resets = match o.resets {
+            0 => None,
+            n => Some(resets(server_cmd, o, n).await?),
+        };
         let (in_process, server_l) = (Latency::of(local), Latency::of(remote));
         Ok::<_, BenchServeError>(ServeBenchReport {
             task: o.task.clone(),
@@ -281,6 +323,7 @@ pub fn run(
             overhead_p99_ms: server_l.p99 - in_process.p99,
             ratio_p50: server_l.p50 / in_process.p50,
             sessions,
+            resets,
             machine: Machine {
                 cpus: std::thread::available_parallelism().map_or(0, |n| n.get()),
                 load_start,
@@ -290,6 +333,120 @@ pub fn run(
     })?;
     drop(server);
     Ok(report)
+}
+
+/// Reset latency under both pool policies (the module's doc says how).
+async fn resets(cmd: &[String], o: &ServeBenchOpts, n: usize) -> Result<Resets, BenchServeError> {
+    let last = Server::start(cmd, o, 2, "last", 3)?;
+    let instance = Server::start(cmd, o, 2, "instance", 3)?;
+    let reset = |seed: u64| json!({"type": "reset", "data": {"task": o.task, "seed": seed}});
+    let mut timed = Vec::new();
+    for server in [&last, &instance] {
+        let url = format!("ws://{}/ws", server.addr);
+        let (mut a, mut b) = (connect(&url, 1).await?, connect(&url, 2).await?);
+        for (i, (ws, seed)) in [(&mut a, o.seed), (&mut b, o.seed + 1)]
+            .into_iter()
+            .enumerate()
+        {
+            let r =
+                exchange(ws, &reset(seed))
+                    .await
+                    .map_err(|reason| BenchServeError::Session {
+                        session: i + 1,
+                        reason,
+                    })?;
+            expect_observation(&r, i + 1)?;
+        }
+        // Both environments back in the pool, in this order (seed + 1 returned last), before
+        // the timed session starts.
+        for (k, mut ws) in [a, b].into_iter().enumerate() {
+            let _ = ws.close(None).await;
+            pooled(&server.addr, k + 1).await?;
+        }
+        timed.push(connect(&url, 3).await?);
+    }
+    let warm = (n / 10).max(2);
+    let mut ms = [Vec::new(), Vec::new()];
+    for i in 0..warm + n {
+        let seed = o.seed + (i as u64 % 2);
+        // Alternate which server goes first, so that load falls on both alike.
+        for k in [i % 2, 1 - i % 2] {
+            let t = Instant::now();
+            let r = exchange(&mut timed[k], &reset(seed))
+                .await
+                .map_err(|reason| BenchServeError::Session { session: 3, reason })?;
+            let took = super::ms(t);
+            expect_observation(&r, 3)?;
+            if i >= warm {
+                ms[k].push(took);
+            }
+        }
+    }
+    for mut ws in timed {
+        let _ = ws.close(None).await;
+    }
+    let counts = |m: &Value| {
+        let c = &m["capacity"];
+        [
+            c["warm_resets"].as_u64().unwrap_or(0),
+            c["cold_resets"].as_u64().unwrap_or(0),
+        ]
+    };
+    let (last_counts, instance_counts) = (
+        counts(&metadata(&last.addr)?),
+        counts(&metadata(&instance.addr)?),
+    );
+    let [l, i] = ms;
+    let (last, instance) = (Latency::of(l), Latency::of(i));
+    Ok(Resets {
+        last,
+        instance,
+        ratio_p50: last.p50 / instance.p50,
+        last_counts,
+        instance_counts,
+    })
+}
+
+/// Wait until a server's pool holds `n` environments.
+async fn pooled(addr: &str, n: usize) -> Result<(), BenchServeError> {
+    let t = Instant::now();
+    while metadata(addr)?["capacity"]["pooled_envs"] != n {
+        if t.elapsed() > Duration::from_secs(30) {
+            return Err(BenchServeError::Session {
+                session: n,
+                reason: "its environment did not return to the pool".into(),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    Ok(())
+}
+
+fn expect_observation(r: &Value, session: usize) -> Result<(), BenchServeError> {
+    if r["type"] == "observation" {
+        return Ok(());
+    }
+    Err(BenchServeError::Session {
+        session,
+        reason: format!("answered {}", crate::text::cut(&r.to_string())),
+    })
+}
+
+/// `GET /metadata` of a server, over a plain HTTP/1.1 connection (blocking: the server is
+/// another process, and the answer takes a millisecond).
+fn metadata(addr: &str) -> Result<Value, BenchServeError> {
+    use std::io::{Read, Write};
+    let mut tcp = std::net::TcpStream::connect(addr)?;
+    tcp.set_read_timeout(Some(Duration::from_secs(10)))?;
+    tcp.write_all(b"GET /metadata HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n")?;
+    let mut buf = Vec::new();
+    tcp.read_to_end(&mut buf)?;
+    let text = String::from_utf8_lossy(&buf);
+    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    serde_json::from_str(body).map_err(|e| BenchServeError::Session {
+        session: 0,
+        reason: format!("/metadata: {e}"),
+    })
 }
 
 /// Open `n` sessions and hold them all; each answers `state`, one more is refused.
@@ -377,6 +534,7 @@ pub fn render(r: &ServeBenchReport) -> String {
          server overhead        p50 {:+.3} ms  p99 {:+.3} ms  ratio {:.2} at p50\n\
          sessions held          {} of {} (server count {}), opened in {:.2} s\n\
          server RSS             {} -> {} KiB: {:.1} KiB per session\n\
+         {}\
          machine                {} CPUs, load {:.2} -> {:.2}\n",
         r.task,
         r.instance.as_deref().unwrap_or("-"),
@@ -398,6 +556,19 @@ pub fn render(r: &ServeBenchReport) -> String {
         r.sessions.rss_before_kib,
         r.sessions.rss_after_kib,
         r.sessions.kib_per_session,
+        r.resets.as_ref().map_or(String::new(), |x| format!(
+            "reset, pool `last`     p50 {:.3} ms  p99 {:.3} ms  (warm {}, cold {})\n\
+             reset, pool `instance` p50 {:.3} ms  p99 {:.3} ms  (warm {}, cold {})  ratio {:.2} at p50\n",
+            x.last.p50,
+            x.last.p99,
+            x.last_counts[0],
+            x.last_counts[1],
+            x.instance.p50,
+            x.instance.p99,
+            x.instance_counts[0],
+            x.instance_counts[1],
+            x.ratio_p50
+        )),
         r.machine.cpus,
         r.machine.load_start,
         r.machine.load_end,

@@ -57,6 +57,9 @@ pub enum BenchCmd {
         /// Sessions held at once.
         #[arg(long, default_value = "1000", value_parser = super::count::<100_000>)]
         sessions: usize,
+        /// Timed resets per pool policy (0: none).
+        #[arg(long, default_value = "40", value_parser = super::count::<100_000>)]
+        resets: usize,
         #[arg(long)]
         json: bool,
     },
@@ -122,6 +125,7 @@ pub fn run(cmd: BenchCmd) -> anyhow::Result<i32> {
             steps,
             command,
             sessions,
+            resets,
             json,
         } => {
             known_task(&task)?;
@@ -132,6 +136,7 @@ pub fn run(cmd: BenchCmd) -> anyhow::Result<i32> {
                 steps,
                 command,
                 sessions,
+                resets,
             };
             let server = [std::env::current_exe()?.to_string_lossy().into_owned()];
             let report = engine::bench::serve::run(&rt, &super::sandbox::cache()?, &opts, &server)?;

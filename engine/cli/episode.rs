@@ -106,6 +106,16 @@ pub struct LlmOpts {
     pub llm_temperature: Option<f64>,
     #[arg(long)]
     pub llm_max_tokens: Option<u32>,
+    /// Each message sent to the model is cut to this many characters (head and tail).
+    #[arg(long, default_value_t = 8000)]
+    pub llm_max_observation_chars: usize,
+    /// The most characters of conversation one request carries (about four a token); older
+    /// turns are replaced by a note.
+    #[arg(long, default_value_t = 32_000)]
+    pub llm_max_context_chars: usize,
+    /// Offer the `run_command` function tool (`tools`, `tool_choice: auto`).
+    #[arg(long)]
+    pub llm_tools: bool,
 }
 
 impl LlmOpts {
@@ -124,6 +134,9 @@ impl LlmOpts {
         c.max_wait = self.llm_max_wait.clone();
         c.temperature = self.llm_temperature;
         c.max_tokens = self.llm_max_tokens;
+        c.max_observation_chars = self.llm_max_observation_chars;
+        c.max_context_chars = self.llm_max_context_chars;
+        c.tools = self.llm_tools;
         engine::agents::LlmAgent::new(&c).map_err(|e| match e {
             engine::agents::llm::LlmError::Config { key, reason } => {
                 super::errors::usage(format!("--{}: {reason}", key.replace(['.', '_'], "-")))

@@ -38,9 +38,20 @@ pub struct ServeOpts {
     /// Overrides the tasks' step limits (at least 1).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_steps: Option<u32>,
+    /// How a reset picks a pooled environment: `instance` prefers one already running the
+    /// instance it names (an incremental reset); `last` takes the one returned last, whatever
+    /// it runs (the old policy, for comparisons).
+    #[arg(long, default_value = "instance")]
+    pub pool_policy: PoolPolicyArg,
     /// Event-loop threads.
     #[arg(long, default_value = "2", value_parser = super::count::<256>)]
     pub threads: usize,
+}
+
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PoolPolicyArg {
+    Instance,
+    Last,
 }
 
 pub fn run(o: &ServeOpts) -> anyhow::Result<i32> {
@@ -71,6 +82,10 @@ pub fn run(o: &ServeOpts) -> anyhow::Result<i32> {
             env: engine::env::EnvConfig {
                 max_steps: o.max_steps,
                 ..Default::default()
+            },
+            pool_policy: match o.pool_policy {
+                PoolPolicyArg::Instance => engine::serve::sessions::PoolPolicy::Instance,
+                PoolPolicyArg::Last => engine::serve::sessions::PoolPolicy::Last,
             },
         },
         limits: Limits {

@@ -1,20 +1,24 @@
 //! Sessions: one environment per client, on pooled environments whose sandboxes stay warm.
 //!
 //! A session holds no sandbox until its first reset, which takes an idle environment from the
-//! pool (its sandbox warm: a reset of the same instance is the sandbox's incremental reset) or
-//! makes a new one. Closing a session (the client's `close`, a disconnect, the idle timeout)
+//! pool or makes a new one. The pool prefers an environment that already runs the instance the
+//! reset names (same task, seed and plan): its reset is the sandbox's incremental reset (about
+//! a millisecond) instead of a new sandbox. A session whose own environment runs another
+//! instance trades it for such a pooled one. Without a match, the environment returned
+//! longest ago is taken, so that the instances used last stay warm. Closing a session (the client's `close`, a disconnect, the idle timeout)
 //! returns its environment to the pool. A session can only step an episode it reset itself:
 //! a pooled environment's last episode belongs to its previous session, and the reset that
 //! starts the new one drops everything that session wrote and kills its processes.
 
 use super::protocol::{observation_data, ErrorCode, ProtocolError, ResetArgs, StepView};
 use crate::env::{Action, Env, EnvConfig, EnvError, Info};
+use crate::instance::Plan;
 use crate::synth::Cache;
 use sandbox::Runtime;
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -31,6 +35,20 @@ pub struct SessionConfig {
     /// The task of a reset that names none.
     pub default_task: String,
     pub env: EnvConfig,
+    /// How a reset picks its environment from the pool.
+    pub pool_policy: PoolPolicy,
+}
+
+/// How a reset picks its environment from the pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PoolPolicy {
+    /// One that already runs the instance the reset names, else the one returned longest ago;
+    /// a session's own environment when it runs that instance or the pool has none that does.
+    #[default]
+    Instance,
+    /// The session's own environment, else the one returned last, whatever it runs (the
+    /// policy before `Instance`; kept for `engine bench serve`'s comparison).
+    Last,
 }
 
 /// The episode a session started.
@@ -91,6 +109,10 @@ pub struct Counts {
     pub active_sessions: usize,
     pub max_sessions: usize,
     pub pooled_envs: usize,
+    /// Resets whose environment already ran the instance (incremental resets).
+    pub warm_resets: u64,
+    /// Resets that started a sandbox (and synthesized, unless the instance was cached).
+    pub cold_resets: u64,
 }
 
 /// Every session of a server.
@@ -99,6 +121,8 @@ pub struct Sessions {
     pub cfg: SessionConfig,
     rt: Runtime,
     cache: Cache,
+    warm_resets: AtomicU64,
+    cold_resets: AtomicU64,
 }
 
 fn execution(e: impl std::fmt::Display) -> ProtocolError {
@@ -145,6 +169,8 @@ impl Sessions {
             cfg,
             rt,
             cache,
+            warm_resets: AtomicU64::new(0),
+            cold_resets: AtomicU64::new(0),
         })
     }
 
@@ -159,6 +185,8 @@ impl Sessions {
             active_sessions: g.live.len(),
             max_sessions: self.cfg.max_sessions,
             pooled_envs: g.pool.len(),
+            warm_resets: self.warm_resets.load(Ordering::Relaxed),
+            cold_resets: self.cold_resets.load(Ordering::Relaxed),
         }
     }
 
@@ -255,15 +283,66 @@ impl Sessions {
         idle.len()
     }
 
-    fn take_env(&self) -> Result<Env, ProtocolError> {
-        if let Some(env) = self.lock().pool.pop() {
+    /// The environment a reset of `plan` runs on, given the session's own (`mine`), and the
+    /// session's environment it gave up for a pooled one, if it did.
+    fn pick(&self, mine: Option<Env>, plan: &Plan) -> Result<(Env, Option<Env>), ProtocolError> {
+        if self.cfg.pool_policy == PoolPolicy::Last {
+            return match mine {
+                Some(env) => Ok((env, None)),
+                None => Ok((self.take_any(|pool| pool.pop())?, None)),
+            };
+        }
+        let mine = match mine {
+            Some(env) if env.runs(plan) => return Ok((env, None)),
+            mine => mine,
+        };
+        let matched = {
+            let mut g = self.lock();
+            // The most recently returned match (the pool is in return order).
+            let at = g.pool.iter().rposition(|e| e.runs(plan));
+            at.map(|i| g.pool.remove(i))
+        };
+        match (matched, mine) {
+            (Some(env), mine) => Ok((env, mine)),
+            (None, Some(env)) => Ok((env, None)),
+            (None, None) => Ok((
+                self.take_any(|pool| (!pool.is_empty()).then(|| pool.remove(0)))?,
+                None,
+            )),
+        }
+    }
+
+    /// An environment from the pool (`choose` picks it), else a new one.
+    fn take_any(
+        &self,
+        choose: impl FnOnce(&mut Vec<Env>) -> Option<Env>,
+    ) -> Result<Env, ProtocolError> {
+        if let Some(env) = choose(&mut self.lock().pool) {
             return Ok(env);
         }
         Env::new(self.rt.clone(), self.cache.clone(), self.cfg.env.clone()).map_err(env_error)
     }
 
+    /// Return an environment a session gave up to the pool, its processes and files gone
+    /// first (as on close); torn down when the pool is full or it cannot be reset.
+    fn give_back(&self, mut env: Env) {
+        let ok = env.running().is_none_or(|r| r.restart().is_ok());
+        if ok {
+            let mut g = self.lock();
+            if g.pool.len() < self.cfg.pool {
+                g.pool.push(env);
+                return;
+            }
+        }
+        drop(env);
+    }
+
     /// Start an episode in a session.
-    pub async fn reset(&self, s: &Session, args: ResetArgs) -> Result<Value, ProtocolError> {
+    pub async fn reset(
+        self: &Arc<Self>,
+        s: &Session,
+        args: ResetArgs,
+    ) -> Result<Value, ProtocolError> {
         s.touch();
         let seed = args.seed.unwrap_or_else(|| rand::random::<u32>().into());
         let templates = self.cfg.templates.clone();
@@ -278,14 +357,20 @@ impl Sessions {
                 "the session is closed",
             ));
         }
-        let mut env = match slot.env.take() {
-            Some(e) => e,
-            None => self.take_env()?,
-        };
+        let mine = slot.env.take();
         slot.episode = None;
+        let me = self.clone();
         let (env, result) = on_blocking("reset", move || {
-            let r = args
-                .plan(&templates, &default_task, seed)
+            let plan = match args.plan(&templates, &default_task, seed) {
+                Ok(p) => p,
+                Err(e) => return (mine, Err(e)),
+            };
+            let (mut env, spare) = match me.pick(mine, &plan) {
+                Ok(p) => p,
+                Err(e) => return (None, Err(e)),
+            };
+            let warm = env.runs(&plan);
+            let r = Ok::<_, ProtocolError>(plan)
                 .and_then(|plan| {
                     // Per episode: a pooled environment keeps nothing of its last session's.
                     env.set_max_steps(max_steps);
@@ -321,10 +406,21 @@ impl Sessions {
                     };
                     (data, ep)
                 });
-            (env, r)
+            if r.is_ok() {
+                let counter = if warm {
+                    &me.warm_resets
+                } else {
+                    &me.cold_resets
+                };
+                counter.fetch_add(1, Ordering::Relaxed);
+            }
+            if let Some(spare) = spare {
+                me.give_back(spare);
+            }
+            (Some(env), r)
         })
         .await?;
-        slot.env = Some(env);
+        slot.env = env;
         s.touch();
         let (data, ep) = result?;
         slot.episode = Some(ep);

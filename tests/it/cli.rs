@@ -362,7 +362,9 @@ fn bench_sandbox_json_has_the_documented_keys() {
 }
 
 /// `engine bench serve`, tiny: the report's shape, the sessions held (each answered, the
-/// server's own count), the same instance both ways; and the server it started is gone.
+/// server's own count), the same instance both ways, the resets under both pool policies
+/// (the servers' own counts: every timed reset cold under `last`, warm under `instance`); and
+/// the servers it started are gone.
 #[test]
 fn bench_serve_reports_both_latencies_and_holds_the_sessions() {
     let st = State::new();
@@ -378,11 +380,23 @@ fn bench_serve_reports_both_latencies_and_holds_the_sessions() {
             "12",
             "--steps",
             "8",
+            "--resets",
+            "6",
         ])
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let r = &v["resets"];
+    assert_eq!(
+        (r["last"]["n"].clone(), r["instance"]["n"].clone()),
+        (6.into(), 6.into()),
+        "{r}"
+    );
+    // 2 resets to fill each pool, then 2 warm-up and 6 timed ones.
+    assert_eq!(r["last_counts"], serde_json::json!([0, 10]), "{r}");
+    assert_eq!(r["instance_counts"], serde_json::json!([8, 2]), "{r}");
+    assert!(r["ratio_p50"].as_f64().unwrap() > 0.0);
     for k in ["in_process", "server"] {
         assert_eq!(v[k]["n"], 8, "{k}: {v}");
         let p50 = v[k]["p50"].as_f64().unwrap();

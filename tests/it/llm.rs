@@ -3,7 +3,9 @@
 //! unreadable body and a reply without a command on the way; then an endpoint that always
 //! fails, one that hangs past the timeout, one whose replies never hold a command, one that
 //! refuses the key. Each ends as the agent's failure with its transcript, never as the
-//! environment's; `engine episode --agent llm` and `engine run` keep the transcript.
+//! environment's; `engine episode --agent llm` and `engine run` keep the transcript. A long
+//! episode's requests stay within the context budget; a model acting through `run_command`
+//! tool calls solves, and its malformed calls are its failures.
 
 use crate::common;
 
@@ -26,8 +28,20 @@ enum Answer {
     Status(u16, Option<&'static str>),
     /// 200 with this raw body.
     Body(&'static str),
+    /// 200 with this text (null when empty) and these `tool_calls`.
+    Calls(&'static str, serde_json::Value),
     /// Never answer (until the server stops).
     Hang,
+}
+
+/// A reply calling `run_command` with `cmd`, as call `id`.
+fn tool_call(id: &str, cmd: &str) -> Answer {
+    let args = serde_json::json!({ "command": cmd }).to_string();
+    Answer::Calls(
+        "",
+        serde_json::json!([{"id": id, "type": "function",
+                            "function": {"name": "run_command", "arguments": args}}]),
+    )
 }
 
 fn says(content: impl Into<String>) -> Answer {
@@ -175,6 +189,18 @@ fn serve(
             r#"{"error":{"message":"scripted"}}"#.to_string(),
         ),
         Answer::Body(b) => (200, String::new(), b.to_string()),
+        Answer::Calls(text, calls) => (
+            200,
+            String::new(),
+            serde_json::json!({
+                "id": format!("c{n}"), "object": "chat.completion", "model": "fake-model",
+                "choices": [{"index": 0, "finish_reason": "tool_calls",
+                             "message": {"role": "assistant",
+                                         "content": if text.is_empty() { serde_json::Value::Null } else { text.into() },
+                                         "tool_calls": calls}}],
+            })
+            .to_string(),
+        ),
         Answer::Hang => {
             while !stop.load(Ordering::SeqCst) {
                 std::thread::sleep(Duration::from_millis(20));
@@ -199,19 +225,26 @@ fn play(env: &mut Env, plan: &Plan, cfg: &LlmConfig) -> engine::episode::Played 
     engine::episode::play(env, &first, &mut agent, &mut |_, _| {}).unwrap()
 }
 
+/// An environment reset to archive-logs at `seed`: the plan, the task and its oracle commands.
+fn oracle_of(seed: u64) -> (Env, Plan, engine::instance::TaskSetup, Vec<String>) {
+    let mut env = env();
+    let plan = Plan::for_task("archive-logs", seed, vec![]);
+    env.reset(&plan).unwrap();
+    let setup = env.task().cloned().unwrap();
+    let oracle = engine::tasks::get("archive-logs").unwrap().oracle(&setup);
+    (env, plan, setup, oracle)
+}
+
 #[test]
 fn a_model_solves_through_rate_limits_bad_bodies_and_a_reply_without_a_command() {
     if !common::is_root() {
         eprintln!("skipped: needs root");
         return;
     }
-    let mut env = env();
-    let plan = Plan::for_task("archive-logs", 3, vec![]);
-    env.reset(&plan).unwrap();
-    let setup = env.task().cloned().unwrap();
+    let (mut env, plan, setup, oracle) = oracle_of(3);
     // A look around, then the task's oracle solution.
     let mut commands = vec!["ls -la".to_string()];
-    commands.extend(engine::tasks::get("archive-logs").unwrap().oracle(&setup));
+    commands.extend(oracle);
     // 0: rate limited (Retry-After 0), 1: the first command, 2: an unreadable body, 3: a
     // reply without a command, 4..: the other commands, then DONE.
     let script = {
@@ -575,4 +608,227 @@ fn a_model_solves_a_harbor_task_folder_judged_by_its_own_tests() {
     );
     let (o, _) = run(|_| says("DONE"));
     assert_eq!(o.reward, 0.0, "{o:?}");
+}
+
+/// Characters a request carries of its conversation, counted as the budget counts them
+/// (contents, tool-call names and arguments).
+fn carried(body: &serde_json::Value) -> usize {
+    let msgs: Vec<engine::agents::llm::Message> =
+        serde_json::from_value(body["messages"].clone()).unwrap();
+    msgs.iter().map(engine::agents::llm::Message::chars).sum()
+}
+
+#[test]
+fn a_long_episode_stays_within_the_context_budget_and_the_transcript_keeps_everything() {
+    if !common::is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let cfg = EnvConfig {
+        max_steps: Some(30),
+        ..EnvConfig::default()
+    };
+    let mut env = Env::new(common::runtime(), common::cache(), cfg).unwrap();
+    let plan = Plan::for_task("archive-logs", 5, vec![]);
+    // 30 commands, each with a long output (its observation cut to head and tail), then the
+    // step limit.
+    let server = FakeChat::start(|n| command(&format!("echo mark-{n}; seq 100000 102000")));
+    let budget = 6000;
+    let mut llm = server.config();
+    llm.max_context_chars = budget;
+    llm.max_observation_chars = 1500;
+    let played = play(&mut env, &plan, &llm);
+    assert_eq!(played.steps, 30, "{played:?}");
+    assert!(
+        !played.infra && played.agent_failure.is_none(),
+        "{played:?}"
+    );
+    let t = played.transcript.unwrap();
+    let seen = server.seen();
+    assert_eq!(seen.len(), 30);
+    // Every request within the budget; the system prompt first; the latest observation last.
+    let mut noted = 0;
+    for (n, s) in seen.iter().enumerate() {
+        assert!(
+            carried(&s.body) <= budget,
+            "request {n}: {}",
+            carried(&s.body)
+        );
+        let msgs = s.body["messages"].as_array().unwrap();
+        assert_eq!(msgs[0], serde_json::to_value(&t.messages[0]).unwrap());
+        let last = msgs.last().unwrap()["content"].as_str().unwrap();
+        if n > 0 {
+            assert!(
+                last.contains(&format!("mark-{}", n - 1)),
+                "request {n}: {last}"
+            );
+            assert!(
+                last.contains("characters cut"),
+                "the long output is cut: {last}"
+            );
+            assert!(last.contains("disk /:"), "its tail is kept: {last}");
+        }
+        let note = msgs[1]["content"].as_str().unwrap();
+        if note.contains("earlier messages") {
+            noted += 1;
+            assert!(
+                note.contains("left out to fit the context budget"),
+                "{note}"
+            );
+            assert_eq!(msgs[2]["role"], "assistant", "whole turns are left out");
+        }
+        // What the request carried is rebuilt from the transcript and the turn's window.
+        let w = t.turns[n].context.unwrap();
+        let rebuilt = engine::agents::llm::context::sent(&t.messages, &w, budget);
+        assert_eq!(serde_json::to_value(&rebuilt).unwrap(), s.body["messages"]);
+        assert_eq!(w.chars, carried(&s.body));
+    }
+    assert!(
+        noted >= 20,
+        "the long episode was cut: {noted} requests with the note"
+    );
+    assert_eq!(seen[0].body["messages"].as_array().unwrap().len(), 2);
+    // The transcript keeps every message: the system prompt, the 30 observations the model
+    // was asked about (the one after the limit is not), its 30 replies.
+    assert_eq!(t.messages.len(), 1 + 30 + 30);
+    assert!(t.messages.iter().any(|m| m.content.contains("mark-0")));
+}
+
+#[test]
+fn a_model_acting_through_tool_calls_solves_and_its_malformed_calls_are_retried() {
+    if !common::is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let (mut env, plan, _, oracle) = oracle_of(3);
+    let bad_json = Answer::Calls(
+        "Let me look.",
+        serde_json::json!([{"id": "b1", "type": "function",
+                            "function": {"name": "run_command", "arguments": "{\"command\": "}}]),
+    );
+    let two = Answer::Calls(
+        "",
+        serde_json::json!([
+            {"id": "t1", "type": "function", "function": {"name": "run_command", "arguments": "{\"command\":\"ls\"}"}},
+            {"id": "t2", "type": "function", "function": {"name": "run_command", "arguments": "{\"command\":\"pwd\"}"}}]),
+    );
+    let unknown = Answer::Calls(
+        "",
+        serde_json::json!([{"id": "u1", "type": "function",
+                            "function": {"name": "delete_everything", "arguments": "{}"}}]),
+    );
+    // 0: a call, 1: bad JSON, 2: two calls, 3: a call, 4: an unknown function, 5: a fenced
+    // block (still understood), then the oracle's commands as calls (the task is solved).
+    let script = {
+        let oracle = oracle.clone();
+        move |n: usize| match n {
+            0 => tool_call("call-0", "ls -la"),
+            1 => bad_json.clone(),
+            2 => two.clone(),
+            3 => tool_call("call-3", "true"),
+            4 => unknown.clone(),
+            5 => command("pwd"),
+            n if n - 6 < oracle.len() => tool_call(&format!("call-{n}"), &oracle[n - 6]),
+            _ => says("DONE"),
+        }
+    };
+    let server = FakeChat::start(script);
+    let mut cfg = server.config();
+    cfg.tools = true;
+    let played = play(&mut env, &plan, &cfg);
+    assert!(played.success, "{played:?}");
+    assert!(played.agent_failure.is_none() && !played.infra);
+    let t = played.transcript.unwrap();
+    let malformed: Vec<&str> = t
+        .turns
+        .iter()
+        .filter_map(|t| t.malformed.as_deref())
+        .collect();
+    assert_eq!(malformed.len(), 3, "{malformed:?}");
+    assert!(malformed[0].contains("not JSON"), "{malformed:?}");
+    assert!(malformed[1].contains("2 tool calls"), "{malformed:?}");
+    assert!(malformed[2].contains("unknown function `delete_everything`"));
+    let by_tool: Vec<bool> = t
+        .turns
+        .iter()
+        .filter(|t| t.command.is_some())
+        .map(|t| t.tool_call)
+        .collect();
+    assert_eq!(by_tool.len(), 3 + oracle.len());
+    assert!(!by_tool[2], "the fenced block is still understood");
+    assert!(by_tool.iter().enumerate().all(|(i, b)| *b == (i != 2)));
+    assert!(t.messages[0].content.contains("run_command"));
+
+    let seen = server.seen();
+    for (n, s) in seen.iter().enumerate() {
+        assert_eq!(s.body["tool_choice"], "auto");
+        assert_eq!(s.body["tools"][0]["function"]["name"], "run_command");
+        // Every call sent back is answered by a tool message with its id, and only valid
+        // calls are sent back as calls.
+        let msgs = s.body["messages"].as_array().unwrap();
+        for (i, m) in msgs.iter().enumerate() {
+            if let Some(calls) = m["tool_calls"].as_array() {
+                assert_eq!(calls.len(), 1, "request {n}");
+                let id = calls[0]["id"].as_str().unwrap();
+                assert!(id.starts_with("call-"), "request {n}: {id}");
+                assert_eq!(msgs[i + 1]["role"], "tool", "request {n}");
+                assert_eq!(msgs[i + 1]["tool_call_id"], id, "request {n}");
+            }
+        }
+    }
+    // The observation of the first call answers it.
+    let second = seen[1].body["messages"].as_array().unwrap();
+    let answer = second.last().unwrap();
+    assert_eq!(answer["role"], "tool");
+    assert_eq!(answer["tool_call_id"], "call-0");
+    assert!(answer["content"].as_str().unwrap().contains("ls -la"));
+    // The reply with bad JSON is kept as text with a correction after it.
+    let third = seen[2].body["messages"].as_array().unwrap();
+    let n = third.len();
+    assert_eq!(third[n - 2]["role"], "assistant");
+    assert!(third[n - 2]["content"]
+        .as_str()
+        .unwrap()
+        .contains("[tool calls:"));
+    assert!(third[n - 2].get("tool_calls").is_none());
+    assert!(third[n - 1]["content"]
+        .as_str()
+        .unwrap()
+        .contains("Call run_command once"));
+}
+
+#[test]
+fn malformed_tool_calls_end_as_agent_failures_and_calls_need_tools_offered() {
+    if !common::is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let mut env = env();
+    let plan = Plan::for_task("archive-logs", 4, vec![]);
+    let server = FakeChat::start(|n| {
+        Answer::Calls(
+            "",
+            serde_json::json!([{"id": format!("x{n}"), "type": "function",
+                                "function": {"name": "run_command", "arguments": "not json"}}]),
+        )
+    });
+    let mut cfg = server.config();
+    cfg.tools = true;
+    cfg.max_malformed = 2;
+    let p = play(&mut env, &plan, &cfg);
+    let why = p.agent_failure.as_deref().expect("an agent failure");
+    assert!(why.contains("2 replies in a row held no command"), "{why}");
+    assert!(why.contains("not JSON"), "{why}");
+    assert!(!p.infra && !p.success && p.steps == 0);
+    drop(server);
+
+    // Without tools offered, a call is not a command (and no `tools` are sent).
+    let server = FakeChat::start(|_| tool_call("c", "ls"));
+    let mut cfg = server.config();
+    cfg.max_malformed = 1;
+    let p = play(&mut env, &plan, &cfg);
+    let why = p.agent_failure.as_deref().expect("an agent failure");
+    assert!(why.contains("no tools are offered"), "{why}");
+    assert!(!p.infra);
+    assert!(server.seen()[0].body.get("tools").is_none());
 }

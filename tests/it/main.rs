@@ -24,6 +24,7 @@ mod netfuzz;
 mod observe;
 mod perturb;
 mod selfplay;
+mod serve;
 mod signals;
 mod synth;
 mod tasks;

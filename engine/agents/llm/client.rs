@@ -11,10 +11,11 @@ use std::time::{Duration, Instant};
 /// Largest response body read (a chat completion is kilobytes).
 const MAX_BODY: u64 = 4 << 20;
 
-/// A reply: its text and the tokens the endpoint reported.
+/// A reply: its text, its tool calls (as sent) and the tokens the endpoint reported.
 #[derive(Debug, Clone)]
 pub struct Completion {
     pub content: String,
+    pub tool_calls: Vec<serde_json::Value>,
     pub usage: Option<Usage>,
 }
 
@@ -68,6 +69,10 @@ impl ChatClient {
         }
         if let Some(m) = self.settings.max_tokens {
             body["max_tokens"] = m.into();
+        }
+        if self.settings.tools {
+            body["tools"] = super::tools::definitions();
+            body["tool_choice"] = "auto".into();
         }
         let body = body.to_string();
         let mut backoff = self.settings.backoff;
@@ -196,6 +201,11 @@ fn completion(text: &str) -> Result<Completion, String> {
         Some(serde_json::Value::Null) | None => String::new(),
         Some(_) => return Err("choices[0].message.content is not a string".into()),
     };
+    let tool_calls = match message.get("tool_calls") {
+        Some(serde_json::Value::Array(calls)) => calls.clone(),
+        Some(serde_json::Value::Null) | None => Vec::new(),
+        Some(_) => return Err("choices[0].message.tool_calls is not an array".into()),
+    };
     let usage = v
         .get("usage")
         .and_then(|u| serde_json::from_value::<UsageWire>(u.clone()).ok())
@@ -206,7 +216,11 @@ fn completion(text: &str) -> Result<Completion, String> {
                 .total_tokens
                 .unwrap_or(u.prompt_tokens.saturating_add(u.completion_tokens)),
         });
-    Ok(Completion { content, usage })
+    Ok(Completion {
+        content,
+        tool_calls,
+        usage,
+    })
 }
 
 #[derive(serde::Deserialize)]
@@ -240,5 +254,11 @@ mod tests {
             "no choices[0].message"
         );
         assert!(completion(r#"{"choices":[{"message":{"content":7}}]}"#).is_err());
+        let c = completion(
+            r#"{"choices":[{"message":{"content":null,"tool_calls":[{"id":"a","type":"function","function":{"name":"run_command","arguments":"{}"}}]}}]}"#,
+        )
+        .unwrap();
+        assert_eq!(c.tool_calls.len(), 1);
+        assert!(completion(r#"{"choices":[{"message":{"tool_calls":{}}}]}"#).is_err());
     }
 }

@@ -4,14 +4,18 @@
 //! Rate limits, 5xx, timeouts and unreadable bodies are retried with bounded exponential
 //! backoff ([`client`]); replies without a command are answered with a correction, a few
 //! times. Past those bounds the agent fails ([`LlmError`], an agent failure of the episode,
-//! never an infrastructure failure). The conversation, the requests and the token usage are
-//! the [`Transcript`] kept in the episode record.
+//! never an infrastructure failure). A long conversation is fitted to a context budget
+//! ([`context`]); a model may act through the `run_command` function tool instead of fenced
+//! blocks ([`tools`], `[llm] tools = true`). The conversation, what each request carried, the
+//! requests and the token usage are the [`Transcript`] kept in the episode record.
 
 pub mod client;
+pub mod context;
 pub mod reply;
+pub mod tools;
 pub mod transcript;
 
-pub use transcript::{Attempt, Message, Transcript, Turn, Usage};
+pub use transcript::{Attempt, Message, Transcript, Turn, Usage, Window};
 
 use crate::env::{Action, Observation};
 use crate::instance::TaskSetup;
@@ -87,9 +91,19 @@ pub struct LlmConfig {
     pub temperature: Option<f64>,
     #[serde(default)]
     pub max_tokens: Option<u32>,
-    /// Observations sent to the model are cut to this many characters.
+    /// Each message sent to the model (an observation, a reply) is cut to this many
+    /// characters, keeping its head and tail.
     #[serde(default = "default_observation_chars")]
     pub max_observation_chars: usize,
+    /// The most characters of conversation one request carries (about four a token): the
+    /// system prompt and the latest turns; older turns are replaced by a note.
+    #[serde(default = "default_context_chars")]
+    pub max_context_chars: usize,
+    /// Offer the `run_command` function tool (`tools`, `tool_choice: auto`). Off by default:
+    /// a fenced block works with every endpoint, while a server without tool support refuses
+    /// requests that carry `tools`.
+    #[serde(default)]
+    pub tools: bool,
 }
 
 fn default_timeout() -> String {
@@ -110,6 +124,9 @@ fn default_malformed() -> u32 {
 fn default_observation_chars() -> usize {
     8000
 }
+fn default_context_chars() -> usize {
+    32_000
+}
 
 impl LlmConfig {
     /// The defaults for an endpoint and model.
@@ -126,6 +143,8 @@ impl LlmConfig {
             temperature: None,
             max_tokens: None,
             max_observation_chars: default_observation_chars(),
+            max_context_chars: default_context_chars(),
+            tools: false,
         }
     }
 
@@ -180,6 +199,12 @@ impl LlmConfig {
                 "between 256 and 1048576".into(),
             ));
         }
+        if !(4096..=1 << 24).contains(&self.max_context_chars) {
+            return Err(bad(
+                "llm.max_context_chars",
+                "between 4096 and 16777216".into(),
+            ));
+        }
         Ok(Settings {
             base_url: url.to_string(),
             model: self.model.clone(),
@@ -191,6 +216,8 @@ impl LlmConfig {
             temperature: self.temperature,
             max_tokens: self.max_tokens,
             max_observation_chars: self.max_observation_chars,
+            max_context_chars: self.max_context_chars,
+            tools: self.tools,
         })
     }
 
@@ -228,18 +255,24 @@ pub struct Settings {
     pub temperature: Option<f64>,
     pub max_tokens: Option<u32>,
     pub max_observation_chars: usize,
+    pub max_context_chars: usize,
+    pub tools: bool,
 }
 
-/// The system prompt of an episode.
-pub fn system_prompt(setup: &TaskSetup) -> String {
+/// The system prompt of an episode (`tools`: the model may call `run_command`).
+pub fn system_prompt(setup: &TaskSetup, tools: bool) -> String {
+    let format = if tools {
+        "Reply format: think briefly if you like, then call the run_command function once with the command, or give exactly one command in a fenced block:\n"
+    } else {
+        "Reply format: think briefly if you like, then give exactly one command in a fenced block:\n"
+    };
     format!(
         "You operate a Linux machine through a shell to complete a task. Each of your replies \
 runs one shell command (with `sh -c`, as root, in the working directory shown, without a \
 terminal: no editors, pagers or prompts), and the next message shows its exit status, output, \
 the working directory and its listing.\n\n\
 Task: {instruction}\n\n\
-Reply format: think briefly if you like, then give exactly one command in a fenced block:\n\
-```sh\n<command>\n```\n\
+{format}```sh\n<command>\n```\n\
 Only the first fenced block runs; a block may hold several lines. The episode ends when the \
 task is verified as done, or after {max_steps} commands. If you believe the task is complete, \
 reply with the single word DONE.",
@@ -253,6 +286,8 @@ pub struct LlmAgent {
     client: client::ChatClient,
     settings: Settings,
     transcript: Transcript,
+    /// The tool call the next observation answers.
+    pending_call: Option<String>,
 }
 
 impl LlmAgent {
@@ -269,6 +304,7 @@ impl LlmAgent {
             client,
             settings,
             transcript,
+            pending_call: None,
         })
     }
 
@@ -278,7 +314,11 @@ impl LlmAgent {
 
     /// Begin a conversation.
     pub fn start(&mut self, setup: &TaskSetup) {
-        self.transcript.messages = vec![Message::new("system", system_prompt(setup))];
+        self.transcript.messages = vec![Message::new(
+            "system",
+            system_prompt(setup, self.settings.tools),
+        )];
+        self.pending_call = None;
         self.transcript.turns.clear();
         self.transcript.usage = Usage::default();
         self.transcript.failure = None;
@@ -294,19 +334,29 @@ impl LlmAgent {
     }
 
     fn ask(&mut self, obs: &Observation) -> Result<Option<Action>, LlmError> {
-        self.transcript.messages.push(Message::new(
-            "user",
-            cut_chars(&obs.text, self.settings.max_observation_chars),
-        ));
+        let text = context::cut_middle(&obs.text, self.settings.max_observation_chars);
+        self.transcript
+            .messages
+            .push(match self.pending_call.take() {
+                Some(id) => Message::tool(&id, text),
+                None => Message::new("user", text),
+            });
         let mut malformed = 0;
         loop {
+            let (messages, window) = context::window(
+                &self.transcript.messages,
+                self.settings.max_context_chars,
+                self.settings.max_observation_chars,
+            );
+            if window.elided > 0 {
+                tracing::debug!(model = %self.settings.model, step = obs.step, elided = window.elided, chars = window.chars, "older turns left out of the request");
+            }
             let mut turn = Turn {
                 step: obs.step,
+                context: Some(window),
                 ..Turn::default()
             };
-            let got = self
-                .client
-                .complete(&self.transcript.messages, &mut turn.attempts);
+            let got = self.client.complete(&messages, &mut turn.attempts);
             let c = match got {
                 Ok(c) => c,
                 Err(e) => {
@@ -318,21 +368,42 @@ impl LlmAgent {
                 self.transcript.usage.add(u);
             }
             turn.usage = c.usage;
-            self.transcript
-                .messages
-                .push(Message::new("assistant", c.content.clone()));
-            match reply::parse(&c.content) {
-                reply::Reply::Command(cmd) => {
+            let parsed = self.understand(&c);
+            let mut said = Message::new("assistant", c.content.clone());
+            match parsed {
+                Parsed::Call(cmd, call) => {
+                    said.tool_calls = vec![call.clone()];
+                    self.transcript.messages.push(said);
+                    self.pending_call = Some(call.id);
+                    turn.command = Some(cmd.clone());
+                    turn.tool_call = true;
+                    self.transcript.turns.push(turn);
+                    return Ok(Some(Action::Command(cmd)));
+                }
+                Parsed::Text(reply::Reply::Command(cmd)) => {
+                    self.transcript.messages.push(said);
                     turn.command = Some(cmd.clone());
                     self.transcript.turns.push(turn);
                     return Ok(Some(Action::Command(cmd)));
                 }
-                reply::Reply::Done => {
+                Parsed::Text(reply::Reply::Done) => {
+                    self.transcript.messages.push(said);
                     turn.done = true;
                     self.transcript.turns.push(turn);
                     return Ok(None);
                 }
-                reply::Reply::Malformed(why) => {
+                Parsed::Text(reply::Reply::Malformed(why)) | Parsed::BadCall(why) => {
+                    if !c.tool_calls.is_empty() {
+                        // Kept as text: a malformed call sent back as a call could make the
+                        // server refuse every later request.
+                        let calls = tools::describe(&c.tool_calls);
+                        said.content = if said.content.trim().is_empty() {
+                            calls
+                        } else {
+                            format!("{}\n{calls}", said.content)
+                        };
+                    }
+                    self.transcript.messages.push(said);
                     malformed += 1;
                     tracing::debug!(model = %self.settings.model, step = obs.step, reason = %why, "a reply without a command");
                     turn.malformed = Some(why.clone());
@@ -343,15 +414,34 @@ impl LlmAgent {
                             last: why,
                         });
                     }
+                    let how = if self.settings.tools {
+                        "Call run_command once with {\"command\": \"...\"}, or reply with \
+                         exactly one command in a ```sh fenced block, or DONE."
+                    } else {
+                        "Reply with exactly one command in a ```sh fenced block, or DONE."
+                    };
                     self.transcript.messages.push(Message::new(
                         "user",
-                        format!(
-                            "Your reply held no command: {why}. Reply with exactly one command \
-                             in a ```sh fenced block, or DONE."
-                        ),
+                        format!("Your reply held no command: {why}. {how}"),
                     ));
                 }
             }
+        }
+    }
+
+    /// What a reply asks for: a tool call when it has `tool_calls`, else its text.
+    fn understand(&self, c: &client::Completion) -> Parsed {
+        if c.tool_calls.is_empty() {
+            return Parsed::Text(reply::parse(&c.content));
+        }
+        if !self.settings.tools {
+            return Parsed::BadCall(
+                "a tool call, but no tools are offered: give the command in a ```sh block".into(),
+            );
+        }
+        match tools::parse(&c.tool_calls) {
+            Ok((cmd, call)) => Parsed::Call(cmd, call),
+            Err(why) => Parsed::BadCall(why),
         }
     }
 
@@ -360,16 +450,14 @@ impl LlmAgent {
     }
 }
 
-/// `s` cut to at most `max` characters, saying how much was left out.
-fn cut_chars(s: &str, max: usize) -> String {
-    match s.char_indices().nth(max) {
-        None => s.to_string(),
-        Some((i, _)) => format!(
-            "{}\n[... {} more characters cut]",
-            &s[..i],
-            s[i..].chars().count()
-        ),
-    }
+/// A reply, understood.
+enum Parsed {
+    /// One valid `run_command` call: the command, and the call as kept.
+    Call(String, transcript::ToolCall),
+    /// Tool calls that are not one valid call: why.
+    BadCall(String),
+    /// A reply without tool calls.
+    Text(reply::Reply),
 }
 
 #[cfg(test)]
@@ -395,6 +483,7 @@ mod tests {
         assert!(err(&|c| c.timeout = "soon".into()).starts_with("llm.timeout: "));
         assert!(err(&|c| c.max_retries = 1000).starts_with("llm.max_retries: "));
         assert!(err(&|c| c.temperature = Some(f64::NAN)).starts_with("llm.temperature: "));
+        assert!(err(&|c| c.max_context_chars = 100).starts_with("llm.max_context_chars: "));
         let mut c = ok.clone();
         c.api_key_env = Some("ENVFACTORY_SURELY_UNSET_KEY_VAR".into());
         assert!(c
@@ -402,11 +491,5 @@ mod tests {
             .unwrap_err()
             .to_string()
             .starts_with("llm.api_key_env: "));
-    }
-
-    #[test]
-    fn long_observations_are_cut_on_characters() {
-        assert_eq!(cut_chars("héllo", 10), "héllo");
-        assert_eq!(cut_chars("héllo", 2), "hé\n[... 3 more characters cut]");
     }
 }
