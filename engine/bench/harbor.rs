@@ -78,11 +78,11 @@ pub fn run(
         let mut secs = [Vec::new(), Vec::new()];
         let mut passed = [true, true];
         for b in backends {
-            harbor::run_episode(b, &task, &img, &Agent::Oracle)?; // warm-up
+            harbor::run_episode(b, store, &task, &img, &Agent::Oracle)?; // warm-up
         }
         for _ in 0..iterations {
             for (i, b) in backends.iter().enumerate() {
-                let o = harbor::run_episode(*b, &task, &img, &Agent::Oracle)?;
+                let o = harbor::run_episode(*b, store, &task, &img, &Agent::Oracle)?;
                 passed[i] &= o.passed;
                 secs[i].push(o.seconds);
             }

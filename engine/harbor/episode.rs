@@ -6,7 +6,7 @@
 
 use super::build::merge_env;
 use super::{sbx_err, HarborError, Image, Layout, Oracle, Task};
-use sandbox::{DynBackend, ExecRequest, SandboxConfig, SandboxOps};
+use sandbox::{DynBackend, ExecRequest, ExecResult, SandboxConfig, SandboxOps};
 use serde::Serialize;
 use std::time::Instant;
 
@@ -262,6 +262,7 @@ pub fn episode_config(task: &Task, img: &Image) -> SandboxConfig {
 /// One episode: returns the reward and why.
 pub fn run_episode(
     backend: &dyn DynBackend,
+    store: &super::LayerStore,
     task: &Task,
     img: &Image,
     agent: &Agent,
@@ -272,17 +273,13 @@ pub fn run_episode(
         .create_boxed(&cfg)
         .map_err(sbx_err(format!("{}: starting the sandbox", task.name)))?;
     let root_env = cfg.env.clone();
-    let wd = img.workdir.clone();
-    let run = |sbx: &mut Box<dyn SandboxOps>, req: &ExecRequest, what: &str| {
-        sbx.exec(req)
-            .map_err(sbx_err(format!("{}: {what}", task.name)))
-    };
+    let run = runner(task);
     run(
         &mut sbx,
         &sh(
             &format!(
                 "mkdir -p /logs/verifier /logs/agent {} && chmod 777 /logs /logs/verifier /logs/agent",
-                crate::instance::sh_quote(&wd)
+                crate::instance::sh_quote(&img.workdir)
             ),
             "/",
             &root_env,
@@ -302,41 +299,115 @@ pub fn run_episode(
             tracing::warn!(task = %task.name, by = %step.by, exit = r.exit_code(), "a perturbation's start step failed");
         }
     }
-    // The agent's phase: its environment and user, the instruction only.
-    let agent_env = merge_env(&root_env, &task.agent_env);
-    let shell = if sbx.stat("/bin/bash").is_ok() {
+    if matches!(agent, Agent::Oracle) && task.oracle.is_none() {
+        return Ok(outcome(
+            task,
+            img,
+            t0,
+            0.0,
+            "the task has no oracle".into(),
+            vec![],
+        ));
+    }
+    // From here on the agent acts: a sandbox that fails now is the agent's doing (it deleted
+    // the shell, broke its init, filled what the verifier needs): the task scores 0 with the
+    // reason, and the other tasks of a check go on.
+    match act_and_verify(backend, store, &cfg, sbx, task, img, agent, t0) {
+        Err(e @ HarborError::Sandbox { .. }) => {
+            tracing::warn!(task = %task.name, error = %e, "the agent broke its sandbox");
+            Ok(outcome(
+                task,
+                img,
+                t0,
+                0.0,
+                format!("the agent broke its sandbox: {e}"),
+                vec![],
+            ))
+        }
+        r => r,
+    }
+}
+
+/// `sbx.exec`, its failure named with the task and what was being done.
+fn runner(
+    task: &Task,
+) -> impl Fn(&mut Box<dyn SandboxOps>, &ExecRequest, &str) -> Result<ExecResult, HarborError> + '_ {
+    move |sbx, req, what| {
+        sbx.exec(req)
+            .map_err(sbx_err(format!("{}: {what}", task.name)))
+    }
+}
+
+/// The agent's phase, then the verifier's (`verifier::isolate` between them).
+#[allow(clippy::too_many_arguments)]
+fn act_and_verify(
+    backend: &dyn DynBackend,
+    store: &super::LayerStore,
+    cfg: &SandboxConfig,
+    mut sbx: Box<dyn SandboxOps>,
+    task: &Task,
+    img: &Image,
+    agent: &Agent,
+    t0: Instant,
+) -> Result<Outcome, HarborError> {
+    let agent_note = act(&mut sbx, task, img, agent, &cfg.env)?;
+    let mut v = super::verifier::isolate(
+        backend,
+        store,
+        cfg,
+        sbx,
+        task,
+        matches!(agent, Agent::Oracle),
+    )?;
+    let note = [agent_note, std::mem::take(&mut v.note)]
+        .into_iter()
+        .filter(|s| !s.is_empty())
+        .collect::<Vec<_>>()
+        .join("; ");
+    verify(&mut v.sbx, task, img, &cfg.env, &note, t0)
+}
+
+/// The shell of the sandbox's root: bash where there is one.
+fn shell_of(sbx: &mut Box<dyn SandboxOps>) -> &'static str {
+    if sbx.stat("/bin/bash").is_ok() {
         "bash"
     } else {
         "sh"
-    };
+    }
+}
+
+/// The agent's (or the oracle's) phase; returns what it did, for the reason.
+fn act(
+    sbx: &mut Box<dyn SandboxOps>,
+    task: &Task,
+    img: &Image,
+    agent: &Agent,
+    root_env: &[String],
+) -> Result<String, HarborError> {
+    let run = runner(task);
+    let wd = img.workdir.clone();
+    // The agent's phase: its environment and user, the instruction only.
+    let agent_env = merge_env(root_env, &task.agent_env);
+    let shell = shell_of(sbx);
     let mut agent_note = String::new();
     match agent {
         Agent::Nothing => {}
         Agent::Oracle => match &task.oracle {
-            None => {
-                return Ok(outcome(
-                    task,
-                    img,
-                    t0,
-                    0.0,
-                    "the task has no oracle".into(),
-                    vec![],
-                ))
-            }
+            None => {}
             Some(Oracle::Script { dir, files, entry }) => {
                 let dests: Vec<String> = files
                     .iter()
                     .map(|f| format!("/solution/{}", f.display()))
                     .collect();
                 run(
-                    &mut sbx,
+                    sbx,
                     &sh(
                         &format!(
                             "mkdir -p /solution {}",
                             parents(dests.iter().map(String::as_str))
                         ),
                         "/",
-                        &root_env,
+                        root_env,
                         None,
                         30.0,
                     ),
@@ -352,7 +423,7 @@ pub fn run_episode(
                         .map_err(sbx_err(format!("{}: copying the oracle", task.name)))?;
                 }
                 let r = run(
-                    &mut sbx,
+                    sbx,
                     &sh(
                         &format!("{shell} /solution/{entry}"),
                         &wd,
@@ -367,7 +438,7 @@ pub fn run_episode(
             Some(Oracle::Keystrokes(cmds)) => {
                 let mut req = sh(shell, &wd, &agent_env, img.user, task.agent_timeout_s);
                 req.stdin = (cmds.join("\n") + "\n").into_bytes();
-                let r = run(&mut sbx, &req, "the oracle's keystrokes")?;
+                let r = run(sbx, &req, "the oracle's keystrokes")?;
                 agent_note = format!("oracle keystrokes exit {}", r.exit_code());
             }
         },
@@ -407,7 +478,7 @@ pub fn run_episode(
                 };
                 steps += 1;
                 let r = run(
-                    &mut sbx,
+                    sbx,
                     &sh(&cmd, &wd, &agent_env, img.user, left),
                     "an agent command",
                 )?;
@@ -423,21 +494,37 @@ pub fn run_episode(
                     break;
                 };
                 run(
-                    &mut sbx,
+                    sbx,
                     &sh(c, &wd, &agent_env, img.user, left),
                     "an agent command",
                 )?;
             }
         }
     }
+    Ok(agent_note)
+}
+
+/// The verifier's phase in its sandbox: the reward files cleared, the tests copied in, the
+/// test script run, the reward read.
+fn verify(
+    sbx: &mut Box<dyn SandboxOps>,
+    task: &Task,
+    img: &Image,
+    root_env: &[String],
+    agent_note: &str,
+    t0: Instant,
+) -> Result<Outcome, HarborError> {
+    let run = runner(task);
+    let wd = img.workdir.clone();
+    let shell = shell_of(sbx);
     // The verifier: reward files deleted first (a reward the agent wrote must not count),
     // checked gone by the host, then the tests copied in.
     run(
-        &mut sbx,
+        sbx,
         &sh(
             "rm -rf /logs/verifier /tests; mkdir -p /logs/verifier && chmod 777 /logs/verifier",
             "/",
-            &root_env,
+            root_env,
             None,
             30.0,
         ),
@@ -461,14 +548,14 @@ pub fn run_episode(
         .map(|(rel, _)| format!("/tests/{rel}"))
         .collect();
     run(
-        &mut sbx,
+        sbx,
         &sh(
             &format!(
                 "mkdir -p /tests {}",
                 parents(dests.iter().map(String::as_str))
             ),
             "/",
-            &root_env,
+            root_env,
             None,
             30.0,
         ),
@@ -486,16 +573,20 @@ pub fn run_episode(
         sbx.write_file(d, &data, 0o755)
             .map_err(sbx_err(format!("{}: copying the tests", task.name)))?;
     }
-    let mut verifier_env = merge_env(&root_env, &task.verifier_env);
+    let mut verifier_env = merge_env(root_env, &task.verifier_env);
+    verifier_env = merge_env(
+        &verifier_env,
+        &super::verifier::python_env(task, &verifier_env),
+    );
     let shims = offline_shims(&script_text);
     let mut substituted = Vec::new();
     if !shims.is_empty() {
         run(
-            &mut sbx,
+            sbx,
             &sh(
                 &format!("mkdir -p {OFFLINE_BIN}"),
                 "/",
-                &root_env,
+                root_env,
                 None,
                 30.0,
             ),
@@ -519,7 +610,7 @@ pub fn run_episode(
         );
     }
     let r = run(
-        &mut sbx,
+        sbx,
         &sh(
             &format!("{shell} {}", task.test_script),
             &wd,
@@ -660,7 +751,7 @@ pub fn check_task(
         Err(e) if e.is_unsupported() => return Ok(skipped(e)),
         Err(e) => return Err(e),
     };
-    run_episode(backend, &task, &img, agent)
+    run_episode(backend, store, &task, &img, agent)
 }
 
 #[cfg(test)]

@@ -1,13 +1,15 @@
 //! Harbor and Terminal-Bench task folders run in the factory's sandboxes: the folder
 //! ([`task`]), its Dockerfile subset ([`dockerfile`]) built into cached layers in build
 //! sandboxes ([`build`]), and the episode: the agent (or the oracle), then the task's own
-//! tests, the reward read by the host ([`episode`]); the factory's faults on top ([`perturb`]). `docs/harbor.md` has the supported subset.
+//! tests, the reward read by the host ([`episode`]), the agent kept away from the verdict
+//! ([`verifier`]); the factory's faults on top ([`perturb`]). `docs/harbor.md` has the supported subset.
 
 pub mod build;
 pub mod dockerfile;
 pub mod episode;
 pub mod perturb;
 pub mod task;
+mod verifier;
 
 pub use build::{build_image, Image, LayerStore};
 pub use episode::{check_task, run_episode, Agent, Outcome};

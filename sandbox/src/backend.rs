@@ -30,6 +30,12 @@ pub trait SandboxOps: Send {
     /// Host pid of a process in the sandbox's namespaces (its init): the network namespace
     /// that verifiers' TCP requests and fault proxies join.
     fn init_pid(&self) -> i32;
+    /// Copy the sandbox's writable layer (its diff over the lowers: whiteouts and opaque
+    /// directories kept) into `dst`, a new directory, to stack as a layer of another sandbox;
+    /// the bytes copied. `None` where the backend cannot (Docker). Stop the processes first.
+    fn export_diff(&self, _dst: &std::path::Path) -> Result<Option<u64>, SandboxError> {
+        Ok(None)
+    }
 }
 
 /// A source of sandboxes.
@@ -125,5 +131,8 @@ impl SandboxOps for Sandbox {
     }
     fn pids_usage(&self) -> (u64, Option<u64>) {
         Sandbox::pids_usage(self)
+    }
+    fn export_diff(&self, dst: &std::path::Path) -> Result<Option<u64>, SandboxError> {
+        Sandbox::export_diff(self, dst).map(Some)
     }
 }

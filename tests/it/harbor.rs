@@ -143,18 +143,8 @@ fn a_reward_file_the_agent_leaves_before_the_tests_never_counts() {
     let rt = common::runtime();
     let s = Store::new();
     let episode = |cmds: &[&str]| {
-        let agent = Agent::Commands(cmds.iter().map(|c| c.to_string()).collect());
-        let dir = fixture("harbor/reward-trick");
-        harbor::check_task(
-            &rt,
-            &rt,
-            &s.store,
-            &dir,
-            Some(&RootfsSpec::Host),
-            &agent,
-            &[],
-        )
-        .unwrap()
+        let cmds: Vec<String> = cmds.iter().map(|c| c.to_string()).collect();
+        scripted(&s, &rt, &fixture("harbor/reward-trick"), &cmds)
     };
     // The agent writes both reward files, makes the folder read-only, leaves a decoy.
     let o = episode(&[
@@ -165,13 +155,15 @@ fn a_reward_file_the_agent_leaves_before_the_tests_never_counts() {
     assert_eq!(o.reward, 0.0, "{o:?}");
     assert!(o.reason.contains("wrote no reward file"), "{}", o.reason);
     // An agent that breaks the deletion (`rm` and `mkdir` replaced, reward pre-written): the
-    // host sees the file survive and scores 0.
+    // verifier's sandbox has the image's own `rm` and `mkdir`, and no /logs/verifier of the
+    // agent's; scores 0. (Where the tests run in the agent's sandbox, the oracle's or on
+    // Docker, the host sees a surviving file and scores 0: `survived its deletion`.)
     let o = episode(&[
         "mkdir -p /logs/verifier && echo 1 > /logs/verifier/reward.txt",
         "for b in rm mkdir; do p=$(command -v $b); cp /bin/true /tmp/t; mv /tmp/t \"$p\"; done",
     ]);
     assert_eq!(o.reward, 0.0, "{o:?}");
-    assert!(o.reason.contains("survived its deletion"), "{}", o.reason);
+    assert!(o.reason.contains("wrote no reward file"), "{}", o.reason);
     // The honest agent on the same task scores 1.
     let o = episode(&["touch /app/done"]);
     assert_eq!(o.reward, 1.0, "{o:?}");
@@ -413,4 +405,210 @@ fn the_factorys_perturbations_apply_to_task_folders() {
     let o = harbor::check_task(&rt, &rt, &s.store, &dir, host, &Agent::Oracle, &[]).unwrap();
     assert_eq!(o.reward, 1.0, "{o:?}");
     assert!(o.perturbations.is_empty());
+}
+
+/// One episode of a fixture with a scripted agent on the host rootfs.
+fn scripted(s: &Store, rt: &sandbox::Runtime, dir: &Path, cmds: &[String]) -> harbor::Outcome {
+    harbor::check_task(
+        rt,
+        rt,
+        &s.store,
+        dir,
+        Some(&RootfsSpec::Host),
+        &Agent::Commands(cmds.to_vec()),
+        &[],
+    )
+    .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+}
+
+/// Hack trial: an agent that leaves processes running (a new session, a double fork, nohup)
+/// that write the reward file or rewrite the tests once the verifier has copied them in.
+/// None of them may change the verdict: the agent's processes are gone before the tests.
+#[test]
+fn processes_the_agent_leaves_running_never_touch_the_verdict() {
+    require_root!();
+    let rt = common::runtime();
+    let s = Store::new();
+    let harbor_trick = fixture("harbor/reward-trick");
+    let tb_trick = fixture("terminal-bench/reward-trick");
+    let tricks: &[(&str, &Path, &str)] = &[
+        (
+            "a session leader writing reward.txt as soon as the tests are in",
+            &harbor_trick,
+            "setsid sh -c 'until [ -e /tests/test.sh ]; do :; done; echo 1 > /logs/verifier/reward.txt' >/dev/null 2>&1 </dev/null & sleep 0.05",
+        ),
+        (
+            "a double-forked nohup process writing reward.json",
+            &harbor_trick,
+            "(nohup sh -c 'until [ -e /tests/test.sh ]; do :; done; echo 1 > /logs/verifier/reward.json' >/dev/null 2>&1 </dev/null &) ; sleep 0.05",
+        ),
+        (
+            "a daemon rewriting the test file the verifier is about to run",
+            &tb_trick,
+            "setsid sh -c 'until [ -s /tests/test_outputs.py ]; do :; done; printf \"def test_done():\\n    pass\\n\" > /tests/test_outputs.py' >/dev/null 2>&1 </dev/null &",
+        ),
+    ];
+    for (what, dir, cmd) in tricks {
+        let o = scripted(&s, &rt, dir, &[cmd.to_string()]);
+        assert_eq!(o.reward, 0.0, "{what}: {o:?}");
+        assert!(
+            o.reason.contains("stopped") && o.reason.contains("left running"),
+            "{what}: {}",
+            o.reason
+        );
+    }
+    // The honest agent still scores 1, and a daemon the oracle starts still serves the tests
+    // (`harbor/service-daemon` in the test above).
+    let o = scripted(&s, &rt, &harbor_trick, &["touch /app/done".into()]);
+    assert_eq!(o.reward, 1.0, "{o:?}");
+}
+
+/// A plugin that turns every test report into a pass.
+const PASS_ALL: &str = "import pytest\n@pytest.hookimpl(hookwrapper=True)\ndef pytest_runtest_makereport(item, call):\n    outcome = yield\n    outcome.get_result().outcome = 'passed'\n";
+
+/// Hack trial: an agent running as root plants pytest configuration where pytest looks for it,
+/// a `.pth` file or a plugin in the system's site-packages, a `python3` earlier on `PATH`, or
+/// a `pytest` module in the working directory; the task (`/app/done`) is not solved, so
+/// every one must score 0.
+#[test]
+fn planted_pytest_configuration_and_replaced_tools_never_pass_the_tests() {
+    require_root!();
+    let rt = common::runtime();
+    let s = Store::new();
+    let dir = fixture("terminal-bench/reward-trick");
+    let write = |path: &str, body: &str| {
+        format!("mkdir -p \"$(dirname {path})\" && cat > {path} <<'EOF'\n{body}EOF")
+    };
+    // Configuration that runs a passing test of the agent's instead of the task's.
+    let fake = "def test_done():\n    pass\n";
+    let deselect = "/opt/agent/test_fake.py --deselect tests/test_outputs.py::test_done";
+    let plugin_ini = |path: &str, section: &str| {
+        vec![
+            write("/opt/agent/test_fake.py", fake),
+            write(path, &format!("{section}\naddopts = {deselect}\n")),
+        ]
+    };
+    let tricks: Vec<(&str, Vec<String>)> = vec![
+        ("conftest.py at /", vec![write("/conftest.py", PASS_ALL)]),
+        ("pytest.ini at /", plugin_ini("/pytest.ini", "[pytest]")),
+        ("tox.ini at /", plugin_ini("/tox.ini", "[pytest]")),
+        ("setup.cfg at /", plugin_ini("/setup.cfg", "[tool:pytest]")),
+        (
+            "pyproject.toml at /",
+            vec![
+                write("/opt/agent/test_fake.py", fake),
+                write(
+                    "/pyproject.toml",
+                    &format!("[tool.pytest.ini_options]\naddopts = \"{deselect}\"\n"),
+                ),
+            ],
+        ),
+        (
+            "a .pth file that loads a plugin",
+            vec![
+                write("/usr/lib/python3/dist-packages/agentplug.py", PASS_ALL),
+                write(
+                    "/usr/lib/python3/dist-packages/zz-agent.pth",
+                    "import os; os.environ['PYTEST_PLUGINS'] = 'agentplug'\n",
+                ),
+            ],
+        ),
+        (
+            "Debian's sitecustomize.py (in /etc) loading a plugin",
+            vec![
+                write("/etc/python3.11/agentplug.py", PASS_ALL),
+                "echo \"import sys, os; sys.path.append('/etc/python3.11'); os.environ['PYTEST_PLUGINS'] = 'agentplug'\" >> /etc/python3.11/sitecustomize.py".into(),
+            ],
+        ),
+        (
+            "a python3 earlier on PATH",
+            vec![
+                write(
+                    "/usr/local/bin/python3",
+                    "#!/bin/sh\necho 'PASSED tests/test_outputs.py::test_done'\n",
+                ),
+                "chmod 755 /usr/local/bin/python3".into(),
+            ],
+        ),
+        (
+            "pytest's own module replaced",
+            vec!["p=$(/usr/bin/python3 -c 'import pytest, os; print(os.path.dirname(pytest.__file__))') && printf \"print('PASSED tests/test_outputs.py::test_done')\\n\" > $p/__main__.py".into()],
+        ),
+        (
+            "a pytest module in the working directory",
+            vec![write(
+                "/app/pytest.py",
+                "print('PASSED tests/test_outputs.py::test_done')\n",
+            )],
+        ),
+    ];
+    for (what, cmds) in &tricks {
+        let o = scripted(&s, &rt, &dir, cmds);
+        assert_eq!(o.reward, 0.0, "{what}: {o:?}");
+    }
+    // The agent's work in /app is what the tests see: the honest agent passes.
+    let o = scripted(&s, &rt, &dir, &["touch /app/done".into()]);
+    assert_eq!(o.reward, 1.0, "{o:?}");
+}
+
+/// Hack trial: an agent (or an oracle) that breaks its own sandbox (its shell deleted, so no
+/// command can start) fails its task with a reason; the other tasks of the check still run.
+#[test]
+fn a_sandbox_the_agent_breaks_fails_its_task_and_the_check_goes_on() {
+    require_root!();
+    let rt = common::runtime();
+    let s = Store::new();
+    let o = scripted(
+        &s,
+        &rt,
+        &fixture("harbor/hello-file"),
+        &[
+            "rm -f /bin/sh /usr/bin/sh /bin/bash /usr/bin/bash".into(),
+            "true".into(),
+        ],
+    );
+    assert_eq!(o.reward, 0.0, "{o:?}");
+    assert!(
+        o.reason.contains("the agent broke its sandbox"),
+        "{}",
+        o.reason
+    );
+    // On the command line: an oracle that deletes the shell, then a good task.
+    let t = copy_fixture("harbor/hello-file");
+    let broken = t.path().join("task");
+    std::fs::write(
+        broken.join("solution/solve.sh"),
+        "#!/bin/bash\nrm -f /bin/sh /usr/bin/sh /bin/bash /usr/bin/bash\n",
+    )
+    .unwrap();
+    let st = common::TempState::new();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_engine"))
+        .env("ENVFACTORY_STATE", st.path())
+        .args(["harbor", "check", "--json", "--base", "host"])
+        .arg(&broken)
+        .arg(fixture("harbor/hello-file"))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2, "{stdout}");
+    assert_eq!(lines[0]["passed"], false);
+    assert!(
+        lines[0]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("the agent broke its sandbox"),
+        "{}",
+        lines[0]
+    );
+    assert_eq!(lines[1]["passed"], true, "{}", lines[1]);
 }
