@@ -20,6 +20,7 @@ pub mod init;
 pub mod landlock;
 pub mod layers;
 pub mod mounts;
+pub mod netns;
 pub mod oci;
 pub mod pool;
 pub mod protocol;

@@ -80,6 +80,8 @@ struct Inner {
     /// [`Runtime::share_host_mask_point`]).
     host_mask_point: Mutex<bool>,
     seccomp: Mutex<Option<crate::seccomp::CompiledSeccomp>>,
+    /// Network namespaces made ahead of time (`netns.rs`).
+    netns: crate::netns::NetnsReserve,
 }
 
 /// One process's handle on the sandbox machinery. Creating it reaps the leftovers of crashed
@@ -136,6 +138,7 @@ impl Runtime {
                 host_mask: Mutex::new(None),
                 host_mask_point: Mutex::new(false),
                 seccomp: Mutex::new(None),
+                netns: crate::netns::NetnsReserve::new(crate::netns::DEFAULT_RESERVE),
             }),
         })
     }
@@ -162,6 +165,12 @@ impl Runtime {
             .admission
             .lock()
             .unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Network namespaces made ahead of time and ready for the next sandboxes (the reserve
+    /// starts at the second sandbox; see `netns.rs`).
+    pub fn netns_ready(&self) -> usize {
+        self.inner.netns.ready()
     }
 
     /// Sandboxes of this runtime alive now.
@@ -382,8 +391,15 @@ impl Runtime {
             what: "socketpair",
             source,
         })?;
+        // From the second sandbox on, network namespaces are made ahead of time; one is used
+        // here if ready (else the clone makes one), and closed here once init is in it.
+        if n > 0 {
+            self.inner.netns.start();
+        }
+        let netns = self.inner.netns.take();
+        let netns_ready = netns.is_some();
         let t_spawn = std::time::Instant::now();
-        let pid = spawn_init(&self.inner.init, child_sock.into())?;
+        let pid = spawn_init(&self.inner.init, child_sock.into(), netns)?;
         let spawn_us = us(t_spawn);
         let no_root_yet = Rootfs {
             lowers: Vec::new(),
@@ -407,6 +423,7 @@ impl Runtime {
             pid,
             cgroup_us,
             spawn_us,
+            netns_ready,
             resolve_us,
             setup_us = us(t_setup),
             total_us = us(t0),
@@ -496,8 +513,14 @@ impl Drop for CreateGuard {
 }
 
 /// Clone a child into new namespaces and exec the init program in it with the control socket
-/// on fd 3. The child runs only async-signal-safe code between clone and execve.
-fn spawn_init(init: &InitProgram, sock: OwnedFd) -> Result<i32, SandboxError> {
+/// on fd 3. The child runs only async-signal-safe code between clone and execve. With `netns`
+/// (a network namespace made ahead, never used before) the child enters it instead of
+/// cloning a new one; the host's descriptor on it is closed when this returns.
+fn spawn_init(
+    init: &InitProgram,
+    sock: OwnedFd,
+    netns: Option<OwnedFd>,
+) -> Result<i32, SandboxError> {
     let bad = |reason: &str| SandboxError::InitProgram {
         path: init.path.clone(),
         reason: reason.into(),
@@ -514,14 +537,16 @@ fn spawn_init(init: &InitProgram, sock: OwnedFd) -> Result<i32, SandboxError> {
         c"PATH=/usr/sbin:/usr/bin:/sbin:/bin".as_ptr(),
         std::ptr::null(),
     ];
-    let flags = libc::CLONE_NEWNS
-        | libc::CLONE_NEWPID
-        | libc::CLONE_NEWNET
-        | libc::CLONE_NEWUTS
-        | libc::CLONE_NEWIPC;
+    let mut flags =
+        libc::CLONE_NEWNS | libc::CLONE_NEWPID | libc::CLONE_NEWUTS | libc::CLONE_NEWIPC;
+    if netns.is_none() {
+        flags |= libc::CLONE_NEWNET;
+    }
+    // Close-on-exec (opened so): init never holds it as a descriptor, only as its namespace.
+    let net_fd = netns.as_ref().map_or(-1, |f| f.as_raw_fd());
     let fd = sock.as_raw_fd();
     // SAFETY: a fork-like clone (no CLONE_VM, no new stack). The child only calls
-    // async-signal-safe functions (fcntl, dup2, execve, _exit) on data prepared before the
+    // async-signal-safe functions (setns, fcntl, dup2, execve, _exit) on data prepared before the
     // clone, so the state of other threads of this process does not matter to it.
     let pid = unsafe {
         libc::syscall(
@@ -536,6 +561,9 @@ fn spawn_init(init: &InitProgram, sock: OwnedFd) -> Result<i32, SandboxError> {
     if pid == 0 {
         // SAFETY: see above; this branch is the child and never returns.
         unsafe {
+            if net_fd >= 0 && crate::netns::enter(net_fd) != 0 {
+                libc::_exit(126);
+            }
             if fd == crate::init::CONTROL_FD {
                 libc::fcntl(fd, libc::F_SETFD, 0);
             } else {
@@ -552,6 +580,7 @@ fn spawn_init(init: &InitProgram, sock: OwnedFd) -> Result<i32, SandboxError> {
         });
     }
     drop(sock);
+    drop(netns); // init holds the only reference now
     Ok(pid as i32)
 }
 

@@ -31,12 +31,18 @@ impl Init {
         if !req.cwd.starts_with('/') {
             return invalid(format!("working directory {:?} is not absolute", req.cwd));
         }
-        let argv: Vec<String> = match &req.command {
-            Command::Argv(a) if a.is_empty() => return invalid("empty argv".into()),
-            Command::Argv(a) => a.clone(),
-            Command::Shell(s) => vec!["/bin/sh".into(), "-c".into(), s.clone()],
-        };
         let env = req.env.clone().unwrap_or_else(|| self.plan.env.clone());
+        // A shell command that needs no shell runs as its words (`direct.rs`).
+        let (argv, shell): (Vec<String>, Option<&str>) = match &req.command {
+            Command::Argv(a) if a.is_empty() => return invalid("empty argv".into()),
+            Command::Argv(a) => (a.clone(), None),
+            Command::Shell(s) => {
+                match super::direct::words(s, &env).filter(|_| self.sh_is_dash()) {
+                    Some(w) => (w, Some(s.as_str())),
+                    None => (vec!["/bin/sh".into(), "-c".into(), s.clone()], None),
+                }
+            }
+        };
         let checked = nul_free(&argv, "argument")
             .and_then(|()| nul_free(&env, "variable"))
             .and_then(|()| nul_free(std::slice::from_ref(&req.cwd), "working directory"));
@@ -55,7 +61,7 @@ impl Init {
             // itself): retried below like a zygote killed later.
             spawned = self
                 .zygote()
-                .and_then(|z| z.spawn(&argv, &env, &req.cwd, req.user, fds));
+                .and_then(|z| z.spawn(&argv, &env, &req.cwd, req.user, shell, fds));
             // A clone the kernel refused (EAGAIN: the pids limit is full) is not a dead zygote:
             // a new zygote could not start either, so report it as it is.
             if spawned
@@ -79,9 +85,18 @@ impl Init {
             Err(e) => return internal(format!("starting the command: {e}")),
         };
         drop((in_r, out_w, err_w, st_w));
-        let mut st = [0u8; 3];
+        let mut got = [0u8; 4];
         let mut status_pipe = std::fs::File::from(st_r);
-        let n = read_full(&mut status_pipe, &mut st);
+        let mut n = read_full(&mut status_pipe, &mut got);
+        // A command meant to run without the shell that went to `/bin/sh -c` after all says
+        // so first (then, like any command, 3 bytes if that exec failed too).
+        let by_shell = n >= 1 && shell.is_some() && got[0] == super::zygote::SHELL_AFTER_ALL;
+        let st = if by_shell {
+            n -= 1;
+            [got[1], got[2], got[3]]
+        } else {
+            [got[0], got[1], got[2]]
+        };
         if n == 3 {
             // The command never started: reap it and say why.
             let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None);
@@ -102,8 +117,24 @@ impl Init {
                 ),
             };
         }
-        let result = self.collect(pid, req, started, in_w, out_r, err_r);
+        let mut result = self.collect(pid, req, started, in_w, out_r, err_r);
+        if shell.is_some() && !by_shell {
+            as_dash_reports(&mut result, req.output_cap);
+        }
         Response::Exec(Box::new(result))
+    }
+
+    /// Whether the root's `/bin/sh` is its `/bin/dash` (the same file now).
+    fn sh_is_dash(&self) -> bool {
+        let Some(root) = &self.root_fd else {
+            return false;
+        };
+        let id = |p: &str| {
+            let fd = super::files::open_path_in_root(root, p).ok()?;
+            let st = nix::sys::stat::fstat(fd.as_raw_fd()).ok()?;
+            Some((st.st_dev, st.st_ino))
+        };
+        matches!((id("/bin/sh"), id("/bin/dash")), (Some(a), Some(b)) if a == b)
     }
 
     /// Feed stdin, read both streams under the cap, wait for the command or its deadline.
@@ -223,6 +254,20 @@ impl Init {
             oom_killed: false,
             pid: u32::try_from(pid).unwrap_or(0),
         }
+    }
+}
+
+/// A command run without the shell that died of a signal, as `sh -c` reports it: the shell
+/// exits 128+N after writing the signal's description to stderr.
+fn as_dash_reports(r: &mut ExecResult, cap: u64) {
+    if let Termination::Signaled(sig) = r.termination {
+        if let Some(m) = super::direct::signal_message(sig) {
+            let room = (cap as usize).saturating_sub(r.stderr.len());
+            r.stderr_truncated |= m.len() > room;
+            r.stderr
+                .extend_from_slice(&m.as_bytes()[..m.len().min(room)]);
+        }
+        r.termination = Termination::Exited(128 + sig);
     }
 }
 

@@ -11,6 +11,7 @@
 //! (no `/proc/1/mem`, no ptrace without CAP_SYS_PTRACE, which commands lack), commands are
 //! landlocked with signal scoping, and seccomp denies ptrace and process_vm_* outright.
 
+mod direct;
 mod exec;
 pub(crate) mod files;
 pub(crate) mod snapshot;
@@ -161,7 +162,7 @@ impl Init {
         nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWCGROUP)
             .map_err(os("unshare(CLONE_NEWCGROUP)"))?;
         nix::unistd::sethostname(&plan.hostname).map_err(os("sethostname"))?;
-        loopback_up().map_err(os("bringing up lo"))?;
+        crate::netns::loopback_up().map_err(os("bringing up lo"))?;
         let mut sys = RealSys;
         let scratch = plan.disk_bytes.saturating_mul(4).saturating_add(16 << 20);
         mounts::setup_private_dir(&mut sys, &self.layout, scratch)
@@ -494,33 +495,4 @@ impl Init {
             .as_ref()
             .is_some_and(|z| self.layout.proc().join(z.pid.to_string()).exists())
     }
-}
-
-/// Bring up `lo` in the sandbox's network namespace (the only interface it has).
-fn loopback_up() -> Result<(), nix::errno::Errno> {
-    use nix::sys::socket::{socket, AddressFamily, SockFlag, SockType};
-    let s = socket(
-        AddressFamily::Inet,
-        SockType::Datagram,
-        SockFlag::SOCK_CLOEXEC,
-        None,
-    )?;
-    // SAFETY: ifreq is plain old data; zeroed is a valid value.
-    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
-    for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
-        *dst = *src as libc::c_char;
-    }
-    // SAFETY: SIOCGIFFLAGS reads into the ifreq we own.
-    if unsafe { libc::ioctl(s.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) } < 0 {
-        return Err(nix::errno::Errno::last());
-    }
-    // SAFETY: the flags member of the union was just filled by the kernel.
-    unsafe {
-        req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
-    }
-    // SAFETY: SIOCSIFFLAGS reads the ifreq we own.
-    if unsafe { libc::ioctl(s.as_raw_fd(), libc::SIOCSIFFLAGS, &req) } < 0 {
-        return Err(nix::errno::Errno::last());
-    }
-    Ok(())
 }

@@ -52,6 +52,9 @@ struct Spawn {
     env: Vec<String>,
     cwd: String,
     user: Option<(u32, u32)>,
+    /// Set when `argv` are the words of this shell command (`direct.rs`): the environment is
+    /// made dash's, and a failed exec runs `/bin/sh -c` with it instead.
+    shell: Option<String>,
 }
 
 /// The same, borrowed, as init encodes it (same fields in the same order).
@@ -61,6 +64,7 @@ struct SpawnRef<'a> {
     env: &'a [String],
     cwd: &'a str,
     user: Option<(u32, u32)>,
+    shell: Option<&'a str>,
 }
 
 /// Init's handle on the zygote.
@@ -360,10 +364,43 @@ fn spawn_command(spawn: &Spawn, fds: &[OwnedFd]) -> (i32, Option<OwnedFd>) {
             fail(Stage::Chdir, errno());
         }
     }
-    let mut a: Vec<*const libc::c_char> = argv.iter().map(|s| s.as_ptr()).collect();
-    a.push(std::ptr::null());
-    let mut e: Vec<*const libc::c_char> = env.iter().map(|s| s.as_ptr()).collect();
-    e.push(std::ptr::null());
+    let ptrs = |v: &[CString]| -> Vec<*const libc::c_char> {
+        v.iter()
+            .map(|s| s.as_ptr())
+            .chain(std::iter::once(std::ptr::null()))
+            .collect()
+    };
+    let e = ptrs(&env);
+    if let Some(cmd) = &spawn.shell {
+        // Without the shell: dash's environment (its order, its PWD), dash's PATH search;
+        // anything that does not exec goes to the shell itself (statuses, messages, ENOEXEC).
+        let direct = super::direct::dash_pwd(&spawn.env)
+            .and_then(|pwd| cstr(&super::direct::dash_environment(&spawn.env, &pwd)));
+        if let Some(denv) = direct {
+            let (a, de) = (ptrs(&argv), ptrs(&denv));
+            for prog in &programs {
+                // SAFETY: NUL-terminated arrays of valid C strings that live across the call.
+                unsafe { libc::execve(prog.as_ptr(), a.as_ptr(), de.as_ptr()) };
+                if !matches!(errno(), libc::ENOENT | libc::ENOTDIR) {
+                    break;
+                }
+            }
+        }
+        let Ok(c) = CString::new(cmd.as_bytes()) else {
+            fail(Stage::Exec, libc::EINVAL)
+        };
+        let sh = [c"/bin/sh".to_owned(), c"-c".to_owned(), c];
+        let a = ptrs(&sh);
+        // One byte on the status pipe: the shell runs this command after all (init then
+        // reports its result as it is).
+        // SAFETY: writing a stack byte to our own pipe, then execve as above.
+        unsafe {
+            libc::write(status, [SHELL_AFTER_ALL].as_ptr().cast(), 1);
+            libc::execve(c"/bin/sh".as_ptr(), a.as_ptr(), e.as_ptr());
+        }
+        fail(Stage::Exec, errno())
+    }
+    let a = ptrs(&argv);
     let mut last = libc::ENOENT;
     for prog in &programs {
         // SAFETY: NUL-terminated arrays of valid C strings that live across the call.
@@ -390,6 +427,10 @@ fn candidates(arg0: &str, env: &[String]) -> Vec<CString> {
         .filter_map(|d| CString::new(format!("{d}/{arg0}")).ok())
         .collect()
 }
+
+/// Written alone on a command's status pipe when a command meant to run without the shell
+/// execs `/bin/sh -c` after all.
+pub(super) const SHELL_AFTER_ALL: u8 = 0xfe;
 
 /// The zygote's request to have its user namespace mapped.
 const MAP_ME: u8 = 0xff;
@@ -450,6 +491,7 @@ impl Zygote {
         env: &[String],
         cwd: &str,
         user: Option<(u32, u32)>,
+        shell: Option<&str>,
         fds: [&OwnedFd; 4],
     ) -> Result<i32, String> {
         let body = rmp_serde::to_vec(&SpawnRef {
@@ -457,6 +499,7 @@ impl Zygote {
             env,
             cwd,
             user,
+            shell,
         })
         .map_err(|e| format!("encoding the command: {e}"))?;
         let len = (body.len() as u32).to_le_bytes();
