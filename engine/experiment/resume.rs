@@ -12,8 +12,12 @@ pub const RUN_FILE: &str = "run.json";
 fn identity(exp: &Experiment) -> Result<serde_json::Value, ExperimentError> {
     let mut v = serde_json::to_value(exp).map_err(|e| ExperimentError::SelfPlay(e.to_string()))?;
     if let Some(o) = v.as_object_mut() {
-        let t = serde_json::to_value(&exp.template)
+        let mut t = serde_json::to_value(&exp.template)
             .map_err(|e| ExperimentError::SelfPlay(e.to_string()))?;
+        // Where the template is does not matter (a project moved elsewhere), what it says does.
+        if let Some(t) = t.as_object_mut() {
+            t.remove("file");
+        }
         o.insert("template".into(), t);
     }
     Ok(v)
@@ -114,6 +118,28 @@ pub fn read_json<T: serde::de::DeserializeOwned>(file: &Path) -> Result<T, Exper
     })
 }
 
+/// Remove what a finished or checkpointed earlier run left in `seed_dir` (its checkpoints,
+/// with what a save cut short left beside them, and its result), before a new run.
+pub fn forget_seed(seed_dir: &Path) -> Result<(), ExperimentError> {
+    let gone = |p: &Path, r: std::io::Result<()>| match r {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(ExperimentError::Output {
+            dir: p.to_path_buf(),
+            source: e,
+        }),
+        _ => Ok(()),
+    };
+    for d in checkpoint_dirs(seed_dir) {
+        for suffix in ["", ".tmp", ".old"] {
+            let mut name = d.file_name().unwrap_or_default().to_os_string();
+            name.push(suffix);
+            let p = d.with_file_name(name);
+            gone(&p, std::fs::remove_dir_all(&p))?;
+        }
+    }
+    let result = seed_dir.join("result.json");
+    gone(&result, std::fs::remove_file(&result))
+}
+
 /// The checkpoint directories of a seed, where [`actors::runtime::checkpoint::latest`]
 /// looks.
 pub fn checkpoint_dirs(seed_dir: &Path) -> Vec<PathBuf> {
@@ -123,6 +149,24 @@ pub fn checkpoint_dirs(seed_dir: &Path) -> Vec<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_new_run_forgets_what_an_earlier_one_left() {
+        let tmp = tempfile::tempdir().unwrap();
+        let seed = tmp.path().join("seed-1");
+        for d in ["checkpoint", "checkpoint.tmp", "final", "final.old"] {
+            std::fs::create_dir_all(seed.join(d).join("protagonist")).unwrap();
+        }
+        std::fs::write(seed.join("result.json"), "{}").unwrap();
+        std::fs::write(seed.join("metrics.jsonl"), "kept\n").unwrap();
+        forget_seed(&seed).unwrap();
+        let left: Vec<_> = std::fs::read_dir(&seed)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(left, ["metrics.jsonl"]);
+        forget_seed(&tmp.path().join("seed-2")).unwrap();
+    }
 
     #[test]
     fn the_first_differing_key_is_named() {

@@ -173,6 +173,12 @@ pub fn run(
             dir: dir.clone(),
             source,
         })?;
+        // A run without --resume starts the directory over: nothing of an earlier run
+        // (its checkpoints, its finished seeds) may be taken for this one's by a later
+        // --resume.
+        for &seed in &exp.experiment.seeds {
+            resume::forget_seed(&dir.join(format!("seed-{seed}")))?;
+        }
         resume::record(&dir, exp)?;
     }
     let mut report = SelfPlayReport {

@@ -526,7 +526,7 @@ pub fn build_image(
         sbx.kill_all().map_err(sbx_err("stopping the build step"))?;
         let tmp = store.dir.join(format!(".tmp-{key}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&tmp);
-        if let Err(e) = sbx.export_diff(&tmp) {
+        if let Err(e) = sbx.export_diff(&tmp, cfg.disk_bytes) {
             let _ = std::fs::remove_dir_all(&tmp);
             return Err(sbx_err(format!("line {}: saving the layer", ins.line))(e));
         }

@@ -59,7 +59,16 @@ fn restore_system(diff: &Path) -> std::io::Result<()> {
     for name in SYSTEM {
         rm(&diff.join(name))?;
     }
-    rm(&diff.join("logs/verifier"))?;
+    // `/logs` itself first: a link the agent put there must not lead the host's removal
+    // of `logs/verifier` out of the diff (a link, file or whiteout goes whole, and the
+    // image's `/logs` shows).
+    let logs = diff.join("logs");
+    match std::fs::symlink_metadata(&logs) {
+        Ok(m) if !m.is_dir() => rm(&logs)?,
+        Ok(_) => rm(&logs.join("verifier"))?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
     let etc = diff.join("etc");
     match std::fs::symlink_metadata(&etc) {
         // A whiteout, a file or a symlink in place of /etc: the image's /etc, whole.
@@ -137,10 +146,12 @@ pub(crate) fn isolate(
     ));
     let _ = std::fs::remove_dir_all(&dir);
     let diff = AgentDiff(dir);
-    let exported = sbx.export_diff(&diff.0).map_err(sbx_err(format!(
-        "{}: exporting the agent's changes",
-        task.name
-    )))?;
+    let exported = sbx
+        .export_diff(&diff.0, cfg.disk_bytes)
+        .map_err(sbx_err(format!(
+            "{}: exporting the agent's changes",
+            task.name
+        )))?;
     if exported.is_none() {
         // The Docker backend: same sandbox, nothing of the agent's left running.
         let survivors = crate::probe::processes_of(&mut *sbx)

@@ -294,13 +294,14 @@ pub fn train(rt: &Runtime, cache: &Cache, spec: &TrainSpec) -> Result<TrainResul
     let train_steps_per_s = steps as f64 / train_seconds.max(1e-9);
     // The last updates covering the baseline's steps, against the final policy acting
     // without learning for as many steps right after (same levels, workers, run).
-    let late = late_rate(&marks, spec.baseline_steps);
-    let policy_steps_per_s = acting_rate(&mut agent, &mut venv, late.0)?;
     let (mut skipped, mut masked) = (0, 0);
     for e in venv.envs() {
         skipped += e.counts.skipped_levels;
         masked += e.counts.masked_episodes;
     }
+    // Counted above: what the acting phase plays is not training's.
+    let late = late_rate(&marks, spec.baseline_steps.max(1));
+    let policy_steps_per_s = acting_rate(&mut agent, &mut venv, late.0)?;
     Ok(TrainResult {
         task: spec.task.clone(),
         seed: spec.seed,

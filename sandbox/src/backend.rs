@@ -33,7 +33,12 @@ pub trait SandboxOps: Send {
     /// Copy the sandbox's writable layer (its diff over the lowers: whiteouts and opaque
     /// directories kept) into `dst`, a new directory, to stack as a layer of another sandbox;
     /// the bytes copied. `None` where the backend cannot (Docker). Stop the processes first.
-    fn export_diff(&self, _dst: &std::path::Path) -> Result<Option<u64>, SandboxError> {
+    /// A diff whose files' apparent sizes add up to more than `max_bytes` is refused.
+    fn export_diff(
+        &self,
+        _dst: &std::path::Path,
+        _max_bytes: u64,
+    ) -> Result<Option<u64>, SandboxError> {
         Ok(None)
     }
 }
@@ -132,7 +137,11 @@ impl SandboxOps for Sandbox {
     fn pids_usage(&self) -> (u64, Option<u64>) {
         Sandbox::pids_usage(self)
     }
-    fn export_diff(&self, dst: &std::path::Path) -> Result<Option<u64>, SandboxError> {
-        Sandbox::export_diff(self, dst).map(Some)
+    fn export_diff(
+        &self,
+        dst: &std::path::Path,
+        max_bytes: u64,
+    ) -> Result<Option<u64>, SandboxError> {
+        Sandbox::export_diff(self, dst, max_bytes).map(Some)
     }
 }

@@ -135,15 +135,26 @@ impl Sandbox {
     /// layer for the `layers` of later sandboxes (image builds). Read from this host through
     /// init's view of its own mount namespace; call it with no command running. Returns the
     /// bytes of file data copied.
-    pub fn export_diff(&self, dst: &std::path::Path) -> Result<u64, SandboxError> {
+    pub fn export_diff(&self, dst: &std::path::Path, max_bytes: u64) -> Result<u64, SandboxError> {
         let rel = self.dir.strip_prefix("/").unwrap_or(&self.dir);
         let upper = PathBuf::from(format!("/proc/{}/root", self.pid))
             .join(rel)
             .join("ep/upper");
-        crate::init::snapshot::copy_tree(&upper, dst).map_err(|source| SandboxError::Spawn {
+        let spawn = |source| SandboxError::Spawn {
             what: "exporting the sandbox's diff",
             source,
-        })
+        };
+        // Apparent sizes: a sparse file costs the sandbox's quota nothing but would be
+        // written out whole on the host.
+        if crate::init::snapshot::apparent_size(&upper, max_bytes)
+            .map_err(spawn)?
+            .is_none()
+        {
+            return Err(SandboxError::Setup(format!(
+                "the sandbox's changes hold more than {max_bytes} bytes (apparent sizes: sparse files count whole); not exported"
+            )));
+        }
+        crate::init::snapshot::copy_tree(&upper, dst).map_err(spawn)
     }
 
     fn call(&mut self, req: Request, timeout: Duration) -> Result<Response, SandboxError> {

@@ -554,6 +554,48 @@ fn planted_pytest_configuration_and_replaced_tools_never_pass_the_tests() {
 /// Hack trial: an agent (or an oracle) that breaks its own sandbox (its shell deleted, so no
 /// command can start) fails its task with a reason; the other tasks of the check still run.
 #[test]
+fn a_link_at_logs_and_a_sparse_file_never_reach_the_host() {
+    require_root!();
+    let rt = common::runtime();
+    let s = Store::new();
+    // Hack trial: /logs replaced by a link to a host directory that has a `verifier`; the
+    // host's clean-up of the diff's `logs/verifier` must not follow it.
+    let victim = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(victim.path().join("verifier")).unwrap();
+    std::fs::write(victim.path().join("verifier/keep"), "host file").unwrap();
+    let o = scripted(
+        &s,
+        &rt,
+        &fixture("harbor/reward-trick"),
+        &[format!(
+            "rm -rf /logs && ln -s {} /logs",
+            victim.path().display()
+        )],
+    );
+    assert_eq!(o.reward, 0.0, "{o:?}");
+    assert!(
+        victim.path().join("verifier/keep").is_file(),
+        "the host lost a file"
+    );
+    // Hack trial: a 100 GiB sparse file costs the sandbox's quota nothing; its export would
+    // write it out whole on the host. Refused, scored 0, nothing left in the store.
+    let o = scripted(
+        &s,
+        &rt,
+        &fixture("harbor/hello-file"),
+        &["truncate -s 100G /sparse".into()],
+    );
+    assert_eq!(o.reward, 0.0, "{o:?}");
+    assert!(o.reason.contains("apparent sizes"), "{}", o.reason);
+    let left: Vec<_> = std::fs::read_dir(s.store.dir())
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(".tmp-agent"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}
+
+#[test]
 fn a_sandbox_the_agent_breaks_fails_its_task_and_the_check_goes_on() {
     require_root!();
     let rt = common::runtime();

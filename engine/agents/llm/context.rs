@@ -4,7 +4,9 @@
 //! one short note saying how many messages were left out. A turn is an assistant reply with
 //! the observation (or correction) that answers it, so a tool call never travels without its
 //! result. Every message is cut to the per-message cap (head and tail, with a marker); when
-//! even the latest turn does not fit, the cap shrinks until it does.
+//! even the latest turn does not fit, the cap shrinks (to `MIN_CAP` at least): a latest turn
+//! still too long at that cap, or with long tool-call arguments (counted, never cut), goes over
+//! the budget.
 //!
 //! The budget counts characters of contents and tool calls (roughly four a token for English
 //! and shell output); the JSON framing of a request and the tool definition are not counted.

@@ -54,6 +54,28 @@ pub(crate) fn copy_tree(src: &Path, dst: &Path) -> std::io::Result<u64> {
     Ok(bytes)
 }
 
+/// The apparent size of the regular files under `src` (links not followed), or `None` once
+/// it passes `limit`.
+pub(crate) fn apparent_size(src: &Path, limit: u64) -> std::io::Result<Option<u64>> {
+    let mut total = 0u64;
+    let mut stack = vec![src.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d)? {
+            let e = e?;
+            let m = e.metadata()?;
+            if m.is_dir() {
+                stack.push(e.path());
+            } else if m.is_file() {
+                total = total.saturating_add(m.len());
+                if total > limit {
+                    return Ok(None);
+                }
+            }
+        }
+    }
+    Ok(Some(total))
+}
+
 fn finish(path: &Path, m: &std::fs::Metadata) -> std::io::Result<()> {
     std::os::unix::fs::lchown(path, Some(m.uid()), Some(m.gid()))?;
     if !m.file_type().is_symlink() {
