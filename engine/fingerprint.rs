@@ -32,6 +32,8 @@ pub enum FingerprintError {
     Probe(#[from] ProbeError),
     #[error(transparent)]
     Running(#[from] RunningError),
+    #[error("start command `{cmd}` failed: {output}")]
+    Start { cmd: String, output: String },
     #[error("shipped fingerprint `{name}`: {reason}")]
     Data { name: String, reason: String },
 }
@@ -549,6 +551,36 @@ pub fn fingerprint_rootfs(
     measure(&mut sb, &cfg.env)
 }
 
+/// Fingerprint of a base root filesystem with services running: each of `start` runs in the
+/// fresh sandbox first (a shell command with the default environment; a daemon it starts
+/// must detach, e.g. `setsid nginx`, and the command should wait until it listens), then the
+/// sandbox is measured as [`fingerprint_rootfs`] measures it.
+pub fn fingerprint_rootfs_started(
+    rt: &Runtime,
+    spec: &RootfsSpec,
+    start: &[String],
+) -> Result<Fingerprint, FingerprintError> {
+    let cfg = SandboxConfig {
+        rootfs: spec.clone(),
+        ..SandboxConfig::default()
+    };
+    let mut sb = rt.create(&cfg)?;
+    for cmd in start {
+        let r = run(&mut sb, cmd, &cfg.env, 120_000)?;
+        tracing::info!(cmd = %cmd, exit = r.exit_code(), "fingerprint start command");
+        if !r.success() {
+            return Err(FingerprintError::Start {
+                cmd: cmd.clone(),
+                output: String::from_utf8_lossy(&[r.stdout, r.stderr].concat())
+                    .chars()
+                    .take(2000)
+                    .collect(),
+            });
+        }
+    }
+    measure(&mut sb, &cfg.env)
+}
+
 /// Fingerprint of a running instance, with the environment its agent's commands get.
 pub fn fingerprint_running(running: &mut RunningInstance) -> Result<Fingerprint, FingerprintError> {
     let env = running.env.clone();
@@ -556,18 +588,10 @@ pub fn fingerprint_running(running: &mut RunningInstance) -> Result<Fingerprint,
 }
 
 /// The fingerprints shipped with the engine (name, the data file's JSON: `provenance` and
-/// `fingerprint`).
+/// `fingerprint`), in name order: the real set of `engine/data/fingerprints/` (docs/fingerprints.md).
 pub fn shipped() -> Vec<(&'static str, serde_json::Value)> {
-    const DATA: &[(&str, &str)] = &[
-        (
-            "host-debian12",
-            include_str!("data/fingerprints/host-debian12.json"),
-        ),
-        (
-            "debootstrap-bookworm-minbase",
-            include_str!("data/fingerprints/debootstrap-bookworm-minbase.json"),
-        ),
-    ];
+    // (name, text) of every data file, listed by `engine/data/fingerprints/build.sh`.
+    const DATA: &[(&str, &str)] = include!("data/fingerprints/index.rs");
     DATA.iter()
         .map(|(n, t)| {
             // The files are checked by a test (`shipped_fingerprints_are_current`); a broken

@@ -26,6 +26,7 @@
 //! | [`exploit`] | the reward exploit check: no constant or two-action cycle beats the catalogue oracle |
 //! | [`fingerprint`] | feature vectors of systems (real or synthesized) for realism |
 //! | [`template`] | templates: the positioned TOML/YAML tree, validation, sampling into plans |
+//! | [`realism`] | the real set against generated instances: scaled features, the classifier's held-out AUC |
 //! | [`roles`] | the self-play roles of `actors` over the factory: level space, Env worker, PPO, adversary, level buffer |
 //! | [`experiment`] | `engine run`: config, runner, statistics, self-play |
 //! | [`bench`] | `engine bench sandbox` and `engine bench env` |
@@ -47,6 +48,7 @@ pub mod learn;
 pub mod netfault;
 pub mod perturb;
 pub mod probe;
+pub mod realism;
 pub mod roles;
 pub mod running;
 pub mod serve;

@@ -112,17 +112,10 @@ pub enum Cmd {
         json: bool,
     },
     /// Measure an environment's feature vector (disk, PATH, packages, tools, services, clock,
-    /// locale, ...); `--shipped NAME` prints a shipped reference fingerprint instead.
-    Fingerprint {
-        /// `host`, a directory, or `oci:PATH`.
-        #[arg(long, default_value = "host")]
-        rootfs: String,
-        /// A shipped fingerprint (`host-debian12`, `debootstrap-bookworm-minbase`).
-        #[arg(long, conflicts_with = "rootfs")]
-        shipped: Option<String>,
-        #[arg(long)]
-        json: bool,
-    },
+    /// locale, ...), optionally after `--start` commands; `--shipped NAME` prints a shipped
+    /// reference fingerprint instead; `engine fingerprint auc` reports the realism
+    /// classifier's held-out AUC (docs/fingerprints.md).
+    Fingerprint(fingerprint::FingerprintArgs),
     /// Harbor and Terminal-Bench task folders (docs/harbor.md).
     #[command(subcommand)]
     Harbor(harbor::HarborCmd),
@@ -206,11 +199,7 @@ pub fn run(cmd: Cmd) -> anyhow::Result<i32> {
             count,
             json,
         } => synth::run(&template, seed, count as u64, json),
-        Cmd::Fingerprint {
-            rootfs,
-            shipped,
-            json,
-        } => fingerprint::run(&rootfs, shipped, json),
+        Cmd::Fingerprint(a) => fingerprint::run(a),
         Cmd::Harbor(c) => harbor::run(c),
         Cmd::Reap { cache } => sandbox::reap(cache),
         Cmd::Serve(o) => serve::run(&o),

@@ -17,8 +17,8 @@ use crate::env::{Env, EnvConfig};
 use crate::instance::Plan;
 use crate::learn::{self, Evaluation};
 use crate::roles::{
-    AdversaryRole, AdversarySettings, BufferRole, EnvRole, FaultSpace, PpoRole, RolesError,
-    ScoreKind, SpaceSettings,
+    AdversaryRole, AdversarySettings, BufferRole, CriticSettings, EnvRole, FaultSpace, PpoRole,
+    RealismCritic, RolesError, ScoreKind, SpaceSettings,
 };
 use crate::synth::Cache;
 use actors::msg::{Failure, FailureKind, Level, Origin};
@@ -366,6 +366,23 @@ fn run_seed(
     } else {
         None
     };
+    // The realism critic, when its term weighs anything (lambda is an ablation axis).
+    let critic = if sp.lambda != 0.0 {
+        let mut c = RealismCritic::new(
+            rt.clone(),
+            cache.clone(),
+            space.clone(),
+            CriticSettings::default(),
+            seed ^ 0xc41c,
+        )
+        .map_err(|e| ExperimentError::SelfPlay(e.to_string()))?;
+        if let Some(d) = saved("critic") {
+            c.resume_from(&d).map_err(roles_err)?;
+        }
+        Some(Box::new(c) as Box<dyn actors::roles::Critic>)
+    } else {
+        None
+    };
     let (rt2, cache2, cfg2, space2) = (rt.clone(), cache.clone(), env_cfg.clone(), space.clone());
     let factory: WorkerFactory = Arc::new(move |_i| {
         Env::new(rt2.clone(), cache2.clone(), cfg2.clone())
@@ -376,7 +393,7 @@ fn run_seed(
         protagonist: Box::new(agent("protagonist", seed).map_err(roles_err)?),
         antagonist,
         adversaries,
-        critic: None,
+        critic,
         curriculum,
         workers: ppo.num_envs,
         worker_factory: factory,

@@ -158,14 +158,6 @@ pub(super) fn check(
             format!("must be finite, not {}", s.lambda),
         ));
     }
-    if s.lambda != 0.0 {
-        // Two real fingerprints today: any classifier separates them from every generated
-        // instance, so log D would be a constant penalty per fault (docs/selfplay.md).
-        return Err(invalid(
-            "selfplay.lambda",
-            "must be 0 until the realism critic has a real set of systems to learn from (issue 11, item 3)".into(),
-        ));
-    }
     if !(s.budget.is_finite() && s.budget > 0.0) {
         return Err(invalid(
             "selfplay.budget",

@@ -1,7 +1,7 @@
 //! The self-play roles of `actors` implemented with the factory: the level space of a
 //! template (`space.rs`), an environment worker over [`Env`](crate::env::Env) (`worker.rs`),
-//! the PPO protagonist (`agent.rs`), the learned adversary (`adversary.rs`) and the level
-//! buffer (`curriculum.rs`). `experiment::selfplay` puts them in the actor runtime.
+//! the PPO protagonist (`agent.rs`), the learned adversary (`adversary.rs`), the level
+//! buffer (`curriculum.rs`) and the realism critic (`critic.rs`). `experiment::selfplay` puts them in the actor runtime.
 //!
 //! | file | what it is |
 //! |---|---|
@@ -10,15 +10,18 @@
 //! | `agent.rs` | [`PpoRole`]: `actors::roles::Agent` over `policies::ppo` |
 //! | `adversary.rs` | [`AdversaryRole`]: `actors::roles::Synthesizer` over `policies::adversary` |
 //! | `curriculum.rs` | [`BufferRole`]: `actors::roles::Curriculum` over `policies::curriculum::LevelBuffer` |
+//! | `critic.rs` | [`RealismCritic`]: `actors::roles::Critic` over `policies::discriminator`, the real set against the adversaries' levels |
 
 mod adversary;
 mod agent;
+mod critic;
 mod curriculum;
 mod space;
 mod worker;
 
 pub use adversary::{AdversaryRole, AdversarySettings};
 pub use agent::PpoRole;
+pub use critic::{CriticSettings, RealismCritic};
 pub use curriculum::{BufferRole, ScoreKind};
 pub use space::{FaultSpace, SpaceSettings};
 pub use worker::EnvRole;

@@ -10,7 +10,7 @@ use actors::runtime::{Budget, Control, Observer, Parts, WorkerFactory};
 use actors::schedule::{Iteration, Method, ScheduleConfig};
 use engine::env::{Env, EnvConfig};
 use engine::experiment::Experiment;
-use engine::roles::{EnvRole, FaultSpace, PpoRole, SpaceSettings};
+use engine::roles::{CriticSettings, EnvRole, FaultSpace, PpoRole, RealismCritic, SpaceSettings};
 use engine::synth::Cache;
 use engine::template::Template;
 use std::path::{Path, PathBuf};
@@ -64,7 +64,6 @@ fn selfplay_configs_are_checked_with_the_file_and_key() {
             "between 1 and 64",
         ),
         ("lambda = nan\n", "selfplay.lambda", "finite"),
-        ("lambda = 0.5\n", "selfplay.lambda", "real set"),
         ("budget = 0.0\n", "selfplay.budget", "> 0"),
         (
             "held_out_faults = [\"disk-fill\"]\n",
@@ -85,6 +84,12 @@ fn selfplay_configs_are_checked_with_the_file_and_key() {
         assert!(e.contains("sp.toml:"), "{selfplay}: {e}");
         assert!(e.contains(key) && e.contains(says), "{selfplay}: {e}");
     }
+    // lambda is a config key and an ablation axis: any finite weight loads.
+    let (_r, file) = project("lambda = 0.5\n", "");
+    assert_eq!(
+        Experiment::load(&file).unwrap().selfplay.unwrap().lambda,
+        0.5
+    );
     let (_r, file) = project("method = \"plr\"\n", "");
     let exp = Experiment::load(&file).unwrap();
     let text = engine::experiment::selfplay::describe(&exp, exp.selfplay.as_ref().unwrap());
@@ -178,11 +183,8 @@ impl EnvWorker for KillInit {
     }
 }
 
-#[test]
-fn a_worker_whose_sandbox_init_is_killed_mid_run_is_restarted_and_the_run_goes_on() {
-    let rt = common::runtime();
-    let st = common::TempState::new();
-    let cache = Cache::open_with(st.path(), 64, 1 << 30).unwrap();
+/// The level space of [`TEMPLATE`]: budget 1, at most 2 faults, task seeds 7000..7004.
+fn test_space() -> Arc<FaultSpace> {
     let dir = tempfile::tempdir().unwrap();
     let tpl_file = dir.path().join("t.toml");
     std::fs::write(&tpl_file, TEMPLATE).unwrap();
@@ -194,7 +196,15 @@ fn a_worker_whose_sandbox_init_is_killed_mid_run_is_restarted_and_the_run_goes_o
         seed_base: 7_000,
         seed_count: 4,
     };
-    let space = Arc::new(FaultSpace::new(tpl, &settings).unwrap());
+    Arc::new(FaultSpace::new(tpl, &settings).unwrap())
+}
+
+#[test]
+fn a_worker_whose_sandbox_init_is_killed_mid_run_is_restarted_and_the_run_goes_on() {
+    let rt = common::runtime();
+    let st = common::TempState::new();
+    let cache = Cache::open_with(st.path(), 64, 1 << 30).unwrap();
+    let space = test_space();
     let level_space = space.space.clone();
     let cfg = EnvConfig::default();
     let probe = Env::new(rt.clone(), cache.clone(), cfg.clone()).unwrap();
@@ -489,5 +499,62 @@ fn resume_needs_a_run_directory() {
     assert!(
         err.contains("nothing to resume") && err.contains("run.json"),
         "{err}"
+    );
+}
+
+/// The realism critic (issue 11 item 3): it measures a level's instance without its task,
+/// scores it `log D` against the shipped real set, and after learning on the adversaries'
+/// levels scores those levels as less real than before.
+#[test]
+fn the_realism_critic_learns_the_adversaries_levels_are_generated() {
+    use actors::roles::Critic;
+    let rt = common::runtime();
+    let st = common::TempState::new();
+    let cache = Cache::open_with(st.path(), 64, 1 << 30).unwrap();
+    let space = test_space();
+    let mut critic = RealismCritic::new(
+        rt.clone(),
+        cache.clone(),
+        space.clone(),
+        CriticSettings::default(),
+        5,
+    )
+    .unwrap();
+    let levels = vec![
+        Level::clean(7_000),
+        Level {
+            seed: 7_001,
+            choices: vec![1, 1],
+        },
+        Level {
+            seed: 7_002,
+            choices: vec![0, 1],
+        },
+    ];
+    let before = critic.realism(&levels).unwrap();
+    assert_eq!(before.len(), 3);
+    assert!(
+        before.iter().all(|d| d.is_finite() && *d <= 0.0),
+        "{before:?}"
+    );
+    let mut stats = None;
+    for _ in 0..5 {
+        stats = Some(critic.learn(&levels).unwrap());
+    }
+    let stats = stats.unwrap();
+    assert!(stats.get("loss").unwrap().is_finite(), "{stats:?}");
+    assert_eq!(stats.get("generated"), Some(15.0));
+    let after = critic.realism(&levels).unwrap();
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+    assert!(mean(&after) < mean(&before), "{before:?} -> {after:?}");
+    let save = tempfile::tempdir().unwrap();
+    critic.save(save.path()).unwrap();
+    assert!(save.path().join("critic.safetensors").is_file());
+    // A resumed run's critic (another seed) scores as the saved one did.
+    let mut resumed = RealismCritic::new(rt, cache, space, CriticSettings::default(), 99).unwrap();
+    resumed.resume_from(save.path()).unwrap();
+    assert_eq!(
+        resumed.realism(&levels).unwrap(),
+        critic.realism(&levels).unwrap()
     );
 }

@@ -1,0 +1,206 @@
+//! `actors::roles::Critic` over `policies::discriminator`: the realism critic of self-play.
+//! A level's plan (task dropped, as [`crate::realism`] measures generated instances) is
+//! synthesized, started and fingerprinted; the classifier sees the same scaled features as
+//! `engine fingerprint auc` and learns the shipped real set (label real) against the levels
+//! the adversaries proposed (label generated). `realism` returns `log D` per level.
+
+use crate::instance::Plan;
+use crate::realism::{self, Scaler};
+use crate::roles::{FaultSpace, RolesError};
+use crate::synth::Cache;
+use actors::msg::{LearnStats, Level};
+use actors::roles::{Critic, RoleError};
+use policies::discriminator::{log_sigmoid, Discriminator, DiscriminatorConfig};
+use sandbox::Runtime;
+use std::collections::{HashMap, VecDeque};
+use std::path::Path;
+use std::sync::Arc;
+
+const ROLE: &str = "critic";
+/// Generated levels kept for learning at most (the newest).
+const MAX_GENERATED: usize = 1024;
+/// Measured levels remembered at most (a level's fingerprint does not change).
+const MAX_MEMO: usize = 8192;
+
+/// How the critic trains.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CriticSettings {
+    pub hidden: Vec<usize>,
+    pub learning_rate: f64,
+    /// Passes over the real set and the kept generated levels at each `learn`.
+    pub epochs: usize,
+    pub batch: usize,
+}
+
+impl Default for CriticSettings {
+    fn default() -> Self {
+        Self {
+            hidden: vec![32, 32],
+            learning_rate: 1e-3,
+            epochs: 20,
+            batch: 16,
+        }
+    }
+}
+
+pub struct RealismCritic {
+    rt: Runtime,
+    cache: Cache,
+    space: Arc<FaultSpace>,
+    settings: CriticSettings,
+    disc: Discriminator,
+    /// Statistics of the real set (fixed, so scores stay comparable across updates).
+    scaler: Scaler,
+    /// The real set, scaled, row-major.
+    real: Vec<f32>,
+    /// Scaled rows of the kept generated levels.
+    generated: VecDeque<Vec<f32>>,
+    /// Scaled row of each measured level; `None` when its plan does not apply.
+    memo: HashMap<Level, Option<Vec<f32>>>,
+}
+
+/// The generated rows the critic keeps, in its checkpoint.
+const GENERATED: &str = "generated.json";
+
+impl RealismCritic {
+    pub fn new(
+        rt: Runtime,
+        cache: Cache,
+        space: Arc<FaultSpace>,
+        settings: CriticSettings,
+        seed: u64,
+    ) -> Result<Self, RoleError> {
+        let real_set = realism::real_set().map_err(|e| RoleError::wrap(ROLE, e))?;
+        let rows: Vec<Vec<f32>> = real_set
+            .iter()
+            .map(|(_, f)| realism::realism_vector(f))
+            .collect();
+        let refs: Vec<&[f32]> = rows.iter().map(|r| r.as_slice()).collect();
+        let scaler = Scaler::fit(&refs);
+        let mut real = Vec::new();
+        for r in &rows {
+            scaler.apply(r, &mut real);
+        }
+        let cfg = DiscriminatorConfig {
+            input_dim: realism::feature_names().len(),
+            hidden: settings.hidden.clone(),
+            learning_rate: settings.learning_rate,
+            ..DiscriminatorConfig::default()
+        };
+        let disc = Discriminator::new(&cfg, seed).map_err(|e| RoleError::wrap(ROLE, e))?;
+        Ok(Self {
+            rt,
+            cache,
+            space,
+            settings,
+            disc,
+            scaler,
+            real,
+            generated: VecDeque::new(),
+            memo: HashMap::new(),
+        })
+    }
+
+    /// Go on from what [`Critic::save`] wrote under `dir` (a resumed run): the
+    /// discriminator with its optimiser, and the generated levels it keeps learning from.
+    pub fn resume_from(&mut self, dir: &Path) -> Result<(), RolesError> {
+        let disc = Discriminator::load(&dir.join("critic"))
+            .map_err(|e| RolesError::checkpoint(dir, e.to_string()))?;
+        if disc.config().input_dim != realism::feature_names().len() {
+            return Err(RolesError::checkpoint(
+                dir,
+                "the critic was trained on another feature set",
+            ));
+        }
+        self.generated = super::read_state(dir, GENERATED)?;
+        self.disc = disc;
+        Ok(())
+    }
+
+    /// The plan the critic measures for a level: the level's, without its task.
+    fn plan(&self, level: &Level) -> Plan {
+        let mut plan = self.space.plan(level);
+        plan.task = None;
+        plan
+    }
+
+    fn row(&mut self, level: &Level) -> Result<Option<Vec<f32>>, RoleError> {
+        if let Some(r) = self.memo.get(level) {
+            return Ok(r.clone());
+        }
+        let plan = self.plan(level);
+        let fp = realism::measure_plan(&self.rt, &self.cache, &plan)
+            .map_err(|e| RoleError::wrap(ROLE, e))?;
+        let row = fp.map(|fp| {
+            let mut out = Vec::new();
+            self.scaler.apply(&realism::realism_vector(&fp), &mut out);
+            out
+        });
+        if self.memo.len() >= MAX_MEMO {
+            self.memo.clear();
+        }
+        self.memo.insert(level.clone(), row.clone());
+        Ok(row)
+    }
+}
+
+impl Critic for RealismCritic {
+    /// `log D` per level; 0 for a level whose plan does not apply (it scores as unusable in
+    /// the adversary's reward anyway).
+    fn realism(&mut self, levels: &[Level]) -> Result<Vec<f64>, RoleError> {
+        let mut out = Vec::with_capacity(levels.len());
+        for l in levels {
+            let v = match self.row(l)? {
+                Some(row) => {
+                    let z = self
+                        .disc
+                        .logits(&row)
+                        .map_err(|e| RoleError::wrap(ROLE, e))?;
+                    f64::from(log_sigmoid(z[0]))
+                }
+                None => 0.0,
+            };
+            out.push(v);
+        }
+        Ok(out)
+    }
+
+    fn learn(&mut self, generated: &[Level]) -> Result<LearnStats, RoleError> {
+        for l in generated {
+            if let Some(row) = self.row(l)? {
+                self.generated.push_back(row);
+                if self.generated.len() > MAX_GENERATED {
+                    self.generated.pop_front();
+                }
+            }
+        }
+        if self.generated.is_empty() {
+            return Ok(LearnStats { values: Vec::new() });
+        }
+        let fake: Vec<f32> = self.generated.iter().flatten().copied().collect();
+        let st = self
+            .disc
+            .fit(&self.real, &fake, self.settings.epochs, self.settings.batch)
+            .map_err(|e| RoleError::wrap(ROLE, e))?;
+        tracing::debug!(
+            loss = st.loss,
+            kept = self.generated.len(),
+            "critic learned"
+        );
+        Ok(LearnStats {
+            values: vec![
+                ("loss".into(), f64::from(st.loss)),
+                ("acc_real".into(), f64::from(st.acc_real)),
+                ("acc_fake".into(), f64::from(st.acc_fake)),
+                ("generated".into(), self.generated.len() as f64),
+            ],
+        })
+    }
+
+    fn save(&self, dir: &Path) -> Result<(), RoleError> {
+        self.disc
+            .save(&dir.join("critic"))
+            .map_err(|e| RoleError::wrap(ROLE, e))?;
+        super::write_state(ROLE, dir, GENERATED, &self.generated)
+    }
+}
