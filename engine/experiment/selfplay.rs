@@ -833,7 +833,7 @@ impl Observer for SeedObserver {
             "point": &point,
             "protagonist": it.protagonist.as_ref().map(|s| &s.values),
             "buffer": it.buffer,
-            "seconds": self.t0.elapsed().as_secs_f64(),
+            "seconds": self.seconds_before + self.t0.elapsed().as_secs_f64(),
         }))
         .map_err(|e| RoleError::wrap("metrics", e))?;
         line.push(b'\n');

@@ -466,6 +466,16 @@ fn a_run_killed_with_sigkill_resumes_from_its_last_checkpoint_and_loses_at_most_
     let iterations: Vec<u64> = points.iter().map(|p| p.0).collect();
     assert_eq!(iterations, (0..points.len() as u64).collect::<Vec<_>>());
     assert_eq!(points.last().unwrap().1, 8);
+    // The seconds of the metrics go on from the killed run's, never back to 0.
+    let seconds: Vec<f64> = String::from_utf8_lossy(&after)
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["seconds"]
+                .as_f64()
+                .unwrap()
+        })
+        .collect();
+    assert!(seconds.windows(2).all(|w| w[0] <= w[1]), "{seconds:?}");
     // The protagonist went on learning: its optimiser counted every update once.
     let agent = policies::ppo::PpoAgent::load(&seed.join("final/protagonist/ppo")).unwrap();
     assert_eq!(agent.updates(), 8);
