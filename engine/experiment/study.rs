@@ -64,8 +64,10 @@ pub struct TaskReport {
     pub throughput_ratio: PerSeed,
     /// The last updates' training steps per second (as many steps as the baseline's) over
     /// the final policy's steps per second acting the same way without learning, right after
-    /// on the same environments and workers: the same environment work with and without the
-    /// learner, so what learning costs in throughput.
+    /// on the same environments and workers. Nearly the same environment work with and
+    /// without the learner, but not quite: the final policy succeeds more often (each success
+    /// pays a reset and a confirmation), so the ratio can exceed 1; `learning_cost` is the
+    /// direct measure of the learner's share.
     pub learning_throughput_ratio: PerSeed,
     /// Environment steps per second of the environments alone while learning (training steps
     /// over the wall time of the vectorised steps and resets): what the environments give
