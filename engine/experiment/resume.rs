@@ -3,6 +3,7 @@
 //! directory is resumed, and reading back what a run wrote.
 
 use super::{Experiment, ExperimentError};
+use actors::runtime::checkpoint;
 use std::path::{Path, PathBuf};
 
 /// The file of a run's identity in its directory.
@@ -108,14 +109,10 @@ fn show(v: Option<&serde_json::Value>) -> String {
 
 /// Read back a JSON file the run wrote.
 pub fn read_json<T: serde::de::DeserializeOwned>(file: &Path) -> Result<T, ExperimentError> {
-    let text = std::fs::read(file).map_err(|e| ExperimentError::Resume {
-        dir: file.parent().map(Path::to_path_buf).unwrap_or_default(),
-        reason: format!("{}: {e}", file.display()),
-    })?;
-    serde_json::from_slice(&text).map_err(|e| ExperimentError::Resume {
-        dir: file.parent().map(Path::to_path_buf).unwrap_or_default(),
-        reason: format!("{}: {e}", file.display()),
-    })
+    let dir = file.parent().unwrap_or(file);
+    let text =
+        std::fs::read(file).map_err(|e| resume_err(dir, format!("{}: {e}", file.display())))?;
+    serde_json::from_slice(&text).map_err(|e| resume_err(dir, format!("{}: {e}", file.display())))
 }
 
 /// Remove what a finished or checkpointed earlier run left in `seed_dir` (its checkpoints,
@@ -129,12 +126,7 @@ pub fn forget_seed(seed_dir: &Path) -> Result<(), ExperimentError> {
         _ => Ok(()),
     };
     for d in checkpoint_dirs(seed_dir) {
-        for suffix in ["", ".tmp", ".old"] {
-            let mut name = d.file_name().unwrap_or_default().to_os_string();
-            name.push(suffix);
-            let p = d.with_file_name(name);
-            gone(&p, std::fs::remove_dir_all(&p))?;
-        }
+        checkpoint::remove_all(&d).map_err(actors::runtime::RuntimeError::from)?;
     }
     let result = seed_dir.join("result.json");
     gone(&result, std::fs::remove_file(&result))

@@ -521,7 +521,7 @@ const OBSERVER_STATE: &str = "observer.json";
 
 /// The observer's state at a checkpoint: how much of its files belongs to the run up to it,
 /// and its curve.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Default, Serialize, Deserialize)]
 struct ObserverState {
     metrics_bytes: u64,
     episodes_bytes: u64,
@@ -694,6 +694,8 @@ impl SeedObserver {
         let state: Option<ObserverState> = from
             .map(|d| resume::read_json(&d.join(OBSERVER_STATE)))
             .transpose()?;
+        let resumed = state.is_some();
+        let st = state.unwrap_or_default();
         let open = |name: &str, keep: Option<u64>| {
             let file = dir.join(name);
             let werr = |source| ExperimentError::Write {
@@ -723,22 +725,20 @@ impl SeedObserver {
                 }
             }
         };
-        let metrics_bytes = state.as_ref().map_or(0, |s| s.metrics_bytes);
-        let episodes_bytes = state.as_ref().map_or(0, |s| s.episodes_bytes);
-        let metrics = open("metrics.jsonl", state.as_ref().map(|s| s.metrics_bytes))?;
-        let episodes = open("episodes.jsonl", state.as_ref().map(|s| s.episodes_bytes))?;
-        if let (Some(s), Ok(mut c)) = (&state, curve.lock()) {
-            *c = s.curve.clone();
+        let metrics = open("metrics.jsonl", resumed.then_some(st.metrics_bytes))?;
+        let episodes = open("episodes.jsonl", resumed.then_some(st.episodes_bytes))?;
+        if let (true, Ok(mut c)) = (resumed, curve.lock()) {
+            *c = st.curve;
         }
         Ok(Self {
             seed,
             metrics,
             episodes,
-            metrics_bytes,
-            episodes_bytes,
-            seconds_before: state.as_ref().map_or(0.0, |s| s.seconds),
+            metrics_bytes: st.metrics_bytes,
+            episodes_bytes: st.episodes_bytes,
+            seconds_before: st.seconds,
             every,
-            last_checkpoint: state.as_ref().map_or(0, |s| s.last_checkpoint),
+            last_checkpoint: st.last_checkpoint,
             budget,
             dir: dir.to_path_buf(),
             stop,

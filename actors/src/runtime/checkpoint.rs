@@ -174,6 +174,14 @@ pub fn latest(dirs: &[PathBuf]) -> Option<Checkpoint> {
         .max_by_key(|c| (c.progress.updates, c.progress.iterations))
 }
 
+/// Remove the checkpoint `dir` and what a save cut short left beside it (`.tmp`, `.old`).
+pub fn remove_all(dir: &Path) -> Result<(), CheckpointError> {
+    for d in [dir.to_path_buf(), sibling(dir, "old"), sibling(dir, "tmp")] {
+        remove(&d)?;
+    }
+    Ok(())
+}
+
 /// `cp` under its own name: a checkpoint found as `D.tmp` or `D.old` (a save cut short)
 /// becomes `D` again, replacing what `D` held (incomplete, or older).
 pub fn promote(cp: Checkpoint) -> Result<Checkpoint, CheckpointError> {
