@@ -267,9 +267,12 @@ impl RunningInstance {
     ) -> Result<ExecResult, RunningError> {
         // The command runs as written (its own line, so a trailing comment cannot swallow the
         // epilogue); the epilogue reports the final directory on stderr and keeps the status.
-        let wrapped =
-            format!("{cmd}\n__ef_rc=$?; printf '{CWD_MARK}%s' \"$PWD\" >&2; exit $__ef_rc");
-        let mut req = ExecRequest::shell(wrapped);
+        // A command that needs no shell runs as its words without it (the directory cannot
+        // change: only a shell's `cd` changes the shell's), saving the shell's exec.
+        let mut req = ExecRequest::shell(cmd);
+        req.shell_epilogue = Some(format!(
+            "__ef_rc=$?; printf '{CWD_MARK}%s' \"$PWD\" >&2; exit $__ef_rc"
+        ));
         req.cwd = self.cwd.clone();
         req.env = Some(self.env.clone());
         req.timeout_ms = timeout_ms;

@@ -56,9 +56,25 @@ pub struct ExecRequest {
     /// it, and leaving uid 0 clears every capability. `None`: the sandbox's own user.
     #[serde(default)]
     pub user: Option<(u32, u32)>,
+    /// For a [`Command::Shell`]: shell text run after the command (as `CMD\nEPILOGUE`) when
+    /// the command goes through the shell. A command that needs no shell and runs as its words
+    /// (the native backend's `init/direct.rs`) runs without it: with no shell there is no
+    /// shell state (its directory, its variables) for an epilogue to report, and such a
+    /// command cannot change its parent's. Backends without that path always append it.
+    #[serde(default)]
+    pub shell_epilogue: Option<String>,
 }
 
 impl ExecRequest {
+    /// The text a shell runs for this request's shell command: the command, then its
+    /// epilogue on a line of its own (so that a trailing comment cannot swallow it).
+    pub fn shell_text(cmd: &str, epilogue: Option<&str>) -> String {
+        match epilogue {
+            Some(e) => format!("{cmd}\n{e}"),
+            None => cmd.to_string(),
+        }
+    }
+
     /// A shell command with the defaults: cwd `/root`, 10 s timeout, 1 MiB per stream.
     pub fn shell(cmd: impl Into<String>) -> Self {
         Self {
@@ -69,6 +85,7 @@ impl ExecRequest {
             timeout_ms: 10_000,
             output_cap: 1 << 20,
             user: None,
+            shell_epilogue: None,
         }
     }
 

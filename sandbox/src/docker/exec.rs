@@ -32,12 +32,16 @@ impl Capped {
     }
 }
 
-/// The argv Docker runs: a shell command goes through the image's `/bin/sh -c`, as on the
-/// native backend.
-fn argv(cmd: &Command) -> Vec<String> {
+/// The argv Docker runs: a shell command goes through the image's `/bin/sh -c` (with its
+/// epilogue: this backend has no path without the shell).
+fn argv(cmd: &Command, epilogue: Option<&str>) -> Vec<String> {
     match cmd {
         Command::Argv(a) => a.clone(),
-        Command::Shell(s) => vec!["/bin/sh".into(), "-c".into(), s.clone()],
+        Command::Shell(s) => vec![
+            "/bin/sh".into(),
+            "-c".into(),
+            ExecRequest::shell_text(s, epilogue),
+        ],
     }
 }
 
@@ -51,7 +55,7 @@ pub(crate) fn run(
     env: &[String],
 ) -> Result<ExecResult, DockerError> {
     let started = Instant::now();
-    let argv = argv(&req.command);
+    let argv = argv(&req.command, req.shell_epilogue.as_deref());
     if argv.is_empty() {
         return Err(DockerError::Container {
             id: id.to_string(),
@@ -190,6 +194,11 @@ mod tests {
         c.push(b"defg", 5);
         assert_eq!(c.data, b"abcde");
         assert!(c.truncated);
-        assert_eq!(argv(&Command::Shell("x".into()))[..2], ["/bin/sh", "-c"]);
+        assert_eq!(
+            argv(&Command::Shell("x".into()), None),
+            ["/bin/sh", "-c", "x"]
+        );
+        // No path without the shell here: the epilogue always runs.
+        assert_eq!(argv(&Command::Shell("x".into()), Some("e"))[2], "x\ne");
     }
 }

@@ -39,7 +39,10 @@ impl Init {
             Command::Shell(s) => {
                 match super::direct::words(s, &env).filter(|_| self.sh_is_dash()) {
                     Some(w) => (w, Some(s.as_str())),
-                    None => (vec!["/bin/sh".into(), "-c".into(), s.clone()], None),
+                    None => {
+                        let text = ExecRequest::shell_text(s, req.shell_epilogue.as_deref());
+                        (vec!["/bin/sh".into(), "-c".into(), text], None)
+                    }
                 }
             }
         };

@@ -128,3 +128,37 @@ fn plain_commands_run_without_a_shell_process() {
     assert_eq!(out(&sh(&mut sb, replace)), "replaced\n");
     assert_ne!(ppid(&mut sb, "cat /proc/self/stat"), "1");
 }
+
+#[test]
+fn a_shell_epilogue_runs_only_when_the_shell_does() {
+    require_root!();
+    let rt = runtime();
+    let mut sb = rt.create(&config()).unwrap();
+    let run = |sb: &mut sandbox::Sandbox, cmd: &str| {
+        let mut r = ExecRequest::shell(cmd);
+        r.cwd = "/tmp".into();
+        r.shell_epilogue = Some("rc=$?; echo \"epilogue $PWD\" >&2; exit $rc".into());
+        sb.exec(&r).unwrap()
+    };
+    let err = |r: &ExecResult| String::from_utf8_lossy(&r.stderr).into_owned();
+    // Run as its words: no shell, so no epilogue, and the status is the command's own.
+    let r = run(&mut sb, "ls /nonexistent");
+    assert_eq!(r.termination, sandbox::Termination::Exited(2));
+    assert!(!err(&r).contains("epilogue"), "{}", err(&r));
+    // Through the shell, the epilogue sees the shell's state after the command and keeps its
+    // status; a trailing comment does not swallow it.
+    let r = run(&mut sb, "cd / && ls /nonexistent # comment");
+    assert_eq!(r.termination, sandbox::Termination::Exited(2));
+    assert!(err(&r).ends_with("epilogue /\n"), "{}", err(&r));
+    // A program that cannot run falls back to the shell without the epilogue (no shell state
+    // could have changed): dash's status and message.
+    let r = run(&mut sb, "nonexistent-command");
+    assert_eq!(r.termination, sandbox::Termination::Exited(127));
+    assert!(!err(&r).contains("epilogue"), "{}", err(&r));
+    // When /bin/sh is not the root's dash, every shell command takes the shell and its epilogue.
+    let replace = "rm -f /bin/sh && cp /bin/dash /bin/sh && echo replaced";
+    assert_eq!(out(&sh(&mut sb, replace)), "replaced\n");
+    let r = run(&mut sb, "ls /nonexistent");
+    assert_eq!(r.termination, sandbox::Termination::Exited(2));
+    assert!(err(&r).ends_with("epilogue /tmp\n"), "{}", err(&r));
+}
