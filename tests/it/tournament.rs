@@ -186,6 +186,25 @@ fn bad_sweep_grids_are_refused_with_the_file_and_key_before_anything_runs() {
         ]
     );
     assert!(sw.describe().contains("4 points"));
+
+    // The shipped pair: the tournament plays the sweep's points.
+    let shipped = Path::new(env!("CARGO_MANIFEST_DIR")).join("experiments");
+    let sw = Sweep::load(&shipped.join("sweep.toml")).unwrap();
+    let t =
+        engine::experiment::tournament::Tournament::load(&shipped.join("tournament.toml")).unwrap();
+    assert_eq!(sw.points.len(), t.runs.len());
+    for (p, run) in sw.points.iter().zip(&t.runs) {
+        let tail = Path::new(&sw.table.name)
+            .join("points")
+            .join(&p.name)
+            .join("experiment.toml");
+        assert!(
+            run.ends_with(&tail),
+            "{} is not the point {}",
+            run.display(),
+            p.name
+        );
+    }
 }
 
 #[test]
