@@ -404,10 +404,9 @@ pub fn run(
         })
     };
     mkdir(&sw.dir)?;
-    write(
-        &sw.dir.join("sweep.toml"),
-        &std::fs::read(&sw.file).unwrap_or_default(),
-    )?;
+    // The sweep as it was run, beside its points.
+    let text = crate::text::read_input(&sw.file)?;
+    write(&sw.dir.join("sweep.toml"), text.as_bytes())?;
     let mut status: Vec<String> = vec!["not run".into(); sw.points.len()];
     let mut queue: Vec<usize> = Vec::new();
     for (i, p) in sw.points.iter().enumerate() {
