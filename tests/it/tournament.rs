@@ -169,6 +169,19 @@ fn bad_sweep_grids_are_refused_with_the_file_and_key_before_anything_runs() {
         !root.path().join("out/sw").exists(),
         "a refused sweep wrote something"
     );
+    // Through the command line: bad input, exit 2, the file and key on stderr.
+    let f = sweep_file(root.path(), &base, "\"selfplay.lambda\" = [true]\n");
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_engine"))
+        .args(["sweep", "--dry-run"])
+        .arg(&f)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("sweep.toml: key `grid.\"selfplay.lambda\"`: true is a boolean"),
+        "{err}"
+    );
     let f = sweep_file(
         root.path(),
         &base,
