@@ -277,6 +277,33 @@ fn seed_space(run: &Run, s: &SeedReport) -> Result<FaultSpace, ExperimentError> 
     Ok(space)
 }
 
+/// The random agent reseeded by each level's task seed: its actions on a level do not
+/// depend on which worker played it, and are the same in every column (the columns share
+/// their task seeds).
+struct LevelRandom {
+    seed: u64,
+    inner: Random,
+}
+
+impl Agent for LevelRandom {
+    fn name(&self) -> String {
+        self.inner.name()
+    }
+    fn begin(
+        &mut self,
+        setup: &crate::instance::TaskSetup,
+    ) -> Result<(), crate::agents::AgentError> {
+        self.inner = Random::new(self.seed ^ setup.seed);
+        self.inner.begin(setup)
+    }
+    fn act(
+        &mut self,
+        obs: &crate::env::Observation,
+    ) -> Result<Option<crate::env::Action>, crate::agents::AgentError> {
+        self.inner.act(obs)
+    }
+}
+
 /// The 95% Wilson interval of `k` successes in `n`.
 pub fn wilson(k: usize, n: usize) -> (f64, f64) {
     if n == 0 {
@@ -424,7 +451,10 @@ pub fn run(file: &Path, rt: &Runtime, cache: &Cache) -> Result<(Matrix, PathBuf)
             match row {
                 Row::Policy { agent, mode, seed } => learn::policy_agent(agent, *mode, *seed),
                 Row::Oracle => learn::catalogue_oracle(),
-                Row::Random => Box::new(Random::new(t.seed ^ 0x7a4d)),
+                Row::Random => Box::new(LevelRandom {
+                    seed: t.seed ^ 0x7a4d,
+                    inner: Random::new(0),
+                }),
             }
         };
         let outcomes = learn::evaluate_each(rt, cache, &env_cfg, &plans, t.workers, &make)?;
@@ -556,6 +586,37 @@ pub fn render(m: &Matrix) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_random_row_acts_on_a_level_as_its_task_seed_says() {
+        let setup = |seed| crate::instance::TaskSetup {
+            task: "t".into(),
+            seed,
+            instruction: String::new(),
+            cwd: "/".into(),
+            actions: (0..50).map(|i| format!("a{i}")).collect(),
+            action_costs: Vec::new(),
+            keywords: Vec::new(),
+            max_steps: 10,
+            facts: serde_json::Value::Null,
+        };
+        let actions = |agent: &mut LevelRandom, seed| {
+            agent.begin(&setup(seed)).unwrap();
+            (0..8)
+                .map(|_| agent.act(&Default::default()).unwrap())
+                .collect::<Vec<_>>()
+        };
+        let fresh = || LevelRandom {
+            seed: 1,
+            inner: Random::new(0),
+        };
+        // One worker played level 7 first, another plays level 9 first: the same actions.
+        let mut a = fresh();
+        actions(&mut a, 7);
+        let mut b = fresh();
+        assert_eq!(actions(&mut a, 9), actions(&mut b, 9));
+        assert_ne!(actions(&mut a, 9), actions(&mut b, 10));
+    }
 
     #[test]
     fn wilson_intervals_hold_the_rate_and_stay_in_bounds() {

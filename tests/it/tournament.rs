@@ -105,6 +105,16 @@ fn a_tournament_of_two_tiny_runs_plays_the_matrix_and_solves_the_game() {
     for f in ["matrix.json", "report.md", "heatmap.png"] {
         assert!(dir.join(f).is_file(), "{f} missing");
     }
+    // Fixed seeds: played again, every cell counts the same.
+    let (again, _) = engine::experiment::tournament::run(&t, &rt, &cache).unwrap();
+    let counts = |m: &engine::experiment::tournament::Matrix| -> Vec<(usize, usize)> {
+        m.cells
+            .iter()
+            .flatten()
+            .map(|c| (c.successes, c.counted))
+            .collect()
+    };
+    assert_eq!(counts(&again), counts(&m));
     let md = std::fs::read_to_string(report).unwrap();
     assert!(
         md.contains("Nash value") && md.contains("| catalogue-oracle |"),
