@@ -451,18 +451,19 @@ pub fn run(
             let Some(i) = next.next() else { break };
             let p = &sw.points[i];
             let log = p.dir.join("log.txt");
-            let open = || {
-                std::fs::File::create(&log).map_err(|source| ExperimentError::Write {
-                    file: log.clone(),
-                    source,
-                })
+            let werr = |source| ExperimentError::Write {
+                file: log.clone(),
+                source,
             };
+            // One open file for both streams (two opens would write over each other).
+            let out = std::fs::File::create(&log).map_err(werr)?;
+            let err = out.try_clone().map_err(werr)?;
             let mut c = std::process::Command::new(engine);
             c.arg("run");
             if resume_points && p.dir.join(resume::RUN_FILE).is_file() {
                 c.arg("--resume");
             }
-            c.arg(p.file()).stdout(open()?).stderr(open()?);
+            c.arg(p.file()).stdout(out).stderr(err);
             tracing::info!(point = %p.name, "running");
             eprintln!(
                 "sweep {}: point {} started (log {})",

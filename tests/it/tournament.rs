@@ -210,6 +210,45 @@ fn bad_sweep_grids_are_refused_with_the_file_and_key_before_anything_runs() {
     );
     assert!(sw.describe().contains("4 points"));
 
+    // Points whose `engine run` fails are reported as failed, every point is still tried,
+    // and the aggregate is written; a stopped sweep launches nothing.
+    let f = sweep_file(
+        root.path(),
+        &base,
+        "\"selfplay.method\" = [\"dr\", \"clean\"]\n",
+    );
+    let sw = Sweep::load(&f).unwrap();
+    let fails = root.path().join("fails.sh");
+    std::fs::write(
+        &fails,
+        "#!/bin/sh\necho out: \"$@\"\necho err: failing >&2\nexit 3\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&fails, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let no = std::sync::atomic::AtomicBool::new(false);
+    let (agg, _) = engine::experiment::sweep::run(&sw, &fails, false, &no).unwrap();
+    assert!(!agg.complete());
+    for p in &agg.points {
+        assert!(
+            p.status.starts_with("failed (exit 3"),
+            "{}: {}",
+            p.point.name,
+            p.status
+        );
+        let log = std::fs::read_to_string(p.point.dir.join("log.txt")).unwrap();
+        assert!(
+            log.contains("run") && log.contains("experiment.toml"),
+            "{log}"
+        );
+    }
+    let agg: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(root.path().join("out/sw/sweep.json")).unwrap())
+            .unwrap();
+    assert_eq!(agg["points"].as_array().unwrap().len(), 2);
+    let stopped = std::sync::atomic::AtomicBool::new(true);
+    let (agg, _) = engine::experiment::sweep::run(&sw, &fails, false, &stopped).unwrap();
+    assert!(agg.points.iter().all(|p| p.status == "not run"), "{agg:?}");
+
     // The shipped pair: the tournament plays the sweep's points.
     let shipped = Path::new(env!("CARGO_MANIFEST_DIR")).join("experiments");
     let sw = Sweep::load(&shipped.join("sweep.toml")).unwrap();
