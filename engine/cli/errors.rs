@@ -71,7 +71,8 @@ fn is_input(e: &(dyn std::error::Error + 'static)) -> Option<bool> {
             | X::Parse { .. }
             | X::Invalid { .. }
             | X::Output { .. }
-            | X::Resume { .. } => Some(true),
+            | X::Resume { .. }
+            | X::Config { .. } => Some(true),
             X::Template(t) => Some(!matches!(t, T::Synthesis { .. })),
             _ => Some(false),
         };

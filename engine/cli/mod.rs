@@ -15,6 +15,7 @@ mod serve;
 pub mod signals;
 mod synth;
 mod task;
+mod tournament;
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -49,6 +50,23 @@ pub enum Cmd {
         /// Self-play: go on with the run in the experiment's output directory from each
         /// seed's newest checkpoint (finished seeds are kept). The directory must have been
         /// written by the same configuration.
+        #[arg(long, conflicts_with = "dry_run")]
+        resume: bool,
+    },
+    /// The cross-play matrix of finished self-play runs: their protagonists (with the
+    /// catalogue oracle and the random agent) x their adversaries (with `clean` and `dr`),
+    /// its Nash value and mixtures, Nash-averaged scores, Elo; `matrix.json`, `report.md`,
+    /// `heatmap.png` in `<out_dir>/<name>` (docs/selfplay.md).
+    Tournament { config: PathBuf },
+    /// An ablation grid over a base self-play experiment: one `engine run` per point (up to
+    /// `parallel` at once), then `sweep.json`, `report.md`, `sweep.png` with each point's
+    /// held-out success over seeds. Exit 1 when a point did not finish.
+    Sweep {
+        config: PathBuf,
+        /// Check the grid and list the points, without running them.
+        #[arg(long)]
+        dry_run: bool,
+        /// Keep the points that finished, resume the others from their checkpoints.
         #[arg(long, conflicts_with = "dry_run")]
         resume: bool,
     },
@@ -171,6 +189,12 @@ pub fn run(cmd: Cmd) -> anyhow::Result<i32> {
             resume,
         } => run::run(&experiment, dry_run, resume),
         Cmd::Replay { run, episode, json } => run::replay(&run, &episode, json),
+        Cmd::Tournament { config } => tournament::tournament(&config),
+        Cmd::Sweep {
+            config,
+            dry_run,
+            resume,
+        } => tournament::sweep(&config, dry_run, resume),
         Cmd::Sandbox(c) => sandbox::run(c),
         Cmd::Bench(c) => bench::run(c),
         Cmd::Episode {

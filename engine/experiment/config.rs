@@ -241,15 +241,7 @@ impl Experiment {
 
     /// Parse and validate the text of `file` (which locates the template and names errors).
     pub fn parse(text: &str, file: &Path) -> Result<Self, ExperimentError> {
-        let mut exp: Experiment = toml::from_str(text).map_err(|e| {
-            let (line, column) = e.span().map_or((0, 0), |s| line_col(text, s.start));
-            ExperimentError::Parse {
-                file: file.into(),
-                line,
-                column,
-                message: e.message().to_string(),
-            }
-        })?;
+        let mut exp: Experiment = parse_toml(text, file)?;
         let invalid = |key: &'static str, reason: String| {
             let (line, column) = locate(text, key);
             ExperimentError::Invalid {
@@ -272,11 +264,7 @@ impl Experiment {
                 ),
             ));
         }
-        if exp.experiment.name.is_empty()
-            || exp.experiment.name.len() > 255
-            || exp.experiment.name.contains(['/', '\0'])
-            || exp.experiment.name.starts_with('.')
-        {
+        if !dir_name_ok(&exp.experiment.name) {
             return Err(invalid(
                 "experiment.name",
                 "a name of 1 to 255 bytes without `/` that does not start with `.` (it names the report's directory)".into(),
@@ -651,6 +639,28 @@ impl Experiment {
         }
         Ok(c)
     }
+}
+
+/// `text` (of `file`) as TOML into `T`; a syntax or shape error names the file, line and
+/// column.
+pub(super) fn parse_toml<T: serde::de::DeserializeOwned>(
+    text: &str,
+    file: &Path,
+) -> Result<T, ExperimentError> {
+    toml::from_str(text).map_err(|e| {
+        let (line, column) = e.span().map_or((0, 0), |s| line_col(text, s.start));
+        ExperimentError::Parse {
+            file: file.into(),
+            line,
+            column,
+            message: e.message().to_string(),
+        }
+    })
+}
+
+/// A name that names a directory: 1 to 255 bytes, no `/`, not starting with `.`.
+pub(super) fn dir_name_ok(name: &str) -> bool {
+    !(name.is_empty() || name.len() > 255 || name.contains(['/', '\0']) || name.starts_with('.'))
 }
 
 /// A template path of an experiment file: absolute as given, else relative to the parent of

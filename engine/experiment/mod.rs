@@ -26,9 +26,13 @@
 //! | `selfplay.rs` | a self-play run (`[selfplay]`): the schedule through the actor runtime, metrics, checkpoints, held-out evaluation |
 //! | `selfplay_config.rs` | [`SelfPlay`]: the `[selfplay]` table and its validation |
 //! | `study.rs` | a training study (`[training]`): PPO per task and seed, held-out evaluation, `report.md` |
+//! | `tournament.rs` | `engine tournament`: protagonists x adversaries of finished runs, the cross-play matrix, its Nash value, Nash-averaged scores, Elo |
+//! | `nash.rs` | the zero-sum matrix game solved exactly (simplex), Nash-averaged scores, an Elo fit |
+//! | `sweep.rs` | `engine sweep`: a base experiment and a grid of keys, one run per point (processes), `--resume`, the aggregate |
 //! | `stats.rs` | [`summarize`], [`SeedResult`], [`Interval`], [`Report`] |
 
 mod config;
+pub mod nash;
 mod output;
 pub mod replay;
 pub mod resume;
@@ -37,6 +41,8 @@ pub mod selfplay;
 mod selfplay_config;
 mod stats;
 pub mod study;
+pub mod sweep;
+pub mod tournament;
 
 pub use config::{resolve_template, Agent, Environment, Experiment, Meta, Training, SEED_STRIDE};
 pub use runner::{run, run_until, EpisodeRecord};
@@ -79,6 +85,14 @@ pub enum ExperimentError {
     SelfPlay(String),
     #[error("{file}: {reason}")]
     Replay { file: PathBuf, reason: String },
+    /// A tournament's or a sweep's file: the key (`runs[1]`, `grid."selfplay.lambda"`) and
+    /// the reason.
+    #[error("{}: key `{key}`: {reason}", file.display())]
+    Config {
+        file: PathBuf,
+        key: String,
+        reason: String,
+    },
     #[error(transparent)]
     Roles(#[from] crate::roles::RolesError),
     #[error("self-play run")]
@@ -99,4 +113,19 @@ pub enum ExperimentError {
         file: PathBuf,
         source: std::io::Error,
     },
+}
+
+impl ExperimentError {
+    /// A tournament's or a sweep's `file` is wrong at `key` for `reason`.
+    pub(crate) fn config(
+        file: &std::path::Path,
+        key: impl Into<String>,
+        reason: impl Into<String>,
+    ) -> Self {
+        Self::Config {
+            file: file.to_path_buf(),
+            key: key.into(),
+            reason: reason.into(),
+        }
+    }
 }

@@ -71,7 +71,7 @@ pub fn check(dir: &Path, exp: &Experiment) -> Result<(), ExperimentError> {
 }
 
 /// The first key (dotted path) where `a` and `b` differ, with both values.
-fn first_difference(
+pub(super) fn first_difference(
     a: &serde_json::Value,
     b: &serde_json::Value,
     at: String,

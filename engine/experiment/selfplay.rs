@@ -515,7 +515,7 @@ fn run_seed(
 }
 
 /// A finished seed's report in its directory.
-const RESULT_FILE: &str = "result.json";
+pub(super) const RESULT_FILE: &str = "result.json";
 /// What the observer keeps in a checkpoint.
 const OBSERVER_STATE: &str = "observer.json";
 

@@ -355,6 +355,25 @@ pub(super) fn write(path: &Path, bytes: &[u8]) -> Result<(), ExperimentError> {
         })
 }
 
+/// `v` as pretty JSON to `path` (through a temporary file).
+pub(super) fn write_json<T: serde::Serialize>(path: &Path, v: &T) -> Result<(), ExperimentError> {
+    let json = serde_json::to_vec_pretty(v).map_err(|e| ExperimentError::Write {
+        file: path.into(),
+        source: std::io::Error::other(e),
+    })?;
+    write(path, &json)
+}
+
+/// A heatmap of `rows` of rates ([`crate::learn::heatmap`]) to `path`.
+pub(super) fn write_heatmap(path: &Path, rows: &[Vec<f64>]) -> Result<(), ExperimentError> {
+    let png =
+        crate::learn::heatmap::heatmap_png(rows).map_err(|source| ExperimentError::Write {
+            file: path.into(),
+            source,
+        })?;
+    write(path, &png)
+}
+
 fn fmt(p: &PerSeed) -> String {
     format!("{:.3} ± {:.3}", p.mean, p.ci95)
 }

@@ -1,6 +1,7 @@
 //! Learning in the factory's environments: the adapter of [`Env`](crate::env::Env) to the
 //! PPO learner (`adapter.rs`), one training run of PPO on a task's levels with its held-out
-//! evaluation and throughput baseline (`train.rs`), and the learning-curve plot (`plot.rs`).
+//! evaluation and throughput baseline (`train.rs`), the learning-curve plot (`plot.rs`) and
+//! the heatmap of tournaments and sweeps (`heatmap.rs`).
 //! Experiments with a `[training]` table (`experiments/ppo-clean.toml`, `experiments/ppo-dr.toml`) run
 //! through [`train`].
 //!
@@ -9,8 +10,10 @@
 //! | `adapter.rs` | [`TrainEnv`]: levels, skips, masked infrastructure failures |
 //! | `train.rs` | [`train`], [`TrainSpec`], [`TrainResult`], [`evaluate`] |
 //! | `plot.rs` | [`plot::curves_png`]: a PNG of learning curves |
+//! | `heatmap.rs` | [`heatmap::heatmap_png`]: a PNG of a matrix of rates in [0, 1] |
 
 mod adapter;
+pub mod heatmap;
 pub mod plot;
 mod train;
 

@@ -14,8 +14,8 @@ pub const COLOURS: [[u8; 3]; 6] = [
     [140, 86, 75],
 ];
 
-const W: usize = 640;
-const H: usize = 360;
+pub(super) const W: usize = 640;
+pub(super) const H: usize = 360;
 const MARGIN: usize = 24;
 
 /// A `W x H` PNG of `series` (points `(x, y)`, y clamped to [0, 1]; NaN points skipped).
@@ -84,7 +84,7 @@ fn line(px: &mut [u8], a: (usize, usize), b: (usize, usize), c: [u8; 3]) {
 }
 
 /// An 8-bit RGB PNG of `W x H` pixels.
-fn encode(px: &[u8]) -> std::io::Result<Vec<u8>> {
+pub(super) fn encode(px: &[u8]) -> std::io::Result<Vec<u8>> {
     let mut raw = Vec::with_capacity(H * (W * 3 + 1));
     for row in px.chunks(W * 3) {
         raw.push(0); // filter: none

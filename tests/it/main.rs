@@ -29,3 +29,4 @@ mod signals;
 mod synth;
 mod tasks;
 mod template;
+mod tournament;

@@ -33,7 +33,7 @@ name = "path-shuffle"
 probability = 0.5
 "#;
 
-fn project(selfplay: &str, training: &str) -> (tempfile::TempDir, PathBuf) {
+pub(crate) fn project(selfplay: &str, training: &str) -> (tempfile::TempDir, PathBuf) {
     let root = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(root.path().join("experiments")).unwrap();
     std::fs::create_dir_all(root.path().join("templates")).unwrap();
@@ -287,6 +287,17 @@ fn a_worker_whose_sandbox_init_is_killed_mid_run_is_restarted_and_the_run_goes_o
     );
 }
 
+/// A self-play run of `exp`, not stopped, from scratch.
+pub(crate) fn run_selfplay(
+    exp: &Experiment,
+    rt: &sandbox::Runtime,
+    cache: &Cache,
+) -> (engine::experiment::selfplay::SelfPlayReport, PathBuf) {
+    static STOP: AtomicBool = AtomicBool::new(false);
+    engine::experiment::selfplay::run(exp, exp.selfplay.as_ref().unwrap(), rt, cache, &STOP, false)
+        .unwrap()
+}
+
 #[test]
 fn a_short_rarl_run_writes_metrics_episodes_checkpoints_and_a_report() {
     let (root, file) = project(
@@ -297,16 +308,7 @@ fn a_short_rarl_run_writes_metrics_episodes_checkpoints_and_a_report() {
     let rt = common::runtime();
     let st = common::TempState::new();
     let cache = Cache::open_with(st.path(), 64, 1 << 30).unwrap();
-    static STOP: AtomicBool = AtomicBool::new(false);
-    let (report, path) = engine::experiment::selfplay::run(
-        &exp,
-        exp.selfplay.as_ref().unwrap(),
-        &rt,
-        &cache,
-        &STOP,
-        false,
-    )
-    .unwrap();
+    let (report, path) = run_selfplay(&exp, &rt, &cache);
     assert!(report.complete && !report.interrupted);
     let s = &report.seeds[0];
     assert_eq!(s.updates, 2);

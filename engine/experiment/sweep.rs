@@ -1,0 +1,597 @@
+//! `engine sweep CONFIG.toml`: an ablation grid over a base self-play experiment. `[grid]`
+//! maps experiment keys (`"selfplay.lambda" = [0.0, 0.5]`) to the values to try; every point
+//! of their product is written as its own experiment (`points/<point>/experiment.toml`, the
+//! base with the point's values, its name the point's and its output directory the point's
+//! directory) and run by `engine run` in a child process, up to `parallel` at once. Before
+//! anything runs, every key must be a key of the base experiment and every value of its type,
+//! and every point must load as an experiment: errors name the sweep file and the key.
+//! `--resume` keeps the points that finished and resumes the others from their checkpoints.
+//! The aggregate (`sweep.json`, `report.md`, `sweep.png`) reads each point's `report.json`:
+//! held-out clean and faulted success, mean ± 95% interval over seeds.
+
+use super::config::{dir_name_ok, parse_toml, resolve_template, Experiment};
+use super::resume;
+use super::study::{write, write_heatmap, write_json, PerSeed};
+use super::ExperimentError;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// The `[sweep]` table.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SweepTable {
+    pub name: String,
+    /// The base experiment (relative paths against the parent of this file's directory).
+    pub base: PathBuf,
+    /// Where `name/` goes (relative to the working directory).
+    #[serde(default = "out")]
+    pub out_dir: PathBuf,
+    /// Points run at once (child processes).
+    #[serde(default = "one")]
+    pub parallel: usize,
+    /// The seeds of every point (default: the base's `experiment.seeds`).
+    pub seeds: Option<Vec<u64>>,
+}
+
+fn out() -> PathBuf {
+    PathBuf::from("out")
+}
+fn one() -> usize {
+    1
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SweepFile {
+    sweep: SweepTable,
+    grid: BTreeMap<String, Vec<toml::Value>>,
+}
+
+/// One point of the grid.
+#[derive(Debug, Clone, Serialize)]
+pub struct Point {
+    pub name: String,
+    /// The point's value of each grid key.
+    pub values: BTreeMap<String, serde_json::Value>,
+    /// The point's directory: its experiment file and its run.
+    pub dir: PathBuf,
+    #[serde(skip)]
+    text: String,
+}
+
+impl Point {
+    pub fn file(&self) -> PathBuf {
+        self.dir.join("experiment.toml")
+    }
+}
+
+/// A checked sweep: its table, its points.
+#[derive(Debug, Clone)]
+pub struct Sweep {
+    pub file: PathBuf,
+    pub table: SweepTable,
+    pub base: PathBuf,
+    pub dir: PathBuf,
+    pub points: Vec<Point>,
+}
+
+fn bad(file: &Path, key: impl Into<String>, reason: impl Into<String>) -> ExperimentError {
+    ExperimentError::config(file, key, reason)
+}
+
+/// The kind of a JSON value, for the type check of grid values.
+fn kind(v: &serde_json::Value) -> &'static str {
+    use serde_json::Value;
+    match v {
+        Value::Null => "absent",
+        Value::Bool(_) => "a boolean",
+        Value::Number(n) if n.is_f64() => "a number",
+        Value::Number(_) => "an integer",
+        Value::String(_) => "a string",
+        Value::Array(_) => "a list",
+        Value::Object(_) => "a table",
+    }
+}
+
+/// A value as it reads in a point's name: letters, digits, `.` and `-`.
+fn label(v: &toml::Value) -> String {
+    let s = match v {
+        toml::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    s.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+/// Set dotted `key` in `table` to `v`, making the tables on the way.
+fn set(table: &mut toml::Table, key: &str, v: toml::Value) {
+    let mut parts: Vec<&str> = key.split('.').collect();
+    let last = parts.pop().unwrap_or(key);
+    let mut t = table;
+    for p in parts {
+        let entry = t
+            .entry(p.to_string())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        if !entry.is_table() {
+            *entry = toml::Value::Table(toml::Table::new());
+        }
+        let toml::Value::Table(next) = entry else {
+            return;
+        };
+        t = next;
+    }
+    t.insert(last.to_string(), v);
+}
+
+impl Sweep {
+    /// Load `file` and check it, its base and every point; nothing is written.
+    pub fn load(file: &Path) -> Result<Self, ExperimentError> {
+        let text = crate::text::read_input(file)?;
+        let f: SweepFile = parse_toml(&text, file)?;
+        let table = f.sweep;
+        if !dir_name_ok(&table.name) {
+            return Err(bad(
+                file,
+                "sweep.name",
+                "1 to 255 bytes without `/` that do not start with `.` (it names the output directory)",
+            ));
+        }
+        if !(1..=64).contains(&table.parallel) {
+            return Err(bad(file, "sweep.parallel", "between 1 and 64"));
+        }
+        if table.seeds.as_ref().is_some_and(Vec::is_empty) {
+            return Err(bad(file, "sweep.seeds", "at least one seed"));
+        }
+        if f.grid.is_empty() {
+            return Err(bad(file, "grid", "at least one key with values"));
+        }
+        let base = resolve_template(file, &table.base);
+        let base_exp =
+            Experiment::load(&base).map_err(|e| bad(file, "sweep.base", e.to_string()))?;
+        if base_exp.selfplay.is_none() {
+            return Err(bad(
+                file,
+                "sweep.base",
+                format!(
+                    "{} has no [selfplay]: a sweep aggregates self-play reports",
+                    base.display()
+                ),
+            ));
+        }
+        let full = serde_json::to_value(&base_exp)
+            .map_err(|e| ExperimentError::SelfPlay(e.to_string()))?;
+        for (key, values) in &f.grid {
+            let gk = format!("grid.\"{key}\"");
+            if matches!(key.as_str(), "experiment.name" | "experiment.out_dir") {
+                return Err(bad(
+                    file,
+                    &gk,
+                    "the sweep sets it (one name and directory per point)",
+                ));
+            }
+            if values.is_empty() {
+                return Err(bad(file, &gk, "no values"));
+            }
+            let mut at = &full;
+            for part in key.split('.') {
+                let Some(next) = at.as_object().and_then(|o| o.get(part)) else {
+                    let keys = at
+                        .as_object()
+                        .map(|o| o.keys().cloned().collect::<Vec<_>>().join(", "))
+                        .unwrap_or_default();
+                    return Err(bad(
+                        file,
+                        &gk,
+                        format!(
+                            "no key `{part}` in the experiment{}",
+                            if keys.is_empty() {
+                                String::new()
+                            } else {
+                                format!(" (there: {keys})")
+                            }
+                        ),
+                    ));
+                };
+                at = next;
+            }
+            let want = kind(at);
+            for v in values {
+                let got = serde_json::to_value(v)
+                    .map_err(|e| ExperimentError::SelfPlay(e.to_string()))?;
+                let ok = match (want, kind(&got)) {
+                    ("absent", _) => true,
+                    ("a number", "an integer") => true,
+                    (w, g) => w == g,
+                };
+                if !ok {
+                    return Err(bad(
+                        file,
+                        &gk,
+                        format!(
+                            "{v} is {}, the key takes {want} (the base has {at})",
+                            kind(&got)
+                        ),
+                    ));
+                }
+            }
+        }
+        let dir = std::path::absolute(table.out_dir.join(&table.name)).map_err(|source| {
+            ExperimentError::Output {
+                dir: table.out_dir.clone(),
+                source,
+            }
+        })?;
+        let points_dir = dir.join("points");
+        let base_text = crate::text::read_input(&base)?;
+        let base_table: toml::Table =
+            toml::from_str(&base_text).map_err(|e| bad(file, "sweep.base", e.to_string()))?;
+        // The product of the grid, the last key varying fastest.
+        let keys: Vec<&String> = f.grid.keys().collect();
+        let mut combos: Vec<Vec<&toml::Value>> = vec![Vec::new()];
+        for k in &keys {
+            combos = combos
+                .into_iter()
+                .flat_map(|c| {
+                    f.grid[*k].iter().map(move |v| {
+                        let mut c = c.clone();
+                        c.push(v);
+                        c
+                    })
+                })
+                .collect();
+        }
+        let mut points: Vec<Point> = Vec::new();
+        for combo in combos {
+            let mut name = keys
+                .iter()
+                .zip(&combo)
+                .map(|(k, v)| format!("{}-{}", k.rsplit('.').next().unwrap_or(k), label(v)))
+                .collect::<Vec<_>>()
+                .join("_");
+            if points.iter().any(|p| p.name == name) {
+                name = format!("{name}_{}", points.len());
+            }
+            let pdir = points_dir.join(&name);
+            let mut t = base_table.clone();
+            for (k, v) in keys.iter().zip(&combo) {
+                set(&mut t, k, (*v).clone());
+            }
+            set(&mut t, "experiment.name", toml::Value::String(name.clone()));
+            set(
+                &mut t,
+                "experiment.out_dir",
+                toml::Value::String(points_dir.display().to_string()),
+            );
+            if let Some(tpl) = &base_exp.environment.template {
+                set(
+                    &mut t,
+                    "environment.template",
+                    toml::Value::String(resolve_template(&base, tpl).display().to_string()),
+                );
+            }
+            if let Some(seeds) = &table.seeds {
+                set(
+                    &mut t,
+                    "experiment.seeds",
+                    toml::Value::Array(
+                        seeds
+                            .iter()
+                            .map(|&s| toml::Value::Integer(s as i64))
+                            .collect(),
+                    ),
+                );
+            }
+            let body = toml::to_string(&t).map_err(|e| ExperimentError::SelfPlay(e.to_string()))?;
+            let text = format!(
+                "# Point {name} of sweep {} (written by `engine sweep`; base {}).\n{body}",
+                file.display(),
+                base.display()
+            );
+            let values: BTreeMap<String, serde_json::Value> = keys
+                .iter()
+                .zip(&combo)
+                .map(|(k, v)| ((*k).clone(), serde_json::to_value(v).unwrap_or_default()))
+                .collect();
+            let point = Point {
+                name,
+                values,
+                dir: pdir,
+                text,
+            };
+            Experiment::parse(&point.text, &point.file()).map_err(|e| {
+                let which = keys
+                    .iter()
+                    .zip(&combo)
+                    .map(|(k, v)| format!("{k} = {v}"))
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                bad(
+                    file,
+                    "grid",
+                    format!("the point {which} is not a valid experiment: {e}"),
+                )
+            })?;
+            points.push(point);
+        }
+        Ok(Self {
+            file: file.to_path_buf(),
+            table,
+            base,
+            dir,
+            points,
+        })
+    }
+
+    /// What `--dry-run` prints.
+    pub fn describe(&self) -> String {
+        let mut s = format!(
+            "{}: {} points over {}, {} at a time; output {}\n",
+            self.table.name,
+            self.points.len(),
+            self.base.display(),
+            self.table.parallel,
+            self.dir.display()
+        );
+        for p in &self.points {
+            let v: Vec<String> = p.values.iter().map(|(k, v)| format!("{k} = {v}")).collect();
+            s.push_str(&format!(
+                "  {}: {} -> {}\n",
+                p.name,
+                v.join(", "),
+                p.file().display()
+            ));
+        }
+        s
+    }
+}
+
+/// One point's figures in the aggregate.
+#[derive(Debug, Clone, Serialize)]
+pub struct PointResult {
+    #[serde(flatten)]
+    pub point: Point,
+    /// `done`, `kept` (finished before, `--resume`), `failed (exit N)`, `incomplete`,
+    /// `not run`.
+    pub status: String,
+    pub held_out_clean: Option<PerSeed>,
+    pub held_out_faulted: Option<PerSeed>,
+}
+
+/// `sweep.json`.
+#[derive(Debug, Clone, Serialize)]
+pub struct Aggregate {
+    pub name: String,
+    pub base: PathBuf,
+    pub keys: Vec<String>,
+    pub points: Vec<PointResult>,
+}
+
+impl Aggregate {
+    /// Every point finished.
+    pub fn complete(&self) -> bool {
+        self.points
+            .iter()
+            .all(|p| matches!(p.status.as_str(), "done" | "kept"))
+    }
+}
+
+/// A point's report, when it finished.
+fn finished(p: &Point) -> Option<serde_json::Value> {
+    let v: serde_json::Value = resume::read_json(&p.dir.join("report.json")).ok()?;
+    (v["complete"] == true).then_some(v)
+}
+
+/// Run every point of `sw` with `engine` (this program: `engine run`), then aggregate.
+pub fn run(
+    sw: &Sweep,
+    engine: &Path,
+    resume_points: bool,
+    stop: &AtomicBool,
+) -> Result<(Aggregate, PathBuf), ExperimentError> {
+    let mkdir = |d: &Path| {
+        std::fs::create_dir_all(d).map_err(|source| ExperimentError::Output {
+            dir: d.to_path_buf(),
+            source,
+        })
+    };
+    mkdir(&sw.dir)?;
+    // The sweep as it was run, beside its points.
+    let text = crate::text::read_input(&sw.file)?;
+    write(&sw.dir.join("sweep.toml"), text.as_bytes())?;
+    let mut status: Vec<String> = vec!["not run".into(); sw.points.len()];
+    let mut queue: Vec<usize> = Vec::new();
+    for (i, p) in sw.points.iter().enumerate() {
+        mkdir(&p.dir)?;
+        let file = p.file();
+        let same = std::fs::read_to_string(&file).is_ok_and(|t| t == p.text);
+        if resume_points && same && finished(p).is_some() {
+            tracing::info!(point = %p.name, "finished before: kept");
+            status[i] = "kept".into();
+            continue;
+        }
+        if resume_points && !same && file.exists() {
+            return Err(ExperimentError::Resume {
+                dir: p.dir.clone(),
+                reason: format!(
+                    "{} was written by another sweep configuration; nothing was changed",
+                    file.display()
+                ),
+            });
+        }
+        queue.push(i);
+    }
+    // Write every point's file before the first runs (a refused write loses nothing).
+    for &i in &queue {
+        write(&sw.points[i].file(), sw.points[i].text.as_bytes())?;
+    }
+    let mut running: Vec<(usize, std::process::Child)> = Vec::new();
+    let mut next = queue.into_iter();
+    let mut forwarded = false;
+    loop {
+        if stop.load(Ordering::Relaxed) && !forwarded {
+            // The points checkpoint and stop (a signal from a terminal reached them too).
+            forwarded = true;
+            for (_, child) in &running {
+                if let Ok(pid) = i32::try_from(child.id()) {
+                    // SAFETY: kill(2) with integer arguments, to our own running child.
+                    unsafe { libc::kill(pid, libc::SIGTERM) };
+                }
+            }
+        }
+        while running.len() < sw.table.parallel && !stop.load(Ordering::Relaxed) {
+            let Some(i) = next.next() else { break };
+            let p = &sw.points[i];
+            let log = p.dir.join("log.txt");
+            let werr = |source| ExperimentError::Write {
+                file: log.clone(),
+                source,
+            };
+            // One open file for both streams (two opens would write over each other).
+            let out = std::fs::File::create(&log).map_err(werr)?;
+            let err = out.try_clone().map_err(werr)?;
+            let mut c = std::process::Command::new(engine);
+            c.arg("run");
+            if resume_points && p.dir.join(resume::RUN_FILE).is_file() {
+                c.arg("--resume");
+            }
+            c.arg(p.file()).stdout(out).stderr(err);
+            tracing::info!(point = %p.name, "running");
+            eprintln!(
+                "sweep {}: point {} started (log {})",
+                sw.table.name,
+                p.name,
+                log.display()
+            );
+            let child = c.spawn().map_err(|source| ExperimentError::Write {
+                file: engine.to_path_buf(),
+                source,
+            })?;
+            running.push((i, child));
+        }
+        if running.is_empty() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        let mut still = Vec::new();
+        for (i, mut child) in running {
+            match child.try_wait() {
+                Ok(Some(st)) => {
+                    status[i] = if st.success() && finished(&sw.points[i]).is_some() {
+                        "done".into()
+                    } else if st.success() {
+                        "incomplete".into()
+                    } else {
+                        format!(
+                            "failed (exit {}, see log.txt)",
+                            st.code().map_or("by a signal".into(), |c| c.to_string())
+                        )
+                    };
+                    eprintln!(
+                        "sweep {}: point {} {}",
+                        sw.table.name, sw.points[i].name, status[i]
+                    );
+                }
+                Ok(None) => still.push((i, child)),
+                Err(e) => {
+                    tracing::warn!(error = %e, "waiting for a point");
+                    still.push((i, child));
+                }
+            }
+        }
+        running = still;
+    }
+    let agg = aggregate(sw, status);
+    save(&sw.dir, &agg)?;
+    Ok((agg, sw.dir.join("report.md")))
+}
+
+fn per_seed(v: &serde_json::Value) -> Option<PerSeed> {
+    let per: Vec<f64> = v["per_seed"]
+        .as_array()?
+        .iter()
+        .map(|x| x.as_f64().unwrap_or(f64::NAN))
+        .collect();
+    Some(PerSeed::of(per))
+}
+
+/// The aggregate of the points' reports.
+pub fn aggregate(sw: &Sweep, status: Vec<String>) -> Aggregate {
+    let points = sw
+        .points
+        .iter()
+        .zip(status)
+        .map(|(p, status)| {
+            let r = resume::read_json::<serde_json::Value>(&p.dir.join("report.json")).ok();
+            PointResult {
+                point: p.clone(),
+                status,
+                held_out_clean: r.as_ref().and_then(|r| per_seed(&r["held_out_clean"])),
+                held_out_faulted: r.as_ref().and_then(|r| per_seed(&r["held_out_faulted"])),
+            }
+        })
+        .collect();
+    Aggregate {
+        name: sw.table.name.clone(),
+        base: sw.base.clone(),
+        keys: sw
+            .points
+            .first()
+            .map(|p| p.values.keys().cloned().collect())
+            .unwrap_or_default(),
+        points,
+    }
+}
+
+fn save(dir: &Path, a: &Aggregate) -> Result<(), ExperimentError> {
+    write_json(&dir.join("sweep.json"), a)?;
+    let mean = |p: &Option<PerSeed>| p.as_ref().map_or(f64::NAN, |p| p.mean);
+    let rows: Vec<Vec<f64>> = a
+        .points
+        .iter()
+        .map(|p| vec![mean(&p.held_out_clean), mean(&p.held_out_faulted)])
+        .collect();
+    write_heatmap(&dir.join("sweep.png"), &rows)?;
+    write(&dir.join("report.md"), render(a).as_bytes())
+}
+
+/// `report.md`.
+pub fn render(a: &Aggregate) -> String {
+    let f = |p: &Option<PerSeed>| {
+        p.as_ref().map_or("-".into(), |p| {
+            format!("{:.3} ± {:.3} (n={})", p.mean, p.ci95, p.per_seed.len())
+        })
+    };
+    let mut s = format!(
+        "# Sweep {} over {}\n\nHeld-out success of each point's final protagonist, mean ± 95% Student-t interval over seeds (each point's `report.json`).\n\n| point | {} | status | clean | faulted |\n|---|{}---|---|---|\n",
+        a.name,
+        a.base.display(),
+        a.keys.join(" | "),
+        "---|".repeat(a.keys.len()),
+    );
+    for p in &a.points {
+        let vals: Vec<String> = a
+            .keys
+            .iter()
+            .map(|k| p.point.values.get(k).map_or("-".into(), |v| v.to_string()))
+            .collect();
+        s.push_str(&format!(
+            "| {} | {} | {} | {} | {} |\n",
+            p.point.name,
+            vals.join(" | "),
+            p.status,
+            f(&p.held_out_clean),
+            f(&p.held_out_faulted)
+        ));
+    }
+    s.push_str("\n![the points (rows, in the table's order) x clean, faulted: red 0, yellow 0.5, green 1](sweep.png)\n");
+    s
+}
