@@ -81,15 +81,21 @@ fn print(o: &Outcome, json: bool) -> anyhow::Result<()> {
     } else {
         let status = if o.skipped {
             "SKIP"
+        } else if o.infrastructure {
+            "INFRA"
         } else if o.passed {
             "PASS"
         } else {
             "FAIL"
         };
+        let reward = if o.infrastructure {
+            "-".to_string()
+        } else {
+            o.reward.to_string()
+        };
         outln!(
-            "{status} {} reward {} ({:.2} s): {}",
+            "{status} {} reward {reward} ({:.2} s): {}",
             o.task,
-            o.reward,
             o.seconds,
             o.reason
         );
