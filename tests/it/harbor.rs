@@ -729,9 +729,32 @@ fn tools_planted_on_the_images_path_and_in_home_never_pass_the_tests() {
     assert_eq!(o.reward, 1.0, "{o:?}");
 }
 
+/// The Pythons older than 3.11 on this host (they ignore `PYTHONSAFEPATH`).
+fn old_pythons() -> Vec<PathBuf> {
+    let mut found: Vec<PathBuf> = ["/root/.pyenv/versions", "/usr/local/lib/pyenv/versions"]
+        .iter()
+        .filter_map(|d| std::fs::read_dir(d).ok())
+        .flatten()
+        .flatten()
+        .filter(|e| {
+            let n = e.file_name().to_string_lossy().into_owned();
+            let minor = n
+                .strip_prefix("3.")
+                .and_then(|r| r.split('.').next()?.parse().ok());
+            minor.is_some_and(|m: u32| (6..11).contains(&m))
+        })
+        .map(|e| e.path().join("bin/python3"))
+        .chain((6..11).map(|m| PathBuf::from(format!("/usr/bin/python3.{m}"))))
+        .filter(|p| p.is_file())
+        .collect();
+    found.sort();
+    found
+}
+
 /// The verifier's `sitecustomize.py` keeps the working directory off `sys.path` for
-/// `python3 -m` without `PYTHONSAFEPATH` (which Pythons before 3.11 ignore): a `pytest.py`
-/// in the working directory is not what runs. Without it, it is (the test can fail).
+/// `python3 -m`: on a Python older than 3.11 where this host has one (`PYTHONSAFEPATH=1` set
+/// and ignored: the planted module runs without ours), else on this host's `python3` with
+/// `PYTHONSAFEPATH` unset. Without ours, the planted module runs (the test can fail).
 #[test]
 fn the_verifiers_sitecustomize_keeps_the_working_directory_off_sys_path() {
     let t = tempfile::tempdir().unwrap();
@@ -745,31 +768,52 @@ fn the_verifiers_sitecustomize_keeps_the_working_directory_off_sys_path() {
     )
     .unwrap();
     std::fs::write(wd.join("json.py"), "print('PLANTED')\n").unwrap();
-    let run = |pythonpath: Option<&Path>| {
-        let mut c = std::process::Command::new("python3");
-        c.args(["-m", "json.tool", "--help"])
-            .current_dir(&wd)
-            .env_remove("PYTHONSAFEPATH")
-            .env_remove("PYTHONPATH");
-        if let Some(p) = pythonpath {
-            c.env("PYTHONPATH", p);
+    let old = old_pythons();
+    let pythons: Vec<(PathBuf, bool)> = if old.is_empty() {
+        vec![("python3".into(), false)]
+    } else {
+        old.into_iter().map(|p| (p, true)).collect()
+    };
+    for (python, is_old) in &pythons {
+        let run = |pythonpath: Option<&Path>| {
+            let mut c = std::process::Command::new(python);
+            c.args(["-m", "json.tool", "--help"])
+                .current_dir(&wd)
+                .env_remove("PYTHONPATH");
+            if *is_old {
+                c.env("PYTHONSAFEPATH", "1");
+            } else {
+                c.env_remove("PYTHONSAFEPATH");
+            }
+            if let Some(p) = pythonpath {
+                c.env("PYTHONPATH", p);
+            }
+            let o = c.output().unwrap();
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            )
+        };
+        if std::process::Command::new(python)
+            .arg("-V")
+            .output()
+            .is_err()
+        {
+            eprintln!("skipped: no python3 on this host");
+            return;
         }
-        let o = c.output().unwrap();
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
-        )
-    };
-    let Ok(_) = std::process::Command::new("python3").arg("-V").output() else {
-        eprintln!("skipped: no python3 on this host");
-        return;
-    };
-    let without = run(None);
-    assert!(without.contains("PLANTED"), "{without}");
-    let with = run(Some(&site));
-    assert!(!with.contains("PLANTED"), "{with}");
-    assert!(with.contains("usage"), "{with}");
+        eprintln!("python: {}", python.display());
+        let without = run(None);
+        assert!(
+            without.contains("PLANTED"),
+            "{}: {without}",
+            python.display()
+        );
+        let with = run(Some(&site));
+        assert!(!with.contains("PLANTED"), "{}: {with}", python.display());
+        assert!(with.contains("usage"), "{}: {with}", python.display());
+    }
 }
 
 /// A perturbation's start step (here `zombies`: a parent that never reaps its children) runs
