@@ -736,7 +736,7 @@ fn outcome(
 }
 
 /// Load, build and run `agent` on one task folder; a folder outside the supported subset is
-/// a skipped outcome, other errors are errors.
+/// a skipped outcome, other errors are errors. The perturbations are synthesized with seed 1.
 pub fn check_task(
     rt: &sandbox::Runtime,
     backend: &dyn DynBackend,
@@ -745,6 +745,21 @@ pub fn check_task(
     base: Option<&sandbox::RootfsSpec>,
     agent: &Agent,
     perturb: &[crate::instance::PerturbationChoice],
+) -> Result<Outcome, HarborError> {
+    check_task_seeded(rt, backend, store, dir, base, agent, perturb, 1)
+}
+
+/// [`check_task`] with the perturbations synthesized with `seed` (a template's).
+#[allow(clippy::too_many_arguments)]
+pub fn check_task_seeded(
+    rt: &sandbox::Runtime,
+    backend: &dyn DynBackend,
+    store: &super::LayerStore,
+    dir: &std::path::Path,
+    base: Option<&sandbox::RootfsSpec>,
+    agent: &Agent,
+    perturb: &[crate::instance::PerturbationChoice],
+    seed: u64,
 ) -> Result<Outcome, HarborError> {
     let t0 = Instant::now();
     let skipped = |e: HarborError| Outcome {
@@ -802,7 +817,7 @@ pub fn check_task(
         Err(e) if !e.is_bad_input() => return Ok(infra(e)),
         Err(e) => return Err(e),
     };
-    let img = match super::perturb_image(rt, store, &img, perturb, 1) {
+    let img = match super::perturb_image(rt, store, &img, perturb, seed) {
         Ok(i) => i,
         Err(e) if e.is_unsupported() => return Ok(skipped(e)),
         Err(e) if !e.is_bad_input() => return Ok(infra(e)),

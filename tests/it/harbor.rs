@@ -941,3 +941,66 @@ fn host_side_failures_are_masked_not_scored() {
     assert!(o.reason.contains("takes no file"), "{}", o.reason);
     assert_eq!(run(&rt).reward, 1.0, "the store works again");
 }
+
+/// A template naming a task folder (`task = { harbor = "DIR" }`): `engine harbor run
+/// --template` applies its sampled perturbation space to the folder's image; the other
+/// commands refuse it by name and line; a folder that is not a task is named.
+#[test]
+fn a_template_naming_a_task_folder_perturbs_its_image() {
+    require_root!();
+    let t = tempfile::tempdir().unwrap();
+    let template = |probability: f64, dir: &Path| {
+        let f = t
+            .path()
+            .join(format!("t{}.toml", (probability * 10.0) as u32));
+        std::fs::write(
+            &f,
+            format!(
+                "[template]\nname = \"hello\"\ntask = {{ harbor = \"{}\" }}\n\n[[perturbation_space]]\nname = \"tool-missing\"\nprobability = {probability}\n[perturbation_space.params]\ntool = \"tr\"\n",
+                dir.display()
+            ),
+        )
+        .unwrap();
+        f
+    };
+    let st = common::TempState::new();
+    let run = |f: &Path| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_engine"))
+            .env("ENVFACTORY_STATE", st.path())
+            .args(["harbor", "run", "--json", "--base", "host", "--template"])
+            .arg(f)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let j: serde_json::Value = serde_json::from_str(stdout.trim())
+            .unwrap_or_else(|e| panic!("{e}: {stdout}{}", String::from_utf8_lossy(&out.stderr)));
+        j
+    };
+    let hello = fixture("harbor/hello-file");
+    let j = run(&template(1.0, &hello));
+    assert_eq!(j["reward"], 0.0, "the oracle needs tr: {j}");
+    assert_eq!(
+        j["perturbations"][0], "tool-missing: removed /usr/bin/tr",
+        "{j}"
+    );
+    let j = run(&template(0.0, &hello));
+    assert_eq!(j["reward"], 1.0, "{j}");
+    assert_eq!(j["perturbations"], serde_json::json!([]), "{j}");
+    // Elsewhere (synth, task, serve, experiments) such a template is refused by name.
+    let e = engine::template::Template::load(&template(1.0, &hello))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains(":3:")
+            && e.contains("template.task")
+            && e.contains("engine harbor run --template"),
+        "{e}"
+    );
+    let e = engine::template::Template::load_any(&template(1.0, t.path()))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("template.task.harbor") && e.contains("not a task folder"),
+        "{e}"
+    );
+}
