@@ -559,20 +559,27 @@ fn verify(
     let wd = img.workdir.clone();
     let shell = shell_of(sbx);
     // The verifier: reward files deleted first (a reward the agent wrote must not count),
-    // checked gone by the host, then the tests copied in.
+    // checked gone by the host, then the tests copied in (their folders made by the same
+    // command: one exec less).
+    let dests: Vec<String> = task
+        .tests
+        .iter()
+        .map(|(rel, _)| format!("/tests/{rel}"))
+        .collect();
     run(
         sbx,
         &sh(
             &format!(
-                "rm -rf /logs/verifier /tests; mkdir -p /logs/verifier {} {OFFLINE_BIN} && chmod 777 /logs/verifier",
-                super::verifier::SAFE_PATH_DIR
+                "rm -rf /logs/verifier /tests; mkdir -p /logs/verifier {} {OFFLINE_BIN} /tests {} && chmod 777 /logs/verifier",
+                super::verifier::SAFE_PATH_DIR,
+                parents(dests.iter().map(String::as_str))
             ),
             "/",
             root_env,
             None,
             30.0,
         ),
-        "clearing /logs/verifier",
+        "clearing /logs/verifier, preparing /tests",
     )?;
     for f in ["/logs/verifier/reward.txt", "/logs/verifier/reward.json"] {
         if sbx.stat(f).is_ok() {
@@ -586,25 +593,6 @@ fn verify(
             ));
         }
     }
-    let dests: Vec<String> = task
-        .tests
-        .iter()
-        .map(|(rel, _)| format!("/tests/{rel}"))
-        .collect();
-    run(
-        sbx,
-        &sh(
-            &format!(
-                "mkdir -p /tests {}",
-                parents(dests.iter().map(String::as_str))
-            ),
-            "/",
-            root_env,
-            None,
-            30.0,
-        ),
-        "preparing /tests",
-    )?;
     let mut script_text = String::new();
     for ((_, host), d) in task.tests.iter().zip(&dests) {
         let data = std::fs::read(host).map_err(|source| HarborError::Io {
