@@ -154,7 +154,7 @@ fn each(dirs: &[PathBuf], opts: &Opts, agent: &Agent, json: bool) -> anyhow::Res
     };
     let mut failed = false;
     for d in &dirs {
-        let o = harbor::check_task_seeded(
+        let o = harbor::check_task(
             &rt,
             backend,
             &store,

@@ -723,23 +723,11 @@ fn outcome(
     }
 }
 
-/// Load, build and run `agent` on one task folder; a folder outside the supported subset is
-/// a skipped outcome, other errors are errors. The perturbations are synthesized with seed 1.
-pub fn check_task(
-    rt: &sandbox::Runtime,
-    backend: &dyn DynBackend,
-    store: &super::LayerStore,
-    dir: &std::path::Path,
-    base: Option<&sandbox::RootfsSpec>,
-    agent: &Agent,
-    perturb: &[crate::instance::PerturbationChoice],
-) -> Result<Outcome, HarborError> {
-    check_task_seeded(rt, backend, store, dir, base, agent, perturb, 1)
-}
-
-/// [`check_task`] with the perturbations synthesized with `seed` (a template's).
+/// Load, build and run `agent` on one task folder, the perturbations synthesized with `seed`;
+/// a folder outside the supported subset is a skipped outcome, this host's failures masked
+/// outcomes, other errors (bad input) errors.
 #[allow(clippy::too_many_arguments)]
-pub fn check_task_seeded(
+pub fn check_task(
     rt: &sandbox::Runtime,
     backend: &dyn DynBackend,
     store: &super::LayerStore,

@@ -12,7 +12,7 @@ pub mod task;
 mod verifier;
 
 pub use build::{build_image, Image, LayerStore};
-pub use episode::{check_task, check_task_seeded, run_episode, Agent, Outcome};
+pub use episode::{check_task, run_episode, Agent, Outcome};
 pub use perturb::perturb_image;
 pub use task::{load, Layout, Oracle, Task};
 pub use verifier::SAFE_PATH_SITECUSTOMIZE;

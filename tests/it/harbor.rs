@@ -92,6 +92,7 @@ fn task_folders_of_both_layouts_pass_fail_or_skip_as_their_oracles_deserve() {
             Some(&host),
             &Agent::Oracle,
             &[],
+            1,
         )
         .unwrap_or_else(|e| panic!("{dir}: {e}"));
         assert_eq!((o.passed, o.skipped), (*passed, *skipped), "{dir}: {o:?}");
@@ -109,6 +110,7 @@ fn task_folders_of_both_layouts_pass_fail_or_skip_as_their_oracles_deserve() {
         Some(&host),
         &Agent::Oracle,
         &[],
+        1,
     )
     .unwrap();
     assert!(
@@ -131,6 +133,7 @@ fn task_folders_of_both_layouts_pass_fail_or_skip_as_their_oracles_deserve() {
             Some(&host),
             &Agent::Nothing,
             &[],
+            1,
         )
         .unwrap();
         assert!(!o.passed && o.reward == 0.0, "{dir}: {o:?}");
@@ -327,6 +330,7 @@ fn the_same_tasks_run_on_the_docker_backend() {
                 None,
                 &Agent::Oracle,
                 &[],
+                1,
             )
             .unwrap();
             assert_eq!(o.reward, reward, "{task} on {}: {o:?}", backend.name());
@@ -406,11 +410,11 @@ fn the_factorys_perturbations_apply_to_task_folders() {
     let dir = fixture("harbor/hello-file");
     let host = Some(&RootfsSpec::Host);
     let spec = engine::perturb::parse_spec("tool-missing:tool=tr").unwrap();
-    let o = harbor::check_task(&rt, &rt, &s.store, &dir, host, &Agent::Oracle, &[spec]).unwrap();
+    let o = harbor::check_task(&rt, &rt, &s.store, &dir, host, &Agent::Oracle, &[spec], 1).unwrap();
     assert_eq!(o.reward, 0.0, "the oracle needs tr: {o:?}");
     assert_eq!(o.perturbations, vec!["tool-missing: removed /usr/bin/tr"]);
     // The same task unperturbed still passes (the fault is in its own layer, not the image's).
-    let o = harbor::check_task(&rt, &rt, &s.store, &dir, host, &Agent::Oracle, &[]).unwrap();
+    let o = harbor::check_task(&rt, &rt, &s.store, &dir, host, &Agent::Oracle, &[], 1).unwrap();
     assert_eq!(o.reward, 1.0, "{o:?}");
     assert!(o.perturbations.is_empty());
 }
@@ -425,6 +429,7 @@ fn scripted(s: &Store, rt: &sandbox::Runtime, dir: &Path, cmds: &[String]) -> ha
         Some(&RootfsSpec::Host),
         &Agent::Commands(cmds.to_vec()),
         &[],
+        1,
     )
     .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
 }
@@ -833,7 +838,7 @@ fn perturbation_start_steps_run_again_for_the_tests() {
     for (perturb, reward) in [(zombies, 1.0), (vec![], 0.0)] {
         let agent = Agent::Commands(vec!["true".into()]);
         let host = Some(&RootfsSpec::Host);
-        let o = harbor::check_task(&rt, &rt, &s.store, &dir, host, &agent, &perturb).unwrap();
+        let o = harbor::check_task(&rt, &rt, &s.store, &dir, host, &agent, &perturb, 1).unwrap();
         assert_eq!(o.reward, reward, "{o:?}");
     }
 }
@@ -902,7 +907,7 @@ fn host_side_failures_are_masked_not_scored() {
     let honest = Agent::Commands(vec!["touch /app/done".into()]);
     let host = Some(&RootfsSpec::Host);
     let run = |b: &dyn sandbox::DynBackend| {
-        harbor::check_task(&rt, b, &s.store, &dir, host, &honest, &[]).unwrap()
+        harbor::check_task(&rt, b, &s.store, &dir, host, &honest, &[], 1).unwrap()
     };
     let host_down = Flaky::new(&rt, 1, |_| true);
     let o = run(&host_down);
