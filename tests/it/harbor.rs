@@ -948,8 +948,9 @@ fn host_side_failures_are_masked_not_scored() {
 }
 
 /// A template naming a task folder (`task = { harbor = "DIR" }`): `engine harbor run
-/// --template` applies its sampled perturbation space to the folder's image; the other
-/// commands refuse it by name and line; a folder that is not a task is named.
+/// --template` applies its sampled perturbation space to the folder's image, `engine synth`
+/// synthesizes each seed's faults on it; the other readers refuse it by name and line; a
+/// folder that is not a task is named.
 #[test]
 fn a_template_naming_a_task_folder_perturbs_its_image() {
     require_root!();
@@ -991,7 +992,25 @@ fn a_template_naming_a_task_folder_perturbs_its_image() {
     let j = run(&template(0.0, &hello));
     assert_eq!(j["reward"], 1.0, "{j}");
     assert_eq!(j["perturbations"], serde_json::json!([]), "{j}");
-    // Elsewhere (synth, task, serve, experiments) such a template is refused by name.
+    // `engine synth`: each seed's faults synthesized on the folder's image, as a layer.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_engine"))
+        .env("ENVFACTORY_STATE", st.path())
+        .args(["synth", "--json", "--count", "2"])
+        .arg(template(1.0, &hello))
+        .output()
+        .unwrap();
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+    let inst = j["instances"].as_array().unwrap();
+    assert_eq!(inst.len(), 2, "{j}");
+    assert_eq!(inst[1]["seed"], 2);
+    assert_eq!(
+        inst[0]["applied"][0], "tool-missing: removed /usr/bin/tr",
+        "{j}"
+    );
+    let layer = Path::new(inst[0]["layer"].as_str().unwrap());
+    assert!(layer.is_dir() && layer.starts_with(st.path()), "{j}");
+    // Elsewhere (task, serve, experiments) such a template is refused by name.
     let e = engine::template::Template::load(&template(1.0, &hello))
         .unwrap_err()
         .to_string();
