@@ -12,7 +12,7 @@ pub enum HarborCmd {
     /// Build each task, run its oracle then its tests; pass/fail per task (exit 1 if any
     /// failed; tasks outside the supported subset are skipped with the reason).
     Check {
-        #[arg(required = true)]
+        #[arg(required_unless_present = "template")]
         dirs: Vec<PathBuf>,
         #[command(flatten)]
         opts: Opts,
@@ -22,7 +22,8 @@ pub enum HarborCmd {
     },
     /// One episode of a task with an agent.
     Run {
-        dir: PathBuf,
+        #[arg(required_unless_present = "template")]
+        dir: Option<PathBuf>,
         #[arg(long, value_enum, default_value = "oracle")]
         agent: AgentKind,
         /// `--agent commands`: a file of shell commands, one per line.
@@ -53,6 +54,14 @@ pub struct Opts {
     /// Run the episodes on this backend.
     #[arg(long, value_enum, default_value = "native")]
     backend: super::episode::BackendKind,
+    /// A template (`task = { harbor = "DIR" }` names the folder, run when no DIR is given):
+    /// its perturbation space, sampled for `--seed`, applies to every task's image, after
+    /// the `--perturb`s.
+    #[arg(long, value_name = "FILE")]
+    template: Option<PathBuf>,
+    /// The seed the template's space is sampled with (and the faults synthesized with).
+    #[arg(long, default_value = "1")]
+    seed: u64,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -81,15 +90,21 @@ fn print(o: &Outcome, json: bool) -> anyhow::Result<()> {
     } else {
         let status = if o.skipped {
             "SKIP"
+        } else if o.infrastructure {
+            "INFRA"
         } else if o.passed {
             "PASS"
         } else {
             "FAIL"
         };
+        let reward = if o.infrastructure {
+            "-".to_string()
+        } else {
+            o.reward.to_string()
+        };
         outln!(
-            "{status} {} reward {} ({:.2} s): {}",
+            "{status} {} reward {reward} ({:.2} s): {}",
             o.task,
-            o.reward,
             o.seconds,
             o.reason
         );
@@ -112,6 +127,21 @@ fn each(dirs: &[PathBuf], opts: &Opts, agent: &Agent, json: bool) -> anyhow::Res
                 .map_err(|e| super::errors::usage(format!("--perturb: {e}")))?,
         );
     }
+    let mut dirs = dirs.to_vec();
+    if let Some(file) = &opts.template {
+        let t = engine::template::Template::load_any(file)?;
+        perturb.extend(t.sample(opts.seed).perturbations);
+        match (&t.harbor, dirs.is_empty()) {
+            (Some((dir, _)), true) => dirs.push(dir.clone()),
+            (None, true) => {
+                return Err(super::errors::usage(format!(
+                    "{}: names no task folder (`task = {{ harbor = \"DIR\" }}`); give DIR",
+                    file.display()
+                )))
+            }
+            _ => {}
+        }
+    }
     let rt = super::sandbox::runtime()?;
     let store = harbor::LayerStore::open(rt.state_dir())?;
     let docker;
@@ -123,8 +153,17 @@ fn each(dirs: &[PathBuf], opts: &Opts, agent: &Agent, json: bool) -> anyhow::Res
         }
     };
     let mut failed = false;
-    for d in dirs {
-        let o = harbor::check_task(&rt, backend, &store, d, base.as_ref(), agent, &perturb)?;
+    for d in &dirs {
+        let o = harbor::check_task(
+            &rt,
+            backend,
+            &store,
+            d,
+            base.as_ref(),
+            agent,
+            &perturb,
+            opts.seed,
+        )?;
         failed |= !o.passed && !o.skipped;
         print(&o, json)?;
     }
@@ -163,7 +202,7 @@ pub fn run(cmd: HarborCmd) -> anyhow::Result<i32> {
                     max_steps,
                 ),
             };
-            each(&[dir], &opts, &agent, json)
+            each(&dir.into_iter().collect::<Vec<_>>(), &opts, &agent, json)
         }
     }
 }

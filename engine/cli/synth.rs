@@ -4,7 +4,10 @@ use engine::template::{Synthesis, Template};
 use std::path::Path;
 
 pub fn run(template: &Path, seed: u64, count: u64, json: bool) -> anyhow::Result<i32> {
-    let t = engine::template::Template::load(template)?;
+    let t = engine::template::Template::load_any(template)?;
+    if let Some((dir, _)) = &t.harbor {
+        return harbor(&t, dir, seed, count.max(1), json);
+    }
     let rt = super::sandbox::runtime()?;
     let items =
         engine::template::synthesize(&rt, &super::sandbox::cache()?, &t, seed, count.max(1))?;
@@ -18,6 +21,70 @@ pub fn run(template: &Path, seed: u64, count: u64, json: bool) -> anyhow::Result
         );
     } else {
         out!("{}", report_text(&t, &items));
+    }
+    Ok(0)
+}
+
+/// A template naming a task folder: the folder's image built (or found in the layer store)
+/// once, then each seed's sampled perturbations synthesized on it as a layer of the store
+/// (docs/harbor.md, "Perturbations"); one line (or JSON object) per seed.
+fn harbor(t: &Template, dir: &Path, seed: u64, count: u64, json: bool) -> anyhow::Result<i32> {
+    use engine::harbor;
+    let rt = super::sandbox::runtime()?;
+    let store = harbor::LayerStore::open(rt.state_dir())?;
+    let task = harbor::load(dir)?;
+    let text = engine::text::read_input(&task.dockerfile)?;
+    let df =
+        harbor::dockerfile::parse(&text).map_err(|source| harbor::HarborError::Dockerfile {
+            file: task.dockerfile.clone(),
+            source,
+        })?;
+    let img = harbor::build_image(&rt, &store, &task, &df, None)?;
+    let mut instances = Vec::new();
+    for s in seed..seed.saturating_add(count) {
+        let plan = t.sample(s);
+        let p = harbor::perturb_image(&rt, &store, &img, &plan.perturbations, s)?;
+        let layer = (!plan.perturbations.is_empty()).then(|| p.layers[0].clone());
+        instances.push(serde_json::json!({
+            "seed": s,
+            "perturbations": plan.perturbations,
+            "applied": p.applied,
+            "layer": layer,
+        }));
+    }
+    if json {
+        outln!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({
+                "template": t.name,
+                "file": t.file,
+                "harbor": dir,
+                "base": img.base_note,
+                "instances": instances,
+            }))?
+        );
+    } else {
+        outln!(
+            "template {} ({}): task folder {} ({})",
+            t.name,
+            t.file.display(),
+            dir.display(),
+            img.base_note
+        );
+        for i in &instances {
+            let applied: Vec<&str> = i["applied"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|a| a.as_str())
+                .collect();
+            let what = if applied.is_empty() {
+                "no perturbation".to_string()
+            } else {
+                applied.join("; ")
+            };
+            outln!("seed {:<6} {what}", i["seed"]);
+        }
     }
     Ok(0)
 }

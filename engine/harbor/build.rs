@@ -18,6 +18,9 @@ pub struct Image {
     pub rootfs: RootfsSpec,
     /// Layers above the rootfs, topmost first.
     pub layers: Vec<PathBuf>,
+    /// The rootfs's own lower directories (topmost first): with `layers`, the image as
+    /// built, read by the verifier to restore what the tests run.
+    pub base_lowers: Vec<PathBuf>,
     /// `ENV` (and `ARG`) of the image, in order.
     pub env: Vec<(String, String)>,
     /// `USER` as `(uid, gid)`; `None`: root.
@@ -374,6 +377,7 @@ pub fn build_image(
     let mut img = Image {
         rootfs: rootfs.clone(),
         layers: Vec::new(),
+        base_lowers: resolved.lowers.iter().map(PathBuf::from).collect(),
         env: Vec::new(),
         user: None,
         workdir: "/".into(),

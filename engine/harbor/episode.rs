@@ -91,6 +91,10 @@ pub struct Outcome {
     pub layers_cached: usize,
     /// The factory's perturbations applied to the task's image.
     pub perturbations: Vec<String>,
+    /// The episode failed on this host's side, not the agent's (the layer store's I/O, a
+    /// sandbox that does not start without the agent's changes either): masked, never a
+    /// score. `reward` is then NaN (`null` in JSON), `passed` false, `reason` says why.
+    pub infrastructure: bool,
 }
 
 const OFFLINE_BIN: &str = "/usr/local/lib/envfactory-offline/bin";
@@ -259,7 +263,10 @@ pub fn episode_config(task: &Task, img: &Image) -> SandboxConfig {
     cfg
 }
 
-/// One episode: returns the reward and why.
+/// One episode: returns the reward and why. A failure of this host's side (before the
+/// agent acts: the sandbox does not start, a host file cannot be read; after: see
+/// [`HarborError::Infrastructure`]) is a masked outcome, never a score; one after the agent
+/// acted inside its sandbox is the agent's (reward 0).
 pub fn run_episode(
     backend: &dyn DynBackend,
     store: &super::LayerStore,
@@ -268,17 +275,54 @@ pub fn run_episode(
     agent: &Agent,
 ) -> Result<Outcome, HarborError> {
     let t0 = Instant::now();
+    match episode(backend, store, task, img, agent, t0) {
+        Err(e) if !e.is_bad_input() => {
+            tracing::warn!(task = %task.name, error = %e, "an infrastructure failure: the episode is masked");
+            Ok(masked(task, img, t0, &e))
+        }
+        r => r,
+    }
+}
+
+/// The outcome of an episode that failed on this host's side: no reward.
+fn masked(task: &Task, img: &Image, t0: Instant, e: &HarborError) -> Outcome {
+    let mut o = outcome(task, img, t0, f64::NAN, String::new(), vec![]);
+    o.reason = match e {
+        HarborError::Infrastructure { .. } => e.to_string(),
+        _ => format!("infrastructure failure (not the agent's): {e}"),
+    };
+    o.infrastructure = true;
+    o
+}
+
+fn episode(
+    backend: &dyn DynBackend,
+    store: &super::LayerStore,
+    task: &Task,
+    img: &Image,
+    agent: &Agent,
+    t0: Instant,
+) -> Result<Outcome, HarborError> {
     let cfg = episode_config(task, img);
     let mut sbx = backend
         .create_boxed(&cfg)
         .map_err(sbx_err(format!("{}: starting the sandbox", task.name)))?;
     let root_env = cfg.env.clone();
     let run = runner(task);
+    // The compose service's tmpfs mounts: empty at the start, whatever the image has there.
+    let tmpfs: String = task
+        .tmpfs
+        .iter()
+        .map(|(p, mode)| {
+            let q = crate::instance::sh_quote(p);
+            format!(" && rm -rf {q} && mkdir -p {q} && chmod {mode:o} {q}")
+        })
+        .collect();
     run(
         &mut sbx,
         &sh(
             &format!(
-                "mkdir -p /logs/verifier /logs/agent {} && chmod 777 /logs /logs/verifier /logs/agent",
+                "mkdir -p /logs/verifier /logs/agent {} && chmod 777 /logs /logs/verifier /logs/agent{tmpfs}",
                 crate::instance::sh_quote(&img.workdir)
             ),
             "/",
@@ -289,16 +333,7 @@ pub fn run_episode(
         "preparing /logs",
     )?;
     // The perturbations' steps at every episode start (as root, before the agent).
-    for step in &img.runtime.start {
-        let r = run(
-            &mut sbx,
-            &sh(&step.shell, "/", &root_env, None, 30.0),
-            "a perturbation's start step",
-        )?;
-        if !r.success() {
-            tracing::warn!(task = %task.name, by = %step.by, exit = r.exit_code(), "a perturbation's start step failed");
-        }
-    }
+    super::verifier::start_steps(&mut sbx, task, img, &root_env)?;
     if matches!(agent, Agent::Oracle) && task.oracle.is_none() {
         return Ok(outcome(
             task,
@@ -311,7 +346,8 @@ pub fn run_episode(
     }
     // From here on the agent acts: a sandbox that fails now is the agent's doing (it deleted
     // the shell, broke its init, filled what the verifier needs): the task scores 0 with the
-    // reason, and the other tasks of a check go on.
+    // reason, and the other tasks of a check go on. What fails on the host's side instead
+    // (`Infrastructure`, a host file) is masked by the caller.
     match act_and_verify(backend, store, &cfg, sbx, task, img, agent, t0) {
         Err(e @ HarborError::Sandbox { .. }) => {
             tracing::warn!(task = %task.name, error = %e, "the agent broke its sandbox");
@@ -351,12 +387,15 @@ fn act_and_verify(
     t0: Instant,
 ) -> Result<Outcome, HarborError> {
     let agent_note = act(&mut sbx, task, img, agent, &cfg.env)?;
+    let verifier_env = super::verifier::verifier_env(task, &cfg.env);
     let mut v = super::verifier::isolate(
         backend,
         store,
         cfg,
         sbx,
         task,
+        img,
+        &verifier_env,
         matches!(agent, Agent::Oracle),
     )?;
     let note = [agent_note, std::mem::take(&mut v.note)]
@@ -364,15 +403,15 @@ fn act_and_verify(
         .filter(|s| !s.is_empty())
         .collect::<Vec<_>>()
         .join("; ");
-    verify(&mut v.sbx, task, img, &cfg.env, &note, t0)
+    verify(&mut v.sbx, task, img, &cfg.env, verifier_env, &note, t0)
 }
 
-/// The shell of the sandbox's root: bash where there is one.
+/// The shell of the sandbox's root, absolute: `/bin/bash` where there is one.
 fn shell_of(sbx: &mut Box<dyn SandboxOps>) -> &'static str {
     if sbx.stat("/bin/bash").is_ok() {
-        "bash"
+        "/bin/bash"
     } else {
-        "sh"
+        "/bin/sh"
     }
 }
 
@@ -506,11 +545,13 @@ fn act(
 
 /// The verifier's phase in its sandbox: the reward files cleared, the tests copied in, the
 /// test script run, the reward read.
+#[allow(clippy::too_many_arguments)]
 fn verify(
     sbx: &mut Box<dyn SandboxOps>,
     task: &Task,
     img: &Image,
     root_env: &[String],
+    mut verifier_env: Vec<String>,
     agent_note: &str,
     t0: Instant,
 ) -> Result<Outcome, HarborError> {
@@ -518,17 +559,27 @@ fn verify(
     let wd = img.workdir.clone();
     let shell = shell_of(sbx);
     // The verifier: reward files deleted first (a reward the agent wrote must not count),
-    // checked gone by the host, then the tests copied in.
+    // checked gone by the host, then the tests copied in (their folders made by the same
+    // command: one exec less).
+    let dests: Vec<String> = task
+        .tests
+        .iter()
+        .map(|(rel, _)| format!("/tests/{rel}"))
+        .collect();
     run(
         sbx,
         &sh(
-            "rm -rf /logs/verifier /tests; mkdir -p /logs/verifier && chmod 777 /logs/verifier",
+            &format!(
+                "rm -rf /logs/verifier /tests; mkdir -p /logs/verifier {} {OFFLINE_BIN} /tests {} && chmod 777 /logs/verifier",
+                super::verifier::SAFE_PATH_DIR,
+                parents(dests.iter().map(String::as_str))
+            ),
             "/",
             root_env,
             None,
             30.0,
         ),
-        "clearing /logs/verifier",
+        "clearing /logs/verifier, preparing /tests",
     )?;
     for f in ["/logs/verifier/reward.txt", "/logs/verifier/reward.json"] {
         if sbx.stat(f).is_ok() {
@@ -542,25 +593,6 @@ fn verify(
             ));
         }
     }
-    let dests: Vec<String> = task
-        .tests
-        .iter()
-        .map(|(rel, _)| format!("/tests/{rel}"))
-        .collect();
-    run(
-        sbx,
-        &sh(
-            &format!(
-                "mkdir -p /tests {}",
-                parents(dests.iter().map(String::as_str))
-            ),
-            "/",
-            root_env,
-            None,
-            30.0,
-        ),
-        "preparing /tests",
-    )?;
     let mut script_text = String::new();
     for ((_, host), d) in task.tests.iter().zip(&dests) {
         let data = std::fs::read(host).map_err(|source| HarborError::Io {
@@ -573,25 +605,19 @@ fn verify(
         sbx.write_file(d, &data, 0o755)
             .map_err(sbx_err(format!("{}: copying the tests", task.name)))?;
     }
-    let mut verifier_env = merge_env(root_env, &task.verifier_env);
-    verifier_env = merge_env(
-        &verifier_env,
-        &super::verifier::python_env(task, &verifier_env),
-    );
+    // The verifier's Python start-up file (older Pythons ignore PYTHONSAFEPATH).
+    sbx.write_file(
+        &format!("{}/sitecustomize.py", super::verifier::SAFE_PATH_DIR),
+        super::verifier::SAFE_PATH_SITECUSTOMIZE.as_bytes(),
+        0o644,
+    )
+    .map_err(sbx_err(format!(
+        "{}: the verifier's sitecustomize",
+        task.name
+    )))?;
     let shims = offline_shims(&script_text);
     let mut substituted = Vec::new();
     if !shims.is_empty() {
-        run(
-            sbx,
-            &sh(
-                &format!("mkdir -p {OFFLINE_BIN}"),
-                "/",
-                root_env,
-                None,
-                30.0,
-            ),
-            "offline shims",
-        )?;
         for (name, note, body) in &shims {
             sbx.write_file(&format!("{OFFLINE_BIN}/{name}"), body.as_bytes(), 0o755)
                 .map_err(sbx_err(format!("{}: offline shims", task.name)))?;
@@ -693,11 +719,14 @@ fn outcome(
         layers_built: img.built,
         layers_cached: img.cached,
         perturbations: img.applied.clone(),
+        infrastructure: false,
     }
 }
 
-/// Load, build and run `agent` on one task folder; a folder outside the supported subset is
-/// a skipped outcome, other errors are errors.
+/// Load, build and run `agent` on one task folder, the perturbations synthesized with `seed`;
+/// a folder outside the supported subset is a skipped outcome, this host's failures masked
+/// outcomes, other errors (bad input) errors.
+#[allow(clippy::too_many_arguments)]
 pub fn check_task(
     rt: &sandbox::Runtime,
     backend: &dyn DynBackend,
@@ -706,6 +735,7 @@ pub fn check_task(
     base: Option<&sandbox::RootfsSpec>,
     agent: &Agent,
     perturb: &[crate::instance::PerturbationChoice],
+    seed: u64,
 ) -> Result<Outcome, HarborError> {
     let t0 = Instant::now();
     let skipped = |e: HarborError| Outcome {
@@ -723,6 +753,7 @@ pub fn check_task(
         layers_built: 0,
         layers_cached: 0,
         perturbations: vec![],
+        infrastructure: false,
     };
     let task = match super::load(dir) {
         Ok(t) => t,
@@ -745,10 +776,27 @@ pub fn check_task(
             };
         }
     };
-    let img = super::build_image(rt, store, &task, &df, base)?;
-    let img = match super::perturb_image(rt, store, &img, perturb, 1) {
+    // This host's failures (a build sandbox that does not start, the store's I/O) are masked
+    // outcomes: the other tasks of a check go on.
+    let infra = |e: HarborError| {
+        let mut o = skipped(HarborError::Infrastructure {
+            what: task.name.clone(),
+            reason: e.to_string(),
+        });
+        o.skipped = false;
+        o.infrastructure = true;
+        o.reward = f64::NAN;
+        o
+    };
+    let img = match super::build_image(rt, store, &task, &df, base) {
+        Ok(i) => i,
+        Err(e) if !e.is_bad_input() => return Ok(infra(e)),
+        Err(e) => return Err(e),
+    };
+    let img = match super::perturb_image(rt, store, &img, perturb, seed) {
         Ok(i) => i,
         Err(e) if e.is_unsupported() => return Ok(skipped(e)),
+        Err(e) if !e.is_bad_input() => return Ok(infra(e)),
         Err(e) => return Err(e),
     };
     run_episode(backend, store, &task, &img, agent)

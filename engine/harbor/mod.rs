@@ -15,6 +15,7 @@ pub use build::{build_image, Image, LayerStore};
 pub use episode::{check_task, run_episode, Agent, Outcome};
 pub use perturb::perturb_image;
 pub use task::{load, Layout, Oracle, Task};
+pub use verifier::SAFE_PATH_SITECUSTOMIZE;
 
 use std::path::PathBuf;
 
@@ -52,13 +53,21 @@ pub enum HarborError {
         what: String,
         source: Box<sandbox::SandboxError>,
     },
+    /// A failure of this host, not of the task or the agent (the layer store's I/O, a
+    /// sandbox that does not start even without the agent's changes): the episode is
+    /// masked, never scored.
+    #[error("infrastructure failure (not the agent's): {what}: {reason}")]
+    Infrastructure { what: String, reason: String },
 }
 
 impl HarborError {
     /// Whether the error is the task folder's (bad input: a missing file, a bad config or
     /// Dockerfile, a build step that fails), not a sandbox or engine failure.
     pub fn is_bad_input(&self) -> bool {
-        !matches!(self, Self::Io { .. } | Self::Sandbox { .. })
+        !matches!(
+            self,
+            Self::Io { .. } | Self::Sandbox { .. } | Self::Infrastructure { .. }
+        )
     }
 
     /// Whether the task uses something outside the supported subset (it is skipped, not

@@ -52,6 +52,9 @@ pub struct Task {
     pub agent_env: Vec<(String, String)>,
     /// Environment of the verifier.
     pub verifier_env: Vec<(String, String)>,
+    /// The compose service's `tmpfs:` mounts: (path, mode), each made empty at the episode's
+    /// start on the sandbox's writable layer (a tmpfs already; it counts against the disk).
+    pub tmpfs: Vec<(String, u32)>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -169,8 +172,43 @@ fn size_of(file: &Path, key: &str, v: &str) -> Result<u64, HarborError> {
     })
 }
 
-/// The build context, Dockerfile and environment of a compose file's one service.
-type Compose = (Option<PathBuf>, Option<PathBuf>, Vec<(String, String)>);
+/// The build context, Dockerfile, environment and `tmpfs:` mounts of a compose file's one
+/// service.
+type Compose = (
+    Option<PathBuf>,
+    Option<PathBuf>,
+    Vec<(String, String)>,
+    Vec<(String, u32)>,
+);
+
+/// One entry of a service's `tmpfs:`: `PATH[:OPTIONS]` (`mode=1777`, `size=...`; the size is
+/// the sandbox's disk's).
+fn tmpfs_entry(file: &Path, entry: &str) -> Result<(String, u32), HarborError> {
+    let bad = |reason: String| HarborError::Config {
+        file: file.to_path_buf(),
+        reason: format!("`tmpfs` entry `{entry}`: {reason}"),
+    };
+    let (path, opts) = entry.split_once(':').unwrap_or((entry, ""));
+    let path = path.trim();
+    if !path.starts_with('/') || path.split('/').any(|c| c == "..") || path == "/" {
+        return Err(bad("not an absolute path below /".into()));
+    }
+    let mut mode = 0o1777;
+    for o in opts.split(',').map(str::trim).filter(|o| !o.is_empty()) {
+        match o.split_once('=') {
+            Some(("mode", m)) => {
+                mode = u32::from_str_radix(m, 8)
+                    .ok()
+                    .filter(|m| *m <= 0o7777)
+                    .ok_or_else(|| bad(format!("mode `{m}` is not octal")))?;
+            }
+            Some(("size", _)) | Some(("uid", _)) | Some(("gid", _)) => {}
+            _ if ["rw", "noexec", "nosuid", "nodev", "exec"].contains(&o) => {}
+            _ => return Err(bad(format!("unsupported option `{o}`"))),
+        }
+    }
+    Ok((path.trim_end_matches('/').to_string(), mode))
+}
 
 /// A compose file: the build context and Dockerfile of its one service, its environment.
 /// More than one service is unsupported.
@@ -227,8 +265,22 @@ fn compose(file: &Path, dir: &Path) -> Result<Compose, HarborError> {
         }
         _ => {}
     }
+    let mut tmpfs = Vec::new();
+    match &svc["tmpfs"] {
+        Yaml::String(t) => tmpfs.push(tmpfs_entry(file, t)?),
+        Yaml::Array(a) => {
+            for t in a {
+                let t = t
+                    .as_str()
+                    .ok_or_else(|| bad("`tmpfs`: an entry is not a string".into()))?;
+                tmpfs.push(tmpfs_entry(file, t)?);
+            }
+        }
+        Yaml::BadValue | Yaml::Null => {}
+        _ => return Err(bad("`tmpfs`: neither a path nor a list of paths".into())),
+    }
     let dockerfile = dockerfile.map(|d: PathBuf| context.clone().unwrap_or(dir.into()).join(d));
-    Ok((context, dockerfile, env))
+    Ok((context, dockerfile, env, tmpfs))
 }
 
 /// Read a task folder (either layout).
@@ -276,8 +328,10 @@ fn load_harbor(dir: &Path, name: String) -> Result<Task, HarborError> {
     let env_dir = need(dir, "environment")?;
     let compose_file = env_dir.join("docker-compose.yaml");
     let (mut context, mut dockerfile) = (env_dir.clone(), env_dir.join("Dockerfile"));
+    let mut tmpfs = Vec::new();
     if compose_file.exists() {
-        let (c, d, _) = compose(&compose_file, &env_dir)?;
+        let (c, d, _, t) = compose(&compose_file, &env_dir)?;
+        tmpfs = t;
         if let Some(c) = c {
             context = c;
         }
@@ -353,6 +407,7 @@ fn load_harbor(dir: &Path, name: String) -> Result<Task, HarborError> {
         disk_bytes,
         agent_env,
         verifier_env: env_pairs(cfg.verifier.env),
+        tmpfs,
     })
 }
 
@@ -407,8 +462,10 @@ fn load_terminal_bench(dir: &Path, name: String) -> Result<Task, HarborError> {
     let (mut context, mut dockerfile) = (dir.to_path_buf(), dir.join("Dockerfile"));
     let mut env = vec![("TEST_DIR".to_string(), "/tests".to_string())];
     let compose_file = dir.join("docker-compose.yaml");
+    let mut tmpfs = Vec::new();
     if compose_file.exists() {
-        let (c, d, e) = compose(&compose_file, dir)?;
+        let (c, d, e, t) = compose(&compose_file, dir)?;
+        tmpfs = t;
         if let Some(c) = c {
             dockerfile = c.join("Dockerfile");
             context = c;
@@ -458,6 +515,7 @@ fn load_terminal_bench(dir: &Path, name: String) -> Result<Task, HarborError> {
         disk_bytes: None,
         agent_env: env.clone(),
         verifier_env: env,
+        tmpfs,
     })
 }
 
@@ -481,4 +539,35 @@ fn keystrokes(file: &Path) -> Result<Vec<String>, HarborError> {
                 .ok_or_else(|| bad(format!("item {}: no string `command`", i + 1)))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn compose_tmpfs_entries_parse_or_are_named() {
+        let f = Path::new("t/docker-compose.yaml");
+        assert_eq!(
+            tmpfs_entry(f, "/scratch:mode=1770,size=16m").unwrap(),
+            ("/scratch".to_string(), 0o1770)
+        );
+        assert_eq!(
+            tmpfs_entry(f, "/run/").unwrap(),
+            ("/run".to_string(), 0o1777)
+        );
+        for (entry, why) in [
+            ("scratch", "absolute"),
+            ("/a/../etc", "absolute"),
+            ("/x:mode=9", "not octal"),
+            ("/x:uid=0,ro", "unsupported option `ro`"),
+        ] {
+            let e = tmpfs_entry(f, entry).unwrap_err().to_string();
+            assert!(
+                e.contains("t/docker-compose.yaml") && e.contains(entry) && e.contains(why),
+                "{e}"
+            );
+        }
+    }
 }

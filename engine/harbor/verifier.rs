@@ -4,7 +4,8 @@
 //! image's own `/usr`, `/bin`, `/lib*`, loader and Python configuration under `/etc`), and
 //! pytest is confined to `/tests`.
 
-use super::{sbx_err, HarborError, LayerStore, Task};
+use super::{sbx_err, HarborError, Image, LayerStore, Task};
+use crate::instance::BaseView;
 use sandbox::{DynBackend, SandboxConfig, SandboxOps};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -48,14 +49,6 @@ pub(crate) struct Verifier {
 
 /// Remove from an exported diff what the tests must see as the image has it.
 fn restore_system(diff: &Path) -> std::io::Result<()> {
-    let rm = |p: &Path| -> std::io::Result<()> {
-        match std::fs::symlink_metadata(p) {
-            Ok(m) if m.is_dir() => std::fs::remove_dir_all(p),
-            Ok(_) => std::fs::remove_file(p),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(e),
-        }
-    };
     for name in SYSTEM {
         rm(&diff.join(name))?;
     }
@@ -88,6 +81,142 @@ fn restore_system(diff: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Remove a path of the diff, whatever it is (a directory whole, a file, a link, a whiteout).
+fn rm(p: &Path) -> std::io::Result<()> {
+    match std::fs::symlink_metadata(p) {
+        Ok(m) if m.is_dir() => std::fs::remove_dir_all(p),
+        Ok(_) => std::fs::remove_file(p),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+fn is_opaque(p: &Path) -> bool {
+    sandbox::sys::get_xattr(p, "trusted.overlay.opaque")
+        .ok()
+        .flatten()
+        .is_some_and(|v| v == b"y")
+}
+
+/// The directories outside the system ones whose content the tests run, judged as the
+/// image built them (docs/harbor.md, "The verifier"): every absolute entry of the
+/// verifier's `PATH` (a virtual environment whole where `DIR/bin` has a `DIR/pyvenv.cfg`
+/// in the image), and `$HOME/.local/bin` (uv's `env` that test scripts source).
+pub(crate) fn judged_as_built(env: &[String], image: &BaseView) -> Vec<String> {
+    let get = |k: &str| {
+        env.iter()
+            .find_map(|e| e.strip_prefix(k).and_then(|r| r.strip_prefix('=')))
+    };
+    let mut out: Vec<String> = Vec::new();
+    let home = get("HOME")
+        .filter(|h| h.starts_with('/'))
+        .unwrap_or("/root");
+    let path = get("PATH").unwrap_or(crate::instance::DEFAULT_PATH);
+    let candidates = path
+        .split(':')
+        .filter_map(clean_abs)
+        .chain(clean_abs(&format!("{home}/.local/bin")));
+    for p in candidates {
+        let first = p.trim_start_matches('/').split('/').next().unwrap_or("");
+        if p == "/" || SYSTEM.contains(&first) {
+            continue;
+        }
+        let p = match p.strip_suffix("/bin") {
+            Some(venv)
+                if !venv.is_empty() && image.meta(&format!("{venv}/pyvenv.cfg")).is_some() =>
+            {
+                venv.to_string()
+            }
+            _ => p,
+        };
+        out.push(p);
+    }
+    out.sort();
+    out.dedup();
+    // A directory under another one listed is restored with it.
+    let all = out.clone();
+    out.retain(|p| {
+        !all.iter()
+            .any(|q| q != p && p.starts_with(&format!("{q}/")))
+    });
+    out
+}
+
+/// `p` if it is absolute, without `.`, `..` or empty components (normalised: no trailing
+/// slash); else `None` (such a `PATH` entry leaves the verifier's `PATH`).
+fn clean_abs(p: &str) -> Option<String> {
+    if !p.starts_with('/') {
+        return None;
+    }
+    let comps: Vec<&str> = p.split('/').filter(|c| !c.is_empty()).collect();
+    if comps.iter().any(|c| *c == "." || *c == "..") {
+        return None;
+    }
+    Some(format!("/{}", comps.join("/")))
+}
+
+/// The verifier's `PATH`: the absolute entries of `path` only (an empty or relative entry
+/// is the working directory, the agent's).
+pub(crate) fn verifier_path(path: &str) -> String {
+    let mut v: Vec<String> = path.split(':').filter_map(clean_abs).collect();
+    v.dedup();
+    if v.is_empty() {
+        return crate::instance::DEFAULT_PATH.into();
+    }
+    v.join(":")
+}
+
+/// Make the diff show `path` (absolute, clean) as the image has it: the agent's version
+/// removed; where a directory above it in the diff is opaque (the agent deleted and made
+/// it again, so the image's version is hidden) the image's copied in; where one is not a
+/// directory (a link, a file, a whiteout) that one is removed, and the image's shows.
+fn restore_built(diff: &Path, path: &str, image: &BaseView) -> std::io::Result<()> {
+    let comps: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    let mut cur = diff.to_path_buf();
+    let mut opaque = false;
+    for c in &comps[..comps.len() - 1] {
+        cur.push(c);
+        match std::fs::symlink_metadata(&cur) {
+            Ok(m) if m.is_dir() => opaque |= is_opaque(&cur),
+            Ok(_) => return rm(&cur),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(e),
+        }
+    }
+    let target = diff.join(path.trim_start_matches('/'));
+    rm(&target)?;
+    if opaque {
+        copy_built(image, path, &target)?;
+    }
+    Ok(())
+}
+
+/// Copy `path` of the image (merged over its layers) to `dst`: directories, files and
+/// links with their owners and modes; other kinds are left out.
+fn copy_built(image: &BaseView, path: &str, dst: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let Some(src) = image.locate(path) else {
+        return Ok(());
+    };
+    let m = std::fs::symlink_metadata(&src)?;
+    if m.file_type().is_symlink() {
+        std::os::unix::fs::symlink(std::fs::read_link(&src)?, dst)?;
+        return std::os::unix::fs::lchown(dst, Some(m.uid()), Some(m.gid()));
+    }
+    if m.is_dir() {
+        std::fs::create_dir(dst)?;
+        for name in image.list(path) {
+            copy_built(image, &format!("{path}/{name}"), &dst.join(&name))?;
+        }
+    } else if m.is_file() {
+        std::fs::copy(&src, dst)?;
+    } else {
+        return Ok(());
+    }
+    std::os::unix::fs::lchown(dst, Some(m.uid()), Some(m.gid()))?;
+    std::fs::set_permissions(dst, std::fs::Permissions::from_mode(m.mode() & 0o7777))
+}
+
 fn processes(n: usize) -> String {
     if n == 1 {
         "1 process".into()
@@ -102,14 +231,22 @@ fn processes(n: usize) -> String {
 /// sandbox, so that a daemon the oracle starts serves the tests. Otherwise every process but
 /// the sandbox's init is killed; where the backend can export the agent's diff (native), the
 /// sandbox is dropped and a fresh one is made over the image with that diff on top, less the
-/// system directories; elsewhere (Docker) the tests run in the same sandbox, its processes
-/// killed and checked gone.
+/// system directories and what [`judged_as_built`] names for `verifier_env`; elsewhere
+/// (Docker) the tests run in the same sandbox, its processes killed and checked gone. The
+/// perturbations' start steps run again in the sandbox the tests get.
+///
+/// A failure on this host's side is [`HarborError::Infrastructure`]: the layer store
+/// failing its probe after an export or a restore failed, or the verifier's sandbox not
+/// starting even without the agent's changes.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn isolate(
     backend: &dyn DynBackend,
     store: &LayerStore,
     cfg: &SandboxConfig,
     mut sbx: Box<dyn SandboxOps>,
     task: &Task,
+    img: &Image,
+    verifier_env: &[String],
     trusted: bool,
 ) -> Result<Verifier, HarborError> {
     let left = crate::probe::processes_of(&mut *sbx)
@@ -146,12 +283,25 @@ pub(crate) fn isolate(
     ));
     let _ = std::fs::remove_dir_all(&dir);
     let diff = AgentDiff(dir);
-    let exported = sbx
-        .export_diff(&diff.0, cfg.disk_bytes)
-        .map_err(sbx_err(format!(
-            "{}: exporting the agent's changes",
-            task.name
-        )))?;
+    let exported = match sbx.export_diff(&diff.0, cfg.disk_bytes) {
+        Ok(e) => e,
+        // The refusal of a diff too large is the agent's; a copy that fails is the
+        // store's when the store fails its probe too.
+        Err(e @ sandbox::SandboxError::Spawn { .. }) => {
+            let _ = std::fs::remove_dir_all(&diff.0);
+            store_probe(store, cfg.disk_bytes, "exporting the agent's changes", &e)?;
+            return Err(sbx_err(format!(
+                "{}: exporting the agent's changes",
+                task.name
+            ))(e));
+        }
+        Err(e) => {
+            return Err(sbx_err(format!(
+                "{}: exporting the agent's changes",
+                task.name
+            ))(e))
+        }
+    };
     if exported.is_none() {
         // The Docker backend: same sandbox, nothing of the agent's left running.
         let survivors = crate::probe::processes_of(&mut *sbx)
@@ -169,6 +319,7 @@ pub(crate) fn isolate(
             });
         }
         notes.push("system directories not restored on this backend".into());
+        start_steps(&mut sbx, task, img, &cfg.env)?;
         return Ok(Verifier {
             sbx,
             _diff: None,
@@ -176,16 +327,45 @@ pub(crate) fn isolate(
         });
     }
     drop(sbx);
-    restore_system(&diff.0).map_err(|source| HarborError::Io {
-        path: diff.0.clone(),
-        source,
-    })?;
+    let mut lowers = img.layers.clone();
+    lowers.extend(img.base_lowers.iter().cloned());
+    let image = BaseView::from_dirs(lowers);
+    let restored = restore_system(&diff.0).and_then(|()| {
+        judged_as_built(verifier_env, &image)
+            .iter()
+            .try_for_each(|p| restore_built(&diff.0, p, &image))
+    });
+    if let Err(source) = restored {
+        let e = HarborError::Io {
+            path: diff.0.clone(),
+            source,
+        };
+        store_probe(store, 0, "restoring the image's directories", &e)?;
+        return Err(HarborError::Sandbox {
+            what: format!("{}: restoring the image's directories", task.name),
+            source: Box::new(sandbox::SandboxError::Setup(e.to_string())),
+        });
+    }
     let mut vcfg = cfg.clone();
     vcfg.layers.insert(0, diff.0.clone());
-    let sbx = backend.create_boxed(&vcfg).map_err(sbx_err(format!(
-        "{}: starting the verifier's sandbox",
-        task.name
-    )))?;
+    let mut sbx = match backend.create_boxed(&vcfg) {
+        Ok(s) => s,
+        Err(e) => {
+            // The agent's diff is the only thing of the agent's in this sandbox: the same
+            // sandbox without it tells whose failure this is.
+            if let Err(again) = backend.create_boxed(cfg) {
+                return Err(HarborError::Infrastructure {
+                    what: format!("{}: starting the verifier's sandbox", task.name),
+                    reason: format!("{e}; without the agent's changes too: {again}"),
+                });
+            }
+            return Err(sbx_err(format!(
+                "{}: starting the verifier's sandbox",
+                task.name
+            ))(e));
+        }
+    };
+    start_steps(&mut sbx, task, img, &cfg.env)?;
     Ok(Verifier {
         sbx,
         _diff: Some(diff),
@@ -193,11 +373,130 @@ pub(crate) fn isolate(
     })
 }
 
+/// The perturbations' steps at every episode start, as root (a failing one is logged: the
+/// fault may be what makes it fail).
+pub(crate) fn start_steps(
+    sbx: &mut Box<dyn SandboxOps>,
+    task: &Task,
+    img: &Image,
+    root_env: &[String],
+) -> Result<(), HarborError> {
+    for step in &img.runtime.start {
+        let mut r = sandbox::ExecRequest::shell(step.shell.clone());
+        r.cwd = "/".into();
+        r.env = Some(root_env.to_vec());
+        r.timeout_ms = 30_000;
+        r.output_cap = 1 << 20;
+        let r = sbx.exec(&r).map_err(sbx_err(format!(
+            "{}: a perturbation's start step",
+            task.name
+        )))?;
+        if !r.success() {
+            tracing::warn!(task = %task.name, by = %step.by, exit = r.exit_code(), "a perturbation's start step failed");
+        }
+    }
+    Ok(())
+}
+
+/// After `what` failed with `err`: an [`HarborError::Infrastructure`] when the layer store
+/// cannot take a probe file or has less than `need` bytes free (the host's failure, not the
+/// agent's); `Ok` when the store is sound (the failure is the agent's diff's).
+fn store_probe(
+    store: &LayerStore,
+    need: u64,
+    what: &str,
+    err: &dyn std::fmt::Display,
+) -> Result<(), HarborError> {
+    let infra = |reason: String| HarborError::Infrastructure {
+        what: format!("{what} ({err})"),
+        reason,
+    };
+    let probe = store
+        .dir()
+        .join(format!(".tmp-probe-{}", std::process::id()));
+    let wrote = std::fs::write(&probe, b"probe");
+    let _ = std::fs::remove_file(&probe);
+    if let Err(e) = wrote {
+        return Err(infra(format!(
+            "the layer store {} takes no file: {e}",
+            store.dir().display()
+        )));
+    }
+    let free = nix::sys::statvfs::statvfs(store.dir())
+        .map(|s| s.blocks_available().saturating_mul(s.fragment_size()))
+        .map_err(|e| infra(format!("statvfs {}: {e}", store.dir().display())))?;
+    if free < need {
+        return Err(infra(format!(
+            "the layer store {} has {free} bytes free, less than the sandbox's disk ({need})",
+            store.dir().display()
+        )));
+    }
+    Ok(())
+}
+
+/// Where the verifier's own Python start-up file is written, in the verifier's sandbox
+/// only (after the agent, so nothing of the agent's is there).
+pub const SAFE_PATH_DIR: &str = "/usr/local/lib/envfactory-verifier";
+
+/// The verifier's `sitecustomize.py` (first on `PYTHONPATH`): `python -m MODULE` does not
+/// put the working directory first on `sys.path`, on Pythons older than 3.11 too (which
+/// ignore `PYTHONSAFEPATH`): `runpy._run_module_as_main` is wrapped to drop it before the
+/// module is looked up. The image's own `sitecustomize`, if any, is imported after.
+pub const SAFE_PATH_SITECUSTOMIZE: &str = r#"# EnvFactory's verifier (docs/harbor.md): no working directory on sys.path for python -m.
+import os as _os, sys as _sys
+
+
+def _envfactory_safe_path():
+    try:
+        import runpy
+    except Exception:
+        return
+    run = runpy._run_module_as_main
+
+    def _run_module_as_main(mod_name, alter_argv=True):
+        try:
+            cwd = _os.getcwd()
+        except OSError:
+            cwd = None
+        while _sys.path and _sys.path[0] in ("", ".", cwd):
+            del _sys.path[0]
+        return run(mod_name, alter_argv)
+
+    runpy._run_module_as_main = _run_module_as_main
+
+
+_envfactory_safe_path()
+_here = _os.path.dirname(_os.path.abspath(__file__))
+_saved = list(_sys.path)
+_sys.path[:] = [p for p in _sys.path if _os.path.abspath(p or ".") != _here]
+del _sys.modules["sitecustomize"]
+try:
+    import sitecustomize  # noqa: F401  (the image's own)
+except ImportError:
+    pass
+finally:
+    _sys.path[:] = _saved
+"#;
+
+/// The verifier's environment: the sandbox's (`root_env`), the task's `[verifier.env]`,
+/// then Python and pytest confined ([`python_env`]) and a `PATH` of absolute entries only.
+pub(crate) fn verifier_env(task: &Task, root_env: &[String]) -> Vec<String> {
+    let env = super::build::merge_env(root_env, &task.verifier_env);
+    let env = super::build::merge_env(&env, &python_env(task, &env));
+    let path = env
+        .iter()
+        .find_map(|e| e.strip_prefix("PATH="))
+        .unwrap_or(crate::instance::DEFAULT_PATH);
+    let path = verifier_path(path);
+    super::build::merge_env(&env, &[("PATH".into(), path)])
+}
+
 /// The verifier's environment for Python and pytest, whatever runs them (`pytest`,
 /// `python3 -m pytest`, the offline shims): pytest's root and conftest search confined to
 /// `/tests`, its configuration the task's own (`tests/pytest.ini`, ...) or none, no cache;
 /// no user site-packages and no working directory on `sys.path` (a `pytest.py` the agent
-/// leaves in `/app` is not imported). Prepended to what the task sets itself.
+/// leaves in `/app` is not imported: `PYTHONSAFEPATH`, and for older Pythons the
+/// verifier's `sitecustomize.py` first on `PYTHONPATH`). Prepended to what the task sets.
 pub(crate) fn python_env(task: &Task, env: &[String]) -> Vec<(String, String)> {
     let own_ini = ["pytest.ini", "pyproject.toml", "tox.ini", "setup.cfg"]
         .iter()
@@ -209,11 +508,16 @@ pub(crate) fn python_env(task: &Task, env: &[String]) -> Vec<(String, String)> {
     if let Some(theirs) = env.iter().find_map(|e| e.strip_prefix("PYTEST_ADDOPTS=")) {
         addopts = format!("{addopts} {theirs}");
     }
+    let pythonpath = match env.iter().find_map(|e| e.strip_prefix("PYTHONPATH=")) {
+        Some(theirs) if !theirs.is_empty() => format!("{SAFE_PATH_DIR}:{theirs}"),
+        _ => SAFE_PATH_DIR.to_string(),
+    };
     vec![
         ("PYTEST_ADDOPTS".into(), addopts),
         ("PYTHONNOUSERSITE".into(), "1".into()),
         ("PYTHONSAFEPATH".into(), "1".into()),
         ("PYTHONDONTWRITEBYTECODE".into(), "1".into()),
+        ("PYTHONPATH".into(), pythonpath),
     ]
 }
 
@@ -252,6 +556,28 @@ mod tests {
         std::os::unix::fs::symlink("/opt/evil", d.join("etc")).unwrap();
         restore_system(d).unwrap();
         assert!(std::fs::symlink_metadata(d.join("etc")).is_err());
+    }
+
+    #[test]
+    fn the_verifiers_path_and_what_is_judged_as_built() {
+        assert_eq!(
+            verifier_path("::/app/bin:.:bin:/usr/bin/:/x/../y"),
+            "/app/bin:/usr/bin"
+        );
+        assert_eq!(verifier_path(""), crate::instance::DEFAULT_PATH);
+        let t = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(t.path().join("opt/venv/bin")).unwrap();
+        std::fs::write(t.path().join("opt/venv/pyvenv.cfg"), "home = /usr/bin\n").unwrap();
+        let image = BaseView::from_dirs(vec![t.path().to_path_buf()]);
+        let env = [
+            "HOME=/home/app".to_string(),
+            "PATH=/app/.venv/bin:/opt/venv/bin:/home/app/.local/bin/tools:/usr/bin:/bin:/:rel"
+                .to_string(),
+        ];
+        assert_eq!(
+            judged_as_built(&env, &image),
+            ["/app/.venv/bin", "/home/app/.local/bin", "/opt/venv"]
+        );
     }
 
     fn walk(d: &Path) -> Vec<String> {

@@ -174,8 +174,19 @@ pub struct Template {
     pub name: String,
     pub description: String,
     pub task: Option<String>,
+    /// `task = { harbor = "DIR" }`: a task folder (docs/harbor.md) whose built image the
+    /// perturbation space applies to, and where the key was.
+    #[serde(skip_serializing_if = "Option::is_none", serialize_with = "harbor_dir")]
+    pub harbor: Option<(PathBuf, Pos)>,
     pub base: BaseEnvironment,
     pub space: Vec<SpaceEntry>,
+}
+
+fn harbor_dir<S: serde::Serializer>(h: &Option<(PathBuf, Pos)>, s: S) -> Result<S::Ok, S::Error> {
+    match h {
+        Some((p, _)) => s.serialize_some(p),
+        None => s.serialize_none(),
+    }
 }
 
 /// One perturbation of a space and its settings: `(name, [(label, params)])`.
@@ -204,8 +215,26 @@ impl Catalog for Builtin {
 }
 
 impl Template {
-    /// Read and validate a template file (`.toml`, `.yaml` or `.yml`).
+    /// Read and validate a template file (`.toml`, `.yaml` or `.yml`) of a built-in task or
+    /// none; one naming a task folder is an error here (it runs through `engine harbor`:
+    /// [`Template::load_any`]).
     pub fn load(file: &Path) -> Result<Self, TemplateError> {
+        let t = Self::load_any(file)?;
+        if let Some((_, pos)) = &t.harbor {
+            return Err(TemplateError::Invalid {
+                file: file.into(),
+                line: pos.line,
+                column: pos.col,
+                key: "template.task".into(),
+                kind: ErrorKind::UnknownTask,
+                reason: "names a task folder: run it with `engine harbor run --template` or `engine harbor check --template` (this command needs a built-in task)".into(),
+            });
+        }
+        Ok(t)
+    }
+
+    /// [`Template::load`], task folders (`task = { harbor = "DIR" }`) included.
+    pub fn load_any(file: &Path) -> Result<Self, TemplateError> {
         let format =
             Format::of_path(file).ok_or_else(|| TemplateError::Format { file: file.into() })?;
         let text = crate::text::read_input(file)?;

@@ -215,7 +215,35 @@ impl Validator<'_> {
         let description = self
             .string(&meta, "description", false)?
             .unwrap_or_default();
-        let task = self.string(&meta, "task", false)?;
+        // `task = { harbor = "DIR" }`: a Harbor or Terminal-Bench task folder (relative to the
+        // template's own folder), run by `engine harbor run/check --template`.
+        let mut harbor = None;
+        let task = match meta.get("task") {
+            Some(
+                n @ Node {
+                    value: NodeValue::Map(_),
+                    ..
+                },
+            ) => {
+                let t = self.table(n, "template.task", &["harbor"])?;
+                let dir = self.string(&t, "harbor", true)?.unwrap_or_default();
+                let path = self.file.parent().unwrap_or(Path::new("")).join(&dir);
+                if !(path.join("task.toml").is_file() || path.join("task.yaml").is_file()) {
+                    return Err(self.err(
+                        t.get("harbor").map_or(t.pos, |n| n.pos),
+                        "template.task.harbor",
+                        ErrorKind::UnknownTask,
+                        format!(
+                            "`{}` is not a task folder (no task.toml or task.yaml)",
+                            cut(&path.display().to_string())
+                        ),
+                    ));
+                }
+                harbor = Some((path, n.pos));
+                None
+            }
+            _ => self.string(&meta, "task", false)?,
+        };
         if let Some(t) = &task {
             let known = self.catalog.task_names();
             if !known.contains(&t.as_str()) {
@@ -260,6 +288,7 @@ impl Validator<'_> {
             name,
             description,
             task,
+            harbor,
             base,
             space,
         })

@@ -73,7 +73,7 @@ fn task_folders_of_both_layouts_pass_fail_or_skip_as_their_oracles_deserve() {
             "terminal-bench/compose-context",
             true,
             false,
-            "2 tests passed",
+            "3 tests passed",
         ),
         ("terminal-bench/reward-trick", false, false, "failed:"),
         (
@@ -92,6 +92,7 @@ fn task_folders_of_both_layouts_pass_fail_or_skip_as_their_oracles_deserve() {
             Some(&host),
             &Agent::Oracle,
             &[],
+            1,
         )
         .unwrap_or_else(|e| panic!("{dir}: {e}"));
         assert_eq!((o.passed, o.skipped), (*passed, *skipped), "{dir}: {o:?}");
@@ -109,6 +110,7 @@ fn task_folders_of_both_layouts_pass_fail_or_skip_as_their_oracles_deserve() {
         Some(&host),
         &Agent::Oracle,
         &[],
+        1,
     )
     .unwrap();
     assert!(
@@ -131,6 +133,7 @@ fn task_folders_of_both_layouts_pass_fail_or_skip_as_their_oracles_deserve() {
             Some(&host),
             &Agent::Nothing,
             &[],
+            1,
         )
         .unwrap();
         assert!(!o.passed && o.reward == 0.0, "{dir}: {o:?}");
@@ -180,6 +183,14 @@ fn copy_fixture(rel: &str) -> tempfile::TempDir {
         .unwrap();
     assert!(ok.success());
     t
+}
+
+/// A copy of a fixture folder with one file replaced: (the copy, the task folder in it).
+fn edited_fixture(rel: &str, file: &str, body: &str) -> (tempfile::TempDir, PathBuf) {
+    let t = copy_fixture(rel);
+    let dir = t.path().join("task");
+    std::fs::write(dir.join(file), body).unwrap();
+    (t, dir)
 }
 
 #[test]
@@ -319,6 +330,7 @@ fn the_same_tasks_run_on_the_docker_backend() {
                 None,
                 &Agent::Oracle,
                 &[],
+                1,
             )
             .unwrap();
             assert_eq!(o.reward, reward, "{task} on {}: {o:?}", backend.name());
@@ -398,11 +410,11 @@ fn the_factorys_perturbations_apply_to_task_folders() {
     let dir = fixture("harbor/hello-file");
     let host = Some(&RootfsSpec::Host);
     let spec = engine::perturb::parse_spec("tool-missing:tool=tr").unwrap();
-    let o = harbor::check_task(&rt, &rt, &s.store, &dir, host, &Agent::Oracle, &[spec]).unwrap();
+    let o = harbor::check_task(&rt, &rt, &s.store, &dir, host, &Agent::Oracle, &[spec], 1).unwrap();
     assert_eq!(o.reward, 0.0, "the oracle needs tr: {o:?}");
     assert_eq!(o.perturbations, vec!["tool-missing: removed /usr/bin/tr"]);
     // The same task unperturbed still passes (the fault is in its own layer, not the image's).
-    let o = harbor::check_task(&rt, &rt, &s.store, &dir, host, &Agent::Oracle, &[]).unwrap();
+    let o = harbor::check_task(&rt, &rt, &s.store, &dir, host, &Agent::Oracle, &[], 1).unwrap();
     assert_eq!(o.reward, 1.0, "{o:?}");
     assert!(o.perturbations.is_empty());
 }
@@ -417,6 +429,7 @@ fn scripted(s: &Store, rt: &sandbox::Runtime, dir: &Path, cmds: &[String]) -> ha
         Some(&RootfsSpec::Host),
         &Agent::Commands(cmds.to_vec()),
         &[],
+        1,
     )
     .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
 }
@@ -616,13 +629,11 @@ fn a_sandbox_the_agent_breaks_fails_its_task_and_the_check_goes_on() {
         o.reason
     );
     // On the command line: an oracle that deletes the shell, then a good task.
-    let t = copy_fixture("harbor/hello-file");
-    let broken = t.path().join("task");
-    std::fs::write(
-        broken.join("solution/solve.sh"),
+    let (_t, broken) = edited_fixture(
+        "harbor/hello-file",
+        "solution/solve.sh",
         "#!/bin/bash\nrm -f /bin/sh /usr/bin/sh /bin/bash /usr/bin/bash\n",
-    )
-    .unwrap();
+    );
     let st = common::TempState::new();
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_engine"))
         .env("ENVFACTORY_STATE", st.path())
@@ -653,4 +664,367 @@ fn a_sandbox_the_agent_breaks_fails_its_task_and_the_check_goes_on() {
         lines[0]
     );
     assert_eq!(lines[1]["passed"], true, "{}", lines[1]);
+}
+
+/// Hack trial: the image's `PATH` puts directories the agent can write ahead of `/usr/bin`
+/// (a virtual environment in `/opt/venv`, `/app/.venv/bin`, `/root/.local/bin`) and the test
+/// script sources uv's `$HOME/.local/bin/env`: a `python3` planted there, the venv replaced
+/// (also under a directory made again, so that the image's is hidden), `/root` replaced by a
+/// link, or the `env` file rewritten must all score 0; the honest agent 1.
+#[test]
+fn tools_planted_on_the_images_path_and_in_home_never_pass_the_tests() {
+    require_root!();
+    let rt = common::runtime();
+    let s = Store::new();
+    let dir = fixture("harbor/venv-path");
+    let fake_python = |d: &str| {
+        format!("mkdir -p {d} && rm -f {d}/python3 && printf '#!/bin/sh\\nexit 0\\n' > {d}/python3 && chmod 755 {d}/python3")
+    };
+    let tricks: Vec<(&str, Vec<String>)> = vec![
+        (
+            "python3 in /app/.venv/bin",
+            vec![fake_python("/app/.venv/bin")],
+        ),
+        (
+            "the image's venv's python3 replaced",
+            vec![fake_python("/opt/venv/bin")],
+        ),
+        (
+            "the venv deleted and made again (an opaque /opt)",
+            vec!["rm -rf /opt".into(), fake_python("/opt/venv/bin")],
+        ),
+        (
+            "python3 in /root/.local/bin, the venv's removed",
+            vec![
+                "rm /opt/venv/bin/python3".into(),
+                fake_python("/root/.local/bin"),
+            ],
+        ),
+        (
+            "uv's env file writing the reward",
+            vec![
+                "printf 'echo 1 > /logs/verifier/reward.txt; exit 0\\n' > /root/.local/bin/env"
+                    .into(),
+            ],
+        ),
+        (
+            "/root replaced by a link to the agent's home",
+            vec![
+                "mkdir -p /srv/home && cp -a /root/. /srv/home/".into(),
+                "printf 'echo 1 > /logs/verifier/reward.txt; exit 0\\n' > /srv/home/.local/bin/env"
+                    .into(),
+                "rm -rf /root && ln -s /srv/home /root".into(),
+            ],
+        ),
+    ];
+    for (what, cmds) in &tricks {
+        let o = scripted(&s, &rt, &dir, cmds);
+        assert_eq!(o.reward, 0.0, "{what}: {o:?}");
+    }
+    // The honest agent passes: the image's venv and env file are what the tests run, also
+    // when the agent's own work made /opt again.
+    let o = scripted(&s, &rt, &dir, &["touch /app/done".into()]);
+    assert_eq!(o.reward, 1.0, "{o:?}");
+    let o = scripted(
+        &s,
+        &rt,
+        &dir,
+        &["rm -rf /opt && mkdir -p /opt/other && touch /app/done".into()],
+    );
+    assert_eq!(o.reward, 1.0, "{o:?}");
+}
+
+/// The Pythons older than 3.11 on this host (they ignore `PYTHONSAFEPATH`).
+fn old_pythons() -> Vec<PathBuf> {
+    let mut found: Vec<PathBuf> = ["/root/.pyenv/versions", "/usr/local/lib/pyenv/versions"]
+        .iter()
+        .filter_map(|d| std::fs::read_dir(d).ok())
+        .flatten()
+        .flatten()
+        .filter(|e| {
+            let n = e.file_name().to_string_lossy().into_owned();
+            let minor = n
+                .strip_prefix("3.")
+                .and_then(|r| r.split('.').next()?.parse().ok());
+            minor.is_some_and(|m: u32| (6..11).contains(&m))
+        })
+        .map(|e| e.path().join("bin/python3"))
+        .chain((6..11).map(|m| PathBuf::from(format!("/usr/bin/python3.{m}"))))
+        .filter(|p| p.is_file())
+        .collect();
+    found.sort();
+    found
+}
+
+/// The verifier's `sitecustomize.py` keeps the working directory off `sys.path` for
+/// `python3 -m`: on a Python older than 3.11 where this host has one (`PYTHONSAFEPATH=1` set
+/// and ignored: the planted module runs without ours), else on this host's `python3` with
+/// `PYTHONSAFEPATH` unset. Without ours, the planted module runs (the test can fail).
+#[test]
+fn the_verifiers_sitecustomize_keeps_the_working_directory_off_sys_path() {
+    let t = tempfile::tempdir().unwrap();
+    let site = t.path().join("site");
+    let wd = t.path().join("app");
+    std::fs::create_dir_all(&site).unwrap();
+    std::fs::create_dir_all(&wd).unwrap();
+    std::fs::write(
+        site.join("sitecustomize.py"),
+        harbor::SAFE_PATH_SITECUSTOMIZE,
+    )
+    .unwrap();
+    std::fs::write(wd.join("json.py"), "print('PLANTED')\n").unwrap();
+    let old = old_pythons();
+    let pythons: Vec<(PathBuf, bool)> = if old.is_empty() {
+        vec![("python3".into(), false)]
+    } else {
+        old.into_iter().map(|p| (p, true)).collect()
+    };
+    for (python, is_old) in &pythons {
+        let run = |pythonpath: Option<&Path>| {
+            let mut c = std::process::Command::new(python);
+            c.args(["-m", "json.tool", "--help"])
+                .current_dir(&wd)
+                .env_remove("PYTHONPATH");
+            if *is_old {
+                c.env("PYTHONSAFEPATH", "1");
+            } else {
+                c.env_remove("PYTHONSAFEPATH");
+            }
+            if let Some(p) = pythonpath {
+                c.env("PYTHONPATH", p);
+            }
+            let o = c.output().unwrap();
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            )
+        };
+        if std::process::Command::new(python)
+            .arg("-V")
+            .output()
+            .is_err()
+        {
+            eprintln!("skipped: no python3 on this host");
+            return;
+        }
+        eprintln!("python: {}", python.display());
+        let without = run(None);
+        assert!(
+            without.contains("PLANTED"),
+            "{}: {without}",
+            python.display()
+        );
+        let with = run(Some(&site));
+        assert!(!with.contains("PLANTED"), "{}: {with}", python.display());
+        assert!(with.contains("usage"), "{}: {with}", python.display());
+    }
+}
+
+/// A perturbation's start step (here `zombies`: a parent that never reaps its children) runs
+/// again in the sandbox the tests get, after the agent's processes were stopped.
+#[test]
+fn perturbation_start_steps_run_again_for_the_tests() {
+    require_root!();
+    let rt = common::runtime();
+    let s = Store::new();
+    let (_t, dir) = edited_fixture(
+        "harbor/hello-file",
+        "tests/test.sh",
+        "#!/bin/bash\nif grep -qs '^State:.Z' /proc/[0-9]*/status; then echo 1; else echo 0; fi > /logs/verifier/reward.txt\n",
+    );
+    let zombies = vec![engine::perturb::parse_spec("zombies:count=2").unwrap()];
+    // Unperturbed, the same tests see no zombie.
+    for (perturb, reward) in [(zombies, 1.0), (vec![], 0.0)] {
+        let agent = Agent::Commands(vec!["true".into()]);
+        let host = Some(&RootfsSpec::Host);
+        let o = harbor::check_task(&rt, &rt, &s.store, &dir, host, &agent, &perturb, 1).unwrap();
+        assert_eq!(o.reward, reward, "{o:?}");
+    }
+}
+
+/// A backend whose sandboxes fail to start once `ok` have started, when `refuse` says so.
+struct Flaky<'a> {
+    rt: &'a sandbox::Runtime,
+    ok: usize,
+    made: std::sync::atomic::AtomicUsize,
+    refuse: fn(&sandbox::SandboxConfig) -> bool,
+}
+
+impl<'a> Flaky<'a> {
+    fn new(
+        rt: &'a sandbox::Runtime,
+        ok: usize,
+        refuse: fn(&sandbox::SandboxConfig) -> bool,
+    ) -> Self {
+        Self {
+            rt,
+            ok,
+            made: Default::default(),
+            refuse,
+        }
+    }
+}
+
+impl sandbox::DynBackend for Flaky<'_> {
+    fn name(&self) -> &'static str {
+        "flaky"
+    }
+    fn keeps_namespaces_across_resets(&self) -> bool {
+        true
+    }
+    fn create_boxed(
+        &self,
+        cfg: &sandbox::SandboxConfig,
+    ) -> Result<Box<dyn sandbox::SandboxOps>, sandbox::SandboxError> {
+        let n = self.made.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        if n >= self.ok && (self.refuse)(cfg) {
+            return Err(sandbox::SandboxError::Setup(
+                "no memory left on this host".into(),
+            ));
+        }
+        self.rt.create_boxed(cfg)
+    }
+}
+
+fn has_agent_diff(cfg: &sandbox::SandboxConfig) -> bool {
+    cfg.layers.first().is_some_and(|l| {
+        l.file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with(".tmp-agent"))
+    })
+}
+
+/// Host-side failures are not the agent's: the verifier's sandbox that does not start even
+/// without the agent's changes, or a layer store that cannot be written, mask the episode
+/// (`infrastructure`, reward NaN, `null` in JSON), never score it 0; a verifier's sandbox
+/// that fails only with the agent's changes is the agent's (0).
+#[test]
+fn host_side_failures_are_masked_not_scored() {
+    require_root!();
+    let rt = common::runtime();
+    let s = Store::new();
+    let dir = fixture("harbor/reward-trick");
+    let honest = Agent::Commands(vec!["touch /app/done".into()]);
+    let host = Some(&RootfsSpec::Host);
+    let run = |b: &dyn sandbox::DynBackend| {
+        harbor::check_task(&rt, b, &s.store, &dir, host, &honest, &[], 1).unwrap()
+    };
+    let host_down = Flaky::new(&rt, 1, |_| true);
+    let o = run(&host_down);
+    assert!(o.infrastructure && !o.passed && o.reward.is_nan(), "{o:?}");
+    assert!(o.reason.contains("infrastructure failure"), "{}", o.reason);
+    let j = serde_json::to_value(&o).unwrap();
+    assert!(j["reward"].is_null() && j["infrastructure"] == true, "{j}");
+    // Only the agent's changes make it fail: the agent's.
+    let agents = Flaky::new(&rt, 1, has_agent_diff);
+    let o = run(&agents);
+    assert!(!o.infrastructure && o.reward == 0.0, "{o:?}");
+    assert!(
+        o.reason.contains("the agent broke its sandbox"),
+        "{}",
+        o.reason
+    );
+    // The first sandbox does not start: before the agent, this host's.
+    let none = Flaky::new(&rt, 0, |_| true);
+    let o = run(&none);
+    assert!(o.infrastructure && o.reward.is_nan(), "{o:?}");
+    // The layer store read-only (its image built before): the agent's changes cannot be
+    // exported, and the store fails its probe.
+    assert_eq!(run(&rt).reward, 1.0);
+    let remount = |opt: &str| {
+        let ok = std::process::Command::new("mount")
+            .args(["-o", opt])
+            .arg(s.store.dir())
+            .status()
+            .unwrap();
+        assert!(ok.success(), "mount -o {opt}");
+    };
+    remount("remount,ro");
+    let o = run(&rt);
+    remount("remount,rw");
+    assert!(o.infrastructure && o.reward.is_nan(), "{o:?}");
+    assert!(o.reason.contains("takes no file"), "{}", o.reason);
+    assert_eq!(run(&rt).reward, 1.0, "the store works again");
+}
+
+/// A template naming a task folder (`task = { harbor = "DIR" }`): `engine harbor run
+/// --template` applies its sampled perturbation space to the folder's image, `engine synth`
+/// synthesizes each seed's faults on it; the other readers refuse it by name and line; a
+/// folder that is not a task is named.
+#[test]
+fn a_template_naming_a_task_folder_perturbs_its_image() {
+    require_root!();
+    let t = tempfile::tempdir().unwrap();
+    let template = |probability: f64, dir: &Path| {
+        let f = t
+            .path()
+            .join(format!("t{}.toml", (probability * 10.0) as u32));
+        std::fs::write(
+            &f,
+            format!(
+                "[template]\nname = \"hello\"\ntask = {{ harbor = \"{}\" }}\n\n[[perturbation_space]]\nname = \"tool-missing\"\nprobability = {probability}\n[perturbation_space.params]\ntool = \"tr\"\n",
+                dir.display()
+            ),
+        )
+        .unwrap();
+        f
+    };
+    let st = common::TempState::new();
+    let run = |f: &Path| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_engine"))
+            .env("ENVFACTORY_STATE", st.path())
+            .args(["harbor", "run", "--json", "--base", "host", "--template"])
+            .arg(f)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let j: serde_json::Value = serde_json::from_str(stdout.trim())
+            .unwrap_or_else(|e| panic!("{e}: {stdout}{}", String::from_utf8_lossy(&out.stderr)));
+        j
+    };
+    let hello = fixture("harbor/hello-file");
+    let j = run(&template(1.0, &hello));
+    assert_eq!(j["reward"], 0.0, "the oracle needs tr: {j}");
+    assert_eq!(
+        j["perturbations"][0], "tool-missing: removed /usr/bin/tr",
+        "{j}"
+    );
+    let j = run(&template(0.0, &hello));
+    assert_eq!(j["reward"], 1.0, "{j}");
+    assert_eq!(j["perturbations"], serde_json::json!([]), "{j}");
+    // `engine synth`: each seed's faults synthesized on the folder's image, as a layer.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_engine"))
+        .env("ENVFACTORY_STATE", st.path())
+        .args(["synth", "--json", "--count", "2"])
+        .arg(template(1.0, &hello))
+        .output()
+        .unwrap();
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+    let inst = j["instances"].as_array().unwrap();
+    assert_eq!(inst.len(), 2, "{j}");
+    assert_eq!(inst[1]["seed"], 2);
+    assert_eq!(
+        inst[0]["applied"][0], "tool-missing: removed /usr/bin/tr",
+        "{j}"
+    );
+    let layer = Path::new(inst[0]["layer"].as_str().unwrap());
+    assert!(layer.is_dir() && layer.starts_with(st.path()), "{j}");
+    // Elsewhere (task, serve, experiments) such a template is refused by name.
+    let e = engine::template::Template::load(&template(1.0, &hello))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains(":3:")
+            && e.contains("template.task")
+            && e.contains("engine harbor run --template"),
+        "{e}"
+    );
+    let e = engine::template::Template::load_any(&template(1.0, t.path()))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("template.task.harbor") && e.contains("not a task folder"),
+        "{e}"
+    );
 }

@@ -578,8 +578,8 @@ fn a_model_solves_a_harbor_task_folder_judged_by_its_own_tests() {
         let server = FakeChat::start(script);
         let agent = LlmAgent::new(&server.config()).unwrap();
         let agent = engine::harbor::Agent::Llm(Arc::new(Mutex::new(agent)), 5);
-        let o =
-            engine::harbor::check_task(&rt, &rt, &store, &dir, Some(&host), &agent, &[]).unwrap();
+        let o = engine::harbor::check_task(&rt, &rt, &store, &dir, Some(&host), &agent, &[], 1)
+            .unwrap();
         (o, server.seen())
     };
     let (o, seen) = run(|n| match n {
