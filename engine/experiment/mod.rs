@@ -25,6 +25,7 @@
 //! | `resume.rs` | `engine run --resume`: a run's identity (`run.json`) checked key by key, reading back what a run wrote |
 //! | `selfplay.rs` | a self-play run (`[selfplay]`): the schedule through the actor runtime, metrics, checkpoints, held-out evaluation |
 //! | `selfplay_config.rs` | [`SelfPlay`]: the `[selfplay]` table and its validation |
+//! | `selfplay_report.rs` | a self-play run's `report.md` and its plots |
 //! | `study.rs` | a training study (`[training]`): PPO per task and seed, held-out evaluation, `report.md` |
 //! | `stats.rs` | [`summarize`], [`SeedResult`], [`Interval`], [`Report`] |
 
@@ -35,6 +36,7 @@ pub mod resume;
 mod runner;
 pub mod selfplay;
 mod selfplay_config;
+mod selfplay_report;
 mod stats;
 pub mod study;
 
