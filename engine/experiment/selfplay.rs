@@ -142,6 +142,9 @@ pub fn describe(exp: &Experiment, sp: &SelfPlay) -> String {
             sp.buffer_capacity, sp.replay_prob
         ));
     }
+    if sp.lambda != 0.0 {
+        roles.push(format!("realism critic (lambda {})", sp.lambda));
+    }
     roles.push(format!("{} worker actors", t.num_envs));
     format!(
         "{name}: method {method} on {tpl}\n  roles: {roles}\n  budget: {steps} environment steps = {updates} protagonist updates of {envs} x {ns} per seed; seeds {seeds:?}\n  level space: budget {budget} ({pace}), at most {maxf} faults, task seeds {levels} per seed{held}\n  evaluation: {eval} held-out task seeds, clean and faulted (the catalogue oracle beside), held-out families: {families}\n  output: {out}",
