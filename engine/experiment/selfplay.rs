@@ -933,6 +933,10 @@ impl Observer for SeedObserver {
         } else if self.every > 0 && updates >= self.last_checkpoint + self.every {
             self.last_checkpoint = updates;
             Some(self.dir.join("checkpoint"))
+        } else if self.every > 0 && matches!(it.phase, Some(Phase::Adversary | Phase::Selection)) {
+            // A finished adversary phase (or SFL selection) is saved too, so a run killed in
+            // the protagonist phase after it does not play it again.
+            Some(self.dir.join("checkpoint"))
         } else {
             None
         };

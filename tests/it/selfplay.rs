@@ -510,9 +510,18 @@ fn a_run_killed_with_sigkill_resumes_from_its_last_checkpoint_and_loses_at_most_
     };
     let mut child = engine(&["run"]).spawn().unwrap();
     let killed = child.id();
+    // Killed right after a checkpoint of an adversary phase (the iterations alternate, one
+    // update then one adversary phase: an even count ends with an adversary phase).
     assert!(
-        sandbox::testing::eventually(300, || progress("checkpoint").is_some_and(|p| p.0 >= 3)),
+        sandbox::testing::eventually(300, || {
+            progress("checkpoint").is_some_and(|p| p.0 >= 3 && p.1 % 2 == 0)
+                || seed.join("final/COMPLETE").is_file()
+        }),
         "no checkpoint of 3 updates appeared"
+    );
+    assert!(
+        !seed.join("final/COMPLETE").is_file(),
+        "the run ended with no checkpoint after an adversary phase"
     );
     // SAFETY: kill with integer arguments: our own child.
     unsafe { libc::kill(killed as i32, libc::SIGKILL) };
@@ -528,6 +537,12 @@ fn a_run_killed_with_sigkill_resumes_from_its_last_checkpoint_and_loses_at_most_
     assert!(
         saved + 1 >= last_logged && last_logged < 8,
         "checkpoint at {saved} updates, {last_logged} logged: more than one update lost (or the run had ended)"
+    );
+    // Adversary phases are checkpointed too: at most one iteration of any phase is lost.
+    assert!(
+        saved_iterations + 1 >= logged.len() as u64,
+        "checkpoint after {saved_iterations} iterations, {} logged",
+        logged.len()
     );
 
     // A resume under another configuration is refused and changes nothing.
