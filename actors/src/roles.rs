@@ -57,8 +57,9 @@ pub trait Agent: Send {
 
 /// An adversary: proposes levels and learns from their scores.
 pub trait Synthesizer: Send {
-    /// `n` levels for the protagonist.
-    fn propose(&mut self, n: usize) -> Result<Vec<Proposal>, RoleError>;
+    /// `n` levels for the protagonist, each costing at most `budget` (the budget schedule's
+    /// current value; at most the level space's own).
+    fn propose(&mut self, n: usize, budget: f64) -> Result<Vec<Proposal>, RoleError>;
     /// Episodes the protagonist played (of any origin): the adversary's context.
     fn observe(&mut self, outcomes: &[EpisodeOutcome]) -> Result<(), RoleError>;
     /// Learn from `(proposal, reward)` pairs (the reward already includes realism).

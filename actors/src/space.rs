@@ -61,6 +61,20 @@ pub struct LevelSpace {
     pub max_active: usize,
 }
 
+/// The cost of the cheapest allowed setting of `dims` (infinity when none is allowed).
+pub fn cheapest(dims: &[Dimension]) -> f64 {
+    dims.iter()
+        .flat_map(|d| {
+            d.cost
+                .iter()
+                .zip(&d.allowed)
+                .skip(1)
+                .filter(|(_, &a)| a)
+                .map(|(&c, _)| c)
+        })
+        .fold(f64::INFINITY, f64::min)
+}
+
 fn no_limit() -> usize {
     usize::MAX
 }
@@ -109,17 +123,7 @@ impl LevelSpace {
                 return Err(bad("a setting's cost must be > 0".into()));
             }
         }
-        let cheapest = dims
-            .iter()
-            .flat_map(|d| {
-                d.cost
-                    .iter()
-                    .zip(&d.allowed)
-                    .skip(1)
-                    .filter(|(_, &a)| a)
-                    .map(|(&c, _)| c)
-            })
-            .fold(f64::INFINITY, f64::min);
+        let cheapest = cheapest(&dims);
         if cheapest.is_finite() && cheapest > budget {
             return Err(SpaceError::NothingFits { budget, cheapest });
         }

@@ -280,6 +280,8 @@ pub struct FakeSynthesizer {
     pub weights: Vec<f64>,
     token: u64,
     pub observed: u64,
+    /// The budget of every `propose` call.
+    pub budgets: Arc<Mutex<Vec<f64>>>,
     /// Every `(proposal, reward)` it learned from, shared with the test.
     pub learned: Arc<Mutex<Vec<(Proposal, f64)>>>,
 }
@@ -293,13 +295,17 @@ impl FakeSynthesizer {
             weights: vec![0.0; n],
             token: 0,
             observed: 0,
+            budgets: Arc::default(),
             learned: Arc::default(),
         }
     }
 }
 
 impl Synthesizer for FakeSynthesizer {
-    fn propose(&mut self, n: usize) -> Result<Vec<Proposal>, RoleError> {
+    fn propose(&mut self, n: usize, budget: f64) -> Result<Vec<Proposal>, RoleError> {
+        if let Ok(mut b) = self.budgets.lock() {
+            b.push(budget);
+        }
         let mut out = Vec::with_capacity(n);
         for _ in 0..n {
             let z: f64 = self.weights.iter().map(|w| w.exp()).sum();
@@ -313,7 +319,10 @@ impl Synthesizer for FakeSynthesizer {
                 }
             }
             let mut level = self.space.clean(&mut self.rng);
-            level.choices[d] = 1;
+            // The fault goes on only when it fits the budget asked for.
+            if self.space.dims[d].cost[1] <= budget + 1e-9 {
+                level.choices[d] = 1;
+            }
             self.token += 1;
             out.push(Proposal {
                 level,

@@ -25,6 +25,7 @@
 //! | `resume.rs` | `engine run --resume`: a run's identity (`run.json`) checked key by key, reading back what a run wrote |
 //! | `selfplay.rs` | a self-play run (`[selfplay]`): the schedule through the actor runtime, metrics, checkpoints, held-out evaluation |
 //! | `selfplay_config.rs` | [`SelfPlay`]: the `[selfplay]` table and its validation |
+//! | `selfplay_report.rs` | a self-play run's `report.md` and its plots |
 //! | `study.rs` | a training study (`[training]`): PPO per task and seed, held-out evaluation, `report.md` |
 //! | `tournament.rs` | `engine tournament`: protagonists x adversaries of finished runs, the cross-play matrix, its Nash value, Nash-averaged scores, Elo |
 //! | `nash.rs` | the zero-sum matrix game solved exactly (simplex), Nash-averaged scores, an Elo fit |
@@ -39,6 +40,7 @@ pub mod resume;
 mod runner;
 pub mod selfplay;
 mod selfplay_config;
+mod selfplay_report;
 mod stats;
 pub mod study;
 pub mod sweep;

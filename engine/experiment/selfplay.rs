@@ -11,6 +11,8 @@
 use super::config::{Experiment, Training, HELD_OUT_OFFSET, SEED_STRIDE};
 use super::resume;
 use super::selfplay_config::SelfPlay;
+pub use super::selfplay_report::render;
+use super::selfplay_report::save;
 use super::study::{write, PerSeed};
 use super::ExperimentError;
 use crate::env::{Env, EnvConfig};
@@ -56,6 +58,16 @@ pub struct CurvePoint {
     pub adversary_reward: Vec<(usize, f64)>,
     /// Faults switched on in the levels the adversaries proposed, by family.
     pub faults: BTreeMap<String, u64>,
+    /// Levels the adversaries proposed (episodes of adversary origin) in the iteration.
+    #[serde(default)]
+    pub proposals: u64,
+    /// The budget the iteration's levels were drawn under (`budget_schedule`).
+    #[serde(default)]
+    pub budget: Option<f64>,
+    /// The realism critic's held-out AUC when it learned in the iteration: held-out real
+    /// systems against the newest levels, which it had not trained on yet.
+    #[serde(default)]
+    pub critic_auc: Option<f64>,
 }
 
 /// What one seed measured (also its `seed-N/result.json`, kept by `--resume`).
@@ -130,9 +142,12 @@ pub fn describe(exp: &Experiment, sp: &SelfPlay) -> String {
             sp.buffer_capacity, sp.replay_prob
         ));
     }
+    if sp.lambda != 0.0 {
+        roles.push(format!("realism critic (lambda {})", sp.lambda));
+    }
     roles.push(format!("{} worker actors", t.num_envs));
     format!(
-        "{name}: method {method} on {tpl}\n  roles: {roles}\n  budget: {steps} environment steps = {updates} protagonist updates of {envs} x {ns} per seed; seeds {seeds:?}\n  level space: budget {budget}, at most {maxf} faults, task seeds {levels} per seed{held}\n  evaluation: {eval} held-out task seeds, clean and faulted (the catalogue oracle beside), held-out families: {families}\n  output: {out}",
+        "{name}: method {method} on {tpl}\n  roles: {roles}\n  budget: {steps} environment steps = {updates} protagonist updates of {envs} x {ns} per seed; seeds {seeds:?}\n  level space: budget {budget} ({pace}), at most {maxf} faults, task seeds {levels} per seed{held}\n  evaluation: {eval} held-out task seeds, clean and faulted (the catalogue oracle beside), held-out families: {families}\n  output: {out}",
         name = exp.experiment.name,
         roles = roles.join(", "),
         steps = t.total_steps,
@@ -141,6 +156,7 @@ pub fn describe(exp: &Experiment, sp: &SelfPlay) -> String {
         ns = t.num_steps,
         seeds = exp.experiment.seeds,
         budget = sp.budget,
+        pace = sp.pace(sp.updates(&t)).map_or_else(|(k, r)| format!("{k}: {r}"), |p| p.describe(sp.budget)),
         maxf = sp.max_faults,
         levels = t.train_levels,
         held = if sp.mask_unrecoverable { ", settings the catalogue cannot recover from masked" } else { "" },
@@ -422,8 +438,18 @@ fn run_seed(
     )?;
     let seconds_before = observer.seconds_before;
     let cfg = sp
-        .schedule(space.space.clone(), seed)
+        .schedule(space.space.clone(), seed, budget.updates)
         .ok_or_else(|| ExperimentError::SelfPlay(format!("unknown method {}", sp.method)))?;
+    // The budget schedule against the space as masked (a start no fault fits any more).
+    cfg.validate().map_err(|e| {
+        ExperimentError::SelfPlay(match e {
+            actors::schedule::ScheduleError::Config { key, reason } => format!(
+                "seed {seed}: key `{}`: {reason} (in the level space after masking)",
+                super::selfplay_config::pace_key(key)
+            ),
+            e => format!("seed {seed}: {e}"),
+        })
+    })?;
     let t0 = Instant::now();
     let summary = actors::runtime::run_from(&cfg, parts, Box::new(observer), budget, from)?;
     let seconds = seconds_before + t0.elapsed().as_secs_f64();
@@ -785,11 +811,13 @@ impl Observer for SeedObserver {
             .collect();
         let k = mine.len();
         let mut faults = BTreeMap::new();
+        let mut proposals = 0;
         for o in it
             .outcomes
             .iter()
             .filter(|o| matches!(o.origin, Origin::Adversary(_)))
         {
+            proposals += 1;
             for (d, &c) in o.level.choices.iter().enumerate() {
                 if c != 0 {
                     if let Some(dim) = self.space.space.dims.get(d) {
@@ -827,12 +855,21 @@ impl Observer for SeedObserver {
                 .filter_map(|(a, s)| s.get("mean_reward").map(|r| (*a, r)))
                 .collect(),
             faults,
+            proposals,
+            budget: it.budget,
+            critic_auc: it
+                .critic
+                .as_ref()
+                .and_then(|s| s.get("auc_held_out"))
+                .filter(|a| a.is_finite()),
         };
         let mut line = serde_json::to_vec(&serde_json::json!({
             "seed": self.seed,
             "point": &point,
             "protagonist": it.protagonist.as_ref().map(|s| &s.values),
             "buffer": it.buffer,
+            "budget": it.budget,
+            "critic": it.critic.as_ref().map(|s| &s.values),
             "seconds": self.seconds_before + self.t0.elapsed().as_secs_f64(),
         }))
         .map_err(|e| RoleError::wrap("metrics", e))?;
@@ -862,12 +899,15 @@ impl Observer for SeedObserver {
             self.episodes_bytes += line.len() as u64;
         }
         let line = format!(
-            "seed {}: update {updates}/{} ({phase}), {} steps, success {:.2}, return {:.2}{}",
+            "seed {}: update {updates}/{} ({phase}), {} steps, success {:.2}, return {:.2}{}{}",
             self.seed,
             self.budget,
             it.steps,
             point.success_rate,
             point.mean_return,
+            point
+                .budget
+                .map_or(String::new(), |b| format!(", budget {b:.2}")),
             if point.adversary_reward.is_empty() {
                 String::new()
             } else {
@@ -893,6 +933,10 @@ impl Observer for SeedObserver {
         } else if self.every > 0 && updates >= self.last_checkpoint + self.every {
             self.last_checkpoint = updates;
             Some(self.dir.join("checkpoint"))
+        } else if self.every > 0 && matches!(it.phase, Some(Phase::Adversary | Phase::Selection)) {
+            // A finished adversary phase (or SFL selection) is saved too, so a run killed in
+            // the protagonist phase after it does not play it again.
+            Some(self.dir.join("checkpoint"))
         } else {
             None
         };
@@ -910,93 +954,4 @@ impl Observer for SeedObserver {
         let text = serde_json::to_vec(&st).map_err(|e| RoleError::wrap("checkpoint", e))?;
         std::fs::write(dir.join(OBSERVER_STATE), text).map_err(|e| RoleError::wrap("checkpoint", e))
     }
-}
-
-fn save(dir: &Path, r: &SelfPlayReport) -> Result<(), ExperimentError> {
-    let path = dir.join("report.json");
-    let json = serde_json::to_vec_pretty(r).map_err(|e| ExperimentError::Write {
-        file: path.clone(),
-        source: std::io::Error::other(e),
-    })?;
-    write(&path, &json)?;
-    write(&dir.join("report.md"), render(r).as_bytes())?;
-    let series: Vec<Vec<(f64, f64)>> = r
-        .seeds
-        .iter()
-        .map(|s| {
-            s.curve
-                .iter()
-                .filter(|p| p.phase == "protagonist" && p.success_rate.is_finite())
-                .map(|p| (p.updates as f64, p.success_rate))
-                .collect()
-        })
-        .collect();
-    if series.iter().any(|s| !s.is_empty()) {
-        let png =
-            crate::learn::plot::curves_png(&series).map_err(|source| ExperimentError::Write {
-                file: dir.join("curve.png"),
-                source,
-            })?;
-        write(&dir.join("curve.png"), &png)?;
-    }
-    Ok(())
-}
-
-fn fmt(p: &PerSeed) -> String {
-    format!("{:.3} ± {:.3}", p.mean, p.ci95)
-}
-
-/// `report.md`.
-pub fn render(r: &SelfPlayReport) -> String {
-    let mut s = format!(
-        "# {} ({}, {})\n\n{} seeds{}. Held-out task seeds; mean ± 95% Student-t interval over seeds.\n\n| set | protagonist | catalogue oracle |\n|---|---|---|\n| clean | {} | |\n| faulted (drawn from the space) | {} | {} |\n",
-        r.name,
-        r.method,
-        r.template.display(),
-        r.seeds.len(),
-        if r.complete { "" } else { " (incomplete)" },
-        fmt(&r.held_out_clean),
-        fmt(&r.held_out_faulted),
-        fmt(&r.held_out_faulted_oracle),
-    );
-    if let Some(f) = &r.held_out_families {
-        s.push_str(&format!("| held-out fault families | {} | |\n", fmt(f)));
-    }
-    let skipped = |f: &dyn Fn(&SeedReport) -> usize| r.seeds.iter().map(f).sum::<usize>();
-    s.push_str(&format!(
-        "\nLevels that cannot be played (uncertified, not solvable through the catalogue, faults that do not apply together) are skipped, not counted: clean {}, faulted {} (over all seeds).\n",
-        skipped(&|x| x.held_out_clean.skipped),
-        skipped(&|x| x.held_out_faulted.skipped),
-    ));
-    s.push_str(&format!(
-        "\nEnvironment steps per second through the actor runtime (training, all roles): {}.\n\n![protagonist success per update](curve.png)\n\n| seed | updates | steps | steps/s | failed episodes | worker restarts | masked settings |\n|---|---|---|---|---|---|---|\n",
-        fmt(&r.steps_per_s)
-    ));
-    for x in &r.seeds {
-        s.push_str(&format!(
-            "| {} | {} | {} | {:.0} | {} | {} | {} |\n",
-            x.seed,
-            x.updates,
-            x.steps,
-            x.steps_per_s,
-            x.failed_episodes,
-            x.worker_restarts,
-            if x.masked_settings.is_empty() {
-                "none".into()
-            } else {
-                x.masked_settings.join(", ")
-            }
-        ));
-    }
-    s.push_str("\nSuccess per fault family on the faulted held-out levels (levels with it on), per seed:\n\n");
-    for x in &r.seeds {
-        let per: Vec<String> = x
-            .per_fault
-            .iter()
-            .map(|(k, (ok, n))| format!("{k} {ok}/{n}"))
-            .collect();
-        s.push_str(&format!("- seed {}: {}\n", x.seed, per.join(", ")));
-    }
-    s.push_str("\nFaults are fixed at reset, so RARL here is the minimax-adversary baseline of the curriculum literature (the adversary picks the level, not per-step forces).\n");
-    s
 }

@@ -6,7 +6,7 @@
 
 use super::config::{Experiment, Training};
 use super::ExperimentError;
-use actors::schedule::{Method, ScheduleConfig};
+use actors::schedule::{Method, Pace, ScheduleConfig};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -29,6 +29,9 @@ pub struct SelfPlay {
     pub budget: f64,
     /// At most this many faults at once.
     pub max_faults: usize,
+    /// The difficulty schedule of `budget` (none: `budget` throughout).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub budget_schedule: Option<BudgetSchedule>,
     /// Cost per fault (`"disk-fill" = 1.5`) or setting (`"disk-fill(free_pct=5)" = 2`); 1
     /// when not given.
     pub costs: BTreeMap<String, f64>,
@@ -67,6 +70,7 @@ impl Default for SelfPlay {
             lambda: 0.0,
             budget: 2.0,
             max_faults: 2,
+            budget_schedule: None,
             costs: BTreeMap::new(),
             held_out_faults: Vec::new(),
             mask_unrecoverable: true,
@@ -88,14 +92,131 @@ impl Default for SelfPlay {
     }
 }
 
+/// `[selfplay] budget_schedule`: how the level space's budget grows from `start` to
+/// `budget` over the run (`actors::schedule::Pace`).
+///
+/// - `mode = "linear"` (the default): `start` to `budget` linearly over the first `over`
+///   share of the protagonist's updates (default 0.5), then `budget`.
+/// - `mode = "adaptive"`: from `start`, `+step` when the protagonist's success over the last
+///   `window` episodes on levels drawn from the space is above `raise_above`, `-step` when
+///   below `lower_below`, within `[start, budget]`.
+///
+/// `end`, when given, must be `budget` (the schedule ends at the space's budget, which the
+/// held-out faulted levels use).
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct BudgetSchedule {
+    #[serde(default = "linear")]
+    pub mode: String,
+    pub start: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub over: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub raise_above: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lower_below: Option<f64>,
+}
+
+fn linear() -> String {
+    "linear".into()
+}
+
+impl BudgetSchedule {
+    /// The pace over a run of `updates` protagonist updates; `Err((key, reason))` for a
+    /// key of the other mode, an unknown mode or an `end` that is not the budget.
+    pub fn pace(&self, budget: f64, updates: u64) -> Result<Pace, (&'static str, String)> {
+        if let Some(end) = self.end {
+            if end != budget {
+                return Err((
+                    "selfplay.budget_schedule.end",
+                    format!("is {end}; the schedule ends at selfplay.budget ({budget}): set budget = {end}, or leave end out"),
+                ));
+            }
+        }
+        let foreign = |keys: &[(&'static str, bool)]| {
+            keys.iter()
+                .find(|(_, set)| *set)
+                .map(|(k, _)| (*k, format!("is not a key of mode `{}`", self.mode)))
+        };
+        match self.mode.as_str() {
+            "linear" => {
+                if let Some(e) = foreign(&[
+                    ("selfplay.budget_schedule.step", self.step.is_some()),
+                    ("selfplay.budget_schedule.window", self.window.is_some()),
+                    (
+                        "selfplay.budget_schedule.raise_above",
+                        self.raise_above.is_some(),
+                    ),
+                    (
+                        "selfplay.budget_schedule.lower_below",
+                        self.lower_below.is_some(),
+                    ),
+                ]) {
+                    return Err(e);
+                }
+                let over = self.over.unwrap_or(0.5);
+                if !(over.is_finite() && over > 0.0 && over <= 1.0) {
+                    return Err((
+                        "selfplay.budget_schedule.over",
+                        format!("is {over}; a share of the run in (0, 1]"),
+                    ));
+                }
+                Ok(Pace::Linear {
+                    start: self.start,
+                    updates: ((over * updates as f64).round() as u64).max(1),
+                })
+            }
+            "adaptive" => {
+                if let Some(e) = foreign(&[("selfplay.budget_schedule.over", self.over.is_some())])
+                {
+                    return Err(e);
+                }
+                Ok(Pace::Adaptive {
+                    start: self.start,
+                    step: self.step.unwrap_or(0.5),
+                    window: self.window.unwrap_or(32),
+                    raise_above: self.raise_above.unwrap_or(0.8),
+                    lower_below: self.lower_below.unwrap_or(0.5),
+                })
+            }
+            other => Err((
+                "selfplay.budget_schedule.mode",
+                format!("unknown mode `{other}`; `linear` or `adaptive`"),
+            )),
+        }
+    }
+}
+
 impl SelfPlay {
     pub fn method(&self) -> Option<Method> {
         Method::parse(&self.method)
     }
 
-    /// The schedule's settings over `space` for experiment seed `seed`.
-    pub fn schedule(&self, space: actors::space::LevelSpace, seed: u64) -> Option<ScheduleConfig> {
+    /// The budget schedule over a run of `updates` protagonist updates.
+    pub fn pace(&self, updates: u64) -> Result<Pace, (&'static str, String)> {
+        match &self.budget_schedule {
+            None => Ok(Pace::Fixed),
+            Some(b) => b.pace(self.budget, updates),
+        }
+    }
+
+    /// The schedule's settings over `space` for experiment seed `seed`, in a run of
+    /// `updates` protagonist updates (`None`: an unknown method or a bad budget schedule,
+    /// which the config's check refuses by key).
+    pub fn schedule(
+        &self,
+        space: actors::space::LevelSpace,
+        seed: u64,
+        updates: u64,
+    ) -> Option<ScheduleConfig> {
         let mut c = ScheduleConfig::new(self.method()?, space, seed);
+        c.pace = self.pace(updates).ok()?;
         c.dr_share = self.dr_share;
         c.protagonist_updates = self.protagonist_updates;
         c.adversary_batch = self.adversary_batch;
@@ -231,10 +352,31 @@ pub(super) fn check(
             return Err(invalid(key, what.into()));
         }
     }
+    let updates = s.updates(&exp.training.clone().unwrap_or_default());
+    let pace = s
+        .pace(updates)
+        .map_err(|(key, reason)| invalid(key, reason))?;
+    // The start against the template's priced space (masks come at run time; a space
+    // that cannot be built is reported by the run).
+    let priced = crate::roles::SpaceSettings {
+        costs: s.costs.clone(),
+        budget: s.budget,
+        max_faults: s.max_faults,
+        seed_base: 0,
+        seed_count: 1,
+    };
+    if let Ok(fs) = crate::roles::FaultSpace::new(tpl.clone(), &priced) {
+        pace.validate(&fs.space).map_err(|e| match e {
+            actors::schedule::ScheduleError::Config { key, reason } => {
+                invalid(pace_key(key), reason)
+            }
+            other => invalid("selfplay.budget_schedule", other.to_string()),
+        })?;
+    }
     let space = actors::space::LevelSpace::new(Vec::new(), s.budget, 0, 1)
         .map_err(|e| invalid("selfplay.budget", e.to_string()))?;
     let cfg = s
-        .schedule(space, 0)
+        .schedule(space, 0, updates)
         .ok_or_else(|| invalid("selfplay.method", "unknown".into()))?;
     cfg.validate().map_err(|e| match e {
         actors::schedule::ScheduleError::Config { key, reason } => {
@@ -246,11 +388,25 @@ pub(super) fn check(
                 "sfl_rollouts" => "selfplay.sfl_rollouts",
                 "sfl_keep" => "selfplay.sfl_keep",
                 "sfl_every" => "selfplay.sfl_every",
-                _ => "selfplay",
+                k => pace_key(k),
             };
             invalid(key, reason)
         }
         other => invalid("selfplay", other.to_string()),
     })?;
     Ok(())
+}
+
+/// The config key of a budget schedule's setting (`actors`' key without the table).
+pub(super) fn pace_key(key: &str) -> &'static str {
+    match key {
+        "budget_schedule.start" => "selfplay.budget_schedule.start",
+        "budget_schedule.over" => "selfplay.budget_schedule.over",
+        "budget_schedule.step" => "selfplay.budget_schedule.step",
+        "budget_schedule.window" => "selfplay.budget_schedule.window",
+        "budget_schedule.raise_above" => "selfplay.budget_schedule.raise_above",
+        "budget_schedule.lower_below" => "selfplay.budget_schedule.lower_below",
+        "budget_schedule" => "selfplay.budget_schedule",
+        _ => "selfplay",
+    }
 }

@@ -393,8 +393,9 @@ pub fn run(file: &Path, rt: &Runtime, cache: &Cache) -> Result<(Matrix, PathBuf)
             for k in 0..if needs_adv { sp.population } else { 0 } {
                 let d = final_dir.join(format!("adversary-{k}"));
                 let mut a = AdversaryRole::load(&d, &space.space, &adv)?;
+                // Under the space's own (final) budget, as the held-out faulted levels are.
                 let proposed = a
-                    .propose(t.levels)
+                    .propose(t.levels, space.space.budget)
                     .map_err(|e| ExperimentError::SelfPlay(format!("{}: {e}", d.display())))?;
                 cols.push((
                     format!("{name}/adversary-{k}"),

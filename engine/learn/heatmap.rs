@@ -48,7 +48,7 @@ pub fn heatmap_png(rows: &[Vec<f64>]) -> std::io::Result<Vec<u8>> {
             px[k..k + 3].copy_from_slice(&colour(v));
         }
     }
-    encode(&px)
+    encode(W, H, &px)
 }
 
 #[cfg(test)]

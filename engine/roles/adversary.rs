@@ -131,13 +131,15 @@ impl AdversaryRole {
 }
 
 impl Synthesizer for AdversaryRole {
-    fn propose(&mut self, n: usize) -> Result<Vec<Proposal>, RoleError> {
+    fn propose(&mut self, n: usize, budget: f64) -> Result<Vec<Proposal>, RoleError> {
+        // The budget schedule's value, never above the space's own.
+        let budget = budget.min(self.space.budget) as f32;
         let ctx = self.context();
         let mut out = Vec::with_capacity(n);
         for _ in 0..n {
             let s = self
                 .adv
-                .sample_within(&ctx, &self.mask, &self.costs, self.space.budget as f32)
+                .sample_within(&ctx, &self.mask, &self.costs, budget)
                 .map_err(|e| RoleError::wrap(ROLE, e))?;
             let level = Level {
                 seed: self.space.seed(&mut self.rng),

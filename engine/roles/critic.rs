@@ -3,6 +3,11 @@
 //! synthesized, started and fingerprinted; the classifier sees the same scaled features as
 //! `engine fingerprint auc` and learns the shipped real set (label real) against the levels
 //! the adversaries proposed (label generated). `realism` returns `log D` per level.
+//!
+//! A fixed fifth of the real set (drawn with [`HOLD_OUT_SEED`]) is never trained on. Each
+//! `learn` first measures the critic as it stands on held-out data: the held-out real
+//! systems against the newest levels, which it has not trained on yet (`auc_held_out` in
+//! its statistics); then it trains with them.
 
 use crate::instance::Plan;
 use crate::realism::{self, Scaler};
@@ -21,6 +26,10 @@ const ROLE: &str = "critic";
 const MAX_GENERATED: usize = 1024;
 /// Measured levels remembered at most (a level's fingerprint does not change).
 const MAX_MEMO: usize = 8192;
+/// Seeds the split of the real set into trained and held-out systems.
+pub const HOLD_OUT_SEED: u64 = 0x05ee_da0c;
+/// Share of the real set held out from training, for the held-out AUC.
+const HOLD_OUT_SHARE: f64 = 0.2;
 
 /// How the critic trains.
 #[derive(Debug, Clone, PartialEq)]
@@ -51,8 +60,10 @@ pub struct RealismCritic {
     disc: Discriminator,
     /// Statistics of the real set (fixed, so scores stay comparable across updates).
     scaler: Scaler,
-    /// The real set, scaled, row-major.
+    /// The real set's trained part, scaled, row-major.
     real: Vec<f32>,
+    /// The held-out real systems, scaled, one row each.
+    held_out: Vec<Vec<f32>>,
     /// Scaled rows of the kept generated levels.
     generated: VecDeque<Vec<f32>>,
     /// Scaled row of each measured level; `None` when its plan does not apply.
@@ -75,12 +86,21 @@ impl RealismCritic {
             .iter()
             .map(|(_, f)| realism::realism_vector(f))
             .collect();
-        let refs: Vec<&[f32]> = rows.iter().map(|r| r.as_slice()).collect();
+        let (train, held) = split(rows);
+        let refs: Vec<&[f32]> = train.iter().map(|r| r.as_slice()).collect();
         let scaler = Scaler::fit(&refs);
         let mut real = Vec::new();
-        for r in &rows {
+        for r in &train {
             scaler.apply(r, &mut real);
         }
+        let held_out = held
+            .iter()
+            .map(|r| {
+                let mut out = Vec::new();
+                scaler.apply(r, &mut out);
+                out
+            })
+            .collect();
         let cfg = DiscriminatorConfig {
             input_dim: realism::feature_names().len(),
             hidden: settings.hidden.clone(),
@@ -96,6 +116,7 @@ impl RealismCritic {
             disc,
             scaler,
             real,
+            held_out,
             generated: VecDeque::new(),
             memo: HashMap::new(),
         })
@@ -144,6 +165,40 @@ impl RealismCritic {
     }
 }
 
+impl RealismCritic {
+    /// The AUC of the critic's `D` (real = positive) on the held-out real systems against
+    /// `generated` rows; NaN when there are none.
+    fn auc(&self, generated: &[Vec<f32>]) -> Result<f64, RoleError> {
+        let score = |rows: &[Vec<f32>]| -> Result<Vec<f32>, RoleError> {
+            rows.iter()
+                .map(|r| {
+                    self.disc
+                        .logits(r)
+                        .map(|z| z[0])
+                        .map_err(|e| RoleError::wrap(ROLE, e))
+                })
+                .collect()
+        };
+        let (pos, neg) = (score(&self.held_out)?, score(generated)?);
+        Ok(policies::discriminator::auc(&pos, &neg).unwrap_or(f64::NAN))
+    }
+}
+
+/// The real set's rows split into `(trained, held out)`: a fixed shuffle, a fifth held out
+/// (at least one when there are two or more).
+fn split(mut rows: Vec<Vec<f32>>) -> (Vec<Vec<f32>>, Vec<Vec<f32>>) {
+    use rand::seq::SliceRandom;
+    use rand::SeedableRng;
+    rows.shuffle(&mut rand_chacha::ChaCha8Rng::seed_from_u64(HOLD_OUT_SEED));
+    let n = if rows.len() >= 2 {
+        ((rows.len() as f64 * HOLD_OUT_SHARE).round() as usize).max(1)
+    } else {
+        0
+    };
+    let held = rows.split_off(rows.len() - n);
+    (rows, held)
+}
+
 impl Critic for RealismCritic {
     /// `log D` per level; 0 for a level whose plan does not apply (it scores as unusable in
     /// the adversary's reward anyway).
@@ -166,16 +221,24 @@ impl Critic for RealismCritic {
     }
 
     fn learn(&mut self, generated: &[Level]) -> Result<LearnStats, RoleError> {
+        let mut newest = Vec::new();
         for l in generated {
             if let Some(row) = self.row(l)? {
-                self.generated.push_back(row);
-                if self.generated.len() > MAX_GENERATED {
-                    self.generated.pop_front();
-                }
+                newest.push(row);
+            }
+        }
+        // Before training on them: held-out real systems against the newest levels.
+        let auc_held_out = self.auc(&newest)?;
+        for row in newest {
+            self.generated.push_back(row);
+            if self.generated.len() > MAX_GENERATED {
+                self.generated.pop_front();
             }
         }
         if self.generated.is_empty() {
-            return Ok(LearnStats { values: Vec::new() });
+            return Ok(LearnStats {
+                values: vec![("auc_held_out".into(), auc_held_out)],
+            });
         }
         let fake: Vec<f32> = self.generated.iter().flatten().copied().collect();
         let st = self
@@ -185,6 +248,7 @@ impl Critic for RealismCritic {
         tracing::debug!(
             loss = st.loss,
             kept = self.generated.len(),
+            auc_held_out,
             "critic learned"
         );
         Ok(LearnStats {
@@ -193,6 +257,7 @@ impl Critic for RealismCritic {
                 ("acc_real".into(), f64::from(st.acc_real)),
                 ("acc_fake".into(), f64::from(st.acc_fake)),
                 ("generated".into(), self.generated.len() as f64),
+                ("auc_held_out".into(), auc_held_out),
             ],
         })
     }

@@ -78,6 +78,41 @@ fn selfplay_configs_are_checked_with_the_file_and_key() {
         ),
         ("score = \"regret\"\n", "selfplay.score", "pvl"),
         ("methd = \"rarl\"\n", "", "unknown field `methd`"),
+        (
+            "budget_schedule = { start = 3.0 }\n",
+            "selfplay.budget_schedule.start",
+            "at most the budget 2",
+        ),
+        (
+            "budget_schedule = { start = 0.5 }\n",
+            "selfplay.budget_schedule.start",
+            "no fault fits",
+        ),
+        (
+            "budget_schedule = { mode = \"step\", start = 1.0 }\n",
+            "selfplay.budget_schedule.mode",
+            "unknown mode `step`",
+        ),
+        (
+            "budget_schedule = { start = 1.0, window = 4 }\n",
+            "selfplay.budget_schedule.window",
+            "not a key of mode `linear`",
+        ),
+        (
+            "budget_schedule = { start = 1.0, end = 3.0 }\n",
+            "selfplay.budget_schedule.end",
+            "selfplay.budget (2)",
+        ),
+        (
+            "budget_schedule = { start = 1.0, over = 0.0 }\n",
+            "selfplay.budget_schedule.over",
+            "(0, 1]",
+        ),
+        (
+            "budget_schedule = { mode = \"adaptive\", start = 1.0, raise_above = 0.4 }\n",
+            "selfplay.budget_schedule.lower_below",
+            "below raise_above",
+        ),
     ] {
         let (_r, file) = project(selfplay, "");
         let e = Experiment::load(&file).unwrap_err().to_string();
@@ -95,6 +130,28 @@ fn selfplay_configs_are_checked_with_the_file_and_key() {
     let text = engine::experiment::selfplay::describe(&exp, exp.selfplay.as_ref().unwrap());
     assert!(
         text.contains("method plr") && text.contains("level buffer"),
+        "{text}"
+    );
+    assert!(text.contains("budget 2 (fixed at 2)"), "{text}");
+    // The budget schedule: --dry-run says how the budget moves.
+    let (_r, file) = project(
+        "budget_schedule = { start = 1.0, over = 0.5 }\n",
+        "total_steps = 64\nnum_envs = 2\nnum_steps = 4\n",
+    );
+    let exp = Experiment::load(&file).unwrap();
+    let text = engine::experiment::selfplay::describe(&exp, exp.selfplay.as_ref().unwrap());
+    assert!(
+        text.contains("linear from 1 to 2 over the first 4 protagonist updates"),
+        "{text}"
+    );
+    let (_r, file) = project(
+        "budget_schedule = { mode = \"adaptive\", start = 1.0, window = 8 }\n",
+        "",
+    );
+    let exp = Experiment::load(&file).unwrap();
+    let text = engine::experiment::selfplay::describe(&exp, exp.selfplay.as_ref().unwrap());
+    assert!(
+        text.contains("adaptive from 1") && text.contains("over 8 episodes"),
         "{text}"
     );
 }
@@ -300,8 +357,10 @@ pub(crate) fn run_selfplay(
 
 #[test]
 fn a_short_rarl_run_writes_metrics_episodes_checkpoints_and_a_report() {
+    // With the realism critic and a budget schedule: noisy-env costs 0.5, so the first
+    // update's levels (budget 0.5) can only have it on; path-shuffle (1) fits at the end.
     let (root, file) = project(
-        "method = \"rarl\"\npopulation = 1\nprotagonist_updates = 1\nadversary_batch = 2\nbudget = 1.0\nmax_faults = 1\ncheckpoint_every = 1\n",
+        "method = \"rarl\"\npopulation = 1\nprotagonist_updates = 1\nadversary_batch = 2\nbudget = 1.0\nmax_faults = 1\ncheckpoint_every = 1\nlambda = 0.1\ncosts = { \"noisy-env\" = 0.5 }\nbudget_schedule = { start = 0.5, over = 1.0 }\n",
         "total_steps = 16\nnum_envs = 2\nnum_steps = 4\nnum_minibatches = 1\nupdate_epochs = 1\nhidden = [16]\ntrain_levels = 4\neval_levels = 2\n",
     );
     let exp = Experiment::load(&file).unwrap();
@@ -340,6 +399,49 @@ fn a_short_rarl_run_writes_metrics_episodes_checkpoints_and_a_report() {
     );
     let metrics = std::fs::read_to_string(out.join("seed-1/metrics.jsonl")).unwrap();
     assert_eq!(metrics.lines().count(), 3);
+    // The budget grows over the run, and no level costs more than its iteration's budget.
+    let lines: Vec<serde_json::Value> = metrics
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let budgets: Vec<f64> = lines
+        .iter()
+        .map(|l| l["budget"].as_f64().unwrap())
+        .collect();
+    assert_eq!(budgets, [0.5, 0.75, 0.75]);
+    assert!(s.curve.iter().all(|p| p.budget.is_some()));
+    for line in episodes.lines() {
+        let e: serde_json::Value = serde_json::from_str(line).unwrap();
+        let faults = e["faults"].as_str().unwrap();
+        assert!(!faults.contains("path-shuffle"), "over the budget: {e}");
+    }
+    // The adversary phase's line holds the adversary's reward and the critic's held-out
+    // AUC (a number in [0, 1]).
+    let adv = &lines[1];
+    assert_eq!(adv["point"]["phase"], "adversary");
+    assert_eq!(adv["point"]["proposals"], 2);
+    let auc = adv["point"]["critic_auc"].as_f64().unwrap();
+    assert!((0.0..=1.0).contains(&auc), "{adv}");
+    assert!(adv["critic"].is_array(), "{adv}");
+    assert!(
+        adv["point"]["adversary_reward"][0][1].as_f64().is_some(),
+        "{adv}"
+    );
+    // The report's plots: PNGs, linked from report.md.
+    let md = std::fs::read_to_string(out.join("report.md")).unwrap();
+    for png in [
+        "curve.png",
+        "adversaries.png",
+        "faults.png",
+        "auc.png",
+        "budget.png",
+        "per_fault.png",
+    ] {
+        let bytes = std::fs::read(out.join(png)).unwrap_or_else(|e| panic!("{png}: {e}"));
+        assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n", "{png}");
+        assert!(md.contains(&format!("]({png})")), "{png} not in report.md");
+    }
+    assert!(md.contains("held-out AUC"), "{md}");
     // Counted episodes (the adversary phase's are played to their end) replay to the same
     // verdict in the same number of steps.
     let mut replayed = 0;
@@ -410,9 +512,18 @@ fn a_run_killed_with_sigkill_resumes_from_its_last_checkpoint_and_loses_at_most_
     };
     let mut child = engine(&["run"]).spawn().unwrap();
     let killed = child.id();
+    // Killed right after a checkpoint of an adversary phase (the iterations alternate, one
+    // update then one adversary phase: an even count ends with an adversary phase).
     assert!(
-        sandbox::testing::eventually(300, || progress("checkpoint").is_some_and(|p| p.0 >= 3)),
+        sandbox::testing::eventually(300, || {
+            progress("checkpoint").is_some_and(|p| p.0 >= 3 && p.1 % 2 == 0)
+                || seed.join("final/COMPLETE").is_file()
+        }),
         "no checkpoint of 3 updates appeared"
+    );
+    assert!(
+        !seed.join("final/COMPLETE").is_file(),
+        "the run ended with no checkpoint after an adversary phase"
     );
     // SAFETY: kill with integer arguments: our own child.
     unsafe { libc::kill(killed as i32, libc::SIGKILL) };
@@ -428,6 +539,12 @@ fn a_run_killed_with_sigkill_resumes_from_its_last_checkpoint_and_loses_at_most_
     assert!(
         saved + 1 >= last_logged && last_logged < 8,
         "checkpoint at {saved} updates, {last_logged} logged: more than one update lost (or the run had ended)"
+    );
+    // Adversary phases are checkpointed too: at most one iteration of any phase is lost.
+    assert!(
+        saved_iterations + 1 >= logged.len() as u64,
+        "checkpoint after {saved_iterations} iterations, {} logged",
+        logged.len()
     );
 
     // A resume under another configuration is refused and changes nothing.

@@ -7,7 +7,7 @@ use crate::roles::{RoleError, Synthesizer};
 use actix::{Addr, Handler, Message};
 use std::path::{Path, PathBuf};
 
-pub struct Propose(pub usize);
+pub struct Propose(pub usize, pub f64);
 impl Message for Propose {
     type Result = Result<Vec<Proposal>, RoleError>;
 }
@@ -32,7 +32,7 @@ type SynthActor = RoleActor<dyn Synthesizer>;
 impl Handler<Propose> for SynthActor {
     type Result = Result<Vec<Proposal>, RoleError>;
     fn handle(&mut self, m: Propose, _: &mut Self::Context) -> Self::Result {
-        self.get()?.propose(m.0)
+        self.get()?.propose(m.0, m.1)
     }
 }
 
@@ -71,8 +71,8 @@ impl SynthesizerProxy {
 }
 
 impl Synthesizer for SynthesizerProxy {
-    fn propose(&mut self, n: usize) -> Result<Vec<Proposal>, RoleError> {
-        call("adversary", &self.addr, Propose(n))?
+    fn propose(&mut self, n: usize, budget: f64) -> Result<Vec<Proposal>, RoleError> {
+        call("adversary", &self.addr, Propose(n, budget))?
     }
 
     fn observe(&mut self, outcomes: &[EpisodeOutcome]) -> Result<(), RoleError> {

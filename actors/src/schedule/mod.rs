@@ -20,12 +20,14 @@ mod accel;
 mod arena;
 mod clean;
 mod dr;
+mod pace;
 mod paired;
 mod plr;
 mod rarl;
 mod sfl;
 
 pub use arena::{Arena, Rollout};
+pub use pace::{Pace, PaceState, Paced};
 
 use crate::msg::{Assignment, EpisodeOutcome, Failure, LearnStats, Origin};
 use crate::roles::{Agent, Critic, Curriculum, RoleError, Synthesizer, Workers};
@@ -142,6 +144,9 @@ pub struct ScheduleConfig {
     pub sfl_rollouts: usize,
     pub sfl_keep: usize,
     pub sfl_every: u32,
+    /// The difficulty schedule of the space's budget (`space.budget` is the final one).
+    #[serde(default)]
+    pub pace: Pace,
 }
 
 impl ScheduleConfig {
@@ -159,6 +164,7 @@ impl ScheduleConfig {
             sfl_rollouts: 2,
             sfl_keep: 8,
             sfl_every: 8,
+            pace: Pace::Fixed,
         }
     }
 
@@ -192,7 +198,7 @@ impl ScheduleConfig {
                 format!("{} > sfl_candidates {}", self.sfl_keep, self.sfl_candidates),
             );
         }
-        Ok(())
+        self.pace.validate(&self.space)
     }
 }
 
@@ -223,6 +229,8 @@ pub struct Iteration {
     pub critic: Option<LearnStats>,
     /// Levels in the curriculum's buffer (SFL: levels kept) after the iteration.
     pub buffer: Option<usize>,
+    /// The budget the iteration's levels were drawn under ([`Paced`]).
+    pub budget: Option<f64>,
 }
 
 impl Iteration {
@@ -250,6 +258,9 @@ pub trait Schedule: Send {
     fn iterate(&mut self, roles: &mut Roles) -> Result<Iteration, ScheduleError>;
     /// Protagonist updates done so far.
     fn updates(&self) -> u64;
+    /// What the levels it draws or has proposed may cost from now on (the pace's budget;
+    /// at most the space's).
+    fn set_budget(&mut self, budget: f64);
     /// Its state between two iterations, for a checkpoint.
     fn state(&self) -> ScheduleState;
     /// Go on from `state` (taken from a schedule of the same method). Live episodes are not
@@ -267,6 +278,9 @@ pub struct ScheduleState {
     pub rng: rand_chacha::ChaCha8Rng,
     #[serde(default)]
     pub detail: Detail,
+    /// The budget schedule's state ([`Paced`]).
+    #[serde(default)]
+    pub pace: Option<PaceState>,
 }
 
 /// What a method keeps besides its generator and update count.
@@ -338,7 +352,7 @@ pub fn build(cfg: &ScheduleConfig, roles: &Roles) -> Result<Box<dyn Schedule>, S
     if n == 0 {
         return Err(missing("at least one worker"));
     }
-    Ok(match m {
+    let inner: Box<dyn Schedule> = match m {
         Method::Clean => Box::new(clean::Clean::new(cfg, n)),
         Method::Dr => Box::new(dr::Dr::new(cfg, n)),
         Method::Rarl => Box::new(rarl::Rarl::new(cfg, n)),
@@ -346,7 +360,12 @@ pub fn build(cfg: &ScheduleConfig, roles: &Roles) -> Result<Box<dyn Schedule>, S
         Method::Plr => Box::new(plr::Plr::new(cfg, n)),
         Method::Accel => Box::new(accel::Accel::new(cfg, n)),
         Method::Sfl => Box::new(sfl::Sfl::new(cfg, n)),
-    })
+    };
+    Ok(Box::new(Paced::new(
+        inner,
+        cfg.pace.clone(),
+        cfg.space.budget,
+    )))
 }
 
 /// The schedule's generator for `cfg` (one stream per purpose).

@@ -107,8 +107,13 @@ impl Schedule for Paired {
         self.updates
     }
 
+    fn set_budget(&mut self, budget: f64) {
+        self.space.budget = budget;
+    }
+
     fn state(&self) -> ScheduleState {
         ScheduleState {
+            pace: None,
             method: Method::Paired,
             updates: self.updates,
             rng: self.rng.clone(),
@@ -144,7 +149,7 @@ impl Schedule for Paired {
         // Tags are indices into `proposals`: adversary 0's batch first, then 1's, ...
         let mut proposals: Vec<(usize, Proposal)> = Vec::new();
         for (k, a) in adversaries.iter_mut().enumerate() {
-            let batch = a.propose(self.batch)?;
+            let batch = a.propose(self.batch, self.space.budget)?;
             if batch.is_empty() {
                 return Err(ScheduleError::Shape(format!(
                     "adversary {k} proposed no level"

@@ -61,8 +61,13 @@ impl Schedule for Replayed {
         self.updates
     }
 
+    fn set_budget(&mut self, budget: f64) {
+        self.space.budget = budget;
+    }
+
     fn state(&self) -> ScheduleState {
         ScheduleState {
+            pace: None,
             method: self.method,
             updates: self.updates,
             rng: self.rng.clone(),

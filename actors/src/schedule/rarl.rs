@@ -54,7 +54,7 @@ impl Rarl {
             dr_or(space, rng, share, |_| {
                 let k = *next % adversaries.len();
                 *next = (*next + 1) % adversaries.len();
-                let p = adversaries[k].propose(1)?;
+                let p = adversaries[k].propose(1, space.budget)?;
                 let level = p.into_iter().next().map(|p| p.level).ok_or_else(|| {
                     ScheduleError::Shape(format!("adversary {k} proposed no level"))
                 })?;
@@ -85,7 +85,7 @@ impl Rarl {
         };
         let mut generated = Vec::new();
         for k in 0..roles.adversaries.len() {
-            let proposals = roles.adversaries[k].propose(self.batch)?;
+            let proposals = roles.adversaries[k].propose(self.batch, self.space.budget)?;
             let outcomes =
                 play_proposals(&mut self.scorer, roles, &proposals, Origin::Adversary(k))?;
             let scored = score(
@@ -192,8 +192,13 @@ impl Schedule for Rarl {
         self.updates
     }
 
+    fn set_budget(&mut self, budget: f64) {
+        self.space.budget = budget;
+    }
+
     fn state(&self) -> ScheduleState {
         ScheduleState {
+            pace: None,
             method: Method::Rarl,
             updates: self.updates,
             rng: self.rng.clone(),

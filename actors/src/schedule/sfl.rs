@@ -147,8 +147,13 @@ impl Schedule for Sfl {
         self.updates
     }
 
+    fn set_budget(&mut self, budget: f64) {
+        self.space.budget = budget;
+    }
+
     fn state(&self) -> ScheduleState {
         ScheduleState {
+            pace: None,
             method: Method::Sfl,
             updates: self.updates,
             rng: self.rng.clone(),

@@ -6,5 +6,6 @@
 
 mod checkpoints;
 mod curricula;
+mod pace;
 mod runtime;
 mod schedules;
