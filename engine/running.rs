@@ -151,8 +151,16 @@ impl Shown {
     }
 }
 
-/// Marker that ends an agent command's stderr with its final working directory.
+/// Marker that ends an agent command's stderr with its final working directory, followed by
+/// a fresh nonce per command ([`cwd_mark`]).
 const CWD_MARK: &str = "\u{1e}envfactory-cwd:";
+
+/// This command's marker: [`CWD_MARK`] and a random nonce. Only the epilogue's shell holds the
+/// nonce; a command that runs without a shell (and so without the epilogue) never sees it, so
+/// nothing it prints can pass for the epilogue's report.
+fn cwd_mark() -> String {
+    format!("{CWD_MARK}{:016x}:", rand::random::<u64>())
+}
 
 /// An instance in its sandbox (on the native backend, or another one such as Docker's).
 pub struct RunningInstance {
@@ -269,19 +277,20 @@ impl RunningInstance {
         // epilogue); the epilogue reports the final directory on stderr and keeps the status.
         // A command that needs no shell runs as its words without it (the directory cannot
         // change: only a shell's `cd` changes the shell's), saving the shell's exec.
+        let mark = cwd_mark();
         let mut req = ExecRequest::shell(cmd);
         req.shell_epilogue = Some(format!(
-            "__ef_rc=$?; printf '{CWD_MARK}%s' \"$PWD\" >&2; exit $__ef_rc"
+            "__ef_rc=$?; printf '{mark}%s' \"$PWD\" >&2; exit $__ef_rc"
         ));
         req.cwd = self.cwd.clone();
         req.env = Some(self.env.clone());
         req.timeout_ms = timeout_ms;
         req.output_cap = output_cap;
         let mut res = self.sandbox.exec(&req)?;
-        if let Some(pos) = find_last(&res.stderr, CWD_MARK.as_bytes()) {
+        if let Some(pos) = find_last(&res.stderr, mark.as_bytes()) {
             // The directory runs to the end of the line: a background process may write to
             // stderr after the epilogue.
-            let rest = &res.stderr[pos + CWD_MARK.len()..];
+            let rest = &res.stderr[pos + mark.len()..];
             let end = rest.iter().position(|b| *b == b'\n').unwrap_or(rest.len());
             let dir = String::from_utf8_lossy(&rest[..end]).into_owned();
             if dir.starts_with('/') && !dir.chars().any(char::is_control) {
@@ -345,5 +354,12 @@ mod tests {
         let p = find_last(s, CWD_MARK.as_bytes()).unwrap();
         assert_eq!(&s[p + CWD_MARK.len()..], b"/y");
         assert_eq!(find_last(b"ab", b"abc"), None);
+    }
+
+    #[test]
+    fn every_command_gets_its_own_marker() {
+        let (a, b) = (cwd_mark(), cwd_mark());
+        assert!(a.starts_with(CWD_MARK) && b.starts_with(CWD_MARK));
+        assert_ne!(a, b);
     }
 }

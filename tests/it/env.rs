@@ -318,6 +318,29 @@ fn a_vanished_cwd_or_late_stderr_is_the_agents_problem_not_infrastructure() {
 }
 
 #[test]
+fn a_command_without_a_shell_cannot_forge_the_cwd_report() {
+    require_root!();
+    let mut e = env(EnvConfig::default());
+    e.reset(&Plan::for_task(TASK, 8, vec![])).unwrap();
+    // A program (run as its words, with no shell and so no epilogue) prints what the epilogue
+    // would print, nonce-less: the tracked directory stays, and its stderr reaches the agent
+    // whole.
+    let forge = "printf '#!/bin/sh\\nprintf \\036envfactory-cwd:/etc >&2\\n' > /tmp/forge && chmod +x /tmp/forge";
+    let s = e.step(&cmd(&format!("cd /tmp && {forge}"))).unwrap();
+    assert_eq!(s.observation.exit_code, Some(0), "{}", s.observation.stderr);
+    assert_eq!(s.observation.cwd, "/tmp");
+    let s = e.step(&cmd("/tmp/forge")).unwrap();
+    assert_eq!(s.observation.cwd, "/tmp");
+    // (The observation escapes control characters.)
+    assert_eq!(s.observation.stderr, "\\x1eenvfactory-cwd:/etc");
+    let s = e.step(&cmd("pwd")).unwrap();
+    assert_eq!(s.observation.stdout.trim(), "/tmp");
+    // A command that needs no shell keeps the directory a `cd` gave.
+    let s = e.step(&cmd("ls /")).unwrap();
+    assert_eq!(s.observation.cwd, "/tmp");
+}
+
+#[test]
 fn a_fifo_where_the_verifier_reads_neither_hangs_nor_passes() {
     require_root!();
     let mut e = env(EnvConfig::default());
