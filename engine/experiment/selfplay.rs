@@ -328,6 +328,7 @@ fn run_seed(
         learning_rate: sp.adversary_learning_rate,
         ent_coef: sp.adversary_ent_coef,
         max_active: sp.max_faults,
+        task: space.template.task.clone().unwrap_or_default(),
     };
     // Each role from the checkpoint being resumed, or new.
     let saved = |role: &str| from.as_ref().map(|c| c.dir.join(role));

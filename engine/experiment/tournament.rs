@@ -368,6 +368,12 @@ pub fn run(file: &Path, rt: &Runtime, cache: &Cache) -> Result<(Matrix, PathBuf)
             learning_rate: sp.adversary_learning_rate,
             ent_coef: sp.adversary_ent_coef,
             max_active: sp.max_faults,
+            task: run
+                .exp
+                .template
+                .as_ref()
+                .and_then(|t| t.task.clone())
+                .unwrap_or_default(),
         };
         for s in &run.seeds {
             let space = seed_space(run, s)?;

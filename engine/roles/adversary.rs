@@ -1,8 +1,10 @@
 //! `actors::roles::Synthesizer` over the learned adversary of `policies`: one categorical
 //! per fault family ("off" and the template's settings), sampled under the level space's
 //! masks and budget (the masks used are recorded, so REINFORCE differentiates exactly the
-//! sampling distribution), conditioned on a context of the protagonist's recent success:
-//! overall and on levels with each family switched on (exponential moving averages).
+//! sampling distribution), conditioned on a context ([`AdversaryRole::context`]): the task (one
+//! of the factory's tasks, one-hot), the budget it proposes under (a share of the space's, as
+//! the budget schedule sets it), and the protagonist's recent success overall and on levels
+//! with each family switched on (exponential moving averages).
 
 use super::{read_state, write_state, RolesError};
 use actors::msg::{EpisodeOutcome, LearnStats, Level, Proposal};
@@ -27,6 +29,22 @@ pub struct AdversarySettings {
     pub ent_coef: f64,
     /// At most this many faults at once (besides the budget).
     pub max_active: usize,
+    /// The task the levels are of (its one-hot is part of the context).
+    pub task: String,
+}
+
+/// The task's features in the context: one-hot over the factory's tasks.
+fn task_features(task: &str) -> Vec<f32> {
+    crate::tasks::names()
+        .iter()
+        .map(|n| f32::from(u8::from(*n == task)))
+        .collect()
+}
+
+/// The context's length over `space`: bias, task one-hot, budget share, success overall and
+/// per dimension.
+fn context_dim(space: &LevelSpace) -> usize {
+    3 + crate::tasks::names().len() + space.dims.len()
 }
 
 /// The role's own state beside the adversary's weights (`role.json`).
@@ -49,12 +67,13 @@ pub struct AdversaryRole {
     pending: HashMap<u64, AdversarySample>,
     /// Recent success overall, then per dimension.
     success: Vec<f32>,
+    task: Vec<f32>,
 }
 
 impl AdversaryRole {
     pub fn new(space: &LevelSpace, s: &AdversarySettings, seed: u64) -> Result<Self, RolesError> {
         let cfg = AdversaryConfig {
-            context_dim: 2 + space.dims.len(),
+            context_dim: context_dim(space),
             choices: space.choices(),
             max_active: s.max_active,
             hidden: s.hidden.clone(),
@@ -67,10 +86,10 @@ impl AdversaryRole {
             token: 0,
             success: vec![0.5; 1 + space.dims.len()],
         };
-        Ok(Self::with(Adversary::new(&cfg, seed)?, space, st))
+        Ok(Self::with(Adversary::new(&cfg, seed)?, space, st, &s.task))
     }
 
-    fn with(adv: Adversary, space: &LevelSpace, st: RoleState) -> Self {
+    fn with(adv: Adversary, space: &LevelSpace, st: RoleState, task: &str) -> Self {
         Self {
             adv,
             space: space.clone(),
@@ -84,6 +103,7 @@ impl AdversaryRole {
             token: st.token,
             pending: HashMap::new(),
             success: st.success,
+            task: task_features(task),
         }
     }
 
@@ -92,13 +112,16 @@ impl AdversaryRole {
     pub fn load(dir: &Path, space: &LevelSpace, s: &AdversarySettings) -> Result<Self, RolesError> {
         let adv = Adversary::load(&dir.join("adversary"))?;
         let c = adv.config();
-        if c.choices != space.choices() || c.context_dim != 2 + space.dims.len() {
+        if c.choices != space.choices() || c.context_dim != context_dim(space) {
             return Err(RolesError::checkpoint(
                 dir,
                 format!(
-                    "the adversary chooses among {:?} there, this run's level space has {:?}",
+                    "the adversary chooses among {:?} from a context of {} there, this run's \
+                     level space has {:?} and a context of {}",
                     c.choices,
-                    space.choices()
+                    c.context_dim,
+                    space.choices(),
+                    context_dim(space)
                 ),
             ));
         }
@@ -119,12 +142,17 @@ impl AdversaryRole {
                 ),
             ));
         }
-        Ok(Self::with(adv, space, st))
+        Ok(Self::with(adv, space, st, &s.task))
     }
 
-    fn context(&self) -> Vec<f32> {
-        let mut c = Vec::with_capacity(1 + self.success.len());
+    /// What the adversary conditions on when it proposes under `budget`: a bias, the task
+    /// (one-hot), the budget's share of the space's own, and the protagonist's recent success
+    /// overall and per dimension.
+    fn context(&self, budget: f32) -> Vec<f32> {
+        let mut c = Vec::with_capacity(2 + self.task.len() + self.success.len());
         c.push(1.0);
+        c.extend_from_slice(&self.task);
+        c.push(budget / (self.space.budget as f32).max(f32::MIN_POSITIVE));
         c.extend_from_slice(&self.success);
         c
     }
@@ -134,7 +162,7 @@ impl Synthesizer for AdversaryRole {
     fn propose(&mut self, n: usize, budget: f64) -> Result<Vec<Proposal>, RoleError> {
         // The budget schedule's value, never above the space's own.
         let budget = budget.min(self.space.budget) as f32;
-        let ctx = self.context();
+        let ctx = self.context(budget);
         let mut out = Vec::with_capacity(n);
         for _ in 0..n {
             let s = self

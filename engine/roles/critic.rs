@@ -28,6 +28,16 @@ const MAX_GENERATED: usize = 1024;
 const MAX_MEMO: usize = 8192;
 /// Seeds the split of the real set into trained and held-out systems.
 pub const HOLD_OUT_SEED: u64 = 0x05ee_da0c;
+
+/// `log D` of a logit, clamped at [`LOG_D_FLOOR`], where the label smoothing puts its optimum on
+/// generated levels: a level unlike any the critic saw cannot cost more.
+fn log_d(z: f32) -> f64 {
+    f64::from(log_sigmoid(z)).max(LOG_D_FLOOR)
+}
+
+/// The lowest `log D` a level scores: `ln(0.05)` (about -3.0), the optimum of the smoothed loss
+/// (smoothing 0.1) on generated levels. With `lambda` 0.1 realism costs at most about 0.3.
+pub const LOG_D_FLOOR: f64 = -2.995_732_273_553_991;
 /// Share of the real set held out from training, for the held-out AUC.
 const HOLD_OUT_SHARE: f64 = 0.2;
 
@@ -211,7 +221,7 @@ impl Critic for RealismCritic {
                         .disc
                         .logits(&row)
                         .map_err(|e| RoleError::wrap(ROLE, e))?;
-                    f64::from(log_sigmoid(z[0]))
+                    log_d(z[0])
                 }
                 None => 0.0,
             };
@@ -267,5 +277,18 @@ impl Critic for RealismCritic {
             .save(&dir.join("critic"))
             .map_err(|e| RoleError::wrap(ROLE, e))?;
         super::write_state(ROLE, dir, GENERATED, &self.generated)
+    }
+}
+
+#[cfg(test)]
+mod log_d_tests {
+    use super::*;
+
+    #[test]
+    fn log_d_is_floored_where_the_smoothed_loss_settles() {
+        assert!((log_d(0.0) - 0.5f64.ln()).abs() < 1e-6);
+        assert_eq!(log_d(-100.0), LOG_D_FLOOR);
+        assert!((LOG_D_FLOOR - 0.05f64.ln()).abs() < 1e-12);
+        assert!(log_d(5.0) > -0.01);
     }
 }

@@ -264,17 +264,35 @@ impl Schedule for Paced {
     }
 
     fn restore(&mut self, mut state: ScheduleState) -> Result<(), ScheduleError> {
-        if let Some(p) = state.pace.take() {
-            if !(p.budget.is_finite() && p.budget > 0.0 && p.budget <= self.end + 1e-9) {
+        let start = self.pace.start(self.end);
+        match state.pace.take() {
+            Some(p) => {
+                if !(p.budget.is_finite()
+                    && p.budget > 0.0
+                    && p.budget >= start - 1e-9
+                    && p.budget <= self.end + 1e-9)
+                {
+                    return Err(bad(
+                        "budget_schedule",
+                        format!(
+                            "the checkpoint's budget {} is outside this schedule's [{start}, {}]",
+                            p.budget, self.end
+                        ),
+                    ));
+                }
+                self.state = p;
+            }
+            // An adaptive pace has state of its own; a checkpoint without it cannot be
+            // resumed as if it started over.
+            None if matches!(self.pace, Pace::Adaptive { .. }) => {
                 return Err(bad(
                     "budget_schedule",
-                    format!(
-                        "the checkpoint's budget {} is outside (0, {}]",
-                        p.budget, self.end
-                    ),
+                    "the checkpoint holds no adaptive budget state (written without this \
+                     schedule)"
+                        .into(),
                 ));
             }
-            self.state = p;
+            None => {}
         }
         self.inner.restore(state)
     }

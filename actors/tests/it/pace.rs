@@ -175,7 +175,7 @@ fn an_adaptive_pace_follows_the_learning_agent_and_resumes_from_its_checkpoint()
     let mut bad = a.state();
     bad.pace = Some(PaceState {
         budget: 9.0,
-        ..pace
+        ..pace.clone()
     });
     let e = build(&cfg, &r2)
         .unwrap()
@@ -183,6 +183,18 @@ fn an_adaptive_pace_follows_the_learning_agent_and_resumes_from_its_checkpoint()
         .unwrap_err()
         .to_string();
     assert!(e.contains("budget_schedule"), "{e}");
+    // So is one below the schedule's start, and one with no adaptive state at all.
+    let mut low = a.state();
+    low.pace = Some(PaceState {
+        budget: 0.5,
+        ..pace.clone()
+    });
+    let e = build(&cfg, &r2).unwrap().restore(low).unwrap_err();
+    assert!(e.to_string().contains("budget_schedule"), "{e}");
+    let mut none = a.state();
+    none.pace = None;
+    let e = build(&cfg, &r2).unwrap().restore(none).unwrap_err();
+    assert!(e.to_string().contains("no adaptive budget state"), "{e}");
 }
 
 #[test]
