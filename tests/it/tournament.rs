@@ -226,7 +226,7 @@ fn bad_sweep_grids_are_refused_with_the_file_and_key_before_anything_runs() {
     .unwrap();
     std::fs::set_permissions(&fails, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let no = std::sync::atomic::AtomicBool::new(false);
-    let (agg, _) = engine::experiment::sweep::run(&sw, &fails, false, &no).unwrap();
+    let (agg, _) = engine::experiment::sweep::run(&sw, &fails, false, &no, &Vec::new).unwrap();
     assert!(!agg.complete());
     for p in &agg.points {
         assert!(
@@ -236,17 +236,19 @@ fn bad_sweep_grids_are_refused_with_the_file_and_key_before_anything_runs() {
             p.status
         );
         let log = std::fs::read_to_string(p.point.dir.join("log.txt")).unwrap();
+        // Both streams, in one file.
         assert!(
-            log.contains("run") && log.contains("experiment.toml"),
+            log.contains("out: run") && log.contains("experiment.toml"),
             "{log}"
         );
+        assert!(log.contains("err: failing"), "{log}");
     }
     let agg: serde_json::Value =
         serde_json::from_slice(&std::fs::read(root.path().join("out/sw/sweep.json")).unwrap())
             .unwrap();
     assert_eq!(agg["points"].as_array().unwrap().len(), 2);
     let stopped = std::sync::atomic::AtomicBool::new(true);
-    let (agg, _) = engine::experiment::sweep::run(&sw, &fails, false, &stopped).unwrap();
+    let (agg, _) = engine::experiment::sweep::run(&sw, &fails, false, &stopped, &Vec::new).unwrap();
     assert!(agg.points.iter().all(|p| p.status == "not run"), "{agg:?}");
 
     // The shipped pair: the tournament plays the sweep's points.
@@ -266,6 +268,164 @@ fn bad_sweep_grids_are_refused_with_the_file_and_key_before_anything_runs() {
             run.display(),
             p.name
         );
+    }
+}
+
+/// A fake `engine` at `root/name` running `body` (`$2` is the point's experiment file).
+fn fake_engine(root: &Path, name: &str, body: &str) -> PathBuf {
+    let file = root.join(name);
+    std::fs::write(&file, format!("#!/bin/sh\nd=$(dirname \"$2\")\n{body}")).unwrap();
+    std::fs::set_permissions(&file, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    file
+}
+
+/// A project and its sweep over `selfplay.method` (dr, clean).
+fn method_sweep() -> (tempfile::TempDir, PathBuf, Sweep) {
+    let (root, base) = named("base", "method = \"dr\"\n");
+    let f = sweep_file(
+        root.path(),
+        &base,
+        "\"selfplay.method\" = [\"dr\", \"clean\"]\n",
+    );
+    let sw = Sweep::load(&f).unwrap();
+    (root, f, sw)
+}
+
+#[test]
+fn a_grid_over_the_template_gives_each_point_its_own_and_relative_paths_load() {
+    let (root, base) = project(
+        "method = \"dr\"\n",
+        &format!("{TINY}eval_template = \"templates/t.toml\"\n"),
+    );
+    let tpl = root.path().join("templates");
+    std::fs::copy(tpl.join("t.toml"), tpl.join("u.toml")).unwrap();
+    let f = sweep_file(
+        root.path(),
+        &base,
+        "\"environment.template\" = [\"templates/t.toml\", \"templates/u.toml\"]\n",
+    );
+    let sw = Sweep::load(&f).unwrap();
+    let no = std::sync::atomic::AtomicBool::new(false);
+    let fails = fake_engine(root.path(), "fails.sh", "exit 3\n");
+    engine::experiment::sweep::run(&sw, &fails, false, &no, &Vec::new).unwrap();
+    let tpl = std::fs::canonicalize(&tpl).unwrap();
+    assert_eq!(sw.points.len(), 2);
+    for (p, own) in sw.points.iter().zip(["t.toml", "u.toml"]) {
+        let exp = Experiment::load(&p.file()).unwrap();
+        assert_eq!(exp.environment.template, Some(tpl.join(own)), "{}", p.name);
+        assert_eq!(
+            exp.training.as_ref().unwrap().eval_template,
+            Some(tpl.join("t.toml")),
+            "{}",
+            p.name
+        );
+    }
+}
+
+#[test]
+fn resume_refuses_without_writing_accepts_another_spelling_and_trusts_no_stale_report() {
+    let (root, f, sw) = method_sweep();
+    // A complete report an earlier run left: neither its figures nor `kept` are this point's.
+    let stale = &sw.points[0].dir;
+    std::fs::create_dir_all(stale).unwrap();
+    std::fs::write(
+        stale.join("report.json"),
+        r#"{"complete": true, "held_out_clean": {"per_seed": [1.0]}, "held_out_faulted": {"per_seed": [1.0]}}"#,
+    )
+    .unwrap();
+    let no = std::sync::atomic::AtomicBool::new(false);
+    let fails = fake_engine(root.path(), "fails.sh", "exit 3\n");
+    let run = |sw: &Sweep, engine: &Path, resume: bool| {
+        engine::experiment::sweep::run(sw, engine, resume, &no, &Vec::new)
+            .map(|(agg, _)| agg)
+            .map_err(|e| e.to_string())
+    };
+    let agg = run(&sw, &fails, false).unwrap();
+    assert!(
+        agg.points[0].status.starts_with("failed (exit 3"),
+        "{agg:?}"
+    );
+    assert!(agg.points[0].held_out_clean.is_none(), "{agg:?}");
+    // The sweep file's path typed another way: the same points, resumed (not refused), and
+    // the stale report is not kept (no run of this point's file).
+    let other = root.path().join("experiments/../experiments/./sweep.toml");
+    let agg = run(&Sweep::load(&other).unwrap(), &fails, true).unwrap();
+    assert!(
+        agg.points
+            .iter()
+            .all(|p| p.status.starts_with("failed (exit 3")),
+        "{agg:?}"
+    );
+    // Another configuration over the same points: refused, and the saved sweep is untouched.
+    let saved = root.path().join("out/sw/sweep.toml");
+    let before = std::fs::read(&saved).unwrap();
+    let text = std::fs::read_to_string(&f).unwrap();
+    std::fs::write(&f, text.replace("seeds = [1]", "seeds = [2]")).unwrap();
+    let e = run(&Sweep::load(&f).unwrap(), &fails, true)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("another sweep configuration"), "{e}");
+    assert_eq!(std::fs::read(&saved).unwrap(), before);
+    // An engine that cannot start: every point says so, and the aggregate is saved.
+    std::fs::write(&f, text).unwrap();
+    std::fs::remove_file(root.path().join("out/sw/sweep.json")).unwrap();
+    let agg = run(&sw, &root.path().join("no-such-engine"), false).unwrap();
+    assert!(
+        agg.points
+            .iter()
+            .all(|p| p.status.starts_with("failed to start")),
+        "{agg:?}"
+    );
+    assert!(root.path().join("out/sw/sweep.json").is_file());
+}
+
+#[test]
+fn a_stopped_sweep_passes_each_signal_on_once_and_leaves_no_child() {
+    let (root, _, sw) = method_sweep();
+    // Records every signal; stops a while after the first.
+    let waits = fake_engine(
+        root.path(),
+        "waits.sh",
+        "trap 'echo INT >> \"$d/signals\"; n=1' INT\ntrap 'echo TERM >> \"$d/signals\"; n=1' TERM\necho $$ > \"$d/pid\"\nwhile [ -z \"$n\" ]; do sleep 0.1; done\nsleep 0.5\nexit 130\n",
+    );
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let sent = std::sync::atomic::AtomicBool::new(false);
+    let pid = |p: &engine::experiment::sweep::Point| {
+        std::fs::read_to_string(p.dir.join("pid"))
+            .ok()
+            .and_then(|t| t.trim().parse::<i32>().ok())
+    };
+    let agg = std::thread::scope(|s| {
+        let sweep = s.spawn(|| {
+            let pending = || {
+                if stop.load(std::sync::atomic::Ordering::SeqCst)
+                    && !sent.swap(true, std::sync::atomic::Ordering::SeqCst)
+                {
+                    vec![libc::SIGINT]
+                } else {
+                    Vec::new()
+                }
+            };
+            engine::experiment::sweep::run(&sw, &waits, false, &stop, &pending).unwrap()
+        });
+        // Both points running (a bound, not a timing: the fakes start at once).
+        for _ in 0..600 {
+            if sw.points.iter().all(|p| pid(p).is_some()) {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        sweep.join().unwrap().0
+    });
+    for p in &agg.points {
+        assert!(p.status.starts_with("stopped (exit 130"), "{}", p.status);
+        let got = std::fs::read_to_string(p.point.dir.join("signals")).unwrap();
+        assert_eq!(got, "INT\n", "{}", p.point.name);
+        let pid = pid(&p.point).unwrap();
+        // SAFETY: kill(2) with signal 0 only checks that the process exists.
+        let alive = unsafe { libc::kill(pid, 0) } == 0;
+        assert!(!alive, "point {} left process {pid} running", p.point.name);
     }
 }
 
