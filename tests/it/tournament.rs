@@ -2,7 +2,9 @@
 //! self-play runs (the matrix's shape, the reference rows, the game solved), runs that do
 //! not share the level space or have not finished refused by key, and a 2-point sweep run
 //! through the binary (both runs, the aggregate, `--resume` keeping them), its bad grids
-//! refused with the file and key before anything runs.
+//! refused with the file and key before anything runs; a grid over the template, a refused
+//! or differently typed `--resume`, stale reports, and signals (each passed on once as
+//! itself, every point waited for, the aggregate saved).
 
 use crate::common;
 use crate::selfplay::{project, run_selfplay};
@@ -279,14 +281,21 @@ fn fake_engine(root: &Path, name: &str, body: &str) -> PathBuf {
     file
 }
 
-/// A project and its sweep over `selfplay.method` (dr, clean).
-fn method_sweep() -> (tempfile::TempDir, PathBuf, Sweep) {
-    let (root, base) = named("base", "method = \"dr\"\n");
+/// A project of `[selfplay]` and `[training]` and its sweep over `selfplay.method` (dr,
+/// clean).
+fn method_sweep_over(selfplay: &str, training: &str) -> (tempfile::TempDir, PathBuf) {
+    let (root, base) = project(selfplay, training);
     let f = sweep_file(
         root.path(),
         &base,
         "\"selfplay.method\" = [\"dr\", \"clean\"]\n",
     );
+    (root, f)
+}
+
+/// [`method_sweep_over`] the tiny dr experiment, loaded.
+fn method_sweep() -> (tempfile::TempDir, PathBuf, Sweep) {
+    let (root, f) = method_sweep_over("method = \"dr\"\n", TINY);
     let sw = Sweep::load(&f).unwrap();
     (root, f, sw)
 }
@@ -434,14 +443,9 @@ fn a_two_point_sweep_runs_both_points_and_aggregates_them() {
     if !common::is_root() {
         return;
     }
-    let (root, base) = named(
-        "base",
+    let (root, f) = method_sweep_over(
         "method = \"dr\"\nbudget = 1.0\nmax_faults = 1\ncheckpoint_every = 0\n",
-    );
-    let f = sweep_file(
-        root.path(),
-        &base,
-        "\"selfplay.method\" = [\"dr\", \"clean\"]\n",
+        TINY,
     );
     let st = common::TempState::new();
     let engine = |args: &[&str]| {
@@ -497,4 +501,85 @@ fn a_two_point_sweep_runs_both_points_and_aggregates_them() {
             .all(|p| p["status"] == "kept"),
         "{agg}"
     );
+}
+
+/// The processes whose parent is `pid`.
+fn children_of(pid: u32) -> Vec<i32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(p) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+            continue;
+        };
+        // pid (comm) state ppid ...: the comm may hold spaces, the last `)` ends it.
+        let after = stat.rsplit_once(')').map_or("", |(_, a)| a);
+        if after.split_whitespace().nth(1) == Some(&pid.to_string()) {
+            out.push(p);
+        }
+    }
+    out
+}
+
+#[test]
+fn two_ctrl_c_at_a_sweep_stop_its_points_wait_for_them_and_save_the_aggregate() {
+    if !common::is_root() {
+        return;
+    }
+    // Long runs: they are still running when the signals come.
+    let (root, f) = method_sweep_over(
+        "method = \"dr\"\nbudget = 1.0\nmax_faults = 1\ncheckpoint_every = 1\n",
+        &TINY.replace("total_steps = 16", "total_steps = 100000"),
+    );
+    let st = common::TempState::new();
+    let log = root.path().join("sweep.log");
+    let mut sweep = std::process::Command::new(env!("CARGO_BIN_EXE_engine"))
+        .env("ENVFACTORY_STATE", st.path())
+        .arg("sweep")
+        .arg(&f)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let dir = root.path().join("out/sw");
+    let points = ["method-dr", "method-clean"].map(|p| dir.join("points").join(p));
+    assert!(
+        sandbox::testing::eventually(300, || points
+            .iter()
+            .all(|p| p.join("seed-1/metrics.jsonl").is_file())),
+        "the points did not start: {}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    let kids = children_of(sweep.id());
+    assert_eq!(kids.len(), 2, "{kids:?}");
+    let pid = sweep.id() as i32;
+    // SAFETY: kill(2) with integer arguments, to our own child.
+    unsafe { libc::kill(pid, libc::SIGINT) };
+    // Both points heard of it (each says so in its log) before the second.
+    let heard = |p: &PathBuf| {
+        std::fs::read_to_string(p.join("log.txt"))
+            .is_ok_and(|l| l.contains("stopping after the running episodes"))
+    };
+    assert!(sandbox::testing::eventually(60, || points
+        .iter()
+        .all(heard)));
+    // SAFETY: as above.
+    unsafe { libc::kill(pid, libc::SIGINT) };
+    let status = sweep.wait().unwrap();
+    let err = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(status.code(), Some(130), "{err}");
+    let agg: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("sweep.json")).unwrap()).unwrap();
+    for p in agg["points"].as_array().unwrap() {
+        assert!(
+            p["status"].as_str().unwrap().starts_with("stopped"),
+            "{p}\n{err}"
+        );
+    }
+    for k in kids {
+        // SAFETY: kill(2) with signal 0 only checks that the process exists.
+        let alive = unsafe { libc::kill(k, 0) } == 0;
+        assert!(!alive, "point process {k} left running");
+    }
 }
