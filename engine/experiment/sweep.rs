@@ -5,9 +5,13 @@
 //! directory) and run by `engine run` in a child process, up to `parallel` at once. Before
 //! anything runs, every key must be a key of the base experiment and every value of its type,
 //! and every point must load as an experiment: errors name the sweep file and the key.
-//! `--resume` keeps the points that finished and resumes the others from their checkpoints.
-//! The aggregate (`sweep.json`, `report.md`, `sweep.png`) reads each point's `report.json`:
-//! held-out clean and faulted success, mean ± 95% interval over seeds.
+//! Each point runs in a process group of its own; each signal the sweep receives is passed on
+//! to the running points once, as itself, and the sweep waits for them before it returns.
+//! `--resume` keeps the points that finished (their file, `run.json`, every seed's result and
+//! a complete report) and resumes the others from their checkpoints; it checks every point
+//! before it writes anything. The aggregate (`sweep.json`, `report.md`, `sweep.png`) reads the
+//! `report.json` of each point done or kept: held-out clean and faulted success, mean ± 95%
+//! interval over seeds.
 
 use super::config::{bad, default_out, load_named, resolve_template, Experiment};
 use super::resume;
