@@ -28,7 +28,7 @@
 //! | [`template`] | templates: the positioned TOML/YAML tree, validation, sampling into plans |
 //! | [`realism`] | the real set against generated instances: scaled features, the classifier's held-out AUC |
 //! | [`roles`] | the self-play roles of `actors` over the factory: level space, Env worker, PPO, adversary, level buffer |
-//! | [`experiment`] | `engine run`: config, runner, statistics, self-play |
+//! | [`experiment`] | `engine run`: config, runner, statistics, self-play; `engine tournament` (cross-play, Nash) and `engine sweep` (ablation grids) |
 //! | [`bench`] | `engine bench sandbox` and `engine bench env` |
 //! | [`serve`] | `engine serve`: the OpenEnv protocol over HTTP and WebSocket, many sessions, MCP |
 

@@ -60,7 +60,9 @@ pub enum Cmd {
     Tournament { config: PathBuf },
     /// An ablation grid over a base self-play experiment: one `engine run` per point (up to
     /// `parallel` at once), then `sweep.json`, `report.md`, `sweep.png` with each point's
-    /// held-out success over seeds. Exit 1 when a point did not finish.
+    /// held-out success over seeds. Exit 1 when a point did not finish; a signal is passed on
+    /// to the running points (SIGINT: they checkpoint), which are waited for, and the exit is
+    /// 128 + the signal.
     Sweep {
         config: PathBuf,
         /// Check the grid and list the points, without running them.

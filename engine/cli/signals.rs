@@ -5,8 +5,10 @@
 //! async-signal-safe). A command that stops on its own between units of work (`engine run`
 //! checks [`STOP`] between episodes, then tears down and writes what it measured) declares
 //! itself [`cooperative`]; for every other command, and at a second signal, the watcher tears
-//! the process's own runs down ([`sandbox::state::reap_run`]) and exits. Either way the exit
-//! status is 128 + the signal: 130 for SIGINT, 143 for SIGTERM, 129 for SIGHUP.
+//! the process's own runs down ([`sandbox::state::reap_run`]) and exits. A command that
+//! [`supervise`]s child processes (`engine sweep`) passes each signal on to them, one for
+//! one, and returns once they have exited; the watcher then never exits by itself. Either
+//! way the exit status is 128 + the signal: 130 for SIGINT, 143 for SIGTERM, 129 for SIGHUP.
 
 use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -19,6 +21,14 @@ pub static STOP: AtomicBool = AtomicBool::new(false);
 static SIGNAL: AtomicI32 = AtomicI32::new(0);
 static WAKE: AtomicI32 = AtomicI32::new(-1);
 static COOPERATIVE: AtomicBool = AtomicBool::new(false);
+/// Set by a command that passes every signal on to its children ([`supervise`]).
+static SUPERVISOR: AtomicBool = AtomicBool::new(false);
+/// Signals received and not yet taken by [`take_pending`] (a supervisor's), by kind.
+static PENDING: [AtomicUsize; 3] = [
+    AtomicUsize::new(0),
+    AtomicUsize::new(0),
+    AtomicUsize::new(0),
+];
 /// Signals received so far.
 static COUNT: AtomicUsize = AtomicUsize::new(0);
 
@@ -32,6 +42,9 @@ extern "C" fn on_signal(sig: libc::c_int) {
     let _ = SIGNAL.compare_exchange(0, sig, Ordering::SeqCst, Ordering::SeqCst);
     STOP.store(true, Ordering::SeqCst);
     COUNT.fetch_add(1, Ordering::SeqCst);
+    if let Some(k) = SIGNALS.iter().position(|s| *s as libc::c_int == sig) {
+        PENDING[k].fetch_add(1, Ordering::SeqCst);
+    }
     let fd = WAKE.load(Ordering::SeqCst);
     if fd >= 0 {
         let b = [sig as u8];
@@ -78,6 +91,25 @@ pub fn cooperative() {
     COOPERATIVE.store(true, Ordering::SeqCst);
 }
 
+/// The running command supervises child processes (`engine sweep`): it passes every signal
+/// on to them ([`take_pending`]), waits for them and returns; the watcher never exits by
+/// itself, however many signals come.
+pub fn supervise() {
+    COOPERATIVE.store(true, Ordering::SeqCst);
+    SUPERVISOR.store(true, Ordering::SeqCst);
+}
+
+/// The signals received since the last call, in the order SIGINT, SIGTERM, SIGHUP (each as
+/// many times as it came), for a supervisor to forward one for one.
+pub fn take_pending() -> Vec<i32> {
+    let mut out = Vec::new();
+    for (k, s) in SIGNALS.iter().enumerate() {
+        let n = PENDING[k].swap(0, Ordering::SeqCst);
+        out.extend(std::iter::repeat_n(*s as i32, n));
+    }
+    out
+}
+
 /// Remember a runtime's run, for the watcher's teardown.
 pub fn track(rt: &sandbox::Runtime) {
     let mut runs = RUNS.lock().unwrap_or_else(|p| p.into_inner());
@@ -113,7 +145,8 @@ pub fn received() -> Option<i32> {
 /// watcher's, so a command that failed because its sandbox was just killed reports nothing.
 pub fn before_exit() {
     let n = COUNT.load(Ordering::SeqCst);
-    if n > 0 && (!COOPERATIVE.load(Ordering::SeqCst) || n > 1) {
+    if n > 0 && !SUPERVISOR.load(Ordering::SeqCst) && (!COOPERATIVE.load(Ordering::SeqCst) || n > 1)
+    {
         loop {
             std::thread::park();
         }
@@ -136,6 +169,13 @@ fn watch(r: OwnedFd) {
         }
         seen += 1;
         let sig = i32::from(buf[0]);
+        if SUPERVISOR.load(Ordering::SeqCst) {
+            eprintln!(
+                "engine: {}: passed on to the running points (they checkpoint; again to stop them now)",
+                name(sig)
+            );
+            continue;
+        }
         if COOPERATIVE.load(Ordering::SeqCst) && seen == 1 {
             eprintln!(
                 "engine: {}: stopping after the running episodes (again to stop now)",

@@ -18,9 +18,15 @@ pub fn sweep(config: &Path, dry_run: bool, resume: bool) -> anyhow::Result<i32> 
         out!("{}", sw.describe());
         return Ok(0);
     }
-    super::signals::cooperative();
+    super::signals::supervise();
     let exe = std::env::current_exe()?;
-    let (agg, report) = engine::experiment::sweep::run(&sw, &exe, resume, &super::signals::STOP)?;
+    let (agg, report) = engine::experiment::sweep::run(
+        &sw,
+        &exe,
+        resume,
+        &super::signals::STOP,
+        &super::signals::take_pending,
+    )?;
     out!("{}", engine::experiment::sweep::render(&agg));
     outln!("report: {}", report.display());
     Ok(match super::signals::received() {

@@ -138,7 +138,8 @@ pub struct Meta {
     pub out_dir: PathBuf,
 }
 
-fn default_out() -> PathBuf {
+/// The default `out_dir` (of experiments, tournaments and sweeps).
+pub(super) fn default_out() -> PathBuf {
     PathBuf::from("out")
 }
 
@@ -656,6 +657,34 @@ pub(super) fn parse_toml<T: serde::de::DeserializeOwned>(
             message: e.message().to_string(),
         }
     })
+}
+
+/// A configuration error at `file`'s `key` (tournaments, sweeps).
+pub(super) fn bad(
+    file: &Path,
+    key: impl Into<String>,
+    reason: impl Into<String>,
+) -> ExperimentError {
+    ExperimentError::config(file, key, reason)
+}
+
+/// Read and parse `file` (a tournament or a sweep) and check that its name (`key`, which
+/// `name` picks) names an output directory.
+pub(super) fn load_named<T: serde::de::DeserializeOwned>(
+    file: &Path,
+    key: &str,
+    name: impl Fn(&T) -> &str,
+) -> Result<T, ExperimentError> {
+    let text = crate::text::read_input(file)?;
+    let t: T = parse_toml(&text, file)?;
+    if !dir_name_ok(name(&t)) {
+        return Err(bad(
+            file,
+            key,
+            "1 to 255 bytes without `/` that do not start with `.` (it names the output directory)",
+        ));
+    }
+    Ok(t)
 }
 
 /// A name that names a directory: 1 to 255 bytes, no `/`, not starting with `.`.

@@ -23,8 +23,15 @@ pub struct Nash {
 const EPS: f64 = 1e-12;
 
 /// Solve the game of the payoff matrix `a` (rows x columns, finite entries). `None` for an
-/// empty or ragged matrix or a non-finite entry.
+/// empty or ragged matrix, a non-finite entry, or more than 50 (m + n) pivots (Bland's rule
+/// ends, but floating-point error could make it cycle).
 pub fn solve(a: &[Vec<f64>]) -> Option<Nash> {
+    let (m, n) = (a.len(), a.first().map_or(0, Vec::len));
+    solve_within(a, 50 * (m + n))
+}
+
+/// [`solve`] with at most `cap` pivots.
+fn solve_within(a: &[Vec<f64>], cap: usize) -> Option<Nash> {
     let m = a.len();
     let n = a.first()?.len();
     if n == 0
@@ -53,7 +60,18 @@ pub fn solve(a: &[Vec<f64>]) -> Option<Nash> {
     }
     let mut basis: Vec<usize> = (n..n + m).collect();
     // Bland: the lowest-index column with a negative reduced cost enters.
+    let mut pivots = 0;
     while let Some(enter) = (0..n + m).find(|&j| t[m][j] < -EPS) {
+        pivots += 1;
+        if pivots > cap {
+            tracing::warn!(
+                rows = m,
+                cols = n,
+                cap,
+                "no Nash equilibrium within the pivot cap"
+            );
+            return None;
+        }
         // The ratio test; ties to the lowest basic index.
         let mut leave: Option<(usize, f64)> = None;
         for i in 0..m {
@@ -223,6 +241,24 @@ mod tests {
         assert!(close(g.rows[1], 1.0) && close(g.cols[0], 1.0), "{g:?}");
         // Nash-averaged: each row against the adversaries' mixture (column 0).
         assert_eq!(row_scores(&a, &g.cols), vec![0.3, 0.6, 0.1]);
+    }
+
+    #[test]
+    fn degenerate_games_solve_and_the_pivot_cap_gives_up() {
+        // Every entry equal (every mixture optimal) and a duplicated row and column.
+        let g = solve(&vec![vec![0.5; 3]; 3]).unwrap();
+        assert!(close(g.value, 0.5) && g.gap.abs() < 1e-9, "{g:?}");
+        let a = [
+            vec![1.0, 0.0, 0.0],
+            vec![1.0, 0.0, 0.0],
+            vec![0.0, 1.0, 1.0],
+        ];
+        let g = solve(&a).unwrap();
+        assert!(close(g.value, 0.5) && g.gap.abs() < 1e-9, "{g:?}");
+        // Matching pennies needs pivots: none allowed, no answer.
+        let pennies = [vec![1.0, 0.0], vec![0.0, 1.0]];
+        assert!(solve_within(&pennies, 0).is_none());
+        assert!(solve_within(&pennies, 100).is_some());
     }
 
     #[test]

@@ -115,6 +115,28 @@ pub fn read_json<T: serde::de::DeserializeOwned>(file: &Path) -> Result<T, Exper
     serde_json::from_slice(&text).map_err(|e| resume_err(dir, format!("{}: {e}", file.display())))
 }
 
+/// Remove what an earlier run left in `dir` that could be taken for a new run's: every
+/// seed's checkpoints and result ([`forget_seed`]) and the report (`report.json`,
+/// `report.md`: a run that fails before its first seed must not leave an old one behind).
+pub fn forget_run(dir: &Path, seeds: &[u64]) -> Result<(), ExperimentError> {
+    for &seed in seeds {
+        forget_seed(&dir.join(format!("seed-{seed}")))?;
+    }
+    for f in ["report.json", "report.md"] {
+        let file = dir.join(f);
+        match std::fs::remove_file(&file) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(ExperimentError::Output {
+                    dir: file,
+                    source: e,
+                })
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 /// Remove what a finished or checkpointed earlier run left in `seed_dir` (its checkpoints,
 /// with what a save cut short left beside them, and its result), before a new run.
 pub fn forget_seed(seed_dir: &Path) -> Result<(), ExperimentError> {
@@ -158,6 +180,15 @@ mod tests {
             .collect();
         assert_eq!(left, ["metrics.jsonl"]);
         forget_seed(&tmp.path().join("seed-2")).unwrap();
+        // The whole run: the seeds and the report go, the rest stays.
+        std::fs::write(seed.join("result.json"), "{}").unwrap();
+        for f in ["report.json", "report.md", "run.json"] {
+            std::fs::write(tmp.path().join(f), "{}").unwrap();
+        }
+        forget_run(tmp.path(), &[1, 2]).unwrap();
+        assert!(!seed.join("result.json").exists());
+        assert!(!tmp.path().join("report.json").exists() && !tmp.path().join("report.md").exists());
+        assert!(tmp.path().join("run.json").is_file());
     }
 
     #[test]

@@ -191,10 +191,8 @@ pub fn run(
         })?;
         // A run without --resume starts the directory over: nothing of an earlier run
         // (its checkpoints, its finished seeds) may be taken for this one's by a later
-        // --resume.
-        for &seed in &exp.experiment.seeds {
-            resume::forget_seed(&dir.join(format!("seed-{seed}")))?;
-        }
+        // --resume, nor its report by a sweep.
+        resume::forget_run(&dir, &exp.experiment.seeds)?;
         resume::record(&dir, exp)?;
     }
     let mut report = SelfPlayReport {

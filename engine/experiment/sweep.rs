@@ -5,11 +5,15 @@
 //! directory) and run by `engine run` in a child process, up to `parallel` at once. Before
 //! anything runs, every key must be a key of the base experiment and every value of its type,
 //! and every point must load as an experiment: errors name the sweep file and the key.
-//! `--resume` keeps the points that finished and resumes the others from their checkpoints.
-//! The aggregate (`sweep.json`, `report.md`, `sweep.png`) reads each point's `report.json`:
-//! held-out clean and faulted success, mean ± 95% interval over seeds.
+//! Each point runs in a process group of its own; each signal the sweep receives is passed on
+//! to the running points once, as itself, and the sweep waits for them before it returns.
+//! `--resume` keeps the points that finished (their file, `run.json`, every seed's result and
+//! a complete report) and resumes the others from their checkpoints; it checks every point
+//! before it writes anything. The aggregate (`sweep.json`, `report.md`, `sweep.png`) reads the
+//! `report.json` of each point done or kept: held-out clean and faulted success, mean ± 95%
+//! interval over seeds.
 
-use super::config::{dir_name_ok, parse_toml, resolve_template, Experiment};
+use super::config::{bad, default_out, load_named, resolve_template, Experiment};
 use super::resume;
 use super::study::{write, write_heatmap, write_json, PerSeed};
 use super::ExperimentError;
@@ -26,7 +30,7 @@ pub struct SweepTable {
     /// The base experiment (relative paths against the parent of this file's directory).
     pub base: PathBuf,
     /// Where `name/` goes (relative to the working directory).
-    #[serde(default = "out")]
+    #[serde(default = "default_out")]
     pub out_dir: PathBuf,
     /// Points run at once (child processes).
     #[serde(default = "one")]
@@ -35,9 +39,6 @@ pub struct SweepTable {
     pub seeds: Option<Vec<u64>>,
 }
 
-fn out() -> PathBuf {
-    PathBuf::from("out")
-}
 fn one() -> usize {
     1
 }
@@ -75,10 +76,6 @@ pub struct Sweep {
     pub base: PathBuf,
     pub dir: PathBuf,
     pub points: Vec<Point>,
-}
-
-fn bad(file: &Path, key: impl Into<String>, reason: impl Into<String>) -> ExperimentError {
-    ExperimentError::config(file, key, reason)
 }
 
 /// The kind of a JSON value, for the type check of grid values.
@@ -135,16 +132,8 @@ fn set(table: &mut toml::Table, key: &str, v: toml::Value) {
 impl Sweep {
     /// Load `file` and check it, its base and every point; nothing is written.
     pub fn load(file: &Path) -> Result<Self, ExperimentError> {
-        let text = crate::text::read_input(file)?;
-        let f: SweepFile = parse_toml(&text, file)?;
+        let f: SweepFile = load_named(file, "sweep.name", |f: &SweepFile| &f.sweep.name)?;
         let table = f.sweep;
-        if !dir_name_ok(&table.name) {
-            return Err(bad(
-                file,
-                "sweep.name",
-                "1 to 255 bytes without `/` that do not start with `.` (it names the output directory)",
-            ));
-        }
         if !(1..=64).contains(&table.parallel) {
             return Err(bad(file, "sweep.parallel", "between 1 and 64"));
         }
@@ -154,7 +143,10 @@ impl Sweep {
         if f.grid.is_empty() {
             return Err(bad(file, "grid", "at least one key with values"));
         }
+        // Canonical: the points' files (compared by `--resume`) do not depend on how the
+        // sweep file's path was typed.
         let base = resolve_template(file, &table.base);
+        let base = std::fs::canonicalize(&base).unwrap_or(base);
         let base_exp =
             Experiment::load(&base).map_err(|e| bad(file, "sweep.base", e.to_string()))?;
         if base_exp.selfplay.is_none() {
@@ -271,12 +263,17 @@ impl Sweep {
                 "experiment.out_dir",
                 toml::Value::String(points_dir.display().to_string()),
             );
-            if let Some(tpl) = &base_exp.environment.template {
-                set(
-                    &mut t,
-                    "environment.template",
-                    toml::Value::String(resolve_template(&base, tpl).display().to_string()),
-                );
+            // Template paths, the base's or a grid's, made absolute against the base file
+            // (the point's file lives elsewhere).
+            for key in ["environment.template", "training.eval_template"] {
+                let (table, field) = key.split_once('.').unwrap_or((key, key));
+                let Some(toml::Value::String(tpl)) = t.get(table).and_then(|v| v.get(field)) else {
+                    continue;
+                };
+                let abs = resolve_template(&base, Path::new(tpl))
+                    .display()
+                    .to_string();
+                set(&mut t, key, toml::Value::String(abs));
             }
             if let Some(seeds) = &table.seeds {
                 set(
@@ -292,9 +289,8 @@ impl Sweep {
             }
             let body = toml::to_string(&t).map_err(|e| ExperimentError::SelfPlay(e.to_string()))?;
             let text = format!(
-                "# Point {name} of sweep {} (written by `engine sweep`; base {}).\n{body}",
-                file.display(),
-                base.display()
+                "# Point {name} of sweep {} (written by `engine sweep`).\n{body}",
+                table.name
             );
             let values: BTreeMap<String, serde_json::Value> = keys
                 .iter()
@@ -359,8 +355,8 @@ impl Sweep {
 pub struct PointResult {
     #[serde(flatten)]
     pub point: Point,
-    /// `done`, `kept` (finished before, `--resume`), `failed (exit N)`, `incomplete`,
-    /// `not run`.
+    /// `done`, `kept` (finished before, `--resume`), `failed (exit N)`, `failed to start`,
+    /// `incomplete` (stopped by a signal, or its run left no complete report), `not run`.
     pub status: String,
     pub held_out_clean: Option<PerSeed>,
     pub held_out_faulted: Option<PerSeed>,
@@ -390,30 +386,87 @@ fn finished(p: &Point) -> Option<serde_json::Value> {
     (v["complete"] == true).then_some(v)
 }
 
+/// A point finished before and can be kept by `--resume`: its file is the point's, its
+/// run is of that file (`run.json`), every seed left its result and its report is complete.
+fn keep(p: &Point) -> bool {
+    let Ok(exp) = Experiment::parse(&p.text, &p.file()) else {
+        return false;
+    };
+    resume::check(&p.dir, &exp).is_ok()
+        && exp.experiment.seeds.iter().all(|s| {
+            p.dir
+                .join(format!("seed-{s}"))
+                .join(super::selfplay::RESULT_FILE)
+                .is_file()
+        })
+        && finished(p).is_some()
+}
+
+/// The running points; dropping them (an early return, a panic) stops and waits for them.
+struct Children(Vec<(usize, std::process::Child)>);
+
+impl Children {
+    /// Send `sig` to every running point.
+    fn signal(&self, sig: i32) {
+        for (_, child) in &self.0 {
+            if let Ok(pid) = i32::try_from(child.id()) {
+                // SAFETY: kill(2) with integer arguments, to our own child (not yet waited
+                // for, so its pid is not reused).
+                unsafe { libc::kill(pid, sig) };
+            }
+        }
+    }
+}
+
+impl Drop for Children {
+    fn drop(&mut self) {
+        self.signal(libc::SIGTERM);
+        for (_, child) in &mut self.0 {
+            if let Err(e) = child.wait() {
+                tracing::warn!(error = %e, pid = child.id(), "waiting for a point");
+            }
+        }
+    }
+}
+
+/// Start point `p`'s `engine run` in a process group of its own (a signal from a terminal
+/// reaches the sweep only, which passes it on once).
+fn start(
+    p: &Point,
+    engine: &Path,
+    resume_points: bool,
+) -> Result<std::process::Child, std::io::Error> {
+    use std::os::unix::process::CommandExt;
+    // One open file for both streams (two opens would write over each other).
+    let out = std::fs::File::create(p.dir.join("log.txt"))?;
+    let err = out.try_clone()?;
+    let mut c = std::process::Command::new(engine);
+    c.arg("run");
+    if resume_points && p.dir.join(resume::RUN_FILE).is_file() {
+        c.arg("--resume");
+    }
+    c.arg(p.file()).stdout(out).stderr(err).process_group(0);
+    c.spawn()
+}
+
 /// Run every point of `sw` with `engine` (this program: `engine run`), then aggregate.
+/// Once `stop` is set no point starts; every signal `pending` returns is sent to the
+/// running points (SIGINT as SIGINT: they checkpoint and stop), which are waited for. A
+/// point that cannot start is recorded as such; the aggregate is always saved.
 pub fn run(
     sw: &Sweep,
     engine: &Path,
     resume_points: bool,
     stop: &AtomicBool,
+    pending: &dyn Fn() -> Vec<i32>,
 ) -> Result<(Aggregate, PathBuf), ExperimentError> {
-    let mkdir = |d: &Path| {
-        std::fs::create_dir_all(d).map_err(|source| ExperimentError::Output {
-            dir: d.to_path_buf(),
-            source,
-        })
-    };
-    mkdir(&sw.dir)?;
-    // The sweep as it was run, beside its points.
-    let text = crate::text::read_input(&sw.file)?;
-    write(&sw.dir.join("sweep.toml"), text.as_bytes())?;
+    // Every check before anything is written: a refused --resume changes nothing.
     let mut status: Vec<String> = vec!["not run".into(); sw.points.len()];
     let mut queue: Vec<usize> = Vec::new();
     for (i, p) in sw.points.iter().enumerate() {
-        mkdir(&p.dir)?;
         let file = p.file();
         let same = std::fs::read_to_string(&file).is_ok_and(|t| t == p.text);
-        if resume_points && same && finished(p).is_some() {
+        if resume_points && same && keep(p) {
             tracing::info!(point = %p.name, "finished before: kept");
             status[i] = "kept".into();
             continue;
@@ -429,66 +482,65 @@ pub fn run(
         }
         queue.push(i);
     }
+    let mkdir = |d: &Path| {
+        std::fs::create_dir_all(d).map_err(|source| ExperimentError::Output {
+            dir: d.to_path_buf(),
+            source,
+        })
+    };
+    mkdir(&sw.dir)?;
+    // The sweep as it was run, beside its points.
+    let text = crate::text::read_input(&sw.file)?;
+    write(&sw.dir.join("sweep.toml"), text.as_bytes())?;
     // Write every point's file before the first runs (a refused write loses nothing).
     for &i in &queue {
+        mkdir(&sw.points[i].dir)?;
         write(&sw.points[i].file(), sw.points[i].text.as_bytes())?;
     }
-    let mut running: Vec<(usize, std::process::Child)> = Vec::new();
+    let mut running = Children(Vec::new());
     let mut next = queue.into_iter();
-    let mut forwarded = false;
     loop {
-        if stop.load(Ordering::Relaxed) && !forwarded {
-            // The points checkpoint and stop (a signal from a terminal reached them too).
-            forwarded = true;
-            for (_, child) in &running {
-                if let Ok(pid) = i32::try_from(child.id()) {
-                    // SAFETY: kill(2) with integer arguments, to our own running child.
-                    unsafe { libc::kill(pid, libc::SIGTERM) };
+        for sig in pending() {
+            running.signal(sig);
+        }
+        while running.0.len() < sw.table.parallel && !stop.load(Ordering::Relaxed) {
+            let Some(i) = next.next() else { break };
+            let p = &sw.points[i];
+            tracing::info!(point = %p.name, "running");
+            match start(p, engine, resume_points) {
+                Ok(child) => {
+                    eprintln!(
+                        "sweep {}: point {} started (log {})",
+                        sw.table.name,
+                        p.name,
+                        p.dir.join("log.txt").display()
+                    );
+                    running.0.push((i, child));
+                }
+                Err(e) => {
+                    status[i] = format!("failed to start ({} run: {e})", engine.display());
+                    tracing::warn!(point = %p.name, error = %e, "a point did not start");
+                    eprintln!("sweep {}: point {} {}", sw.table.name, p.name, status[i]);
                 }
             }
         }
-        while running.len() < sw.table.parallel && !stop.load(Ordering::Relaxed) {
-            let Some(i) = next.next() else { break };
-            let p = &sw.points[i];
-            let log = p.dir.join("log.txt");
-            let werr = |source| ExperimentError::Write {
-                file: log.clone(),
-                source,
-            };
-            // One open file for both streams (two opens would write over each other).
-            let out = std::fs::File::create(&log).map_err(werr)?;
-            let err = out.try_clone().map_err(werr)?;
-            let mut c = std::process::Command::new(engine);
-            c.arg("run");
-            if resume_points && p.dir.join(resume::RUN_FILE).is_file() {
-                c.arg("--resume");
-            }
-            c.arg(p.file()).stdout(out).stderr(err);
-            tracing::info!(point = %p.name, "running");
-            eprintln!(
-                "sweep {}: point {} started (log {})",
-                sw.table.name,
-                p.name,
-                log.display()
-            );
-            let child = c.spawn().map_err(|source| ExperimentError::Write {
-                file: engine.to_path_buf(),
-                source,
-            })?;
-            running.push((i, child));
-        }
-        if running.is_empty() {
+        if running.0.is_empty() {
             break;
         }
         std::thread::sleep(std::time::Duration::from_millis(200));
         let mut still = Vec::new();
-        for (i, mut child) in running {
+        for (i, mut child) in std::mem::take(&mut running.0) {
             match child.try_wait() {
                 Ok(Some(st)) => {
                     status[i] = if st.success() && finished(&sw.points[i]).is_some() {
                         "done".into()
                     } else if st.success() {
                         "incomplete".into()
+                    } else if stop.load(Ordering::Relaxed) {
+                        format!(
+                            "stopped (exit {}; --resume goes on from its checkpoint)",
+                            st.code().map_or("by a signal".into(), |c| c.to_string())
+                        )
                     } else {
                         format!(
                             "failed (exit {}, see log.txt)",
@@ -507,7 +559,7 @@ pub fn run(
                 }
             }
         }
-        running = still;
+        running.0 = still;
     }
     let agg = aggregate(sw, status);
     save(&sw.dir, &agg)?;
@@ -530,7 +582,11 @@ pub fn aggregate(sw: &Sweep, status: Vec<String>) -> Aggregate {
         .iter()
         .zip(status)
         .map(|(p, status)| {
-            let r = resume::read_json::<serde_json::Value>(&p.dir.join("report.json")).ok();
+            // Figures only of a point that finished in this sweep (a report left by an
+            // earlier run is not this point's).
+            let r = matches!(status.as_str(), "done" | "kept")
+                .then(|| resume::read_json::<serde_json::Value>(&p.dir.join("report.json")).ok())
+                .flatten();
             PointResult {
                 point: p.clone(),
                 status,
@@ -559,8 +615,9 @@ fn save(dir: &Path, a: &Aggregate) -> Result<(), ExperimentError> {
         .iter()
         .map(|p| vec![mean(&p.held_out_clean), mean(&p.held_out_faulted)])
         .collect();
-    write_heatmap(&dir.join("sweep.png"), &rows)?;
-    write(&dir.join("report.md"), render(a).as_bytes())
+    write(&dir.join("report.md"), render(a).as_bytes())?;
+    // Last: a grid too large to draw still has its table.
+    write_heatmap(&dir.join("sweep.png"), &rows)
 }
 
 /// `report.md`.

@@ -12,7 +12,7 @@
 //! The runs must share the level space: the same template (as written), budget, fault
 //! limit, costs and environment settings; a mismatch names the run and the key.
 
-use super::config::{dir_name_ok, parse_toml, resolve_template, Experiment, SEED_STRIDE};
+use super::config::{bad, default_out, load_named, resolve_template, Experiment, SEED_STRIDE};
 use super::nash::{self, Nash};
 use super::resume;
 use super::selfplay::{SeedReport, RESULT_FILE};
@@ -43,7 +43,7 @@ pub const TOURNAMENT_OFFSET: u64 = 900_000;
 pub struct Tournament {
     pub name: String,
     /// Where `name/` goes (relative to the working directory).
-    #[serde(default = "out")]
+    #[serde(default = "default_out")]
     pub out_dir: PathBuf,
     /// The runs: their experiment files (relative paths against the parent of this file's
     /// directory, like templates); each must have finished in its `out_dir/name`.
@@ -59,9 +59,6 @@ pub struct Tournament {
     pub seed: u64,
 }
 
-fn out() -> PathBuf {
-    PathBuf::from("out")
-}
 fn sixteen() -> usize {
     16
 }
@@ -133,23 +130,13 @@ enum Row {
     Random,
 }
 
-fn bad(file: &Path, key: impl Into<String>, reason: impl Into<String>) -> ExperimentError {
-    ExperimentError::config(file, key, reason)
-}
-
 impl Tournament {
     /// Load and check `[tournament]` (not the runs: [`run`] reads them before playing).
     pub fn load(file: &Path) -> Result<Self, ExperimentError> {
-        let text = crate::text::read_input(file)?;
-        let t: TournamentFile = parse_toml(&text, file)?;
+        let t: TournamentFile = load_named(file, "tournament.name", |t: &TournamentFile| {
+            &t.tournament.name
+        })?;
         let t = t.tournament;
-        if !dir_name_ok(&t.name) {
-            return Err(bad(
-                file,
-                "tournament.name",
-                "1 to 255 bytes without `/` that do not start with `.` (it names the output directory)",
-            ));
-        }
         if t.runs.is_empty() {
             return Err(bad(file, "tournament.runs", "at least one run"));
         }

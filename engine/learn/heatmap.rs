@@ -27,11 +27,24 @@ fn colour(v: f64) -> [u8; 3] {
     [mix(0), mix(1), mix(2)]
 }
 
-/// A PNG of `rows` (each a row of rates; ragged rows are padded with grey).
+/// The most rows and columns a heatmap draws: every cell at least one white pixel and one
+/// coloured.
+pub const MAX_ROWS: usize = (H - 2 * MARGIN) / 2;
+pub const MAX_COLS: usize = (W - 2 * MARGIN) / 2;
+
+/// A PNG of `rows` (each a row of rates; ragged rows are padded with grey). More than
+/// [`MAX_ROWS`] rows or [`MAX_COLS`] columns is an error (`InvalidInput`): the cells would
+/// have no pixels.
 pub fn heatmap_png(rows: &[Vec<f64>]) -> std::io::Result<Vec<u8>> {
     let mut px = vec![255u8; W * H * 3];
     let m = rows.len().max(1);
     let n = rows.iter().map(Vec::len).max().unwrap_or(0).max(1);
+    if m > MAX_ROWS || n > MAX_COLS {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("{m} rows x {n} columns: a heatmap draws at most {MAX_ROWS} x {MAX_COLS}"),
+        ));
+    }
     let (cw, ch) = ((W - 2 * MARGIN) / n, (H - 2 * MARGIN) / m);
     for y in 0..H {
         for x in 0..W {
@@ -77,5 +90,10 @@ mod tests {
         assert_eq!(at(W / 4, H / 4), colour(0.0));
         assert_eq!(at(3 * W / 4, H / 4), colour(1.0));
         assert_eq!(at(3 * W / 4, 3 * H / 4), colour(f64::NAN));
+        // The most that fit still draws every cell; one more is refused, not drawn blank.
+        assert!(heatmap_png(&vec![vec![0.0; MAX_COLS]; MAX_ROWS]).is_ok());
+        let e = heatmap_png(&[vec![0.0; MAX_COLS + 1]]).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput);
+        assert!(heatmap_png(&vec![vec![0.0]; MAX_ROWS + 1]).is_err());
     }
 }
