@@ -469,11 +469,13 @@ _envfactory_safe_path()
 _here = _os.path.dirname(_os.path.abspath(__file__))
 _saved = list(_sys.path)
 _sys.path[:] = [p for p in _sys.path if _os.path.abspath(p or ".") != _here]
-del _sys.modules["sitecustomize"]
+_me = _sys.modules.pop("sitecustomize", None)
 try:
     import sitecustomize  # noqa: F401  (the image's own)
 except ImportError:
-    pass
+    # None of the image's: ours stays, for the import machinery to find when ours ends.
+    if _me is not None:
+        _sys.modules["sitecustomize"] = _me
 finally:
     _sys.path[:] = _saved
 "#;

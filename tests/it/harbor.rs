@@ -818,6 +818,13 @@ fn the_verifiers_sitecustomize_keeps_the_working_directory_off_sys_path() {
         let with = run(Some(&site));
         assert!(!with.contains("PLANTED"), "{}: {with}", python.display());
         assert!(with.contains("usage"), "{}: {with}", python.display());
+        // Without a sitecustomize of the image's own (pyenv, python:3.x images, venvs): no
+        // error at every Python start.
+        assert!(
+            !with.contains("Error in sitecustomize"),
+            "{}: {with}",
+            python.display()
+        );
     }
 }
 
