@@ -18,15 +18,29 @@ const SYSTEM: &[&str] = &[
     "usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "tests", "proc", "sys", "dev",
 ];
 
-/// Entries of `/etc` restored the same way (the dynamic loader's preload and paths, Python's
-/// `sitecustomize.py`, the alternatives' links); the rest of `/etc` is the agent's work as
-/// much as `/app` is (a task may be to configure a service).
+/// Entries of `/etc` restored the same way: the dynamic loader's preload and paths, Python's
+/// `sitecustomize.py` (`python*`), the alternatives' links, and what the tools test scripts
+/// run read as configuration that runs commands or redirects them (apt's and dpkg's hooks,
+/// the login and interactive shells' start-up files, pip's, git's and npm's configuration);
+/// the rest of `/etc` is the agent's work as much as `/app` is (a task may be to configure a
+/// service). A task asking the agent to change one of these is judged on the image's.
 const SYSTEM_ETC: &[&str] = &[
     "ld.so.preload",
     "ld.so.conf",
     "ld.so.conf.d",
     "ld.so.cache",
     "alternatives",
+    "apt",
+    "dpkg",
+    "profile",
+    "profile.d",
+    "bash.bashrc",
+    "bashrc",
+    "environment",
+    "pip.conf",
+    "xdg",
+    "gitconfig",
+    "npmrc",
 ];
 
 /// The agent's diff, exported for the verifier's sandbox: removed when dropped (after it).
@@ -538,6 +552,8 @@ mod tests {
             "etc/nginx",
             "etc/python3.11",
             "etc/ld.so.conf.d",
+            "etc/apt/apt.conf.d",
+            "etc/profile.d",
             "logs/verifier",
             "logs/agent",
             "tests",
