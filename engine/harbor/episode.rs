@@ -303,7 +303,15 @@ fn episode(
     agent: &Agent,
     t0: Instant,
 ) -> Result<Outcome, HarborError> {
-    let cfg = episode_config(task, img);
+    let mut cfg = episode_config(task, img);
+    // The agent's disk no larger than the layer store has free before it acts (its diff is
+    // exported there): a store found full after the agent is then never the agent's doing.
+    if let Ok(free) = super::verifier::store_free(store) {
+        if free < cfg.disk_bytes {
+            tracing::warn!(task = %task.name, disk = cfg.disk_bytes, free, "the task's disk exceeds the layer store's free space: the agent's disk is cut to it");
+            cfg.disk_bytes = free;
+        }
+    }
     let mut sbx = backend
         .create_boxed(&cfg)
         .map_err(sbx_err(format!("{}: starting the sandbox", task.name)))?;

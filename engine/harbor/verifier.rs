@@ -184,7 +184,12 @@ pub(crate) fn verifier_path(path: &str) -> String {
 /// removed; where a directory above it in the diff is opaque (the agent deleted and made
 /// it again, so the image's version is hidden) the image's copied in; where one is not a
 /// directory (a link, a file, a whiteout) that one is removed, and the image's shows.
-fn restore_built(diff: &Path, path: &str, image: &BaseView) -> std::io::Result<()> {
+fn restore_built(
+    diff: &Path,
+    path: &str,
+    image: &BaseView,
+    budget: &mut u64,
+) -> std::io::Result<()> {
     let comps: Vec<&str> = path.trim_start_matches('/').split('/').collect();
     let mut cur = diff.to_path_buf();
     let mut opaque = false;
@@ -200,14 +205,16 @@ fn restore_built(diff: &Path, path: &str, image: &BaseView) -> std::io::Result<(
     let target = diff.join(path.trim_start_matches('/'));
     rm(&target)?;
     if opaque {
-        copy_built(image, path, &target)?;
+        copy_built(image, path, &target, budget)?;
     }
     Ok(())
 }
 
 /// Copy `path` of the image (merged over its layers) to `dst`: directories, files and
-/// links with their owners and modes; other kinds are left out.
-fn copy_built(image: &BaseView, path: &str, dst: &Path) -> std::io::Result<()> {
+/// links with their owners and modes; other kinds are left out. The files' bytes come off
+/// `budget` (what is left of the agent's disk); past it the copy fails as the agent's
+/// (not an error [`store_side`] counts).
+fn copy_built(image: &BaseView, path: &str, dst: &Path, budget: &mut u64) -> std::io::Result<()> {
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
     let Some(src) = image.locate(path) else {
         return Ok(());
@@ -220,9 +227,14 @@ fn copy_built(image: &BaseView, path: &str, dst: &Path) -> std::io::Result<()> {
     if m.is_dir() {
         std::fs::create_dir(dst)?;
         for name in image.list(path) {
-            copy_built(image, &format!("{path}/{name}"), &dst.join(&name))?;
+            copy_built(image, &format!("{path}/{name}"), &dst.join(&name), budget)?;
         }
     } else if m.is_file() {
+        *budget = budget.checked_sub(m.len()).ok_or_else(|| {
+            std::io::Error::other(format!(
+                "the image's {path} does not fit in what the agent left of its disk"
+            ))
+        })?;
         std::fs::copy(&src, dst)?;
     } else {
         return Ok(());
@@ -299,9 +311,11 @@ pub(crate) fn isolate(
     let diff = AgentDiff(dir);
     let exported = match sbx.export_diff(&diff.0, cfg.disk_bytes) {
         Ok(e) => e,
-        // The refusal of a diff too large is the agent's; a copy that fails is the
-        // store's when the store fails its probe too.
-        Err(e @ sandbox::SandboxError::Spawn { .. }) => {
+        // The refusal of a diff too large is the agent's, and so is a diff that cannot be
+        // read (a path too long, a loop); a write that found the store full, read-only or
+        // failing is the store's when the store fails its probe too, the agent's diff gone.
+        Err(e) if matches!(&e, sandbox::SandboxError::Spawn { source, .. } if store_side(source)) =>
+        {
             let _ = std::fs::remove_dir_all(&diff.0);
             store_probe(store, cfg.disk_bytes, "exporting the agent's changes", &e)?;
             return Err(sbx_err(format!(
@@ -344,17 +358,30 @@ pub(crate) fn isolate(
     let mut lowers = img.layers.clone();
     lowers.extend(img.base_lowers.iter().cloned());
     let image = BaseView::from_dirs(lowers);
+    // What the image's copies add counts against the agent's disk, as the agent's own.
+    let mut budget = cfg.disk_bytes.saturating_sub(exported.unwrap_or(0));
     let restored = restore_system(&diff.0).and_then(|()| {
         judged_as_built(verifier_env, &image)
             .iter()
-            .try_for_each(|p| restore_built(&diff.0, p, &image))
+            .try_for_each(|p| restore_built(&diff.0, p, &image, &mut budget))
     });
     if let Err(source) = restored {
+        let candidate = store_side(&source);
         let e = HarborError::Io {
             path: diff.0.clone(),
             source,
         };
-        store_probe(store, 0, "restoring the image's directories", &e)?;
+        // The probe without the agent's diff, for the sandbox's whole disk: a store that
+        // the agent's bytes filled is sound.
+        drop(diff);
+        if candidate {
+            store_probe(
+                store,
+                cfg.disk_bytes,
+                "restoring the image's directories",
+                &e,
+            )?;
+        }
         return Err(HarborError::Sandbox {
             what: format!("{}: restoring the image's directories", task.name),
             source: Box::new(sandbox::SandboxError::Setup(e.to_string())),
@@ -412,6 +439,22 @@ pub(crate) fn start_steps(
     Ok(())
 }
 
+/// The bytes free in the layer store.
+pub(crate) fn store_free(store: &LayerStore) -> nix::Result<u64> {
+    nix::sys::statvfs::statvfs(store.dir())
+        .map(|s| s.blocks_available().saturating_mul(s.fragment_size()))
+}
+
+/// Whether an I/O error can be the layer store's (a write that found it full, read-only or
+/// failing) rather than the agent's (a path too long or a loop in what it left, a copy past
+/// its disk): only these are checked against the store.
+fn store_side(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::ENOSPC | libc::EDQUOT | libc::EROFS | libc::EIO)
+    )
+}
+
 /// After `what` failed with `err`: an [`HarborError::Infrastructure`] when the layer store
 /// cannot take a probe file or has less than `need` bytes free (the host's failure, not the
 /// agent's); `Ok` when the store is sound (the failure is the agent's diff's).
@@ -436,9 +479,8 @@ fn store_probe(
             store.dir().display()
         )));
     }
-    let free = nix::sys::statvfs::statvfs(store.dir())
-        .map(|s| s.blocks_available().saturating_mul(s.fragment_size()))
-        .map_err(|e| infra(format!("statvfs {}: {e}", store.dir().display())))?;
+    let free =
+        store_free(store).map_err(|e| infra(format!("statvfs {}: {e}", store.dir().display())))?;
     if free < need {
         return Err(infra(format!(
             "the layer store {} has {free} bytes free, less than the sandbox's disk ({need})",

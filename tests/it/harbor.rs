@@ -666,6 +666,39 @@ fn a_sandbox_the_agent_breaks_fails_its_task_and_the_check_goes_on() {
     assert_eq!(lines[1]["passed"], true, "{}", lines[1]);
 }
 
+/// Hack trial: an agent that makes its diff fail to export (a path deeper than `PATH_MAX`:
+/// `ENAMETOOLONG` reading its upper directory), on a task whose disk (16 GiB) exceeds the
+/// layer store's free space, scores 0: reading the agent's changes fails on the agent's
+/// side, never masked as the host's; the honest agent still scores 1.
+#[test]
+fn a_diff_the_agent_makes_unexportable_scores_0_not_masked() {
+    require_root!();
+    let rt = common::runtime();
+    let s = Store::new();
+    let t = copy_fixture("harbor/hello-file");
+    let dir = t.path().join("task");
+    let toml = std::fs::read_to_string(dir.join("task.toml")).unwrap();
+    std::fs::write(
+        dir.join("task.toml"),
+        toml.replace("storage_mb = 256", "storage_mb = 16384"),
+    )
+    .unwrap();
+    let o = scripted(
+        &s,
+        &rt,
+        &dir,
+        &["tr a-z A-Z < /app/word.txt > /app/hello.txt && cd /app && for i in $(seq 2100); do mkdir aaaaaaaa && cd aaaaaaaa || exit 1; done; cd /".into()],
+    );
+    assert!(!o.infrastructure && o.reward == 0.0, "{o:?}");
+    let o = scripted(
+        &s,
+        &rt,
+        &dir,
+        &["tr a-z A-Z < /app/word.txt > /app/hello.txt".into()],
+    );
+    assert_eq!(o.reward, 1.0, "{o:?}");
+}
+
 /// Hack trial: terminal-bench's standard `run-tests.sh` makes a virtual environment in the
 /// working directory and sources its `activate`: one the agent left at
 /// `/app/.tbench-testing/bin/activate` that prints a passing line and exits must score 0
