@@ -640,6 +640,29 @@ mod tests {
         );
     }
 
+    /// The image's copies come off what the agent left of its disk: past it the copy
+    /// fails as the agent's (not a store-side error), within it the bytes are taken.
+    #[test]
+    fn the_images_copies_count_against_the_agents_disk() {
+        let t = tempfile::tempdir().unwrap();
+        let layer = t.path().join("layer");
+        std::fs::create_dir_all(layer.join("opt/venv")).unwrap();
+        std::fs::write(layer.join("opt/venv/pyvenv.cfg"), [b'x'; 100]).unwrap();
+        let image = BaseView::from_dirs(vec![layer]);
+        let dst = t.path().join("out");
+        let mut budget = 99;
+        let e = copy_built(&image, "/opt", &dst, &mut budget).unwrap_err();
+        assert!(!store_side(&e), "{e}");
+        std::fs::remove_dir_all(&dst).unwrap();
+        let mut budget = 150;
+        copy_built(&image, "/opt", &dst, &mut budget).unwrap();
+        assert_eq!(budget, 50);
+        assert_eq!(
+            std::fs::read(dst.join("venv/pyvenv.cfg")).unwrap().len(),
+            100
+        );
+    }
+
     fn walk(d: &Path) -> Vec<String> {
         let mut out = Vec::new();
         let mut stack = vec![d.to_path_buf()];

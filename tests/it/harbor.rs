@@ -666,6 +666,45 @@ fn a_sandbox_the_agent_breaks_fails_its_task_and_the_check_goes_on() {
     assert_eq!(lines[1]["passed"], true, "{}", lines[1]);
 }
 
+/// Hack trial: the layer store nearly full (remounted to what its layers hold + 64 MiB, less
+/// than the task's 256 MiB disk), an agent that fails the task, fills its disk and deletes
+/// `/opt` (the image's venv must be copied back): its failure is scored 0, never masked as
+/// the host's (its disk is cut to the store's free space before it acts, the store probed
+/// without its diff, the copies counted against its disk); the honest agent still scores 1.
+#[test]
+fn an_agent_that_fills_the_layer_store_is_scored_not_masked() {
+    require_root!();
+    let rt = common::runtime();
+    let s = Store::new();
+    let dir = fixture("harbor/venv-path");
+    let o = scripted(&s, &rt, &dir, &["touch /app/done".into()]);
+    assert_eq!(o.reward, 1.0, "{o:?}");
+    let remount = |opt: &str| {
+        let ok = std::process::Command::new("mount")
+            .args(["-o", opt])
+            .arg(s.store.dir())
+            .status()
+            .unwrap();
+        assert!(ok.success(), "mount -o {opt}");
+    };
+    let st = nix::sys::statvfs::statvfs(s.store.dir()).unwrap();
+    let used = (st.blocks() - st.blocks_free()) * st.fragment_size();
+    remount(&format!("remount,size={}", used + (64 << 20)));
+    let o = scripted(
+        &s,
+        &rt,
+        &dir,
+        &[
+            "rm -rf /opt && mkdir /opt && dd if=/dev/zero of=/app/fill bs=1M 2>/dev/null; true"
+                .into(),
+        ],
+    );
+    remount("remount,size=8g");
+    assert!(!o.infrastructure && o.reward == 0.0, "{o:?}");
+    let o = scripted(&s, &rt, &dir, &["touch /app/done".into()]);
+    assert_eq!(o.reward, 1.0, "{o:?}");
+}
+
 /// Hack trial: an agent that makes its diff fail to export (a path deeper than `PATH_MAX`:
 /// `ENAMETOOLONG` reading its upper directory), on a task whose disk (16 GiB) exceeds the
 /// layer store's free space, scores 0: reading the agent's changes fails on the agent's
