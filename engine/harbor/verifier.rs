@@ -497,7 +497,9 @@ pub const SAFE_PATH_DIR: &str = "/usr/local/lib/envfactory-verifier";
 /// The verifier's `sitecustomize.py` (first on `PYTHONPATH`): `python -m MODULE` does not
 /// put the working directory first on `sys.path`, on Pythons older than 3.11 too (which
 /// ignore `PYTHONSAFEPATH`): `runpy._run_module_as_main` is wrapped to drop it before the
-/// module is looked up. The image's own `sitecustomize`, if any, is imported after.
+/// module is looked up. The entries of `PYTHONPATH` (the image's, often `/app`) are moved
+/// after the image's own directories (standard library, site-packages). The image's own
+/// `sitecustomize`, if any, is imported after, from the image's own directories only.
 pub const SAFE_PATH_SITECUSTOMIZE: &str = r#"# EnvFactory's verifier (docs/harbor.md): no working directory on sys.path for python -m.
 import os as _os, sys as _sys
 
@@ -523,8 +525,27 @@ def _envfactory_safe_path():
 
 _envfactory_safe_path()
 _here = _os.path.dirname(_os.path.abspath(__file__))
+# The image's PYTHONPATH (often a directory the agent writes, /app) after the image's own
+# directories: a module planted there never shadows the standard library's or
+# site-packages' (pytest), and the image's sitecustomize is looked up without it.
+_theirs = set(
+    _os.path.abspath(p)
+    for p in _os.environ.get("PYTHONPATH", "").split(_os.pathsep)
+    if p and _os.path.abspath(p) != _here
+)
+
+
+def _is_theirs(p):
+    return _os.path.abspath(p or ".") in _theirs
+
+
+_sys.path[:] = [p for p in _sys.path if not _is_theirs(p)] + [
+    p for p in _sys.path if _is_theirs(p)
+]
 _saved = list(_sys.path)
-_sys.path[:] = [p for p in _sys.path if _os.path.abspath(p or ".") != _here]
+_sys.path[:] = [
+    p for p in _sys.path if _os.path.abspath(p or ".") != _here and not _is_theirs(p)
+]
 _me = _sys.modules.pop("sitecustomize", None)
 try:
     import sitecustomize  # noqa: F401  (the image's own)

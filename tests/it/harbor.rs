@@ -973,6 +973,61 @@ fn the_verifiers_sitecustomize_keeps_the_working_directory_off_sys_path() {
     }
 }
 
+/// Hack trial: the image's `PYTHONPATH` names a directory the agent writes (`/app`): a
+/// `json.py` planted there never shadows the standard library's (nor a `pytest.py`
+/// site-packages' pytest), a `sitecustomize.py` there never runs; the agent's own modules
+/// there still import. Without ours, both planted ones run (the test can fail).
+#[test]
+fn modules_the_agent_plants_on_the_images_pythonpath_never_run() {
+    let t = tempfile::tempdir().unwrap();
+    let site = t.path().join("site");
+    let app = t.path().join("app");
+    std::fs::create_dir_all(&site).unwrap();
+    std::fs::create_dir_all(&app).unwrap();
+    std::fs::write(
+        site.join("sitecustomize.py"),
+        harbor::SAFE_PATH_SITECUSTOMIZE,
+    )
+    .unwrap();
+    std::fs::write(app.join("json.py"), "print('PLANTED json')\n").unwrap();
+    std::fs::write(app.join("sitecustomize.py"), "print('PLANTED site')\n").unwrap();
+    std::fs::write(app.join("solution.py"), "ANSWER = 42\n").unwrap();
+    let mut pythons = old_pythons();
+    pythons.push("python3".into());
+    for python in &pythons {
+        let run = |pythonpath: String| {
+            let o = std::process::Command::new(python)
+                .args([
+                    "-c",
+                    "import json, solution; print('answer', solution.ANSWER)",
+                ])
+                .current_dir(t.path())
+                .env("PYTHONPATH", pythonpath)
+                .env("PYTHONSAFEPATH", "1")
+                .output();
+            let Ok(o) = o else { return None };
+            Some(format!(
+                "{}{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            ))
+        };
+        let Some(without) = run(app.display().to_string()) else {
+            eprintln!("skipped: no {}", python.display());
+            continue;
+        };
+        assert!(
+            without.contains("PLANTED json") && without.contains("PLANTED site"),
+            "{}: {without}",
+            python.display()
+        );
+        let with = run(format!("{}:{}", site.display(), app.display())).unwrap();
+        assert!(!with.contains("PLANTED"), "{}: {with}", python.display());
+        assert!(with.contains("answer 42"), "{}: {with}", python.display());
+        assert!(!with.contains("Error"), "{}: {with}", python.display());
+    }
+}
+
 /// A perturbation's start step (here `zombies`: a parent that never reaps its children) runs
 /// again in the sandbox the tests get, after the agent's processes were stopped.
 #[test]
