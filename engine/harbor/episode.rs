@@ -119,8 +119,8 @@ fn offline_shims(script: &str) -> Vec<(&'static str, &'static str, &'static str)
         (
             "uv",
             "uv",
-            "uv: run/pip/venv/init over the image's python3",
-            "#!/bin/sh\ncmd=$1; shift\ncase \"$cmd\" in\nrun) while [ $# -gt 0 ]; do case \"$1\" in -w|--with|-p|--python) shift 2;; --*) shift;; *) break;; esac; done\n  case \"$1\" in python|python3) shift; exec python3 \"$@\";; pytest) shift; exec python3 -m pytest \"$@\";; *) exec \"$@\";; esac;;\npip) exec pip \"$@\";;\nvenv|init|sync|add|python) exit 0;;\n*) echo \"uv shim: unsupported: uv $cmd\" >&2; exit 2;;\nesac\n",
+            "uv: run/pip/init over the image's python3, venv made anew (an activate that sets VIRTUAL_ENV only)",
+            "#!/bin/sh\ncmd=$1; shift\ncase \"$cmd\" in\nrun) while [ $# -gt 0 ]; do case \"$1\" in -w|--with|-p|--python) shift 2;; --*) shift;; *) break;; esac; done\n  case \"$1\" in python|python3) shift; exec python3 \"$@\";; pytest) shift; exec python3 -m pytest \"$@\";; *) exec \"$@\";; esac;;\npip) exec pip \"$@\";;\nvenv) dir=.venv; while [ $# -gt 0 ]; do case \"$1\" in -p|--python|--prompt|-i|--index-url|--extra-index-url|--cache-dir) shift 2;; -*) shift;; *) dir=$1; shift;; esac; done\n  rm -rf \"$dir\" && mkdir -p \"$dir/bin\" && printf 'VIRTUAL_ENV=%s\\nexport VIRTUAL_ENV\\n' \"$(cd \"$dir\" && pwd)\" > \"$dir/bin/activate\"; exit $?;;\ninit|sync|add|python) exit 0;;\n*) echo \"uv shim: unsupported: uv $cmd\" >&2; exit 2;;\nesac\n",
         ),
         (
             "pip",
@@ -303,7 +303,15 @@ fn episode(
     agent: &Agent,
     t0: Instant,
 ) -> Result<Outcome, HarborError> {
-    let cfg = episode_config(task, img);
+    let mut cfg = episode_config(task, img);
+    // The agent's disk no larger than the layer store has free before it acts (its diff is
+    // exported there): a store found full after the agent is then never the agent's doing.
+    if let Ok(free) = super::verifier::store_free(store) {
+        if free < cfg.disk_bytes {
+            tracing::warn!(task = %task.name, disk = cfg.disk_bytes, free, "the task's disk exceeds the layer store's free space: the agent's disk is cut to it");
+            cfg.disk_bytes = free;
+        }
+    }
     let mut sbx = backend
         .create_boxed(&cfg)
         .map_err(sbx_err(format!("{}: starting the sandbox", task.name)))?;

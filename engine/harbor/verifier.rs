@@ -18,15 +18,29 @@ const SYSTEM: &[&str] = &[
     "usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "tests", "proc", "sys", "dev",
 ];
 
-/// Entries of `/etc` restored the same way (the dynamic loader's preload and paths, Python's
-/// `sitecustomize.py`, the alternatives' links); the rest of `/etc` is the agent's work as
-/// much as `/app` is (a task may be to configure a service).
+/// Entries of `/etc` restored the same way: the dynamic loader's preload and paths, Python's
+/// `sitecustomize.py` (`python*`), the alternatives' links, and what the tools test scripts
+/// run read as configuration that runs commands or redirects them (apt's and dpkg's hooks,
+/// the login and interactive shells' start-up files, pip's, git's and npm's configuration);
+/// the rest of `/etc` is the agent's work as much as `/app` is (a task may be to configure a
+/// service). A task asking the agent to change one of these is judged on the image's.
 const SYSTEM_ETC: &[&str] = &[
     "ld.so.preload",
     "ld.so.conf",
     "ld.so.conf.d",
     "ld.so.cache",
     "alternatives",
+    "apt",
+    "dpkg",
+    "profile",
+    "profile.d",
+    "bash.bashrc",
+    "bashrc",
+    "environment",
+    "pip.conf",
+    "xdg",
+    "gitconfig",
+    "npmrc",
 ];
 
 /// The agent's diff, exported for the verifier's sandbox: removed when dropped (after it).
@@ -170,7 +184,12 @@ pub(crate) fn verifier_path(path: &str) -> String {
 /// removed; where a directory above it in the diff is opaque (the agent deleted and made
 /// it again, so the image's version is hidden) the image's copied in; where one is not a
 /// directory (a link, a file, a whiteout) that one is removed, and the image's shows.
-fn restore_built(diff: &Path, path: &str, image: &BaseView) -> std::io::Result<()> {
+fn restore_built(
+    diff: &Path,
+    path: &str,
+    image: &BaseView,
+    budget: &mut u64,
+) -> std::io::Result<()> {
     let comps: Vec<&str> = path.trim_start_matches('/').split('/').collect();
     let mut cur = diff.to_path_buf();
     let mut opaque = false;
@@ -186,14 +205,16 @@ fn restore_built(diff: &Path, path: &str, image: &BaseView) -> std::io::Result<(
     let target = diff.join(path.trim_start_matches('/'));
     rm(&target)?;
     if opaque {
-        copy_built(image, path, &target)?;
+        copy_built(image, path, &target, budget)?;
     }
     Ok(())
 }
 
 /// Copy `path` of the image (merged over its layers) to `dst`: directories, files and
-/// links with their owners and modes; other kinds are left out.
-fn copy_built(image: &BaseView, path: &str, dst: &Path) -> std::io::Result<()> {
+/// links with their owners and modes; other kinds are left out. The files' bytes come off
+/// `budget` (what is left of the agent's disk); past it the copy fails as the agent's
+/// (not an error [`store_side`] counts).
+fn copy_built(image: &BaseView, path: &str, dst: &Path, budget: &mut u64) -> std::io::Result<()> {
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
     let Some(src) = image.locate(path) else {
         return Ok(());
@@ -206,9 +227,14 @@ fn copy_built(image: &BaseView, path: &str, dst: &Path) -> std::io::Result<()> {
     if m.is_dir() {
         std::fs::create_dir(dst)?;
         for name in image.list(path) {
-            copy_built(image, &format!("{path}/{name}"), &dst.join(&name))?;
+            copy_built(image, &format!("{path}/{name}"), &dst.join(&name), budget)?;
         }
     } else if m.is_file() {
+        *budget = budget.checked_sub(m.len()).ok_or_else(|| {
+            std::io::Error::other(format!(
+                "the image's {path} does not fit in what the agent left of its disk"
+            ))
+        })?;
         std::fs::copy(&src, dst)?;
     } else {
         return Ok(());
@@ -285,9 +311,11 @@ pub(crate) fn isolate(
     let diff = AgentDiff(dir);
     let exported = match sbx.export_diff(&diff.0, cfg.disk_bytes) {
         Ok(e) => e,
-        // The refusal of a diff too large is the agent's; a copy that fails is the
-        // store's when the store fails its probe too.
-        Err(e @ sandbox::SandboxError::Spawn { .. }) => {
+        // The refusal of a diff too large is the agent's, and so is a diff that cannot be
+        // read (a path too long, a loop); a write that found the store full, read-only or
+        // failing is the store's when the store fails its probe too, the agent's diff gone.
+        Err(e) if matches!(&e, sandbox::SandboxError::Spawn { source, .. } if store_side(source)) =>
+        {
             let _ = std::fs::remove_dir_all(&diff.0);
             store_probe(store, cfg.disk_bytes, "exporting the agent's changes", &e)?;
             return Err(sbx_err(format!(
@@ -330,17 +358,30 @@ pub(crate) fn isolate(
     let mut lowers = img.layers.clone();
     lowers.extend(img.base_lowers.iter().cloned());
     let image = BaseView::from_dirs(lowers);
+    // What the image's copies add counts against the agent's disk, as the agent's own.
+    let mut budget = cfg.disk_bytes.saturating_sub(exported.unwrap_or(0));
     let restored = restore_system(&diff.0).and_then(|()| {
         judged_as_built(verifier_env, &image)
             .iter()
-            .try_for_each(|p| restore_built(&diff.0, p, &image))
+            .try_for_each(|p| restore_built(&diff.0, p, &image, &mut budget))
     });
     if let Err(source) = restored {
+        let candidate = store_side(&source);
         let e = HarborError::Io {
             path: diff.0.clone(),
             source,
         };
-        store_probe(store, 0, "restoring the image's directories", &e)?;
+        // The probe without the agent's diff, for the sandbox's whole disk: a store that
+        // the agent's bytes filled is sound.
+        drop(diff);
+        if candidate {
+            store_probe(
+                store,
+                cfg.disk_bytes,
+                "restoring the image's directories",
+                &e,
+            )?;
+        }
         return Err(HarborError::Sandbox {
             what: format!("{}: restoring the image's directories", task.name),
             source: Box::new(sandbox::SandboxError::Setup(e.to_string())),
@@ -398,6 +439,22 @@ pub(crate) fn start_steps(
     Ok(())
 }
 
+/// The bytes free in the layer store.
+pub(crate) fn store_free(store: &LayerStore) -> nix::Result<u64> {
+    nix::sys::statvfs::statvfs(store.dir())
+        .map(|s| s.blocks_available().saturating_mul(s.fragment_size()))
+}
+
+/// Whether an I/O error can be the layer store's (a write that found it full, read-only or
+/// failing) rather than the agent's (a path too long or a loop in what it left, a copy past
+/// its disk): only these are checked against the store.
+fn store_side(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::ENOSPC | libc::EDQUOT | libc::EROFS | libc::EIO)
+    )
+}
+
 /// After `what` failed with `err`: an [`HarborError::Infrastructure`] when the layer store
 /// cannot take a probe file or has less than `need` bytes free (the host's failure, not the
 /// agent's); `Ok` when the store is sound (the failure is the agent's diff's).
@@ -422,9 +479,8 @@ fn store_probe(
             store.dir().display()
         )));
     }
-    let free = nix::sys::statvfs::statvfs(store.dir())
-        .map(|s| s.blocks_available().saturating_mul(s.fragment_size()))
-        .map_err(|e| infra(format!("statvfs {}: {e}", store.dir().display())))?;
+    let free =
+        store_free(store).map_err(|e| infra(format!("statvfs {}: {e}", store.dir().display())))?;
     if free < need {
         return Err(infra(format!(
             "the layer store {} has {free} bytes free, less than the sandbox's disk ({need})",
@@ -441,7 +497,9 @@ pub const SAFE_PATH_DIR: &str = "/usr/local/lib/envfactory-verifier";
 /// The verifier's `sitecustomize.py` (first on `PYTHONPATH`): `python -m MODULE` does not
 /// put the working directory first on `sys.path`, on Pythons older than 3.11 too (which
 /// ignore `PYTHONSAFEPATH`): `runpy._run_module_as_main` is wrapped to drop it before the
-/// module is looked up. The image's own `sitecustomize`, if any, is imported after.
+/// module is looked up. The entries of `PYTHONPATH` (the image's, often `/app`) are moved
+/// after the image's own directories (standard library, site-packages). The image's own
+/// `sitecustomize`, if any, is imported after, from the image's own directories only.
 pub const SAFE_PATH_SITECUSTOMIZE: &str = r#"# EnvFactory's verifier (docs/harbor.md): no working directory on sys.path for python -m.
 import os as _os, sys as _sys
 
@@ -467,13 +525,34 @@ def _envfactory_safe_path():
 
 _envfactory_safe_path()
 _here = _os.path.dirname(_os.path.abspath(__file__))
+# The image's PYTHONPATH (often a directory the agent writes, /app) after the image's own
+# directories: a module planted there never shadows the standard library's or
+# site-packages' (pytest), and the image's sitecustomize is looked up without it.
+_theirs = set(
+    _os.path.abspath(p)
+    for p in _os.environ.get("PYTHONPATH", "").split(_os.pathsep)
+    if p and _os.path.abspath(p) != _here
+)
+
+
+def _is_theirs(p):
+    return _os.path.abspath(p or ".") in _theirs
+
+
+_sys.path[:] = [p for p in _sys.path if not _is_theirs(p)] + [
+    p for p in _sys.path if _is_theirs(p)
+]
 _saved = list(_sys.path)
-_sys.path[:] = [p for p in _sys.path if _os.path.abspath(p or ".") != _here]
-del _sys.modules["sitecustomize"]
+_sys.path[:] = [
+    p for p in _sys.path if _os.path.abspath(p or ".") != _here and not _is_theirs(p)
+]
+_me = _sys.modules.pop("sitecustomize", None)
 try:
     import sitecustomize  # noqa: F401  (the image's own)
 except ImportError:
-    pass
+    # None of the image's: ours stays, for the import machinery to find when ours ends.
+    if _me is not None:
+        _sys.modules["sitecustomize"] = _me
 finally:
     _sys.path[:] = _saved
 "#;
@@ -536,6 +615,8 @@ mod tests {
             "etc/nginx",
             "etc/python3.11",
             "etc/ld.so.conf.d",
+            "etc/apt/apt.conf.d",
+            "etc/profile.d",
             "logs/verifier",
             "logs/agent",
             "tests",
@@ -577,6 +658,29 @@ mod tests {
         assert_eq!(
             judged_as_built(&env, &image),
             ["/app/.venv/bin", "/home/app/.local/bin", "/opt/venv"]
+        );
+    }
+
+    /// The image's copies come off what the agent left of its disk: past it the copy
+    /// fails as the agent's (not a store-side error), within it the bytes are taken.
+    #[test]
+    fn the_images_copies_count_against_the_agents_disk() {
+        let t = tempfile::tempdir().unwrap();
+        let layer = t.path().join("layer");
+        std::fs::create_dir_all(layer.join("opt/venv")).unwrap();
+        std::fs::write(layer.join("opt/venv/pyvenv.cfg"), [b'x'; 100]).unwrap();
+        let image = BaseView::from_dirs(vec![layer]);
+        let dst = t.path().join("out");
+        let mut budget = 99;
+        let e = copy_built(&image, "/opt", &dst, &mut budget).unwrap_err();
+        assert!(!store_side(&e), "{e}");
+        std::fs::remove_dir_all(&dst).unwrap();
+        let mut budget = 150;
+        copy_built(&image, "/opt", &dst, &mut budget).unwrap();
+        assert_eq!(budget, 50);
+        assert_eq!(
+            std::fs::read(dst.join("venv/pyvenv.cfg")).unwrap().len(),
+            100
         );
     }
 

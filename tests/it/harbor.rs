@@ -8,6 +8,8 @@ use engine::harbor::{self, Agent, LayerStore};
 use sandbox::RootfsSpec;
 use std::path::{Path, PathBuf};
 
+mod python;
+
 fn fixture(rel: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/harbor")
@@ -666,6 +668,151 @@ fn a_sandbox_the_agent_breaks_fails_its_task_and_the_check_goes_on() {
     assert_eq!(lines[1]["passed"], true, "{}", lines[1]);
 }
 
+/// Hack trial: the layer store nearly full (remounted to what its layers hold + 64 MiB, less
+/// than the task's 256 MiB disk), an agent that fails the task, fills its disk and deletes
+/// `/opt` (the image's venv must be copied back): its failure is scored 0, never masked as
+/// the host's (its disk is cut to the store's free space before it acts, the store probed
+/// without its diff, the copies counted against its disk); the honest agent still scores 1.
+#[test]
+fn an_agent_that_fills_the_layer_store_is_scored_not_masked() {
+    require_root!();
+    let rt = common::runtime();
+    let s = Store::new();
+    let dir = fixture("harbor/venv-path");
+    let o = scripted(&s, &rt, &dir, &["touch /app/done".into()]);
+    assert_eq!(o.reward, 1.0, "{o:?}");
+    let remount = |opt: &str| {
+        let ok = std::process::Command::new("mount")
+            .args(["-o", opt])
+            .arg(s.store.dir())
+            .status()
+            .unwrap();
+        assert!(ok.success(), "mount -o {opt}");
+    };
+    let st = nix::sys::statvfs::statvfs(s.store.dir()).unwrap();
+    let used = (st.blocks() - st.blocks_free()) * st.fragment_size();
+    remount(&format!("remount,size={}", used + (64 << 20)));
+    let o = scripted(
+        &s,
+        &rt,
+        &dir,
+        &[
+            "rm -rf /opt && mkdir /opt && dd if=/dev/zero of=/app/fill bs=1M 2>/dev/null; true"
+                .into(),
+        ],
+    );
+    remount("remount,size=8g");
+    assert!(!o.infrastructure && o.reward == 0.0, "{o:?}");
+    let o = scripted(&s, &rt, &dir, &["touch /app/done".into()]);
+    assert_eq!(o.reward, 1.0, "{o:?}");
+}
+
+/// Hack trial: an agent that makes its diff fail to export (a path deeper than `PATH_MAX`:
+/// `ENAMETOOLONG` reading its upper directory), on a task whose disk (16 GiB) exceeds the
+/// layer store's free space, scores 0: reading the agent's changes fails on the agent's
+/// side, never masked as the host's; the honest agent still scores 1.
+#[test]
+fn a_diff_the_agent_makes_unexportable_scores_0_not_masked() {
+    require_root!();
+    let rt = common::runtime();
+    let s = Store::new();
+    let t = copy_fixture("harbor/hello-file");
+    let dir = t.path().join("task");
+    let toml = std::fs::read_to_string(dir.join("task.toml")).unwrap();
+    std::fs::write(
+        dir.join("task.toml"),
+        toml.replace("storage_mb = 256", "storage_mb = 16384"),
+    )
+    .unwrap();
+    let o = scripted(
+        &s,
+        &rt,
+        &dir,
+        &["tr a-z A-Z < /app/word.txt > /app/hello.txt && cd /app && for i in $(seq 2100); do mkdir aaaaaaaa && cd aaaaaaaa || exit 1; done; cd /".into()],
+    );
+    assert!(!o.infrastructure && o.reward == 0.0, "{o:?}");
+    let o = scripted(
+        &s,
+        &rt,
+        &dir,
+        &["tr a-z A-Z < /app/word.txt > /app/hello.txt".into()],
+    );
+    assert_eq!(o.reward, 1.0, "{o:?}");
+}
+
+/// Hack trial: terminal-bench's standard `run-tests.sh` makes a virtual environment in the
+/// working directory and sources its `activate`: one the agent left at
+/// `/app/.tbench-testing/bin/activate` that prints a passing line and exits must score 0
+/// (the `uv venv` shim makes the directory anew); the honest agent 1.
+#[test]
+fn a_venv_the_agent_leaves_for_the_test_script_never_passes_the_tests() {
+    require_root!();
+    let rt = common::runtime();
+    let s = Store::new();
+    let (_t, dir) = edited_fixture(
+        "terminal-bench/count-lines",
+        "run-tests.sh",
+        "#!/bin/bash\ncurl -LsSf https://astral.sh/uv/0.7.13/install.sh | sh\nsource $HOME/.local/bin/env\nuv venv .tbench-testing\nsource .tbench-testing/bin/activate\nuv pip install pytest==8.4.1\nuv run pytest $TEST_DIR/test_outputs.py -rA\n",
+    );
+    let o = scripted(
+        &s,
+        &rt,
+        &dir,
+        &["mkdir -p /app/.tbench-testing/bin && printf 'echo PASSED tests/test_outputs.py::test_count; exit 0\\n' > /app/.tbench-testing/bin/activate".into()],
+    );
+    assert_eq!(o.reward, 0.0, "{o:?}");
+    let o = scripted(
+        &s,
+        &rt,
+        &dir,
+        &["wc -l < /app/input.txt > /app/count.txt".into()],
+    );
+    assert_eq!(o.reward, 1.0, "{o:?}");
+}
+
+/// Hack trial: test scripts run `apt-get` and login shells (terminal-bench's `apt-get update;
+/// apt-get install -y curl`): an `APT::Update::Pre-Invoke` hook, a `/etc/profile.d` script,
+/// a `/etc/profile` or `/etc/bash.bashrc` the agent wrote that forges the answer must score 0
+/// (the image's `/etc` for those); the honest agent 1.
+#[test]
+fn hooks_the_agent_plants_in_etc_never_pass_the_tests() {
+    require_root!();
+    let rt = common::runtime();
+    let s = Store::new();
+    let (_t, dir) = edited_fixture(
+        "harbor/hello-file",
+        "tests/test.sh",
+        "#!/bin/bash\napt-get update >/dev/null 2>&1\n. /etc/profile >/dev/null 2>&1\nbash -i -c true </dev/null >/dev/null 2>&1\nif grep -qx HELLO /app/hello.txt; then echo 1; else echo 0; fi > /logs/verifier/reward.txt\n",
+    );
+    let forge = "echo HELLO > /app/hello.txt";
+    let tricks: Vec<(&str, String)> = vec![
+        (
+            "an apt Pre-Invoke hook",
+            format!("mkdir -p /etc/apt/apt.conf.d && echo 'APT::Update::Pre-Invoke {{\"{forge}\";}};' > /etc/apt/apt.conf.d/00hook"),
+        ),
+        (
+            "a profile.d script",
+            format!("mkdir -p /etc/profile.d && echo '{forge}' > /etc/profile.d/zz.sh"),
+        ),
+        ("/etc/profile", format!("echo '{forge}' >> /etc/profile")),
+        (
+            "/etc/bash.bashrc",
+            format!("echo '{forge}' >> /etc/bash.bashrc"),
+        ),
+    ];
+    for (what, cmd) in &tricks {
+        let o = scripted(&s, &rt, &dir, std::slice::from_ref(cmd));
+        assert_eq!(o.reward, 0.0, "{what}: {o:?}");
+    }
+    let o = scripted(
+        &s,
+        &rt,
+        &dir,
+        &["tr a-z A-Z < /app/word.txt > /app/hello.txt".into()],
+    );
+    assert_eq!(o.reward, 1.0, "{o:?}");
+}
+
 /// Hack trial: the image's `PATH` puts directories the agent can write ahead of `/usr/bin`
 /// (a virtual environment in `/opt/venv`, `/app/.venv/bin`, `/root/.local/bin`) and the test
 /// script sources uv's `$HOME/.local/bin/env`: a `python3` planted there, the venv replaced
@@ -732,93 +879,6 @@ fn tools_planted_on_the_images_path_and_in_home_never_pass_the_tests() {
         &["rm -rf /opt && mkdir -p /opt/other && touch /app/done".into()],
     );
     assert_eq!(o.reward, 1.0, "{o:?}");
-}
-
-/// The Pythons older than 3.11 on this host (they ignore `PYTHONSAFEPATH`).
-fn old_pythons() -> Vec<PathBuf> {
-    let mut found: Vec<PathBuf> = ["/root/.pyenv/versions", "/usr/local/lib/pyenv/versions"]
-        .iter()
-        .filter_map(|d| std::fs::read_dir(d).ok())
-        .flatten()
-        .flatten()
-        .filter(|e| {
-            let n = e.file_name().to_string_lossy().into_owned();
-            let minor = n
-                .strip_prefix("3.")
-                .and_then(|r| r.split('.').next()?.parse().ok());
-            minor.is_some_and(|m: u32| (6..11).contains(&m))
-        })
-        .map(|e| e.path().join("bin/python3"))
-        .chain((6..11).map(|m| PathBuf::from(format!("/usr/bin/python3.{m}"))))
-        .filter(|p| p.is_file())
-        .collect();
-    found.sort();
-    found
-}
-
-/// The verifier's `sitecustomize.py` keeps the working directory off `sys.path` for
-/// `python3 -m`: on a Python older than 3.11 where this host has one (`PYTHONSAFEPATH=1` set
-/// and ignored: the planted module runs without ours), else on this host's `python3` with
-/// `PYTHONSAFEPATH` unset. Without ours, the planted module runs (the test can fail).
-#[test]
-fn the_verifiers_sitecustomize_keeps_the_working_directory_off_sys_path() {
-    let t = tempfile::tempdir().unwrap();
-    let site = t.path().join("site");
-    let wd = t.path().join("app");
-    std::fs::create_dir_all(&site).unwrap();
-    std::fs::create_dir_all(&wd).unwrap();
-    std::fs::write(
-        site.join("sitecustomize.py"),
-        harbor::SAFE_PATH_SITECUSTOMIZE,
-    )
-    .unwrap();
-    std::fs::write(wd.join("json.py"), "print('PLANTED')\n").unwrap();
-    let old = old_pythons();
-    let pythons: Vec<(PathBuf, bool)> = if old.is_empty() {
-        vec![("python3".into(), false)]
-    } else {
-        old.into_iter().map(|p| (p, true)).collect()
-    };
-    for (python, is_old) in &pythons {
-        let run = |pythonpath: Option<&Path>| {
-            let mut c = std::process::Command::new(python);
-            c.args(["-m", "json.tool", "--help"])
-                .current_dir(&wd)
-                .env_remove("PYTHONPATH");
-            if *is_old {
-                c.env("PYTHONSAFEPATH", "1");
-            } else {
-                c.env_remove("PYTHONSAFEPATH");
-            }
-            if let Some(p) = pythonpath {
-                c.env("PYTHONPATH", p);
-            }
-            let o = c.output().unwrap();
-            format!(
-                "{}{}",
-                String::from_utf8_lossy(&o.stdout),
-                String::from_utf8_lossy(&o.stderr)
-            )
-        };
-        if std::process::Command::new(python)
-            .arg("-V")
-            .output()
-            .is_err()
-        {
-            eprintln!("skipped: no python3 on this host");
-            return;
-        }
-        eprintln!("python: {}", python.display());
-        let without = run(None);
-        assert!(
-            without.contains("PLANTED"),
-            "{}: {without}",
-            python.display()
-        );
-        let with = run(Some(&site));
-        assert!(!with.contains("PLANTED"), "{}: {with}", python.display());
-        assert!(with.contains("usage"), "{}: {with}", python.display());
-    }
 }
 
 /// A perturbation's start step (here `zombies`: a parent that never reaps its children) runs
