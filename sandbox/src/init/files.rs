@@ -14,7 +14,9 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 fn failed(path: &str, e: Errno) -> Response {
     let kind = match e {
-        Errno::ENOENT | Errno::ENOTDIR => FailureKind::NotFound,
+        // ESRCH: a process that exited between the open and the read of its /proc file is
+        // not there any more, as when the open itself comes too late (ENOENT).
+        Errno::ENOENT | Errno::ENOTDIR | Errno::ESRCH => FailureKind::NotFound,
         Errno::EACCES | Errno::EPERM | Errno::EROFS => FailureKind::Denied,
         Errno::EINVAL | Errno::EISDIR | Errno::ELOOP | Errno::EXDEV | Errno::ENXIO => {
             FailureKind::Invalid
@@ -313,5 +315,15 @@ mod tests {
         assert_eq!(split("rel"), Err(Errno::EINVAL));
         assert_eq!(split("/"), Err(Errno::EISDIR));
         assert_eq!(split("/a/.."), Err(Errno::EISDIR));
+    }
+
+    #[test]
+    fn a_process_gone_mid_read_is_absent_not_an_internal_error() {
+        for e in [Errno::ENOENT, Errno::ESRCH] {
+            match failed("/proc/7/stat", e) {
+                Response::Failed { kind, .. } => assert_eq!(kind, FailureKind::NotFound),
+                other => panic!("{other:?}"),
+            }
+        }
     }
 }
