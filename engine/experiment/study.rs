@@ -365,13 +365,20 @@ pub(super) fn write_json<T: serde::Serialize>(path: &Path, v: &T) -> Result<(), 
 }
 
 /// A heatmap of `rows` of rates ([`crate::learn::heatmap`]) to `path`.
+/// A matrix too large to draw is skipped with a warning (the tables and JSON beside it say
+/// everything); failing to write the PNG is an error.
 pub(super) fn write_heatmap(path: &Path, rows: &[Vec<f64>]) -> Result<(), ExperimentError> {
-    let png =
-        crate::learn::heatmap::heatmap_png(rows).map_err(|source| ExperimentError::Write {
+    match crate::learn::heatmap::heatmap_png(rows) {
+        Ok(png) => write(path, &png),
+        Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => {
+            tracing::warn!(file = %path.display(), error = %e, "heatmap not drawn");
+            Ok(())
+        }
+        Err(source) => Err(ExperimentError::Write {
             file: path.into(),
             source,
-        })?;
-    write(path, &png)
+        }),
+    }
 }
 
 fn fmt(p: &PerSeed) -> String {

@@ -445,8 +445,29 @@ fn start(
     if resume_points && p.dir.join(resume::RUN_FILE).is_file() {
         c.arg("--resume");
     }
-    c.arg(p.file()).stdout(out).stderr(err).process_group(0);
+    c.arg(p.file())
+        .stdin(std::process::Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .process_group(0);
+    // SAFETY: the closure runs in the child between fork and exec and only calls prctl(2),
+    // which is async-signal-safe. A sweep that dies without passing a signal on (SIGKILL, a
+    // crash) takes its points with it: a SIGTERM, on which they checkpoint and stop.
+    unsafe {
+        c.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
     c.spawn()
+}
+
+/// How `engine run` ends on a signal: killed by it, or exiting 128 + its number.
+fn stopped_by_signal(st: &std::process::ExitStatus) -> bool {
+    use std::os::unix::process::ExitStatusExt;
+    st.signal().is_some() || st.code().is_some_and(|c| c > 128 && c < 160)
 }
 
 /// Run every point of `sw` with `engine` (this program: `engine run`), then aggregate.
@@ -536,7 +557,7 @@ pub fn run(
                         "done".into()
                     } else if st.success() {
                         "incomplete".into()
-                    } else if stop.load(Ordering::Relaxed) {
+                    } else if stop.load(Ordering::Relaxed) && stopped_by_signal(&st) {
                         format!(
                             "stopped (exit {}; --resume goes on from its checkpoint)",
                             st.code().map_or("by a signal".into(), |c| c.to_string())
@@ -616,7 +637,7 @@ fn save(dir: &Path, a: &Aggregate) -> Result<(), ExperimentError> {
         .map(|p| vec![mean(&p.held_out_clean), mean(&p.held_out_faulted)])
         .collect();
     write(&dir.join("report.md"), render(a).as_bytes())?;
-    // Last: a grid too large to draw still has its table.
+    // Last; a grid too large to draw is skipped (the table has it).
     write_heatmap(&dir.join("sweep.png"), &rows)
 }
 

@@ -501,8 +501,8 @@ fn save(dir: &Path, m: &Matrix) -> Result<(), ExperimentError> {
         .iter()
         .map(|r| r.iter().map(|c| c.rate).collect())
         .collect();
-    write_heatmap(&dir.join("heatmap.png"), &rates)?;
-    write(&dir.join("report.md"), render(m).as_bytes())
+    write(&dir.join("report.md"), render(m).as_bytes())?;
+    write_heatmap(&dir.join("heatmap.png"), &rates)
 }
 
 fn pct(v: f64) -> String {
