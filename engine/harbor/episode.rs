@@ -303,13 +303,19 @@ fn episode(
     agent: &Agent,
     t0: Instant,
 ) -> Result<Outcome, HarborError> {
-    let mut cfg = episode_config(task, img);
-    // The agent's disk no larger than the layer store has free before it acts (its diff is
-    // exported there): a store found full after the agent is then never the agent's doing.
+    let cfg = episode_config(task, img);
+    // The layer store must have the task's disk free before the agent acts (its diff is
+    // exported there): a store found full after the agent is then never the agent's doing. A
+    // store with less is this host's failure, masked, never a smaller disk for the agent.
     if let Ok(free) = super::verifier::store_free(store) {
         if free < cfg.disk_bytes {
-            tracing::warn!(task = %task.name, disk = cfg.disk_bytes, free, "the task's disk exceeds the layer store's free space: the agent's disk is cut to it");
-            cfg.disk_bytes = free;
+            return Err(HarborError::Infrastructure {
+                what: task.name.clone(),
+                reason: format!(
+                    "the layer store has {free} bytes free, less than the task's disk of {} bytes: the agent's diff may not fit (masked before the agent acts)",
+                    cfg.disk_bytes
+                ),
+            });
         }
     }
     let mut sbx = backend
