@@ -120,7 +120,7 @@ fn offline_shims(script: &str) -> Vec<(&'static str, &'static str, &'static str)
             "uv",
             "uv",
             "uv: run/pip/init over the image's python3, venv made anew (an activate that sets VIRTUAL_ENV only)",
-            "#!/bin/sh\ncmd=$1; shift\ncase \"$cmd\" in\nrun) while [ $# -gt 0 ]; do case \"$1\" in -w|--with|-p|--python) shift 2;; --*) shift;; *) break;; esac; done\n  case \"$1\" in python|python3) shift; exec python3 \"$@\";; pytest) shift; exec python3 -m pytest \"$@\";; *) exec \"$@\";; esac;;\npip) exec pip \"$@\";;\nvenv) dir=.venv; while [ $# -gt 0 ]; do case \"$1\" in -p|--python|--prompt|-i|--index-url|--extra-index-url|--cache-dir) shift 2;; -*) shift;; *) dir=$1; shift;; esac; done\n  rm -rf \"$dir\" && mkdir -p \"$dir/bin\" && printf 'VIRTUAL_ENV=%s\\nexport VIRTUAL_ENV\\n' \"$(cd \"$dir\" && pwd)\" > \"$dir/bin/activate\"; exit $?;;\ninit|sync|add|python) exit 0;;\n*) echo \"uv shim: unsupported: uv $cmd\" >&2; exit 2;;\nesac\n",
+            "#!/bin/sh\ncmd=$1; shift\ncase \"$cmd\" in\nrun) while [ $# -gt 0 ]; do case \"$1\" in -w|--with|-p|--python) shift 2;; --*) shift;; *) break;; esac; done\n  case \"$1\" in python|python3) shift; exec python3 \"$@\";; pytest) shift; exec python3 -m pytest \"$@\";; *) exec \"$@\";; esac;;\npip) exec pip \"$@\";;\nvenv) dir=.venv; while [ $# -gt 0 ]; do case \"$1\" in -p|--python|--prompt|-i|--index-url|--extra-index-url|--cache-dir) shift 2;; -*) shift;; *) dir=$1; shift;; esac; done\n  while [ \"${dir%/}\" != \"$dir\" ] && [ -n \"${dir%/}\" ]; do dir=${dir%/}; done\n  wd=$(pwd -P); parent=$(cd \"$(dirname \"$dir\")\" 2>/dev/null && pwd -P)\n  if [ -z \"$parent\" ] || case \"$(basename \"$dir\")\" in /|.|..) true;; *) false;; esac || case \"$parent/\" in \"${wd%/}\"/*) false;; *) true;; esac; then echo \"uv shim: refusing uv venv $dir: not under the working directory $wd\" >&2; exit 2; fi\n  if [ -L \"$dir\" ]; then rm -f \"$dir\"; fi\n  rm -rf \"$dir\" && mkdir -p \"$dir/bin\" && printf 'VIRTUAL_ENV=%s\\nexport VIRTUAL_ENV\\n' \"$(cd \"$dir\" && pwd)\" > \"$dir/bin/activate\"; exit $?;;\ninit|sync|add|python) exit 0;;\n*) echo \"uv shim: unsupported: uv $cmd\" >&2; exit 2;;\nesac\n",
         ),
         (
             "pip",
@@ -303,13 +303,19 @@ fn episode(
     agent: &Agent,
     t0: Instant,
 ) -> Result<Outcome, HarborError> {
-    let mut cfg = episode_config(task, img);
-    // The agent's disk no larger than the layer store has free before it acts (its diff is
-    // exported there): a store found full after the agent is then never the agent's doing.
+    let cfg = episode_config(task, img);
+    // The layer store must have the task's disk free before the agent acts (its diff is
+    // exported there): a store found full after the agent is then never the agent's doing. A
+    // store with less is this host's failure, masked, never a smaller disk for the agent.
     if let Ok(free) = super::verifier::store_free(store) {
         if free < cfg.disk_bytes {
-            tracing::warn!(task = %task.name, disk = cfg.disk_bytes, free, "the task's disk exceeds the layer store's free space: the agent's disk is cut to it");
-            cfg.disk_bytes = free;
+            return Err(HarborError::Infrastructure {
+                what: task.name.clone(),
+                reason: format!(
+                    "the layer store has {free} bytes free, less than the task's disk of {} bytes: the agent's diff may not fit (masked before the agent acts)",
+                    cfg.disk_bytes
+                ),
+            });
         }
     }
     let mut sbx = backend

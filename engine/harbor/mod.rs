@@ -15,7 +15,7 @@ pub use build::{build_image, Image, LayerStore};
 pub use episode::{check_task, run_episode, Agent, Outcome};
 pub use perturb::perturb_image;
 pub use task::{load, Layout, Oracle, Task};
-pub use verifier::SAFE_PATH_SITECUSTOMIZE;
+pub use verifier::{IMAGE_PYTHONPATH, SAFE_PATH_SITECUSTOMIZE};
 
 use std::path::PathBuf;
 

@@ -494,11 +494,15 @@ fn store_probe(
 /// only (after the agent, so nothing of the agent's is there).
 pub const SAFE_PATH_DIR: &str = "/usr/local/lib/envfactory-verifier";
 
-/// The verifier's `sitecustomize.py` (first on `PYTHONPATH`): `python -m MODULE` does not
+/// The variable that carries the image's `PYTHONPATH` to the verifier's `sitecustomize.py`.
+pub const IMAGE_PYTHONPATH: &str = "ENVFACTORY_IMAGE_PYTHONPATH";
+
+/// The verifier's `sitecustomize.py` (alone on `PYTHONPATH`): `python -m MODULE` does not
 /// put the working directory first on `sys.path`, on Pythons older than 3.11 too (which
 /// ignore `PYTHONSAFEPATH`): `runpy._run_module_as_main` is wrapped to drop it before the
-/// module is looked up. The entries of `PYTHONPATH` (the image's, often `/app`) are moved
-/// after the image's own directories (standard library, site-packages). The image's own
+/// module is looked up. The image's `PYTHONPATH` entries (often `/app`), passed in
+/// `ENVFACTORY_IMAGE_PYTHONPATH`, are appended after the image's own directories (standard
+/// library, site-packages). The image's own
 /// `sitecustomize`, if any, is imported after, from the image's own directories only.
 pub const SAFE_PATH_SITECUSTOMIZE: &str = r#"# EnvFactory's verifier (docs/harbor.md): no working directory on sys.path for python -m.
 import os as _os, sys as _sys
@@ -525,27 +529,16 @@ def _envfactory_safe_path():
 
 _envfactory_safe_path()
 _here = _os.path.dirname(_os.path.abspath(__file__))
-# The image's PYTHONPATH (often a directory the agent writes, /app) after the image's own
-# directories: a module planted there never shadows the standard library's or
-# site-packages' (pytest), and the image's sitecustomize is looked up without it.
-_theirs = set(
-    _os.path.abspath(p)
-    for p in _os.environ.get("PYTHONPATH", "").split(_os.pathsep)
-    if p and _os.path.abspath(p) != _here
-)
-
-
-def _is_theirs(p):
-    return _os.path.abspath(p or ".") in _theirs
-
-
-_sys.path[:] = [p for p in _sys.path if not _is_theirs(p)] + [
-    p for p in _sys.path if _is_theirs(p)
-]
+# The image's PYTHONPATH (often a directory the agent writes, /app) arrives in
+# ENVFACTORY_IMAGE_PYTHONPATH, not PYTHONPATH: Python imports `encodings` (and `site`
+# before 3.11) before this file runs. Its entries go after the image's own directories
+# (standard library, site-packages), once the image's sitecustomize is looked up without them.
+_theirs = []
+for _p in _os.environ.get("ENVFACTORY_IMAGE_PYTHONPATH", "").split(_os.pathsep):
+    if _p and _os.path.abspath(_p) != _here and _os.path.abspath(_p) not in _theirs:
+        _theirs.append(_os.path.abspath(_p))
 _saved = list(_sys.path)
-_sys.path[:] = [
-    p for p in _sys.path if _os.path.abspath(p or ".") != _here and not _is_theirs(p)
-]
+_sys.path[:] = [p for p in _sys.path if _os.path.abspath(p or ".") != _here]
 _me = _sys.modules.pop("sitecustomize", None)
 try:
     import sitecustomize  # noqa: F401  (the image's own)
@@ -554,7 +547,7 @@ except ImportError:
     if _me is not None:
         _sys.modules["sitecustomize"] = _me
 finally:
-    _sys.path[:] = _saved
+    _sys.path[:] = _saved + [p for p in _theirs if p not in _saved]
 "#;
 
 /// The verifier's environment: the sandbox's (`root_env`), the task's `[verifier.env]`,
@@ -575,7 +568,8 @@ pub(crate) fn verifier_env(task: &Task, root_env: &[String]) -> Vec<String> {
 /// `/tests`, its configuration the task's own (`tests/pytest.ini`, ...) or none, no cache;
 /// no user site-packages and no working directory on `sys.path` (a `pytest.py` the agent
 /// leaves in `/app` is not imported: `PYTHONSAFEPATH`, and for older Pythons the
-/// verifier's `sitecustomize.py` first on `PYTHONPATH`). Prepended to what the task sets.
+/// verifier's `sitecustomize.py` alone on `PYTHONPATH`, the image's entries appended by it
+/// after site-packages). Prepended to what the task sets.
 pub(crate) fn python_env(task: &Task, env: &[String]) -> Vec<(String, String)> {
     let own_ini = ["pytest.ini", "pyproject.toml", "tox.ini", "setup.cfg"]
         .iter()
@@ -587,16 +581,19 @@ pub(crate) fn python_env(task: &Task, env: &[String]) -> Vec<(String, String)> {
     if let Some(theirs) = env.iter().find_map(|e| e.strip_prefix("PYTEST_ADDOPTS=")) {
         addopts = format!("{addopts} {theirs}");
     }
-    let pythonpath = match env.iter().find_map(|e| e.strip_prefix("PYTHONPATH=")) {
-        Some(theirs) if !theirs.is_empty() => format!("{SAFE_PATH_DIR}:{theirs}"),
-        _ => SAFE_PATH_DIR.to_string(),
-    };
+    // The image's PYTHONPATH never reaches Python's start (`encodings`, `site` before 3.11
+    // are imported from it before any sitecustomize): ours appends it after site-packages.
+    let theirs = env.iter().find_map(|e| e.strip_prefix("PYTHONPATH="));
     vec![
         ("PYTEST_ADDOPTS".into(), addopts),
         ("PYTHONNOUSERSITE".into(), "1".into()),
         ("PYTHONSAFEPATH".into(), "1".into()),
         ("PYTHONDONTWRITEBYTECODE".into(), "1".into()),
-        ("PYTHONPATH".into(), pythonpath),
+        ("PYTHONPATH".into(), SAFE_PATH_DIR.to_string()),
+        (
+            IMAGE_PYTHONPATH.into(),
+            theirs.unwrap_or_default().to_string(),
+        ),
     ]
 }
 

@@ -668,11 +668,12 @@ fn a_sandbox_the_agent_breaks_fails_its_task_and_the_check_goes_on() {
     assert_eq!(lines[1]["passed"], true, "{}", lines[1]);
 }
 
-/// Hack trial: the layer store nearly full (remounted to what its layers hold + 64 MiB, less
-/// than the task's 256 MiB disk), an agent that fails the task, fills its disk and deletes
-/// `/opt` (the image's venv must be copied back): its failure is scored 0, never masked as
-/// the host's (its disk is cut to the store's free space before it acts, the store probed
-/// without its diff, the copies counted against its disk); the honest agent still scores 1.
+/// Hack trial: the layer store nearly full (remounted to what its layers hold + the task's
+/// 256 MiB disk + 32 MiB), an agent that fails the task, fills its disk and deletes `/opt`
+/// (the image's venv must be copied back): its failure is scored 0, never masked as the
+/// host's (the store probed without its diff, the copies counted against its disk); the
+/// honest agent still scores 1. A store with less free than the task's disk (+ 64 MiB) masks
+/// the episode before the agent acts, never a smaller disk for it.
 #[test]
 fn an_agent_that_fills_the_layer_store_is_scored_not_masked() {
     require_root!();
@@ -692,6 +693,8 @@ fn an_agent_that_fills_the_layer_store_is_scored_not_masked() {
     let st = nix::sys::statvfs::statvfs(s.store.dir()).unwrap();
     let used = (st.blocks() - st.blocks_free()) * st.fragment_size();
     remount(&format!("remount,size={}", used + (64 << 20)));
+    let honest = scripted(&s, &rt, &dir, &["touch /app/done".into()]);
+    remount(&format!("remount,size={}", used + (288 << 20)));
     let o = scripted(
         &s,
         &rt,
@@ -702,14 +705,22 @@ fn an_agent_that_fills_the_layer_store_is_scored_not_masked() {
         ],
     );
     remount("remount,size=8g");
+    assert!(
+        honest.infrastructure && honest.reward.is_nan(),
+        "{honest:?}"
+    );
+    assert!(
+        honest.reason.contains("less than the task's disk"),
+        "{}",
+        honest.reason
+    );
     assert!(!o.infrastructure && o.reward == 0.0, "{o:?}");
     let o = scripted(&s, &rt, &dir, &["touch /app/done".into()]);
     assert_eq!(o.reward, 1.0, "{o:?}");
 }
 
 /// Hack trial: an agent that makes its diff fail to export (a path deeper than `PATH_MAX`:
-/// `ENAMETOOLONG` reading its upper directory), on a task whose disk (16 GiB) exceeds the
-/// layer store's free space, scores 0: reading the agent's changes fails on the agent's
+/// `ENAMETOOLONG` reading its upper directory), on a task with a large disk (4 GiB), scores 0: reading the agent's changes fails on the agent's
 /// side, never masked as the host's; the honest agent still scores 1.
 #[test]
 fn a_diff_the_agent_makes_unexportable_scores_0_not_masked() {
@@ -721,7 +732,7 @@ fn a_diff_the_agent_makes_unexportable_scores_0_not_masked() {
     let toml = std::fs::read_to_string(dir.join("task.toml")).unwrap();
     std::fs::write(
         dir.join("task.toml"),
-        toml.replace("storage_mb = 256", "storage_mb = 16384"),
+        toml.replace("storage_mb = 256", "storage_mb = 4096"),
     )
     .unwrap();
     let o = scripted(
@@ -743,31 +754,30 @@ fn a_diff_the_agent_makes_unexportable_scores_0_not_masked() {
 /// Hack trial: terminal-bench's standard `run-tests.sh` makes a virtual environment in the
 /// working directory and sources its `activate`: one the agent left at
 /// `/app/.tbench-testing/bin/activate` that prints a passing line and exits must score 0
-/// (the `uv venv` shim makes the directory anew); the honest agent 1.
+/// (the `uv venv` shim makes the directory anew); the honest agent 1, also when it leaves a
+/// link to `/tests` there and the script runs `uv venv .tbench-testing/` (the link goes, not
+/// `/tests`: 0 before).
 #[test]
 fn a_venv_the_agent_leaves_for_the_test_script_never_passes_the_tests() {
     require_root!();
     let rt = common::runtime();
     let s = Store::new();
-    let (_t, dir) = edited_fixture(
-        "terminal-bench/count-lines",
-        "run-tests.sh",
-        "#!/bin/bash\ncurl -LsSf https://astral.sh/uv/0.7.13/install.sh | sh\nsource $HOME/.local/bin/env\nuv venv .tbench-testing\nsource .tbench-testing/bin/activate\nuv pip install pytest==8.4.1\nuv run pytest $TEST_DIR/test_outputs.py -rA\n",
-    );
-    let o = scripted(
-        &s,
-        &rt,
-        &dir,
-        &["mkdir -p /app/.tbench-testing/bin && printf 'echo PASSED tests/test_outputs.py::test_count; exit 0\\n' > /app/.tbench-testing/bin/activate".into()],
-    );
-    assert_eq!(o.reward, 0.0, "{o:?}");
-    let o = scripted(
-        &s,
-        &rt,
-        &dir,
-        &["wc -l < /app/input.txt > /app/count.txt".into()],
-    );
-    assert_eq!(o.reward, 1.0, "{o:?}");
+    // The reward of an agent's command on count-lines with this run-tests.sh.
+    let reward = |script: &str, agent: &str| {
+        let (_t, dir) = edited_fixture("terminal-bench/count-lines", "run-tests.sh", script);
+        let o = scripted(&s, &rt, &dir, &[agent.into()]);
+        eprintln!("{o:?}");
+        o.reward
+    };
+    let tbench = "#!/bin/bash\ncurl -LsSf https://astral.sh/uv/0.7.13/install.sh | sh\nsource $HOME/.local/bin/env\nuv venv .tbench-testing\nsource .tbench-testing/bin/activate\nuv pip install pytest==8.4.1\nuv run pytest $TEST_DIR/test_outputs.py -rA\n";
+    let forged = "mkdir -p /app/.tbench-testing/bin && printf 'echo PASSED tests/test_outputs.py::test_count; exit 0\\n' > /app/.tbench-testing/bin/activate";
+    let honest = "wc -l < /app/input.txt > /app/count.txt";
+    assert_eq!(reward(tbench, forged), 0.0);
+    assert_eq!(reward(tbench, honest), 1.0);
+    // `uv venv DIR/` over a link the agent left to /tests: the link goes, never /tests.
+    let slash = "#!/bin/bash\nuv venv .tbench-testing/\nsource .tbench-testing/bin/activate\nuv run pytest $TEST_DIR/test_outputs.py -rA\n";
+    let link = format!("{honest} && ln -s /tests /app/.tbench-testing");
+    assert_eq!(reward(slash, &link), 1.0);
 }
 
 /// Hack trial: test scripts run `apt-get` and login shells (terminal-bench's `apt-get update;

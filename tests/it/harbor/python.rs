@@ -101,46 +101,95 @@ fn the_verifiers_sitecustomize_keeps_the_working_directory_off_sys_path() {
     }
 }
 
+/// A copy of `python`'s own `encodings` package in `app` whose `__init__.py` also writes
+/// "PLANTED encodings" (to fd 2: no `sys.stderr` yet when Python imports it).
+fn plant_encodings(python: &Path, app: &Path) -> Option<()> {
+    let o = std::process::Command::new(python)
+        .args(["-I", "-c", "import encodings; print(encodings.__path__[0])"])
+        .output()
+        .ok()?;
+    let real = PathBuf::from(String::from_utf8_lossy(&o.stdout).trim());
+    let planted = app.join("encodings");
+    let _ = std::fs::remove_dir_all(&planted);
+    std::fs::create_dir_all(&planted).unwrap();
+    for e in std::fs::read_dir(&real).ok()?.flatten() {
+        if e.file_name().to_string_lossy().ends_with(".py") {
+            std::fs::copy(e.path(), planted.join(e.file_name())).unwrap();
+        }
+    }
+    let init = planted.join("__init__.py");
+    let mut body = std::fs::read_to_string(&init).ok()?;
+    body.push_str("\nimport posix as _p\n_p.write(2, b'PLANTED encodings\\n')\n");
+    std::fs::write(init, body).unwrap();
+    Some(())
+}
+
 /// Hack trial: the image's `PYTHONPATH` names a directory the agent writes (`/app`): a
 /// `json.py` planted there never shadows the standard library's (nor a `pytest.py`
-/// site-packages' pytest), a `sitecustomize.py` there never runs; the agent's own modules
-/// there still import. Without ours, both planted ones run (the test can fail).
+/// site-packages' pytest), a `sitecustomize.py` there never runs, nor an `encodings/`
+/// package (imported before any sitecustomize) nor, on Pythons older than 3.11, a `site.py`;
+/// the agent's own modules there still import. Without ours (the image's `PYTHONPATH` as
+/// is), all planted ones run (the test can fail).
 #[test]
 fn modules_the_agent_plants_on_the_images_pythonpath_never_run() {
     let (t, site, app) = ours();
     std::fs::write(app.join("json.py"), "print('PLANTED json')\n").unwrap();
-    std::fs::write(app.join("sitecustomize.py"), "print('PLANTED site')\n").unwrap();
+    std::fs::write(
+        app.join("sitecustomize.py"),
+        "print('PLANTED sitecustomize')\n",
+    )
+    .unwrap();
     std::fs::write(app.join("solution.py"), "ANSWER = 42\n").unwrap();
-    let mut pythons = old_pythons();
-    pythons.push("python3".into());
-    for python in &pythons {
-        let run = |pythonpath: String| {
-            let o = std::process::Command::new(python)
-                .args([
-                    "-c",
-                    "import json, solution; print('answer', solution.ANSWER)",
-                ])
-                .current_dir(t.path())
-                .env("PYTHONPATH", pythonpath)
-                .env("PYTHONSAFEPATH", "1")
-                .output();
-            let Ok(o) = o else { return None };
+    let old = old_pythons();
+    let mut pythons: Vec<(PathBuf, bool)> = old.into_iter().map(|p| (p, true)).collect();
+    pythons.push(("python3".into(), false));
+    for (python, is_old) in &pythons {
+        let run = |pythonpath: String, image: Option<String>| {
+            let mut c = std::process::Command::new(python);
+            c.args([
+                "-c",
+                "import json, solution; print('answer', solution.ANSWER)",
+            ])
+            .current_dir(t.path())
+            .env("PYTHONPATH", pythonpath)
+            .env("PYTHONSAFEPATH", "1")
+            .env_remove(harbor::IMAGE_PYTHONPATH);
+            if let Some(image) = image {
+                c.env(harbor::IMAGE_PYTHONPATH, image);
+            }
+            let o = c.output().ok()?;
             Some(format!(
                 "{}{}",
                 String::from_utf8_lossy(&o.stdout),
                 String::from_utf8_lossy(&o.stderr)
             ))
         };
-        let Some(without) = run(app.display().to_string()) else {
+        if plant_encodings(python, &app).is_none() {
+            eprintln!("skipped: no {}", python.display());
+            continue;
+        }
+        let site_py = app.join("site.py");
+        let _ = std::fs::remove_file(&site_py);
+        if *is_old {
+            let planted = "import posix as _p\n_p.write(2, b'PLANTED site.py\\n')\n";
+            std::fs::write(&site_py, planted).unwrap();
+        }
+        let Some(without) = run(app.display().to_string(), None) else {
             eprintln!("skipped: no {}", python.display());
             continue;
         };
-        assert!(
-            without.contains("PLANTED json") && without.contains("PLANTED site"),
-            "{}: {without}",
-            python.display()
-        );
-        let with = run(format!("{}:{}", site.display(), app.display())).unwrap();
+        eprintln!("python: {}", python.display());
+        let mut planted = vec!["PLANTED json", "PLANTED encodings"];
+        // A planted site.py replaces the site module that imports sitecustomize.
+        planted.push(if *is_old {
+            "PLANTED site.py"
+        } else {
+            "PLANTED sitecustomize"
+        });
+        for p in planted {
+            assert!(without.contains(p), "{}: {p}: {without}", python.display());
+        }
+        let with = run(site.display().to_string(), Some(app.display().to_string())).unwrap();
         assert!(!with.contains("PLANTED"), "{}: {with}", python.display());
         assert!(with.contains("answer 42"), "{}: {with}", python.display());
         assert!(!with.contains("Error"), "{}: {with}", python.display());
