@@ -19,8 +19,8 @@ use crate::env::{Env, EnvConfig};
 use crate::instance::Plan;
 use crate::learn::{self, Evaluation};
 use crate::roles::{
-    AdversaryRole, AdversarySettings, BufferRole, CriticSettings, EnvRole, FaultSpace, PpoRole,
-    RealismCritic, RolesError, ScoreKind, SpaceSettings,
+    AdversaryRole, BufferRole, CriticSettings, EnvRole, FaultSpace, PpoRole, RealismCritic,
+    RolesError, ScoreKind, SpaceSettings,
 };
 use crate::synth::Cache;
 use actors::msg::{Failure, FailureKind, Level, Origin};
@@ -321,13 +321,7 @@ fn run_seed(
         .method()
         .ok_or_else(|| ExperimentError::SelfPlay(format!("unknown method {}", sp.method)))?;
     let needs = method.needs();
-    let adv = AdversarySettings {
-        hidden: sp.adversary_hidden.clone(),
-        learning_rate: sp.adversary_learning_rate,
-        ent_coef: sp.adversary_ent_coef,
-        max_active: sp.max_faults,
-        task: space.template.task.clone().unwrap_or_default(),
-    };
+    let adv = sp.adversary_settings(space.template.task.as_deref().unwrap_or_default());
     // Each role from the checkpoint being resumed, or new.
     let saved = |role: &str| from.as_ref().map(|c| c.dir.join(role));
     let adversaries = if needs.adversaries {

@@ -194,6 +194,17 @@ impl BudgetSchedule {
 }
 
 impl SelfPlay {
+    /// The adversaries' settings for levels of `task`.
+    pub fn adversary_settings(&self, task: &str) -> crate::roles::AdversarySettings {
+        crate::roles::AdversarySettings {
+            hidden: self.adversary_hidden.clone(),
+            learning_rate: self.adversary_learning_rate,
+            ent_coef: self.adversary_ent_coef,
+            max_active: self.max_faults,
+            task: task.to_string(),
+        }
+    }
+
     pub fn method(&self) -> Option<Method> {
         Method::parse(&self.method)
     }

@@ -22,7 +22,7 @@ use crate::agents::{Agent, Random};
 use crate::env::EnvConfig;
 use crate::instance::Plan;
 use crate::learn::{self, LevelOutcome, PolicyMode};
-use crate::roles::{AdversaryRole, AdversarySettings, FaultSpace, SpaceSettings};
+use crate::roles::{AdversaryRole, FaultSpace, SpaceSettings};
 use crate::synth::Cache;
 use actors::msg::Level;
 use actors::roles::Synthesizer;
@@ -350,18 +350,8 @@ pub fn run(file: &Path, rt: &Runtime, cache: &Cache) -> Result<(Matrix, PathBuf)
     for run in &runs {
         let sp = run.exp.selfplay.clone().unwrap_or_default();
         let training = run.exp.training.clone().unwrap_or_default();
-        let adv = AdversarySettings {
-            hidden: sp.adversary_hidden.clone(),
-            learning_rate: sp.adversary_learning_rate,
-            ent_coef: sp.adversary_ent_coef,
-            max_active: sp.max_faults,
-            task: run
-                .exp
-                .template
-                .as_ref()
-                .and_then(|t| t.task.clone())
-                .unwrap_or_default(),
-        };
+        let task = run.exp.template.as_ref().and_then(|t| t.task.as_deref());
+        let adv = sp.adversary_settings(task.unwrap_or_default());
         for s in &run.seeds {
             let space = seed_space(run, s)?;
             let name = format!("{}/{}", run.exp.experiment.name, s.seed);
