@@ -52,44 +52,59 @@ impl Init {
         if let Err(m) = checked {
             return invalid(m);
         }
-        let pipes = (|| Ok::<_, nix::errno::Errno>((pipe()?, pipe()?, pipe()?, pipe()?)))();
-        let Ok(((in_r, in_w), (out_r, out_w), (err_r, err_w), (st_r, st_w))) = pipes else {
-            return internal("creating pipes".into());
-        };
         let started = Instant::now();
-        let mut spawned = Err(String::new());
+        let mut spawned = None;
         for _attempt in 0..2 {
+            let pipes = (|| Ok::<_, nix::errno::Errno>((pipe()?, pipe()?, pipe()?, pipe()?)))();
+            let Ok(((in_r, in_w), (out_r, out_w), (err_r, err_w), (st_r, st_w))) = pipes else {
+                return internal("creating pipes".into());
+            };
             let fds = [&in_r, &out_w, &err_w, &st_w];
             // `zygote()` fails when it died before it was ready (killed while it confined
             // itself): retried below like a zygote killed later.
-            spawned = self
+            let answer = self
                 .zygote()
                 .and_then(|z| z.spawn(&argv, &env, &req.cwd, req.user, shell, fds));
-            // A clone the kernel refused (EAGAIN: the pids limit is full) is not a dead zygote:
-            // a new zygote could not start either, so report it as it is.
-            if spawned
-                .as_ref()
-                .map_or_else(|e| e.starts_with("clone failed"), |_| true)
-            {
-                break;
+            drop((in_r, out_w, err_w, st_w));
+            // The child's first words are its pid (`spawn.rs`): whoever started, init knows it,
+            // even when the command killed the zygote before the zygote could answer.
+            let mut status_pipe = std::fs::File::from(st_r);
+            let mut pid = [0u8; 4];
+            let child =
+                (read_full(&mut status_pipe, &mut pid) == 4).then(|| i32::from_le_bytes(pid));
+            match (child, answer) {
+                (Some(pid), answer) => {
+                    if answer.is_err() {
+                        self.replace_zygote(false);
+                    }
+                    spawned = Some(Ok((pid, status_pipe, in_w, out_r, err_r)));
+                    break;
+                }
+                // Killed before its first words: reaped and reported by `collect`.
+                (None, Ok(pid)) => {
+                    spawned = Some(Ok((pid, status_pipe, in_w, out_r, err_r)));
+                    break;
+                }
+                // A clone the kernel refused (EAGAIN: the pids limit is full) is not a dead
+                // zygote: a new zygote could not start either, so report it as it is.
+                (None, Err(e)) if e.starts_with("clone failed") => {
+                    spawned = Some(Err(e));
+                    break;
+                }
+                // The zygote died and nothing started (an agent may kill it at any time): start
+                // a new one and try once more.
+                (None, Err(e)) => {
+                    self.replace_zygote(true);
+                    spawned = Some(Err(e));
+                }
             }
-            // The zygote died (an agent may kill it at any time): start a new one and try once
-            // more.
-            if let Some(z) = self.zygote.take() {
-                let _ = nix::sys::signal::kill(
-                    nix::unistd::Pid::from_raw(z.pid),
-                    nix::sys::signal::Signal::SIGKILL,
-                );
-            }
-            self.reap(None);
         }
-        let pid = match spawned {
-            Ok(pid) => pid,
-            Err(e) => return internal(format!("starting the command: {e}")),
+        let (pid, mut status_pipe, in_w, out_r, err_r) = match spawned {
+            Some(Ok(s)) => s,
+            Some(Err(e)) => return internal(format!("starting the command: {e}")),
+            None => return internal("starting the command: no attempt".into()),
         };
-        drop((in_r, out_w, err_w, st_w));
         let mut got = [0u8; 4];
-        let mut status_pipe = std::fs::File::from(st_r);
         let mut n = read_full(&mut status_pipe, &mut got);
         // A command meant to run without the shell that went to `/bin/sh -c` after all says
         // so first (then, like any command, 3 bytes if that exec failed too).

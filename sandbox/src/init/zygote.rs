@@ -1,15 +1,15 @@
 //! The zygote: a process confined once (chroot, limits, landlock, capabilities, seccomp) that
-//! forks every command of the episode.
+//! starts every command of the episode (`spawn.rs`).
 //!
 //! Installing the seccomp filter costs about a millisecond (the kernel translates it and
 //! precomputes its per-syscall cache); paid once per root instead of once per command, a step
-//! costs little more than the host's own fork and exec. Commands are cloned with
+//! costs little more than the host's own spawn and exec. Commands are cloned with
 //! `CLONE_PARENT`, so they are children of init, which reaps them and sees their status as
 //! before. The zygote is an ordinary, non-dumpable process of the sandbox with exactly the
 //! privileges of a command: an agent that kills it only makes init start a new one. It dies
 //! with every reset and rollback, and the next command starts it over the new root.
 
-use super::Init;
+use super::{spawn, Init};
 use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags};
 use std::ffi::CString;
 use std::io::{IoSlice, IoSliceMut, Read, Write};
@@ -95,6 +95,22 @@ impl Init {
         Ok(z)
     }
 
+    /// Kill the zygote (dead or alive: it failed us) and forget it; the next command starts a
+    /// new one. Its pid is still its own (an unreaped zombie at worst) until init reaps it:
+    /// here when `reap`, else with the command that is running now (whose status a reap
+    /// here could take).
+    pub(super) fn replace_zygote(&mut self, reap: bool) {
+        if let Some(z) = self.zygote.take() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(z.pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        if reap {
+            self.reap(None);
+        }
+    }
+
     /// Start a zygote over the current root without waiting for it: it confines itself while
     /// init answers the host, so the next command finds it ready. Called after every (re)mount.
     pub(super) fn prestart_zygote(&mut self) {
@@ -150,15 +166,20 @@ impl Init {
             }
             libc::syscall(libc::SYS_close_range, keep + 1, u32::MAX, 0u32);
         }
-        match confined {
-            Ok(()) => report(&mut sock, 0, 0),
+        // The commands' stack (`spawn.rs`), made once: each runs on it until its `execve`.
+        let stack = confined.and_then(|()| spawn::Stack::new().map_err(|e| (Stage::Exec, e)));
+        let stack = match stack {
+            Ok(stack) => {
+                report(&mut sock, 0, 0);
+                stack
+            }
             Err((stage, errno)) => {
                 report(&mut sock, stage as u8, errno);
                 return 1;
             }
-        }
+        };
         loop {
-            match serve_one(&mut sock) {
+            match serve_one(&mut sock, &stack) {
                 Ok(()) => {}
                 Err(()) => return 0,
             }
@@ -225,8 +246,8 @@ impl Init {
 }
 
 /// Receive one spawn request with its four descriptors (stdin, stdout, stderr, status pipe),
-/// clone the command as init's child, and answer with its pid (or -errno).
-fn serve_one(sock: &mut UnixStream) -> Result<(), ()> {
+/// start the command as init's child ([`spawn`]), and answer with its pid (or -errno).
+fn serve_one(sock: &mut UnixStream, stack: &spawn::Stack) -> Result<(), ()> {
     let mut len = [0u8; 4];
     let mut cmsg = nix::cmsg_space!([RawFd; 4]);
     let (fds, got) = {
@@ -255,26 +276,17 @@ fn serve_one(sock: &mut UnixStream) -> Result<(), ()> {
     }
     let mut body = vec![0u8; u32::from_le_bytes(len) as usize];
     sock.read_exact(&mut body).map_err(|_| ())?;
-    let (reply, go) = match (rmp_serde::from_slice::<Spawn>(&body), fds.len()) {
-        (Ok(spawn), 4) => spawn_command(&spawn, &fds),
-        _ => (-libc::EINVAL, None),
+    let reply = match (rmp_serde::from_slice::<Spawn>(&body), fds.len()) {
+        (Ok(spawn), 4) => start_command(&spawn, &fds, stack),
+        _ => -libc::EINVAL,
     };
+    // The command has exec'd (or exited) by now: our copies of its descriptors go.
     drop(fds);
-    let sent = sock.write_all(&reply.to_le_bytes());
-    // Only now may the command run: had it run first, it could kill this zygote (`kill -9 -1`)
-    // before init learnt its pid, and init would start it a second time.
-    if let Some(go) = go {
-        if sent.is_ok() {
-            let _ = nix::unistd::write(&go, &[1]);
-        }
-    }
-    sent.map_err(|_| ())
+    sock.write_all(&reply.to_le_bytes()).map_err(|_| ())
 }
 
-/// Clone the command (as a sibling: its parent is init) and exec it there once the zygote
-/// writes to the returned "go" pipe (after init has the pid); without that byte the command
-/// exits 127 unrun.
-fn spawn_command(spawn: &Spawn, fds: &[OwnedFd]) -> (i32, Option<OwnedFd>) {
+/// Build everything the child reads (it may not allocate), then start it; its pid or -errno.
+fn start_command(spawn: &Spawn, fds: &[OwnedFd], stack: &spawn::Stack) -> i32 {
     let cstr = |v: &[String]| -> Option<Vec<CString>> {
         v.iter().map(|s| CString::new(s.as_bytes()).ok()).collect()
     };
@@ -283,149 +295,51 @@ fn spawn_command(spawn: &Spawn, fds: &[OwnedFd]) -> (i32, Option<OwnedFd>) {
         cstr(&spawn.env),
         CString::new(spawn.cwd.as_bytes()),
     ) else {
-        return (-libc::EINVAL, None);
+        return -libc::EINVAL;
     };
     let Some(arg0) = spawn.argv.first() else {
-        return (-libc::EINVAL, None);
+        return -libc::EINVAL;
     };
-    let programs = candidates(arg0, &spawn.env);
-    let Ok((go_r, go_w)) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC) else {
-        return (-errno(), None);
+    let programs = spawn::candidates(arg0, &spawn.env);
+    // A shell command run as its words: dash's environment for them, and the shell's argv for
+    // when they cannot be exec'd.
+    // `PWD` is judged from the command's working directory: the zygote goes there for the
+    // question (the child goes there again itself, as its own user) and comes back to `/`.
+    let direct_env = spawn.shell.as_ref().and_then(|_| {
+        // SAFETY: chdir with a valid C string; the zygote is single-threaded.
+        if unsafe { libc::chdir(cwd.as_ptr()) } != 0 {
+            return None;
+        }
+        let pwd = super::direct::dash_pwd(&spawn.env);
+        // SAFETY: as above.
+        unsafe { libc::chdir(c"/".as_ptr()) };
+        pwd.and_then(|pwd| cstr(&super::direct::dash_environment(&spawn.env, &pwd)))
+    });
+    let shell_argv = match &spawn.shell {
+        Some(cmd) => match CString::new(cmd.as_bytes()) {
+            Ok(c) => Some(vec![c"/bin/sh".to_owned(), c"-c".to_owned(), c]),
+            Err(_) => return -libc::EINVAL,
+        },
+        None => None,
     };
-    // SAFETY: a fork-like clone in a single-threaded process; the child execs or _exits.
-    let pid = unsafe {
-        libc::syscall(
-            libc::SYS_clone,
-            (libc::CLONE_PARENT | libc::SIGCHLD) as libc::c_ulong,
-            0usize,
-            0usize,
-            0usize,
-            0usize,
-        )
+    let (a, e) = (spawn::pointers(&argv), spawn::pointers(&env));
+    let de = direct_env.as_deref().map(spawn::pointers);
+    let sh = shell_argv.as_deref().map(spawn::pointers);
+    let plan = spawn::Plan {
+        fds: [
+            fds[0].as_raw_fd(),
+            fds[1].as_raw_fd(),
+            fds[2].as_raw_fd(),
+            fds[3].as_raw_fd(),
+        ],
+        user: spawn.user,
+        cwd: &cwd,
+        programs: &programs,
+        argv: &a,
+        env: &e,
+        shell: sh.as_deref().map(|sh| (de.as_deref(), sh)),
     };
-    if pid < 0 {
-        return (-errno(), None);
-    }
-    if pid > 0 {
-        drop(go_r);
-        return (pid as i32, Some(go_w));
-    }
-    // The command: wait for the go (EOF means the zygote died before init had our pid).
-    drop(go_w);
-    let mut go = [0u8; 1];
-    let got = loop {
-        // SAFETY: reading one byte into a stack buffer from our own pipe.
-        let n = unsafe { libc::read(go_r.as_raw_fd(), go.as_mut_ptr().cast(), 1) };
-        if n >= 0 || errno() != libc::EINTR {
-            break n;
-        }
-    };
-    if got != 1 {
-        // SAFETY: leaving the child without unwinding.
-        unsafe { libc::_exit(127) }
-    }
-    drop(go_r);
-    let status = fds[3].as_raw_fd();
-    let fail = |stage: Stage, e: i32| -> ! {
-        let msg = [stage as u8, (e & 0xff) as u8, ((e >> 8) & 0xff) as u8];
-        // SAFETY: writing a stack buffer to our own pipe, then exiting without unwinding.
-        unsafe {
-            libc::write(status, msg.as_ptr().cast(), msg.len());
-            libc::_exit(127)
-        }
-    };
-    // SAFETY: (whole block) plain syscalls on descriptors and strings we own.
-    unsafe {
-        libc::setsid();
-        libc::dup2(fds[0].as_raw_fd(), 0);
-        libc::dup2(fds[1].as_raw_fd(), 1);
-        libc::dup2(fds[2].as_raw_fd(), 2);
-        // Everything else closes on exec (the status pipe reports exec failure only).
-        libc::syscall(
-            libc::SYS_close_range,
-            3u32,
-            u32::MAX,
-            libc::CLOSE_RANGE_CLOEXEC,
-        );
-        if let Some((uid, gid)) = spawn.user {
-            // Groups first, then the gid, then the uid (after which none can change): leaving
-            // uid 0 clears the permitted, effective and ambient capabilities.
-            if libc::setgroups(0, std::ptr::null()) != 0
-                || libc::setresgid(gid, gid, gid) != 0
-                || libc::setresuid(uid, uid, uid) != 0
-                // The inheritable set survives a uid change: empty it too, so no file with
-                // inheritable capabilities can hand any back.
-                || crate::caps::capset([0, 0]) != 0
-            {
-                fail(Stage::User, errno());
-            }
-        }
-        if libc::chdir(cwd.as_ptr()) != 0 {
-            fail(Stage::Chdir, errno());
-        }
-    }
-    let ptrs = |v: &[CString]| -> Vec<*const libc::c_char> {
-        v.iter()
-            .map(|s| s.as_ptr())
-            .chain(std::iter::once(std::ptr::null()))
-            .collect()
-    };
-    let e = ptrs(&env);
-    if let Some(cmd) = &spawn.shell {
-        // Without the shell: dash's environment (its order, its PWD), dash's PATH search;
-        // anything that does not exec goes to the shell itself (statuses, messages, ENOEXEC).
-        let direct = super::direct::dash_pwd(&spawn.env)
-            .and_then(|pwd| cstr(&super::direct::dash_environment(&spawn.env, &pwd)));
-        if let Some(denv) = direct {
-            let (a, de) = (ptrs(&argv), ptrs(&denv));
-            for prog in &programs {
-                // SAFETY: NUL-terminated arrays of valid C strings that live across the call.
-                unsafe { libc::execve(prog.as_ptr(), a.as_ptr(), de.as_ptr()) };
-                if !matches!(errno(), libc::ENOENT | libc::ENOTDIR) {
-                    break;
-                }
-            }
-        }
-        let Ok(c) = CString::new(cmd.as_bytes()) else {
-            fail(Stage::Exec, libc::EINVAL)
-        };
-        let sh = [c"/bin/sh".to_owned(), c"-c".to_owned(), c];
-        let a = ptrs(&sh);
-        // One byte on the status pipe: the shell runs this command after all (init then
-        // reports its result as it is).
-        // SAFETY: writing a stack byte to our own pipe, then execve as above.
-        unsafe {
-            libc::write(status, [SHELL_AFTER_ALL].as_ptr().cast(), 1);
-            libc::execve(c"/bin/sh".as_ptr(), a.as_ptr(), e.as_ptr());
-        }
-        fail(Stage::Exec, errno())
-    }
-    let a = ptrs(&argv);
-    let mut last = libc::ENOENT;
-    for prog in &programs {
-        // SAFETY: NUL-terminated arrays of valid C strings that live across the call.
-        unsafe { libc::execve(prog.as_ptr(), a.as_ptr(), e.as_ptr()) };
-        last = errno();
-        if last != libc::ENOENT && last != libc::ENOTDIR {
-            break;
-        }
-    }
-    fail(Stage::Exec, last)
-}
-
-/// Program paths to try, as `execvp` would, from the command's own `PATH`.
-fn candidates(arg0: &str, env: &[String]) -> Vec<CString> {
-    if arg0.contains('/') {
-        return CString::new(arg0).into_iter().collect();
-    }
-    let path = env
-        .iter()
-        .find_map(|kv| kv.strip_prefix("PATH="))
-        .unwrap_or("/usr/local/bin:/usr/bin:/bin");
-    path.split(':')
-        .map(|d| if d.is_empty() { "." } else { d })
-        .filter_map(|d| CString::new(format!("{d}/{arg0}")).ok())
-        .collect()
+    spawn::spawn(&plan, stack)
 }
 
 /// Written alone on a command's status pipe when a command meant to run without the shell
@@ -523,21 +437,5 @@ impl Zygote {
             ));
         }
         Ok(pid)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn program_candidates_follow_path() {
-        let env = vec!["PATH=/a::/b".to_string()];
-        let c: Vec<String> = candidates("ls", &env)
-            .into_iter()
-            .map(|c| c.into_string().unwrap())
-            .collect();
-        assert_eq!(c, vec!["/a/ls", "./ls", "/b/ls"]);
-        assert_eq!(candidates("/bin/x", &env).len(), 1);
     }
 }

@@ -465,3 +465,24 @@ fn killing_everything_including_the_zygote_never_breaks_the_next_command() {
         assert_eq!(r.stdout, b"alive\n", "round {i}: {r:?}");
     }
 }
+
+/// A command that kills the zygote (with everything else) at once runs exactly once: init
+/// learns its pid from the command itself, so the zygote's missing answer is never taken for
+/// a command that did not start (which init would start a second time).
+#[test]
+fn a_command_that_kills_the_zygote_at_once_runs_exactly_once() {
+    require_root!();
+    let mut sb = runtime().create(&small()).unwrap();
+    let rounds = 40;
+    for i in 0..rounds {
+        let r = sb
+            .exec(&ExecRequest::shell("kill -9 -1; echo ran >> /tmp/ran"))
+            .unwrap();
+        assert_eq!(r.termination, Termination::Exited(0), "round {i}: {r:?}");
+    }
+    let r = sb.exec(&ExecRequest::shell("wc -l < /tmp/ran")).unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&r.stdout).trim(),
+        rounds.to_string()
+    );
+}
