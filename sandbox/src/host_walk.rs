@@ -7,8 +7,9 @@
 //! and modification times move whenever an entry is added, removed or renamed, which is the
 //! only way an entry's name or type can change) and every entry under `/etc` that is not a
 //! symlink (its mode, which decides whether it is hidden; a chmod moves its change time). A
-//! check is the device, inode, full mode and both times. On the next start every check is
-//! stat'ed again; a single difference (or a missing path) means the host is walked again, and
+//! check is the device, inode, full mode and both times, taken with `fstatat` relative to the
+//! entry's directory (opened once per directory, so a check does not walk the full path). On
+//! the next start every check is stat'ed again; a single difference (or a missing path) means the host is walked again, and
 //! the plan is then made from the same listings by the same code either way, so the mask is
 //! exactly the one a fresh walk would give. Change times cannot be set from user space.
 //! A walk that saw a time less than [`crate::digest_cache::SETTLE`] old is not remembered
@@ -19,19 +20,21 @@ use crate::layers::{HostEntry, HostView, LayerError, RealHost};
 use serde::{Deserialize, Serialize};
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
-use std::os::unix::fs::MetadataExt;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 /// The cache entry's name and key (the key changes with the format or the planner's input).
-const ENTRY: &str = "host-walk.v2";
-const KEY: &str = "host-walk-v2 etc-modes";
+const ENTRY: &str = "host-walk.v3";
+const KEY: &str = "host-walk-v3 etc-modes by-directory";
 
 /// Entries under this directory are checked one by one (their modes are the plan's input).
 const MODES_UNDER: &str = "/etc";
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-struct Check {
-    path: PathBuf,
+/// What a check compares: the device, inode, full mode and both times of one path (not
+/// followed if it is a symlink).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+struct Stamp {
     dev: u64,
     ino: u64,
     mode: u32,
@@ -39,28 +42,70 @@ struct Check {
     ctime_ns: i128,
 }
 
-impl Check {
-    fn of(path: &Path, m: &std::fs::Metadata) -> Self {
+impl Stamp {
+    fn of(st: &libc::stat) -> Self {
         Self {
-            path: path.to_path_buf(),
-            dev: m.dev(),
-            ino: m.ino(),
-            mode: m.mode(),
-            mtime_ns: m.mtime() as i128 * 1_000_000_000 + m.mtime_nsec() as i128,
-            ctime_ns: m.ctime() as i128 * 1_000_000_000 + m.ctime_nsec() as i128,
+            dev: st.st_dev,
+            ino: st.st_ino,
+            mode: st.st_mode,
+            mtime_ns: st.st_mtime as i128 * 1_000_000_000 + st.st_mtime_nsec as i128,
+            ctime_ns: st.st_ctime as i128 * 1_000_000_000 + st.st_ctime_nsec as i128,
         }
     }
+}
 
-    /// Still true of the host now (the path is not followed if it is a symlink).
-    fn holds(&self) -> bool {
-        std::fs::symlink_metadata(&self.path).is_ok_and(|m| Check::of(&self.path, &m) == *self)
+/// The checks of the entries of one directory: each is stat'ed relative to the directory,
+/// opened once (so a check costs one `fstatat` without a walk of the full path). The
+/// directory is opened by its path (symlinks on the way followed, as a stat of the full path
+/// would); the root itself is the entry `.` of `/`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct DirChecks {
+    dir: PathBuf,
+    entries: Vec<(String, Stamp)>,
+}
+
+/// Where a check of `path` is taken: its directory and its name there.
+fn split(path: &Path) -> Option<(&Path, &str)> {
+    match (path.parent(), path.file_name()) {
+        (Some(dir), Some(name)) => Some((dir, name.to_str()?)),
+        _ if path == Path::new("/") => Some((path, ".")),
+        _ => None,
+    }
+}
+
+fn open_dir(dir: &Path) -> std::io::Result<std::fs::File> {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH | libc::O_DIRECTORY)
+        .open(dir)
+}
+
+fn stat_at(dir: &std::fs::File, name: &str) -> std::io::Result<Stamp> {
+    nix::sys::stat::fstatat(
+        Some(dir.as_raw_fd()),
+        name,
+        nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+    )
+    .map(|st| Stamp::of(&st))
+    .map_err(std::io::Error::from)
+}
+
+impl DirChecks {
+    /// Every entry still as recorded (a missing directory or entry fails).
+    fn hold(&self) -> bool {
+        let Ok(dir) = open_dir(&self.dir) else {
+            return false;
+        };
+        self.entries
+            .iter()
+            .all(|(name, want)| stat_at(&dir, name).is_ok_and(|now| now == *want))
     }
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
 struct Walk {
     listings: Vec<(PathBuf, Vec<HostEntry>)>,
-    checks: Vec<Check>,
+    checks: Vec<DirChecks>,
 }
 
 /// Listings answered from memory: the remembered walk, or a walk just made.
@@ -85,7 +130,9 @@ impl HostView for Remembered {
 struct Recording {
     walk: RefCell<Walk>,
     checked: RefCell<HashSet<PathBuf>>,
-    /// Some time seen was too recent to be trusted later.
+    /// Index in `walk.checks` of each directory's group.
+    groups: RefCell<HashMap<PathBuf, usize>>,
+    /// Some time seen was too recent to be trusted later, or a path cannot be checked.
     racy: RefCell<bool>,
     settled_before: i128,
 }
@@ -95,15 +142,32 @@ impl Recording {
         if !self.checked.borrow_mut().insert(path.to_path_buf()) {
             return Ok(());
         }
-        let m = std::fs::symlink_metadata(path).map_err(|source| LayerError::Host {
+        let err = |source| LayerError::Host {
             path: path.to_path_buf(),
             source,
-        })?;
-        let c = Check::of(path, &m);
+        };
+        let Some((dir, name)) = split(path) else {
+            // A name that is not text cannot be remembered: this walk is not.
+            *self.racy.borrow_mut() = true;
+            return Ok(());
+        };
+        let c = stat_at(&open_dir(dir).map_err(err)?, name).map_err(err)?;
         if c.mtime_ns >= self.settled_before || c.ctime_ns >= self.settled_before {
             *self.racy.borrow_mut() = true;
         }
-        self.walk.borrow_mut().checks.push(c);
+        let mut walk = self.walk.borrow_mut();
+        let i = *self
+            .groups
+            .borrow_mut()
+            .entry(dir.to_path_buf())
+            .or_insert_with(|| {
+                walk.checks.push(DirChecks {
+                    dir: dir.to_path_buf(),
+                    entries: Vec::new(),
+                });
+                walk.checks.len() - 1
+            });
+        walk.checks[i].entries.push((name.to_string(), c));
         Ok(())
     }
 }
@@ -136,7 +200,8 @@ fn now_ns() -> i128 {
 fn remembered(cache_dir: &Path) -> Option<Walk> {
     let bytes = crate::digest_cache::read(cache_dir, ENTRY, KEY)?;
     let walk: Walk = rmp_serde::from_slice(&bytes).ok()?;
-    if walk.checks.is_empty() || !walk.checks.iter().all(Check::holds) {
+    if walk.checks.iter().all(|g| g.entries.is_empty()) || !walk.checks.iter().all(DirChecks::hold)
+    {
         return None;
     }
     Some(walk)
@@ -182,33 +247,72 @@ pub fn with_host<T>(
 mod tests {
     use super::*;
 
+    fn checks(dir: &Path, names: &[&str]) -> DirChecks {
+        let f = open_dir(dir).unwrap();
+        DirChecks {
+            dir: dir.to_path_buf(),
+            entries: names
+                .iter()
+                .map(|n| (n.to_string(), stat_at(&f, n).unwrap()))
+                .collect(),
+        }
+    }
+
     #[test]
     fn a_check_fails_when_the_mode_or_the_entries_change() {
         let d = tempfile_dir();
         let f = d.join("f");
         std::fs::write(&f, b"x").unwrap();
-        let c = Check::of(&f, &std::fs::symlink_metadata(&f).unwrap());
-        assert!(c.holds());
+        let c = checks(&d, &["f"]);
+        assert!(c.hold());
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).unwrap();
-        assert!(!c.holds(), "a chmod changes the mode and the change time");
-        let dir = Check::of(&d, &std::fs::symlink_metadata(&d).unwrap());
+        assert!(!c.hold(), "a chmod changes the mode and the change time");
+        let (parent, name) = split(&d).unwrap();
+        let dir = checks(parent, &[name]);
+        assert!(dir.hold());
         // Wait for the coarse clock to move so the directory's times can differ.
-        let before = dir.mtime_ns;
+        let before = dir.entries[0].1.mtime_ns;
         while now_ns() < before + 20_000_000 {
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
         std::fs::write(d.join("g"), b"y").unwrap();
-        assert!(!dir.holds(), "a new entry changes the directory's times");
+        assert!(!dir.hold(), "a new entry changes the directory's times");
         std::fs::remove_dir_all(&d).unwrap();
-        assert!(!c.holds(), "a missing path fails");
+        assert!(!c.hold(), "a missing path fails");
+        assert!(!dir.hold(), "a missing path fails");
+    }
+
+    #[test]
+    fn a_directory_swapped_for_a_symlink_fails_its_check() {
+        let d = tempfile_dir();
+        std::fs::create_dir(d.join("sub")).unwrap();
+        std::fs::create_dir(d.join("other")).unwrap();
+        let c = checks(&d, &["sub"]);
+        assert!(c.hold());
+        std::fs::remove_dir(d.join("sub")).unwrap();
+        std::os::unix::fs::symlink(d.join("other"), d.join("sub")).unwrap();
+        assert!(!c.hold(), "the entry is not followed");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn the_root_is_checked_as_the_dot_of_itself() {
+        assert_eq!(split(Path::new("/")), Some((Path::new("/"), ".")));
+        assert_eq!(
+            split(Path::new("/etc/ssh")),
+            Some((Path::new("/etc"), "ssh"))
+        );
+        assert!(checks(Path::new("/"), &["."]).hold());
     }
 
     fn tempfile_dir() -> PathBuf {
+        static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let d = std::env::temp_dir().join(format!(
-            "envfactory-host-walk-{}-{}",
+            "envfactory-host-walk-{}-{}-{}",
             std::process::id(),
-            now_ns()
+            now_ns(),
+            N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
         ));
         std::fs::create_dir_all(&d).unwrap();
         d
