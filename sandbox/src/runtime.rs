@@ -76,6 +76,11 @@ struct Inner {
     admission: Mutex<crate::Admission>,
     rootfs: Mutex<HashMap<RootfsSpec, Rootfs>>,
     host_mask: Mutex<Option<(PathBuf, String)>>,
+    /// The store of built host masks (`mask_store.rs`) while it is usable; else the mask is
+    /// built on a tmpfs of the run.
+    mask_store: Mutex<Option<crate::mask_store::MaskStore>>,
+    /// The store's entry this run's sandboxes use, held (never pruned) while the run lives.
+    mask_held: Mutex<Option<crate::mask_store::HeldMask>>,
     /// Whether `<run>/hostmask` is already a shared mount point (see
     /// [`Runtime::share_host_mask_point`]).
     host_mask_point: Mutex<bool>,
@@ -100,8 +105,19 @@ impl std::fmt::Debug for Runtime {
 }
 
 impl Runtime {
-    /// A runtime over `state` (see [`state::default_state_dir`]) using `init` as PID 1.
+    /// A runtime over `state` (see [`state::default_state_dir`]) using `init` as PID 1, with
+    /// the default store of built host masks ([`crate::mask_store::default_dir`]).
     pub fn new(state: &Path, init: InitProgram) -> Result<Self, SandboxError> {
+        Self::with_mask_store(state, init, Some(&crate::mask_store::default_dir()))
+    }
+
+    /// [`Runtime::new`] with the host mask store at `mask_store` (`None`, or a store that
+    /// [`crate::mask_store::MaskStore::open`] refuses: each run builds its own mask).
+    pub fn with_mask_store(
+        state: &Path,
+        init: InitProgram,
+        mask_store: Option<&Path>,
+    ) -> Result<Self, SandboxError> {
         let t0 = std::time::Instant::now();
         raise_nofile();
         let cgroups = cgroup::Layout::detect()?;
@@ -136,6 +152,8 @@ impl Runtime {
                 admission: Mutex::new(crate::Admission::default()),
                 rootfs: Mutex::new(HashMap::new()),
                 host_mask: Mutex::new(None),
+                mask_store: Mutex::new(mask_store.and_then(crate::mask_store::MaskStore::open)),
+                mask_held: Mutex::new(None),
                 host_mask_point: Mutex::new(false),
                 seccomp: Mutex::new(None),
                 netns: crate::netns::NetnsReserve::new(crate::netns::DEFAULT_RESERVE),
@@ -211,9 +229,32 @@ impl Runtime {
         if let Some(r) = cache.get(spec) {
             return Ok(r.clone());
         }
+        self.resolve_uncached(spec, &mut cache, None)
+    }
+
+    /// How a host mask made now would reach an init cloned before it: from the store (no
+    /// mount needed), or mounted on the run's shared mount point, made now if it is not yet.
+    fn prepare_host_mask(&self) -> Result<MaskPlace, SandboxError> {
+        if lock(&self.inner.mask_store).is_some() {
+            return Ok(MaskPlace::Store);
+        }
+        self.share_host_mask_point()?;
+        Ok(MaskPlace::RunTmpfs)
+    }
+
+    fn resolve_uncached(
+        &self,
+        spec: &RootfsSpec,
+        cache: &mut HashMap<RootfsSpec, Rootfs>,
+        place: Option<MaskPlace>,
+    ) -> Result<Rootfs, SandboxError> {
         let r = match spec {
             RootfsSpec::Host => {
-                let (mask, digest) = self.host_mask()?;
+                let place = match place {
+                    Some(p) => p,
+                    None => self.prepare_host_mask()?,
+                };
+                let (mask, digest) = self.host_mask(place)?;
                 Rootfs {
                     lowers: vec![mask.to_string_lossy().into_owned(), "/".into()],
                     digest,
@@ -280,16 +321,17 @@ impl Runtime {
         Ok(())
     }
 
-    /// The host layer's mask: a small tmpfs in the host mount namespace, built once per run
-    /// on the shared mount point of [`Runtime::share_host_mask_point`].
-    /// (It cannot live on the root filesystem: overlayfs refuses a lower layer nested inside
-    /// another lower layer, and the host's `/` is one.)
-    fn host_mask(&self) -> Result<(PathBuf, String), SandboxError> {
+    /// The host layer's mask: an entry of the mask store (`mask_store.rs`), else a small
+    /// tmpfs in the host mount namespace, built once per run on the shared mount point of
+    /// [`Runtime::share_host_mask_point`]. `place` is where the inits cloned before this
+    /// call can see it (see [`Runtime::prepare_host_mask`]).
+    /// (Neither can live on the root filesystem: overlayfs refuses a lower layer nested
+    /// inside another lower layer of its filesystem, and the host's `/` is one.)
+    fn host_mask(&self, place: MaskPlace) -> Result<(PathBuf, String), SandboxError> {
         let mut guard = lock(&self.inner.host_mask);
         if let Some(m) = guard.as_ref() {
             return Ok(m.clone());
         }
-        self.share_host_mask_point()?;
         // Plan once (one walk of the host) relative to `/`, so the digest does not depend on
         // where this run keeps the mask; then perform the plan under the mask directory.
         let t_walk = std::time::Instant::now();
@@ -302,6 +344,38 @@ impl Runtime {
         let digest = layers::host_digest(&plan.ops, &cache_dir);
         let walk_us = t_walk.elapsed().as_micros() as u64;
         let t_build = std::time::Instant::now();
+        if place == MaskPlace::Store {
+            let store = lock(&self.inner.mask_store).clone();
+            let held = store.as_ref().map(|s| s.get_or_build(&plan));
+            let held = match held {
+                Some(Ok(h)) => h,
+                Some(Err(e)) => {
+                    // This sandbox fails (its init cannot see a mask made elsewhere now); the
+                    // next ones of this run build their mask in the run.
+                    *lock(&self.inner.mask_store) = None;
+                    return Err(LayerError::from(e).into());
+                }
+                None => return Err(LayerError::BadDirectory {
+                    path: crate::mask_store::default_dir(),
+                    reason:
+                        "the host mask store was given up by another sandbox of this run; try again"
+                            .into(),
+                }
+                .into()),
+            };
+            let dir = held.path.clone();
+            tracing::debug!(
+                walk_us,
+                walk = ?source,
+                store_us = t_build.elapsed().as_micros() as u64,
+                ops = plan.ops.len(),
+                entry = %dir.display(),
+                "host mask from the store"
+            );
+            *lock(&self.inner.mask_held) = Some(held);
+            *guard = Some((dir.clone(), digest.clone()));
+            return Ok((dir, digest));
+        }
         let dir = self.inner.run_dir.join("hostmask");
         let plan = plan.rebased(&dir);
         let mut sys = RealSys;
@@ -381,9 +455,11 @@ impl Runtime {
         let mut guard = CreateGuard {
             dir: Some(dir.clone()),
         };
-        if cfg.rootfs == RootfsSpec::Host {
-            self.share_host_mask_point()?;
-        }
+        let mask_place = if cfg.rootfs == RootfsSpec::Host {
+            Some(self.prepare_host_mask()?)
+        } else {
+            None
+        };
         let t_cg = std::time::Instant::now();
         let cgroup = Cgroup::create(&self.inner.cgroups, &self.inner.run, &name, &cfg.limits)?;
         let cgroup_us = us(t_cg);
@@ -413,7 +489,14 @@ impl Runtime {
         // for its plan): the first sandbox of a process walks the host for the mask here. A
         // failure drops `sb`, which kills init and removes what was made for it.
         let t_resolve = std::time::Instant::now();
-        sb.set_rootfs(stack_layers(self.resolve(&cfg.rootfs)?, &cfg.layers)?);
+        let base = {
+            let mut cache = lock(&self.inner.rootfs);
+            match cache.get(&cfg.rootfs) {
+                Some(r) => r.clone(),
+                None => self.resolve_uncached(&cfg.rootfs, &mut cache, mask_place)?,
+            }
+        };
+        sb.set_rootfs(stack_layers(base, &cfg.layers)?);
         let seccomp = self.seccomp(cfg)?;
         let resolve_us = us(t_resolve);
         let t_setup = std::time::Instant::now();
@@ -477,9 +560,12 @@ fn raise_nofile() {
 impl Drop for Inner {
     fn drop(&mut self) {
         // The host mask's tmpfs and the shared mount point under it are both listed (one
-        // path twice): each unmount removes the topmost.
-        for m in state::mounts_under(&self.run_dir) {
-            let _ = nix::mount::umount2(&m, nix::mount::MntFlags::MNT_DETACH);
+        // path twice): each unmount removes the topmost. A run that used the mask store
+        // mounted nothing in this namespace: no need to read the mount table.
+        if *lock(&self.host_mask_point) {
+            for m in state::mounts_under(&self.run_dir) {
+                let _ = nix::mount::umount2(&m, nix::mount::MntFlags::MNT_DETACH);
+            }
         }
         for (_, root) in self.cgroups.roots() {
             let _ = cgroup::remove(&root.join(cgroup::TOP).join(&self.run));
@@ -487,6 +573,15 @@ impl Drop for Inner {
         let _ = std::fs::remove_dir_all(&self.run_dir);
         tracing::debug!(run = %self.run, "runtime cleaned up");
     }
+}
+
+/// Where a host mask made after an init was cloned is visible to that init.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum MaskPlace {
+    /// An entry of the mask store: on a filesystem every init's mount namespace shares.
+    Store,
+    /// Mounted on the run's shared mount point, which the init's namespace is a peer of.
+    RunTmpfs,
 }
 
 /// A live sandbox's place, given back on drop unless a sandbox took it over.
