@@ -330,8 +330,13 @@ impl Drop for Cgroup {
 
 /// Kill the processes of one cgroup directory (and its children) and remove it.
 pub fn remove(dir: &Path) -> Result<(), CgroupError> {
-    if !dir.exists() {
-        return Ok(());
+    // An empty cgroup without children (a sandbox's, once its init is reaped: the pid
+    // namespace's processes are gone with it) goes with one rmdir; the kernel refuses it
+    // (EBUSY) while a process or a child cgroup is left, and then both are dealt with below.
+    match std::fs::remove_dir(dir) {
+        Ok(()) => return Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(_) => {}
     }
     if let Ok(rd) = std::fs::read_dir(dir) {
         for e in rd.flatten() {

@@ -8,7 +8,7 @@
 //! only way an entry's name or type can change) and every entry under `/etc` that is not a
 //! symlink (its mode, which decides whether it is hidden; a chmod moves its change time). A
 //! check is the device, inode, full mode and both times, taken with `fstatat` relative to the
-//! entry's directory (opened once per directory, so a check does not walk the full path). On
+//! top-level directory the path is under (opened once, so a check is one short lookup). On
 //! the next start every check is stat'ed again; a single difference (or a missing path) means the host is walked again, and
 //! the plan is then made from the same listings by the same code either way, so the mask is
 //! exactly the one a fresh walk would give. Change times cannot be set from user space.
@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 
 /// The cache entry's name and key (the key changes with the format or the planner's input).
 const ENTRY: &str = "host-walk.v3";
-const KEY: &str = "host-walk-v3 etc-modes by-directory";
+const KEY: &str = "host-walk-v3 etc-modes by-top-directory";
 
 /// Entries under this directory are checked one by one (their modes are the plan's input).
 const MODES_UNDER: &str = "/etc";
@@ -54,21 +54,31 @@ impl Stamp {
     }
 }
 
-/// The checks of the entries of one directory: each is stat'ed relative to the directory,
-/// opened once (so a check costs one `fstatat` without a walk of the full path). The
-/// directory is opened by its path (symlinks on the way followed, as a stat of the full path
-/// would); the root itself is the entry `.` of `/`.
+/// The checks of the paths under one top-level directory of the host: each is stat'ed
+/// relative to that directory, opened once (so a check costs one `fstatat` of a short
+/// relative path). The directory is opened by its path and the rest of the path is resolved
+/// below it, symlinks on the way followed, as a stat of the full path would; only the last
+/// component is not followed. Entries of `/` are checked relative to `/`, and `/` itself is
+/// its entry `.`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 struct DirChecks {
     dir: PathBuf,
     entries: Vec<(String, Stamp)>,
 }
 
-/// Where a check of `path` is taken: its directory and its name there.
+/// Where a check of `path` is taken: the top-level directory it is under (or `/`), and the
+/// rest of the path below that.
 fn split(path: &Path) -> Option<(&Path, &str)> {
-    match (path.parent(), path.file_name()) {
-        (Some(dir), Some(name)) => Some((dir, name.to_str()?)),
-        _ if path == Path::new("/") => Some((path, ".")),
+    if path == Path::new("/") {
+        return Some((path, "."));
+    }
+    let rel = path.strip_prefix("/").ok()?.to_str()?;
+    match rel.split_once('/') {
+        Some((top, rest)) if !top.is_empty() && !rest.is_empty() => {
+            let full = path.to_str()?;
+            Some((Path::new(&full[..top.len() + 1]), rest))
+        }
+        None if !rel.is_empty() => Some((Path::new("/"), rel)),
         _ => None,
     }
 }
@@ -303,6 +313,12 @@ mod tests {
             split(Path::new("/etc/ssh")),
             Some((Path::new("/etc"), "ssh"))
         );
+        assert_eq!(
+            split(Path::new("/etc/ssh/moduli")),
+            Some((Path::new("/etc"), "ssh/moduli"))
+        );
+        assert_eq!(split(Path::new("/var")), Some((Path::new("/"), "var")));
+        assert_eq!(split(Path::new("relative")), None);
         assert!(checks(Path::new("/"), &["."]).hold());
     }
 

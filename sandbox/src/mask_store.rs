@@ -29,6 +29,7 @@ use crate::sys::{Op, RealSys, Recorder, SysError};
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::os::fd::AsRawFd;
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
@@ -366,52 +367,19 @@ impl Expected {
         Ok(Self(m))
     }
 
-    /// Whether the tree at `root` is exactly this (else the first difference).
+    /// Whether the tree at `root` is exactly this (else the first difference). Read through
+    /// descriptors: each directory opened once (not following symlinks), its entries stat'ed
+    /// relative to it.
     fn matches(&self, root: &Path) -> Result<(), String> {
-        // SAFETY: geteuid/getegid have no preconditions and cannot fail.
-        let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
-        let owned = |m: &std::fs::Metadata, what: &Path| {
-            if m.uid() == uid && m.gid() == gid {
-                Ok(())
-            } else {
-                Err(format!("{}: owner {}:{}", what.display(), m.uid(), m.gid()))
-            }
-        };
-        let top = std::fs::symlink_metadata(root).map_err(|e| e.to_string())?;
-        if !top.is_dir() || top.mode() & 0o7777 != 0o755 {
-            return Err(format!("the root has mode {:o}", top.mode()));
+        let dir = open_dir(root).map_err(|e| format!("{}: {e}", root.display()))?;
+        let top = nix::sys::stat::fstat(dir.as_raw_fd()).map_err(|e| e.to_string())?;
+        if top.st_mode & 0o7777 != 0o755 {
+            return Err(format!("the root has mode {:o}", top.st_mode));
         }
         owned(&top, Path::new("/"))?;
-        check_xattrs(root, false).map_err(|e| format!("/: {e}"))?;
+        check_xattrs(&dir, false).map_err(|e| format!("/: {e}"))?;
         let mut seen = 0usize;
-        let mut stack = vec![PathBuf::new()];
-        while let Some(rel) = stack.pop() {
-            let rd = std::fs::read_dir(root.join(&rel)).map_err(|e| e.to_string())?;
-            for e in rd {
-                let e = e.map_err(|e| e.to_string())?;
-                let r = rel.join(e.file_name());
-                let p = root.join(&r);
-                let m = std::fs::symlink_metadata(&p).map_err(|e| e.to_string())?;
-                let show = Path::new("/").join(&r);
-                owned(&m, &show)?;
-                match self.0.get(&r) {
-                    Some(Want::Dir { mode, opaque }) if m.is_dir() => {
-                        if m.mode() & 0o7777 != *mode {
-                            return Err(format!("{}: mode {:o}", show.display(), m.mode()));
-                        }
-                        check_xattrs(&p, *opaque)
-                            .map_err(|e| format!("{}: {e}", show.display()))?;
-                        stack.push(r);
-                    }
-                    Some(Want::Whiteout) if is_whiteout(&m) => {
-                        check_xattrs(&p, false).map_err(|e| format!("{}: {e}", show.display()))?;
-                    }
-                    Some(_) => return Err(format!("{}: wrong type", show.display())),
-                    None => return Err(format!("{}: not in the plan", show.display())),
-                }
-                seen += 1;
-            }
-        }
+        self.walk(dir, &PathBuf::new(), &mut seen)?;
         if seen != self.0.len() {
             return Err(format!(
                 "{} of the plan's {} paths present",
@@ -421,55 +389,113 @@ impl Expected {
         }
         Ok(())
     }
+
+    fn walk(&self, dir: std::fs::File, rel: &Path, seen: &mut usize) -> Result<(), String> {
+        use nix::fcntl::{AtFlags, OFlag};
+        let fd = dir.as_raw_fd();
+        let mut d = nix::dir::Dir::from_fd(std::os::fd::IntoRawFd::into_raw_fd(dir))
+            .map_err(|e| format!("{}: {e}", rel.display()))?;
+        let mut subdirs = Vec::new();
+        for e in d.iter() {
+            let e = e.map_err(|e| e.to_string())?;
+            let name = e.file_name();
+            if name == c"." || name == c".." {
+                continue;
+            }
+            let r = rel.join(std::ffi::OsStr::from_bytes(name.to_bytes()));
+            let show = Path::new("/").join(&r);
+            let st = nix::sys::stat::fstatat(Some(fd), name, AtFlags::AT_SYMLINK_NOFOLLOW)
+                .map_err(|e| format!("{}: {e}", show.display()))?;
+            owned(&st, &show)?;
+            let kind = st.st_mode & libc::S_IFMT;
+            match self.0.get(&r) {
+                Some(Want::Dir { mode, opaque }) if kind == libc::S_IFDIR => {
+                    if st.st_mode & 0o7777 != *mode {
+                        return Err(format!("{}: mode {:o}", show.display(), st.st_mode));
+                    }
+                    let sub = crate::sys::openat(
+                        // SAFETY: `fd` belongs to `d`, which lives until the end of this loop.
+                        unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) },
+                        name,
+                        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+                        nix::sys::stat::Mode::empty(),
+                    )
+                    .map(std::fs::File::from)
+                    .map_err(|e| format!("{}: {e}", show.display()))?;
+                    check_xattrs(&sub, *opaque).map_err(|e| format!("{}: {e}", show.display()))?;
+                    subdirs.push((sub, r));
+                }
+                // A whiteout is its type alone: overlayfs reads no attribute of a char 0:0.
+                Some(Want::Whiteout) if kind == libc::S_IFCHR && st.st_rdev == 0 => {}
+                Some(_) => return Err(format!("{}: wrong type", show.display())),
+                None => return Err(format!("{}: not in the plan", show.display())),
+            }
+            *seen += 1;
+        }
+        drop(d);
+        for (sub, r) in subdirs {
+            self.walk(sub, &r, seen)?;
+        }
+        Ok(())
+    }
 }
 
-/// A char device 0:0, which overlayfs reads as a whiteout.
-fn is_whiteout(m: &std::fs::Metadata) -> bool {
-    use std::os::unix::fs::FileTypeExt;
-    m.file_type().is_char_device() && m.rdev() == 0
+/// Owned by this process's user and group, as everything the store builds.
+fn owned(st: &libc::stat, what: &Path) -> Result<(), String> {
+    // SAFETY: geteuid/getegid have no preconditions and cannot fail.
+    let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    if st.st_uid == uid && st.st_gid == gid {
+        Ok(())
+    } else {
+        Err(format!(
+            "{}: owner {}:{}",
+            what.display(),
+            st.st_uid,
+            st.st_gid
+        ))
+    }
 }
 
-/// The overlay attributes of `path` are exactly the opaque marker when `opaque`, else none.
-fn check_xattrs(path: &Path, opaque: bool) -> Result<(), String> {
-    let names = list_xattrs(path).map_err(|e| format!("listing attributes: {e}"))?;
-    let overlay: Vec<&str> = names
-        .iter()
-        .map(String::as_str)
-        .filter(|n| n.starts_with("trusted.overlay."))
+/// The overlay attributes of directory `dir` are exactly the opaque marker when `opaque`,
+/// else none.
+fn check_xattrs(dir: &std::fs::File, opaque: bool) -> Result<(), String> {
+    let mut buf = [0u8; 1024];
+    // SAFETY: a descriptor `dir` owns; the buffer pointer/length pair describes a live,
+    // writable array.
+    let n = unsafe { libc::flistxattr(dir.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+    if n < 0 {
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::ENOTSUP) {
+            return Err(format!("listing attributes: {e}"));
+        }
+    }
+    let names = &buf[..n.max(0) as usize];
+    let overlay: Vec<&[u8]> = names
+        .split(|b| *b == 0)
+        .filter(|n| n.starts_with(b"trusted.overlay."))
         .collect();
-    let want: &[&str] = if opaque { &[OPAQUE] } else { &[] };
+    let want: &[&[u8]] = if opaque { &[OPAQUE.as_bytes()] } else { &[] };
     if overlay != want {
-        return Err(format!("overlay attributes {overlay:?}"));
+        let shown: Vec<_> = overlay.iter().map(|n| String::from_utf8_lossy(n)).collect();
+        return Err(format!("overlay attributes {shown:?}"));
     }
     if opaque {
-        let v = crate::sys::get_xattr(path, OPAQUE).map_err(|e| e.to_string())?;
-        if v.as_deref() != Some(b"y") {
-            return Err(format!("{OPAQUE} = {v:?}"));
+        let mut v = [0u8; 8];
+        let name = c"trusted.overlay.opaque";
+        // SAFETY: as above; `name` is a valid C string.
+        let n = unsafe {
+            libc::fgetxattr(
+                dir.as_raw_fd(),
+                name.as_ptr(),
+                v.as_mut_ptr().cast(),
+                v.len(),
+            )
+        };
+        if n != 1 || v[0] != b'y' {
+            return Err(format!("{OPAQUE} is not `y`"));
         }
     }
     Ok(())
-}
-
-/// `llistxattr(2)`: the names of `path`'s extended attributes.
-fn list_xattrs(path: &Path) -> std::io::Result<Vec<String>> {
-    use std::os::unix::ffi::OsStrExt;
-    let p = std::ffi::CString::new(path.as_os_str().as_bytes())?;
-    let mut buf = vec![0u8; 1024];
-    // SAFETY: a valid C string; the buffer pointer/length pair describes a live, writable slice.
-    let rc = unsafe { libc::llistxattr(p.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
-    if rc < 0 {
-        let e = std::io::Error::last_os_error();
-        return match e.raw_os_error() {
-            Some(libc::ENOTSUP) => Ok(Vec::new()),
-            _ => Err(e),
-        };
-    }
-    buf.truncate(rc as usize);
-    Ok(buf
-        .split(|b| *b == 0)
-        .filter(|n| !n.is_empty())
-        .map(|n| String::from_utf8_lossy(n).into_owned())
-        .collect())
 }
 
 #[cfg(test)]
