@@ -2,18 +2,20 @@
 //! processes, so that a one-shot process stats what the mask was planned from instead of
 //! listing every directory of `/etc` again.
 //!
-//! What is remembered is the walk's *input*: every directory listing the planner asked for,
-//! beside a check for each thing that listing depends on: each listed directory (its change
-//! and modification times move whenever an entry is added, removed or renamed, which is the
-//! only way an entry's name or type can change) and every entry under `/etc` that is not a
-//! symlink (its mode, which decides whether it is hidden; a chmod moves its change time). A
-//! check is the device, inode, full mode and both times, taken with `fstatat` relative to the
-//! top-level directory the path is under (opened once, so a check is one short lookup). On
-//! the next start every check is stat'ed again; a single difference (or a missing path) means the host is walked again, and
-//! the plan is then made from the same listings by the same code either way, so the mask is
-//! exactly the one a fresh walk would give. Change times cannot be set from user space.
-//! A walk that saw a time less than [`crate::digest_cache::SETTLE`] old is not remembered
-//! (file times have a coarse clock: a second change within the same tick could keep them).
+//! What is remembered is the plan the walk gave, beside a check for each thing the listings it
+//! read depend on: each listed directory (its change and modification times move whenever an
+//! entry is added, removed or renamed, which is the only way an entry's name or type can
+//! change) and every entry under `/etc` that is not a symlink (its mode, which decides whether
+//! it is hidden; a chmod moves its change time). A check is the device, inode, full mode and
+//! both times, taken with `fstatat` relative to the top-level directory the path is under
+//! (opened once, so a check is one short lookup). On the next start every check is stat'ed
+//! again; a single difference (or a missing path) means the host is walked again. The planner
+//! is a function of the listings it reads, so while they are unchanged its plan is the one a
+//! fresh walk would give; the entry's key holds the identity of the running program, so a
+//! plan made by another build of the planner is never used. Change times cannot be set from
+//! user space. A walk that saw a time less than [`crate::digest_cache::SETTLE`] old is not
+//! remembered (file times have a coarse clock: a second change within the same tick could
+//! keep them).
 //! The entry lives in `<state>/digests` under [`crate::digest_cache`]'s trust rules.
 
 use crate::layers::{HostEntry, HostView, LayerError, RealHost};
@@ -24,9 +26,9 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
-/// The cache entry's name and key (the key changes with the format or the planner's input).
-const ENTRY: &str = "host-walk.v3";
-const KEY: &str = "host-walk-v3 etc-modes by-top-directory";
+/// The cache entry's name (a planner's name follows) and key (the key changes with the format).
+const ENTRY: &str = "host-walk.v4";
+const KEY: &str = "host-walk-v4 etc-modes by-top-directory plan";
 
 /// Entries under this directory are checked one by one (their modes are the plan's input).
 const MODES_UNDER: &str = "/etc";
@@ -112,35 +114,19 @@ impl DirChecks {
     }
 }
 
-#[derive(Debug, Default, Serialize, Deserialize)]
-struct Walk {
-    listings: Vec<(PathBuf, Vec<HostEntry>)>,
+/// What is remembered: the checks, and the plan they guard.
+#[derive(Debug, Serialize, Deserialize)]
+struct Memo<T> {
     checks: Vec<DirChecks>,
+    plan: T,
 }
 
-/// Listings answered from memory: the remembered walk, or a walk just made.
-pub struct Remembered {
-    listings: HashMap<PathBuf, Vec<HostEntry>>,
-}
-
-impl HostView for Remembered {
-    fn list(&self, dir: &Path) -> Result<Vec<HostEntry>, LayerError> {
-        self.listings
-            .get(dir)
-            .cloned()
-            .ok_or_else(|| LayerError::Host {
-                path: dir.to_path_buf(),
-                source: std::io::Error::new(std::io::ErrorKind::NotFound, "not in the walk"),
-            })
-    }
-}
-
-/// The real host, recording what it answered and what that depended on.
+/// The real host, recording what its answers depended on.
 #[derive(Default)]
 struct Recording {
-    walk: RefCell<Walk>,
+    checks: RefCell<Vec<DirChecks>>,
     checked: RefCell<HashSet<PathBuf>>,
-    /// Index in `walk.checks` of each directory's group.
+    /// Index in `checks` of each directory's group.
     groups: RefCell<HashMap<PathBuf, usize>>,
     /// Some time seen was too recent to be trusted later, or a path cannot be checked.
     racy: RefCell<bool>,
@@ -165,19 +151,19 @@ impl Recording {
         if c.mtime_ns >= self.settled_before || c.ctime_ns >= self.settled_before {
             *self.racy.borrow_mut() = true;
         }
-        let mut walk = self.walk.borrow_mut();
+        let mut checks = self.checks.borrow_mut();
         let i = *self
             .groups
             .borrow_mut()
             .entry(dir.to_path_buf())
             .or_insert_with(|| {
-                walk.checks.push(DirChecks {
+                checks.push(DirChecks {
                     dir: dir.to_path_buf(),
                     entries: Vec::new(),
                 });
-                walk.checks.len() - 1
+                checks.len() - 1
             });
-        walk.checks[i].entries.push((name.to_string(), c));
+        checks[i].entries.push((name.to_string(), c));
         Ok(())
     }
 }
@@ -191,10 +177,6 @@ impl HostView for Recording {
                 self.check(&dir.join(&e.name))?;
             }
         }
-        self.walk
-            .borrow_mut()
-            .listings
-            .push((dir.to_path_buf(), entries.clone()));
         Ok(entries)
     }
 }
@@ -206,15 +188,37 @@ fn now_ns() -> i128 {
         .unwrap_or(0)
 }
 
-/// The remembered walk in `cache_dir` if every check still holds.
-fn remembered(cache_dir: &Path) -> Option<Walk> {
-    let bytes = crate::digest_cache::read(cache_dir, ENTRY, KEY)?;
-    let walk: Walk = rmp_serde::from_slice(&bytes).ok()?;
-    if walk.checks.iter().all(|g| g.entries.is_empty()) || !walk.checks.iter().all(DirChecks::hold)
-    {
-        return None;
-    }
-    Some(walk)
+/// The entry's key: the format, the planner's name, and the identity of the running program
+/// (device, inode, size, both times), so that a plan is never taken from another build of the
+/// planner. `None` (nothing is remembered) when the program cannot be stat'ed.
+fn key(planner: &str) -> Option<String> {
+    let exe = std::fs::metadata("/proc/self/exe").ok()?;
+    Some(format!(
+        "{KEY} {planner} exe {}",
+        crate::digest_cache::identity(&exe)
+    ))
+}
+
+/// The remembered plan in `cache_dir` if every check still holds.
+fn remembered<T: serde::de::DeserializeOwned>(
+    cache_dir: &Path,
+    entry: &str,
+    key: &str,
+) -> Option<T> {
+    let t0 = std::time::Instant::now();
+    let bytes = crate::digest_cache::read(cache_dir, entry, key)?;
+    let memo: Memo<T> = rmp_serde::from_slice(&bytes).ok()?;
+    let t1 = std::time::Instant::now();
+    let holds = memo.checks.iter().any(|g| !g.entries.is_empty())
+        && memo.checks.iter().all(DirChecks::hold);
+    tracing::debug!(
+        read_us = (t1 - t0).as_micros() as u64,
+        check_us = t1.elapsed().as_micros() as u64,
+        checks = memo.checks.iter().map(|g| g.entries.len()).sum::<usize>(),
+        holds,
+        "remembered host walk checked"
+    );
+    holds.then_some(memo.plan)
 }
 
 /// Whether the answer came from the remembered walk.
@@ -224,30 +228,36 @@ pub enum Source {
     Walked,
 }
 
-/// Run `plan` over the host's listings: the remembered ones when every check still holds,
-/// else a fresh walk (remembered for next time when it saw nothing too recent).
-pub fn with_host<T>(
+/// Run `plan` over the host: `planner` names it (each planner has its own entry). Its answer
+/// is the remembered one when every check of the walk it was made from still holds (the
+/// planner is a function of the listings it reads, so the answer is the one it would give
+/// now), else the planner walks the host afresh, and its answer is remembered for next time
+/// when the walk saw nothing too recent.
+pub fn with_host<T: Serialize + serde::de::DeserializeOwned>(
     cache_dir: &Path,
+    planner: &str,
     plan: impl Fn(&dyn HostView) -> Result<T, LayerError>,
 ) -> Result<(T, Source), LayerError> {
-    if let Some(walk) = remembered(cache_dir) {
-        let host = Remembered {
-            listings: walk.listings.into_iter().collect(),
-        };
-        // A remembered walk that does not answer every listing the planner asks for is
-        // not used (it cannot happen for a walk recorded by the same planner).
-        if let Ok(out) = plan(&host) {
-            return Ok((out, Source::Remembered));
-        }
+    let entry = format!("{ENTRY}.{planner}");
+    let key = key(planner);
+    if let Some(out) = key
+        .as_deref()
+        .and_then(|k| remembered::<T>(cache_dir, &entry, k))
+    {
+        return Ok((out, Source::Remembered));
     }
     let rec = Recording {
         settled_before: now_ns() - crate::digest_cache::SETTLE.as_nanos() as i128,
         ..Recording::default()
     };
     let out = plan(&rec)?;
-    if !*rec.racy.borrow() {
-        if let Ok(bytes) = rmp_serde::to_vec(&*rec.walk.borrow()) {
-            crate::digest_cache::write(cache_dir, ENTRY, KEY, &bytes);
+    if let (false, Some(key)) = (*rec.racy.borrow(), key) {
+        let memo = Memo {
+            checks: rec.checks.take(),
+            plan: &out,
+        };
+        if let Ok(bytes) = rmp_serde::to_vec(&memo) {
+            crate::digest_cache::write(cache_dir, &entry, &key, &bytes);
         }
     }
     Ok((out, Source::Walked))
@@ -320,6 +330,44 @@ mod tests {
         assert_eq!(split(Path::new("/var")), Some((Path::new("/"), "var")));
         assert_eq!(split(Path::new("relative")), None);
         assert!(checks(Path::new("/"), &["."]).hold());
+    }
+
+    #[test]
+    fn a_plan_is_remembered_for_its_planner_and_a_torn_entry_is_walked_again() {
+        let cache = tempfile_dir();
+        let plan = |planner: &str| {
+            with_host(&cache, planner, |host| {
+                Ok(host
+                    .list(Path::new("/"))?
+                    .into_iter()
+                    .map(|e| e.name)
+                    .collect::<Vec<_>>())
+            })
+            .unwrap()
+        };
+        let (names, first) = plan("a");
+        assert_eq!(first, Source::Walked);
+        assert_eq!(
+            plan("b").1,
+            Source::Walked,
+            "each planner has its own entry"
+        );
+        // Whether the walk was remembered depends on `/` having settled.
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::symlink_metadata("/").unwrap();
+        let changed = (m.ctime().max(m.mtime()) as i128) * 1_000_000_000;
+        if changed + 1_000_000_000 < now_ns() - crate::digest_cache::SETTLE.as_nanos() as i128 {
+            assert_eq!(plan("a"), (names.clone(), Source::Remembered));
+            let entry = cache.join(format!("{ENTRY}.a"));
+            let bytes = std::fs::read(&entry).unwrap();
+            std::fs::write(&entry, &bytes[..bytes.len() / 2]).unwrap();
+            assert_eq!(
+                plan("a"),
+                (names, Source::Walked),
+                "a torn entry is not used"
+            );
+        }
+        std::fs::remove_dir_all(&cache).unwrap();
     }
 
     fn tempfile_dir() -> PathBuf {

@@ -336,7 +336,7 @@ impl Runtime {
         // where this run keeps the mask; then perform the plan under the mask directory.
         let t_walk = std::time::Instant::now();
         let cache_dir = state::digest_cache_dir(&self.inner.state);
-        let (plan, source) = crate::host_walk::with_host(&cache_dir, |host| {
+        let (plan, source) = crate::host_walk::with_host(&cache_dir, "host-mask", |host| {
             let mut plan = crate::sys::Recorder::default();
             layers::plan_host_mask(&mut plan, Path::new("/"), host)?;
             Ok(plan)

@@ -33,13 +33,15 @@ impl SysError {
     }
 }
 
-/// One operation, as recorded by [`Recorder`].
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One operation, as recorded by [`Recorder`] (and remembered across processes, see
+/// [`crate::host_walk`]).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Op {
     Mount {
         source: String,
         target: PathBuf,
         fstype: String,
+        #[serde(with = "ms_flags")]
         flags: MsFlags,
         data: String,
     },
@@ -243,8 +245,22 @@ pub(crate) fn openat(
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
+/// Mount flags as their bits.
+mod ms_flags {
+    use nix::mount::MsFlags;
+
+    pub fn serialize<S: serde::Serializer>(f: &MsFlags, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(f.bits())
+    }
+
+    pub fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<MsFlags, D::Error> {
+        let bits = <u64 as serde::Deserialize>::deserialize(d)?;
+        Ok(MsFlags::from_bits_retain(bits))
+    }
+}
+
 /// Records every operation instead of performing it.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct Recorder {
     pub ops: Vec<Op>,
 }

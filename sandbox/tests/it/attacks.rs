@@ -172,7 +172,7 @@ fn an_etc_file_made_private_after_the_walk_was_remembered_is_hidden() {
     let rt = runtime();
     let cache = sandbox::state::digest_cache_dir(rt.state_dir());
     let plan = || {
-        with_host(&cache, |host| {
+        with_host(&cache, "attack-test-ops", |host| {
             let mut rec = sandbox::sys::Recorder::default();
             sandbox::layers::plan_host_mask(&mut rec, std::path::Path::new("/"), host)?;
             Ok(rec.ops)
@@ -190,7 +190,7 @@ fn an_etc_file_made_private_after_the_walk_was_remembered_is_hidden() {
         Source::Remembered,
         "an unchanged host is not walked again"
     );
-    assert_eq!(first, again, "the remembered walk plans the same mask");
+    assert_eq!(first, again, "the remembered plan is the mask a walk plans");
     assert!(!hides(&again), "a world-readable file passes through");
     let mut sb = rt.create(&small()).unwrap();
     assert!(out(&sh(&mut sb, &format!("cat /etc/{name}"))).contains("secret"));
