@@ -48,13 +48,13 @@ impl Layout {
     /// Read `/proc/self/mountinfo`.
     pub fn detect() -> Result<Self, CgroupError> {
         let text =
-            std::fs::read_to_string("/proc/self/mountinfo").map_err(|source| CgroupError::Io {
+            crate::sys::read_proc("/proc/self/mountinfo").map_err(|source| CgroupError::Io {
                 op: "read",
                 path: "/proc/self/mountinfo".into(),
                 source,
             })?;
         let v2_controllers = |root: &Path| {
-            std::fs::read_to_string(root.join("cgroup.controllers")).unwrap_or_default()
+            crate::sys::read_proc(root.join("cgroup.controllers")).unwrap_or_default()
         };
         Self::from_mountinfo(&text, &v2_controllers)
     }

@@ -179,6 +179,19 @@ impl Sys for RealSys {
     }
 }
 
+/// The text of a kernel file (`/proc`, `/sys`): these report a size of 0, so a plain
+/// `read_to_string` reads them through a chain of small buffers (32, 32, 64, ... bytes, a
+/// syscall each); this reads into one buffer of `PROC_READ` bytes and grows only past it.
+pub fn read_proc(path: impl AsRef<Path>) -> std::io::Result<String> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(path)?;
+    let mut buf = String::with_capacity(PROC_READ);
+    f.read_to_string(&mut buf)?;
+    Ok(buf)
+}
+
+const PROC_READ: usize = 16 << 10;
+
 /// `lsetxattr(2)`.
 pub fn set_xattr(path: &Path, name: &str, value: &[u8]) -> std::io::Result<()> {
     use std::os::unix::ffi::OsStrExt;
