@@ -199,26 +199,21 @@ fn key(planner: &str) -> Option<String> {
     ))
 }
 
-/// The remembered plan in `cache_dir` if every check still holds.
-fn remembered<T: serde::de::DeserializeOwned>(
+/// The remembered plan in `cache_dir` and its checks, not run yet.
+fn load<T: serde::de::DeserializeOwned>(
     cache_dir: &Path,
     entry: &str,
     key: &str,
-) -> Option<T> {
+) -> Option<Memo<T>> {
     let t0 = std::time::Instant::now();
     let bytes = crate::digest_cache::read(cache_dir, entry, key)?;
     let memo: Memo<T> = rmp_serde::from_slice(&bytes).ok()?;
-    let t1 = std::time::Instant::now();
-    let holds = memo.checks.iter().any(|g| !g.entries.is_empty())
-        && memo.checks.iter().all(DirChecks::hold);
     tracing::debug!(
-        read_us = (t1 - t0).as_micros() as u64,
-        check_us = t1.elapsed().as_micros() as u64,
+        read_us = t0.elapsed().as_micros() as u64,
         checks = memo.checks.iter().map(|g| g.entries.len()).sum::<usize>(),
-        holds,
-        "remembered host walk checked"
+        "remembered host walk read"
     );
-    holds.then_some(memo.plan)
+    Some(memo)
 }
 
 /// Whether the answer came from the remembered walk.
@@ -226,6 +221,28 @@ fn remembered<T: serde::de::DeserializeOwned>(
 pub enum Source {
     Remembered,
     Walked,
+}
+
+/// The checks of a remembered plan, to be run before anything relies on it (see
+/// [`with_host_deferred`]).
+#[derive(Debug)]
+pub struct Deferred {
+    checks: Vec<DirChecks>,
+}
+
+impl Deferred {
+    /// Every check still holds: the plan is the one a walk of the host would give now.
+    pub fn holds(&self) -> bool {
+        let t0 = std::time::Instant::now();
+        let holds = self.checks.iter().any(|g| !g.entries.is_empty())
+            && self.checks.iter().all(DirChecks::hold);
+        tracing::debug!(
+            check_us = t0.elapsed().as_micros() as u64,
+            holds,
+            "remembered host walk checked"
+        );
+        holds
+    }
 }
 
 /// Run `plan` over the host: `planner` names it (each planner has its own entry). Its answer
@@ -238,29 +255,56 @@ pub fn with_host<T: Serialize + serde::de::DeserializeOwned>(
     planner: &str,
     plan: impl Fn(&dyn HostView) -> Result<T, LayerError>,
 ) -> Result<(T, Source), LayerError> {
-    let entry = format!("{ENTRY}.{planner}");
-    let key = key(planner);
-    if let Some(out) = key
-        .as_deref()
-        .and_then(|k| remembered::<T>(cache_dir, &entry, k))
-    {
-        return Ok((out, Source::Remembered));
+    match with_host_deferred(cache_dir, planner, &plan)? {
+        (out, source, None) => Ok((out, source)),
+        (out, source, Some(d)) if d.holds() => Ok((out, source)),
+        (_, _, Some(_)) => walk(cache_dir, planner, &plan).map(|out| (out, Source::Walked)),
     }
+}
+
+/// [`with_host`] whose checks are left to the caller: a remembered plan comes with them
+/// ([`Deferred`]), to be run while the caller does something else with the plan, and the
+/// plan must not be relied on (nothing may run on it) unless [`Deferred::holds`] says yes; a
+/// walked plan comes with `None`.
+pub fn with_host_deferred<T: Serialize + serde::de::DeserializeOwned>(
+    cache_dir: &Path,
+    planner: &str,
+    plan: impl Fn(&dyn HostView) -> Result<T, LayerError>,
+) -> Result<(T, Source, Option<Deferred>), LayerError> {
+    let entry = format!("{ENTRY}.{planner}");
+    if let Some(memo) = key(planner)
+        .as_deref()
+        .and_then(|k| load::<T>(cache_dir, &entry, k))
+    {
+        let checks = Deferred {
+            checks: memo.checks,
+        };
+        return Ok((memo.plan, Source::Remembered, Some(checks)));
+    }
+    walk(cache_dir, planner, plan).map(|out| (out, Source::Walked, None))
+}
+
+/// Walk the host for `plan`, remembering the answer unless the walk saw something too recent.
+fn walk<T: Serialize>(
+    cache_dir: &Path,
+    planner: &str,
+    plan: impl Fn(&dyn HostView) -> Result<T, LayerError>,
+) -> Result<T, LayerError> {
     let rec = Recording {
         settled_before: now_ns() - crate::digest_cache::SETTLE.as_nanos() as i128,
         ..Recording::default()
     };
     let out = plan(&rec)?;
-    if let (false, Some(key)) = (*rec.racy.borrow(), key) {
+    if let (false, Some(key)) = (*rec.racy.borrow(), key(planner)) {
         let memo = Memo {
             checks: rec.checks.take(),
             plan: &out,
         };
         if let Ok(bytes) = rmp_serde::to_vec(&memo) {
-            crate::digest_cache::write(cache_dir, &entry, &key, &bytes);
+            crate::digest_cache::write(cache_dir, &format!("{ENTRY}.{planner}"), &key, &bytes);
         }
     }
-    Ok((out, Source::Walked))
+    Ok(out)
 }
 
 #[cfg(test)]

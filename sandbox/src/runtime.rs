@@ -229,7 +229,8 @@ impl Runtime {
         if let Some(r) = cache.get(spec) {
             return Ok(r.clone());
         }
-        self.resolve_uncached(spec, &mut cache, None)
+        self.resolve_uncached(spec, &mut cache, None, false)
+            .map(|(r, _)| r)
     }
 
     /// How a host mask made now would reach an init cloned before it: from the store (no
@@ -242,22 +243,29 @@ impl Runtime {
         Ok(MaskPlace::RunTmpfs)
     }
 
+    /// Resolve `spec` and cache it, except a host root made from a remembered plan whose
+    /// checks are left to the caller (`defer`, see [`PendingMask`]): that one is returned
+    /// with them and cached only by [`Runtime::accept_host_mask`].
     fn resolve_uncached(
         &self,
         spec: &RootfsSpec,
         cache: &mut HashMap<RootfsSpec, Rootfs>,
         place: Option<MaskPlace>,
-    ) -> Result<Rootfs, SandboxError> {
+        defer: bool,
+    ) -> Result<(Rootfs, Option<PendingMask>), SandboxError> {
+        let host_root = |mask: &Path, digest: &str| Rootfs {
+            lowers: vec![mask.to_string_lossy().into_owned(), "/".into()],
+            digest: digest.to_string(),
+        };
         let r = match spec {
             RootfsSpec::Host => {
                 let place = match place {
                     Some(p) => p,
                     None => self.prepare_host_mask()?,
                 };
-                let (mask, digest) = self.host_mask(place)?;
-                Rootfs {
-                    lowers: vec![mask.to_string_lossy().into_owned(), "/".into()],
-                    digest,
+                match self.host_mask(place, defer)? {
+                    HostMask::Ready(mask, digest) => host_root(&mask, &digest),
+                    HostMask::Pending(p) => return Ok((host_root(&p.dir, &p.digest), Some(p))),
                 }
             }
             RootfsSpec::Dir(p) => {
@@ -291,7 +299,19 @@ impl Runtime {
             }
         };
         cache.insert(spec.clone(), r.clone());
-        Ok(r)
+        Ok((r, None))
+    }
+
+    /// A pending host mask whose checks held: from now on the runtime's own.
+    fn accept_host_mask(&self, p: PendingMask, rootfs: Rootfs) {
+        // The order of `resolve_uncached`: the rootfs cache, then the mask.
+        let mut cache = lock(&self.inner.rootfs);
+        let mut guard = lock(&self.inner.host_mask);
+        if guard.is_none() {
+            *guard = Some((p.dir, p.digest));
+            *lock(&self.inner.mask_held) = Some(p.held);
+            cache.insert(RootfsSpec::Host, rootfs);
+        }
     }
 
     /// Make `<run>/hostmask` a shared mount point (bound onto itself), once per run, before
@@ -327,20 +347,29 @@ impl Runtime {
     /// call can see it (see [`Runtime::prepare_host_mask`]).
     /// (Neither can live on the root filesystem: overlayfs refuses a lower layer nested
     /// inside another lower layer of its filesystem, and the host's `/` is one.)
-    fn host_mask(&self, place: MaskPlace) -> Result<(PathBuf, String), SandboxError> {
+    ///
+    /// With `defer` and the store, a remembered plan's checks are not run here: the mask is
+    /// returned pending, with them, and nothing is cached (see [`PendingMask`]).
+    fn host_mask(&self, place: MaskPlace, defer: bool) -> Result<HostMask, SandboxError> {
         let mut guard = lock(&self.inner.host_mask);
-        if let Some(m) = guard.as_ref() {
-            return Ok(m.clone());
+        if let Some((dir, digest)) = guard.as_ref() {
+            return Ok(HostMask::Ready(dir.clone(), digest.clone()));
         }
         // Plan once (one walk of the host) relative to `/`, so the digest does not depend on
         // where this run keeps the mask; then perform the plan under the mask directory.
         let t_walk = std::time::Instant::now();
         let cache_dir = state::digest_cache_dir(&self.inner.state);
-        let (plan, source) = crate::host_walk::with_host(&cache_dir, "host-mask", |host| {
+        let planner = |host: &dyn layers::HostView| {
             let mut plan = crate::sys::Recorder::default();
             layers::plan_host_mask(&mut plan, Path::new("/"), host)?;
             Ok(plan)
-        })?;
+        };
+        let (plan, source, deferred) = if defer && place == MaskPlace::Store {
+            crate::host_walk::with_host_deferred(&cache_dir, "host-mask", planner)?
+        } else {
+            let (plan, source) = crate::host_walk::with_host(&cache_dir, "host-mask", planner)?;
+            (plan, source, None)
+        };
         let digest = layers::host_digest(&plan.ops, &cache_dir);
         let walk_us = t_walk.elapsed().as_micros() as u64;
         let t_build = std::time::Instant::now();
@@ -367,14 +396,23 @@ impl Runtime {
             tracing::debug!(
                 walk_us,
                 walk = ?source,
+                checks_deferred = deferred.is_some(),
                 store_us = t_build.elapsed().as_micros() as u64,
                 ops = plan.ops.len(),
                 entry = %dir.display(),
                 "host mask from the store"
             );
+            if let Some(checks) = deferred {
+                return Ok(HostMask::Pending(PendingMask {
+                    checks,
+                    dir,
+                    digest,
+                    held,
+                }));
+            }
             *lock(&self.inner.mask_held) = Some(held);
             *guard = Some((dir.clone(), digest.clone()));
-            return Ok((dir, digest));
+            return Ok(HostMask::Ready(dir, digest));
         }
         let dir = self.inner.run_dir.join("hostmask");
         let plan = plan.rebased(&dir);
@@ -412,7 +450,7 @@ impl Runtime {
             "host mask built"
         );
         *guard = Some((dir.clone(), digest.clone()));
-        Ok((dir, digest))
+        Ok(HostMask::Ready(dir, digest))
     }
 
     fn seccomp(
@@ -439,6 +477,13 @@ impl Runtime {
 
     /// Create a sandbox: cgroups, namespaces, init, root filesystem.
     pub fn create(&self, cfg: &SandboxConfig) -> Result<Sandbox, SandboxError> {
+        self.create_with(cfg, true)
+    }
+
+    /// [`Runtime::create`]; with `defer`, the checks of a remembered host plan run while init
+    /// sets up (the sandbox is returned only if they hold, else it is dropped before any
+    /// command ran in it and made again from a fresh walk).
+    fn create_with(&self, cfg: &SandboxConfig, defer: bool) -> Result<Sandbox, SandboxError> {
         let t0 = std::time::Instant::now();
         cfg.validate().map_err(SandboxError::Config)?;
         self.admission().admit(&self.inner.live)?;
@@ -489,18 +534,35 @@ impl Runtime {
         // for its plan): the first sandbox of a process walks the host for the mask here. A
         // failure drops `sb`, which kills init and removes what was made for it.
         let t_resolve = std::time::Instant::now();
-        let base = {
+        let (base, pending) = {
             let mut cache = lock(&self.inner.rootfs);
             match cache.get(&cfg.rootfs) {
-                Some(r) => r.clone(),
-                None => self.resolve_uncached(&cfg.rootfs, &mut cache, mask_place)?,
+                Some(r) => (r.clone(), None),
+                None => self.resolve_uncached(&cfg.rootfs, &mut cache, mask_place, defer)?,
             }
         };
-        sb.set_rootfs(stack_layers(base, &cfg.layers)?);
+        sb.set_rootfs(stack_layers(base.clone(), &cfg.layers)?);
         let seccomp = self.seccomp(cfg)?;
         let resolve_us = us(t_resolve);
         let t_setup = std::time::Instant::now();
-        sb.setup(cfg, seccomp)?;
+        match pending {
+            None => sb.setup(cfg, seccomp)?,
+            Some(p) => {
+                // Init sets up (no command can run before this returns) while the host is
+                // checked against the remembered plan.
+                sb.send_setup(cfg, seccomp)?;
+                if !p.checks.holds() {
+                    tracing::debug!(
+                        sandbox = %sb.name(),
+                        "the host changed since its walk was remembered: made again from a fresh walk"
+                    );
+                    drop(sb);
+                    return self.create_with(cfg, false);
+                }
+                sb.wait_setup()?;
+                self.accept_host_mask(p, base);
+            }
+        }
         tracing::debug!(
             sandbox = %sb.name(),
             pid,
@@ -573,6 +635,22 @@ impl Drop for Inner {
         let _ = std::fs::remove_dir_all(&self.run_dir);
         tracing::debug!(run = %self.run, "runtime cleaned up");
     }
+}
+
+/// A host mask, resolved.
+enum HostMask {
+    Ready(PathBuf, String),
+    Pending(PendingMask),
+}
+
+/// A host mask from a remembered plan whose checks have not run yet
+/// (`host_walk::with_host_deferred`): nothing may run on it until they hold; only then is it
+/// cached ([`Runtime::accept_host_mask`]).
+struct PendingMask {
+    checks: crate::host_walk::Deferred,
+    dir: PathBuf,
+    digest: String,
+    held: crate::mask_store::HeldMask,
 }
 
 /// Where a host mask made after an init was cloned is visible to that init.

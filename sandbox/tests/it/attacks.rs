@@ -150,7 +150,9 @@ fn host_private_files_are_invisible() {
 
 /// The host mask's walk is remembered across runtimes (`sandbox::host_walk`): a file of
 /// `/etc` that was world-readable when the walk was remembered and is made private later must
-/// be hidden from the next sandbox, as a fresh walk would hide it.
+/// be hidden from the next sandbox, as a fresh walk would hide it. (The runtime checks the
+/// remembered plan while that sandbox's init sets up; the sandbox made on the stale plan must
+/// be dropped and made again, never returned.)
 #[test]
 fn an_etc_file_made_private_after_the_walk_was_remembered_is_hidden() {
     require_root!();
