@@ -18,9 +18,11 @@
 //! Every use checks the entry again against the plan it is used for, under a shared lock:
 //! every path the plan makes is there with its type, mode, owner and overlay attributes and
 //! nothing else is (a whiteout removed, an entry added, a mode or an overlay attribute
-//! changed: the entry is discarded and built again). A runtime holds the shared lock on its
-//! entry for its life; pruning takes the exclusive lock without waiting (an entry in use is
-//! never removed: its overlays read it live) and renames the entry away before removing it.
+//! changed: the entry is renamed away and built again). A runtime holds the shared lock on its
+//! entry for its life; removing a directory's contents takes the exclusive lock without
+//! waiting (an entry in use is never emptied: its overlays read it live; one renamed away is
+//! emptied by a later prune once no one holds it), and pruning renames an entry away before
+//! removing it.
 //! At most [`KEEP`] entries are kept (those used last); leftovers of crashed builds are
 //! removed.
 
@@ -206,7 +208,7 @@ impl MaskStore {
                 Err(reason) => {
                     tracing::warn!(entry = %path.display(), %reason, "host mask entry does not match its plan; building it again");
                     drop(f);
-                    self.discard(&id);
+                    self.discard_mismatched(&id);
                 }
             }
         }
@@ -278,6 +280,16 @@ impl MaskStore {
         true
     }
 
+    /// Move entry `name`, which does not match its plan, out of the way at once (a runtime
+    /// that uses it keeps what it has: a rename changes nothing under its overlays); its
+    /// contents go when no one holds it any more (now, or at a later [`Self::prune`]).
+    fn discard_mismatched(&self, name: &str) {
+        let trash = self.dir.join(unique(".trash-"));
+        if std::fs::rename(self.dir.join(name), &trash).is_ok() {
+            remove_unless_held(&trash);
+        }
+    }
+
     /// Keep the `keep` entries used last (`except` among them), never remove one in use;
     /// remove what crashed builds and removals left.
     pub fn prune(&self, keep: usize, except: &str) {
@@ -287,10 +299,11 @@ impl MaskStore {
         let mut entries = Vec::new();
         for e in rd.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
-            if let Some(rest) = name
-                .strip_prefix(".tmp-")
-                .or_else(|| name.strip_prefix(".trash-"))
-            {
+            if name.starts_with(".trash-") {
+                remove_unless_held(&e.path());
+                continue;
+            }
+            if let Some(rest) = name.strip_prefix(".tmp-") {
                 let pid = rest.split('-').next().and_then(|p| p.parse::<u32>().ok());
                 let dead = pid.is_some_and(|p| !Path::new(&format!("/proc/{p}")).exists());
                 if dead {
@@ -298,20 +311,30 @@ impl MaskStore {
                 }
                 continue;
             }
-            if name == except || name.starts_with('.') {
+            if name.starts_with('.') {
                 continue;
             }
             let used = e
                 .metadata()
                 .map(|m| (m.mtime(), m.mtime_nsec()))
                 .unwrap_or((0, 0));
-            entries.push((used, name));
+            entries.push((name == except, used, name));
         }
+        // `except` first, then the most recently used.
         entries.sort_by(|a, b| b.cmp(a));
-        for (_, name) in entries.into_iter().skip(keep.saturating_sub(1)) {
+        for (_, _, name) in entries.into_iter().skip(keep) {
             if self.discard(&name) {
                 tracing::debug!(entry = %name, "old host mask removed");
             }
+        }
+    }
+}
+
+/// Remove the directory at `path` unless a runtime holds it (its shared lock).
+fn remove_unless_held(path: &Path) {
+    if let Ok(f) = open_dir(path) {
+        if flock(&f, libc::LOCK_EX | libc::LOCK_NB).is_ok() {
+            let _ = std::fs::remove_dir_all(path);
         }
     }
 }
