@@ -142,7 +142,8 @@ pub enum Cmd {
     /// Remove what crashed runs left behind (also done at every start).
     Reap {
         /// Also unmount and drop the instance cache (synthesized instances, certificates) and
-        /// the harbor layer store.
+        /// the harbor layer store, and empty the store of built host masks (entries in use
+        /// stay).
         #[arg(long)]
         cache: bool,
     },

@@ -250,5 +250,16 @@ pub fn reap(cache: bool) -> anyhow::Result<i32> {
     if cache && engine::harbor::LayerStore::remove(rt.state_dir())? {
         outln!("harbor layer store removed");
     }
+    if let Some(store) = cache
+        .then(sandbox::mask_store::default_dir)
+        .as_deref()
+        .and_then(sandbox::mask_store::MaskStore::open)
+    {
+        store.prune(0, "");
+        outln!(
+            "host mask store {} emptied (entries in use kept)",
+            store.dir().display()
+        );
+    }
     Ok(0)
 }

@@ -73,7 +73,7 @@ pub fn host_memory_bytes() -> Option<u64> {
 
 /// A field of `/proc/meminfo`, in bytes.
 fn meminfo_bytes(field: &str) -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let text = crate::sys::read_proc("/proc/meminfo").ok()?;
     let line = text.lines().find(|l| l.starts_with(field))?;
     let kib: u64 = line[field.len()..]
         .split_whitespace()

@@ -48,13 +48,13 @@ impl Layout {
     /// Read `/proc/self/mountinfo`.
     pub fn detect() -> Result<Self, CgroupError> {
         let text =
-            std::fs::read_to_string("/proc/self/mountinfo").map_err(|source| CgroupError::Io {
+            crate::sys::read_proc("/proc/self/mountinfo").map_err(|source| CgroupError::Io {
                 op: "read",
                 path: "/proc/self/mountinfo".into(),
                 source,
             })?;
         let v2_controllers = |root: &Path| {
-            std::fs::read_to_string(root.join("cgroup.controllers")).unwrap_or_default()
+            crate::sys::read_proc(root.join("cgroup.controllers")).unwrap_or_default()
         };
         Self::from_mountinfo(&text, &v2_controllers)
     }
@@ -330,8 +330,13 @@ impl Drop for Cgroup {
 
 /// Kill the processes of one cgroup directory (and its children) and remove it.
 pub fn remove(dir: &Path) -> Result<(), CgroupError> {
-    if !dir.exists() {
-        return Ok(());
+    // An empty cgroup without children (a sandbox's, once its init is reaped: the pid
+    // namespace's processes are gone with it) goes with one rmdir; the kernel refuses it
+    // (EBUSY) while a process or a child cgroup is left, and then both are dealt with below.
+    match std::fs::remove_dir(dir) {
+        Ok(()) => return Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(_) => {}
     }
     if let Ok(rd) = std::fs::read_dir(dir) {
         for e in rd.flatten() {

@@ -28,7 +28,7 @@ const MAX_ENTRY: u64 = 1 << 20;
 pub const SETTLE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// What identifies a file's contents without reading them.
-fn identity(m: &std::fs::Metadata) -> String {
+pub(crate) fn identity(m: &std::fs::Metadata) -> String {
     format!(
         "{} {} {} {}.{} {}.{}",
         m.dev(),

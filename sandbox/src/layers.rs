@@ -32,6 +32,8 @@ pub enum LayerError {
         image: String,
         source: Box<crate::docker::DockerError>,
     },
+    #[error("{0}")]
+    MaskStore(#[from] crate::mask_store::MaskStoreError),
     #[error("image {path}: {source}")]
     Oci {
         path: PathBuf,
@@ -157,7 +159,8 @@ impl HostView for RealHost {
     }
 }
 
-const OPAQUE: &str = "trusted.overlay.opaque";
+/// The overlay attribute that makes a directory hide what the layers below hold there.
+pub(crate) const OPAQUE: &str = "trusted.overlay.opaque";
 
 /// Lay out the mask that sits on top of the host's `/`:
 /// - system directories ([`HOST_PASS`]) pass through;

@@ -19,6 +19,7 @@ pub mod host_walk;
 pub mod init;
 pub mod landlock;
 pub mod layers;
+pub mod mask_store;
 pub mod mounts;
 pub mod netns;
 pub mod oci;

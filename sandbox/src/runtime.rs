@@ -76,6 +76,11 @@ struct Inner {
     admission: Mutex<crate::Admission>,
     rootfs: Mutex<HashMap<RootfsSpec, Rootfs>>,
     host_mask: Mutex<Option<(PathBuf, String)>>,
+    /// The store of built host masks (`mask_store.rs`) while it is usable; else the mask is
+    /// built on a tmpfs of the run.
+    mask_store: Mutex<Option<crate::mask_store::MaskStore>>,
+    /// The store's entry this run's sandboxes use, held (never pruned) while the run lives.
+    mask_held: Mutex<Option<crate::mask_store::HeldMask>>,
     /// Whether `<run>/hostmask` is already a shared mount point (see
     /// [`Runtime::share_host_mask_point`]).
     host_mask_point: Mutex<bool>,
@@ -100,8 +105,19 @@ impl std::fmt::Debug for Runtime {
 }
 
 impl Runtime {
-    /// A runtime over `state` (see [`state::default_state_dir`]) using `init` as PID 1.
+    /// A runtime over `state` (see [`state::default_state_dir`]) using `init` as PID 1, with
+    /// the default store of built host masks ([`crate::mask_store::default_dir`]).
     pub fn new(state: &Path, init: InitProgram) -> Result<Self, SandboxError> {
+        Self::with_mask_store(state, init, Some(&crate::mask_store::default_dir()))
+    }
+
+    /// [`Runtime::new`] with the host mask store at `mask_store` (`None`, or a store that
+    /// [`crate::mask_store::MaskStore::open`] refuses: each run builds its own mask).
+    pub fn with_mask_store(
+        state: &Path,
+        init: InitProgram,
+        mask_store: Option<&Path>,
+    ) -> Result<Self, SandboxError> {
         let t0 = std::time::Instant::now();
         raise_nofile();
         let cgroups = cgroup::Layout::detect()?;
@@ -136,6 +152,8 @@ impl Runtime {
                 admission: Mutex::new(crate::Admission::default()),
                 rootfs: Mutex::new(HashMap::new()),
                 host_mask: Mutex::new(None),
+                mask_store: Mutex::new(mask_store.and_then(crate::mask_store::MaskStore::open)),
+                mask_held: Mutex::new(None),
                 host_mask_point: Mutex::new(false),
                 seccomp: Mutex::new(None),
                 netns: crate::netns::NetnsReserve::new(crate::netns::DEFAULT_RESERVE),
@@ -211,12 +229,43 @@ impl Runtime {
         if let Some(r) = cache.get(spec) {
             return Ok(r.clone());
         }
+        self.resolve_uncached(spec, &mut cache, None, false)
+            .map(|(r, _)| r)
+    }
+
+    /// How a host mask made now would reach an init cloned before it: from the store (no
+    /// mount needed), or mounted on the run's shared mount point, made now if it is not yet.
+    fn prepare_host_mask(&self) -> Result<MaskPlace, SandboxError> {
+        if lock(&self.inner.mask_store).is_some() {
+            return Ok(MaskPlace::Store);
+        }
+        self.share_host_mask_point()?;
+        Ok(MaskPlace::RunTmpfs)
+    }
+
+    /// Resolve `spec` and cache it, except a host root made from a remembered plan whose
+    /// checks are left to the caller (`defer`, see [`PendingMask`]): that one is returned
+    /// with them and cached only by [`Runtime::accept_host_mask`].
+    fn resolve_uncached(
+        &self,
+        spec: &RootfsSpec,
+        cache: &mut HashMap<RootfsSpec, Rootfs>,
+        place: Option<MaskPlace>,
+        defer: bool,
+    ) -> Result<(Rootfs, Option<PendingMask>), SandboxError> {
+        let host_root = |mask: &Path, digest: &str| Rootfs {
+            lowers: vec![mask.to_string_lossy().into_owned(), "/".into()],
+            digest: digest.to_string(),
+        };
         let r = match spec {
             RootfsSpec::Host => {
-                let (mask, digest) = self.host_mask()?;
-                Rootfs {
-                    lowers: vec![mask.to_string_lossy().into_owned(), "/".into()],
-                    digest,
+                let place = match place {
+                    Some(p) => p,
+                    None => self.prepare_host_mask()?,
+                };
+                match self.host_mask(place, defer)? {
+                    HostMask::Ready(mask, digest) => host_root(&mask, &digest),
+                    HostMask::Pending(p) => return Ok((host_root(&p.dir, &p.digest), Some(p))),
                 }
             }
             RootfsSpec::Dir(p) => {
@@ -250,7 +299,19 @@ impl Runtime {
             }
         };
         cache.insert(spec.clone(), r.clone());
-        Ok(r)
+        Ok((r, None))
+    }
+
+    /// A pending host mask whose checks held: from now on the runtime's own.
+    fn accept_host_mask(&self, p: PendingMask, rootfs: Rootfs) {
+        // The order of `resolve_uncached`: the rootfs cache, then the mask.
+        let mut cache = lock(&self.inner.rootfs);
+        let mut guard = lock(&self.inner.host_mask);
+        if guard.is_none() {
+            *guard = Some((p.dir, p.digest));
+            *lock(&self.inner.mask_held) = Some(p.held);
+            cache.insert(RootfsSpec::Host, rootfs);
+        }
     }
 
     /// Make `<run>/hostmask` a shared mount point (bound onto itself), once per run, before
@@ -280,28 +341,79 @@ impl Runtime {
         Ok(())
     }
 
-    /// The host layer's mask: a small tmpfs in the host mount namespace, built once per run
-    /// on the shared mount point of [`Runtime::share_host_mask_point`].
-    /// (It cannot live on the root filesystem: overlayfs refuses a lower layer nested inside
-    /// another lower layer, and the host's `/` is one.)
-    fn host_mask(&self) -> Result<(PathBuf, String), SandboxError> {
+    /// The host layer's mask: an entry of the mask store (`mask_store.rs`), else a small
+    /// tmpfs in the host mount namespace, built once per run on the shared mount point of
+    /// [`Runtime::share_host_mask_point`]. `place` is where the inits cloned before this
+    /// call can see it (see [`Runtime::prepare_host_mask`]).
+    /// (Neither can live on the root filesystem: overlayfs refuses a lower layer nested
+    /// inside another lower layer of its filesystem, and the host's `/` is one.)
+    ///
+    /// With `defer` and the store, a remembered plan's checks are not run here: the mask is
+    /// returned pending, with them, and nothing is cached (see [`PendingMask`]).
+    fn host_mask(&self, place: MaskPlace, defer: bool) -> Result<HostMask, SandboxError> {
         let mut guard = lock(&self.inner.host_mask);
-        if let Some(m) = guard.as_ref() {
-            return Ok(m.clone());
+        if let Some((dir, digest)) = guard.as_ref() {
+            return Ok(HostMask::Ready(dir.clone(), digest.clone()));
         }
-        self.share_host_mask_point()?;
         // Plan once (one walk of the host) relative to `/`, so the digest does not depend on
         // where this run keeps the mask; then perform the plan under the mask directory.
         let t_walk = std::time::Instant::now();
         let cache_dir = state::digest_cache_dir(&self.inner.state);
-        let (plan, source) = crate::host_walk::with_host(&cache_dir, |host| {
+        let planner = |host: &dyn layers::HostView| {
             let mut plan = crate::sys::Recorder::default();
             layers::plan_host_mask(&mut plan, Path::new("/"), host)?;
             Ok(plan)
-        })?;
+        };
+        let (plan, source, deferred) = if defer && place == MaskPlace::Store {
+            crate::host_walk::with_host_deferred(&cache_dir, "host-mask", planner)?
+        } else {
+            let (plan, source) = crate::host_walk::with_host(&cache_dir, "host-mask", planner)?;
+            (plan, source, None)
+        };
         let digest = layers::host_digest(&plan.ops, &cache_dir);
         let walk_us = t_walk.elapsed().as_micros() as u64;
         let t_build = std::time::Instant::now();
+        if place == MaskPlace::Store {
+            let store = lock(&self.inner.mask_store).clone();
+            let held = store.as_ref().map(|s| s.get_or_build(&plan));
+            let held = match held {
+                Some(Ok(h)) => h,
+                Some(Err(e)) => {
+                    // This sandbox fails (its init cannot see a mask made elsewhere now); the
+                    // next ones of this run build their mask in the run.
+                    *lock(&self.inner.mask_store) = None;
+                    return Err(LayerError::from(e).into());
+                }
+                None => return Err(LayerError::BadDirectory {
+                    path: crate::mask_store::default_dir(),
+                    reason:
+                        "the host mask store was given up by another sandbox of this run; try again"
+                            .into(),
+                }
+                .into()),
+            };
+            let dir = held.path.clone();
+            tracing::debug!(
+                walk_us,
+                walk = ?source,
+                checks_deferred = deferred.is_some(),
+                store_us = t_build.elapsed().as_micros() as u64,
+                ops = plan.ops.len(),
+                entry = %dir.display(),
+                "host mask from the store"
+            );
+            if let Some(checks) = deferred {
+                return Ok(HostMask::Pending(PendingMask {
+                    checks,
+                    dir,
+                    digest,
+                    held,
+                }));
+            }
+            *lock(&self.inner.mask_held) = Some(held);
+            *guard = Some((dir.clone(), digest.clone()));
+            return Ok(HostMask::Ready(dir, digest));
+        }
         let dir = self.inner.run_dir.join("hostmask");
         let plan = plan.rebased(&dir);
         let mut sys = RealSys;
@@ -338,7 +450,7 @@ impl Runtime {
             "host mask built"
         );
         *guard = Some((dir.clone(), digest.clone()));
-        Ok((dir, digest))
+        Ok(HostMask::Ready(dir, digest))
     }
 
     fn seccomp(
@@ -365,6 +477,13 @@ impl Runtime {
 
     /// Create a sandbox: cgroups, namespaces, init, root filesystem.
     pub fn create(&self, cfg: &SandboxConfig) -> Result<Sandbox, SandboxError> {
+        self.create_with(cfg, true)
+    }
+
+    /// [`Runtime::create`]; with `defer`, the checks of a remembered host plan run while init
+    /// sets up (the sandbox is returned only if they hold, else it is dropped before any
+    /// command ran in it and made again from a fresh walk).
+    fn create_with(&self, cfg: &SandboxConfig, defer: bool) -> Result<Sandbox, SandboxError> {
         let t0 = std::time::Instant::now();
         cfg.validate().map_err(SandboxError::Config)?;
         self.admission().admit(&self.inner.live)?;
@@ -381,9 +500,11 @@ impl Runtime {
         let mut guard = CreateGuard {
             dir: Some(dir.clone()),
         };
-        if cfg.rootfs == RootfsSpec::Host {
-            self.share_host_mask_point()?;
-        }
+        let mask_place = if cfg.rootfs == RootfsSpec::Host {
+            Some(self.prepare_host_mask()?)
+        } else {
+            None
+        };
         let t_cg = std::time::Instant::now();
         let cgroup = Cgroup::create(&self.inner.cgroups, &self.inner.run, &name, &cfg.limits)?;
         let cgroup_us = us(t_cg);
@@ -413,11 +534,35 @@ impl Runtime {
         // for its plan): the first sandbox of a process walks the host for the mask here. A
         // failure drops `sb`, which kills init and removes what was made for it.
         let t_resolve = std::time::Instant::now();
-        sb.set_rootfs(stack_layers(self.resolve(&cfg.rootfs)?, &cfg.layers)?);
+        let (base, pending) = {
+            let mut cache = lock(&self.inner.rootfs);
+            match cache.get(&cfg.rootfs) {
+                Some(r) => (r.clone(), None),
+                None => self.resolve_uncached(&cfg.rootfs, &mut cache, mask_place, defer)?,
+            }
+        };
+        sb.set_rootfs(stack_layers(base.clone(), &cfg.layers)?);
         let seccomp = self.seccomp(cfg)?;
         let resolve_us = us(t_resolve);
         let t_setup = std::time::Instant::now();
-        sb.setup(cfg, seccomp)?;
+        match pending {
+            None => sb.setup(cfg, seccomp)?,
+            Some(p) => {
+                // Init sets up (no command can run before this returns) while the host is
+                // checked against the remembered plan.
+                sb.send_setup(cfg, seccomp)?;
+                if !p.checks.holds() {
+                    tracing::debug!(
+                        sandbox = %sb.name(),
+                        "the host changed since its walk was remembered: made again from a fresh walk"
+                    );
+                    drop(sb);
+                    return self.create_with(cfg, false);
+                }
+                sb.wait_setup()?;
+                self.accept_host_mask(p, base);
+            }
+        }
         tracing::debug!(
             sandbox = %sb.name(),
             pid,
@@ -477,9 +622,12 @@ fn raise_nofile() {
 impl Drop for Inner {
     fn drop(&mut self) {
         // The host mask's tmpfs and the shared mount point under it are both listed (one
-        // path twice): each unmount removes the topmost.
-        for m in state::mounts_under(&self.run_dir) {
-            let _ = nix::mount::umount2(&m, nix::mount::MntFlags::MNT_DETACH);
+        // path twice): each unmount removes the topmost. A run that used the mask store
+        // mounted nothing in this namespace: no need to read the mount table.
+        if *lock(&self.host_mask_point) {
+            for m in state::mounts_under(&self.run_dir) {
+                let _ = nix::mount::umount2(&m, nix::mount::MntFlags::MNT_DETACH);
+            }
         }
         for (_, root) in self.cgroups.roots() {
             let _ = cgroup::remove(&root.join(cgroup::TOP).join(&self.run));
@@ -487,6 +635,31 @@ impl Drop for Inner {
         let _ = std::fs::remove_dir_all(&self.run_dir);
         tracing::debug!(run = %self.run, "runtime cleaned up");
     }
+}
+
+/// A host mask, resolved.
+enum HostMask {
+    Ready(PathBuf, String),
+    Pending(PendingMask),
+}
+
+/// A host mask from a remembered plan whose checks have not run yet
+/// (`host_walk::with_host_deferred`): nothing may run on it until they hold; only then is it
+/// cached ([`Runtime::accept_host_mask`]).
+struct PendingMask {
+    checks: crate::host_walk::Deferred,
+    dir: PathBuf,
+    digest: String,
+    held: crate::mask_store::HeldMask,
+}
+
+/// Where a host mask made after an init was cloned is visible to that init.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum MaskPlace {
+    /// An entry of the mask store: on a filesystem every init's mount namespace shares.
+    Store,
+    /// Mounted on the run's shared mount point, which the init's namespace is a peer of.
+    RunTmpfs,
 }
 
 /// A live sandbox's place, given back on drop unless a sandbox took it over.

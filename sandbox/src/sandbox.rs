@@ -78,6 +78,16 @@ impl Sandbox {
         cfg: &SandboxConfig,
         seccomp: Option<CompiledSeccomp>,
     ) -> Result<(), SandboxError> {
+        self.send_setup(cfg, seccomp)?;
+        self.wait_setup()
+    }
+
+    /// The first half of [`Self::setup`]: send the plan (init sets up while the caller works).
+    pub(crate) fn send_setup(
+        &mut self,
+        cfg: &SandboxConfig,
+        seccomp: Option<CompiledSeccomp>,
+    ) -> Result<(), SandboxError> {
         let plan = SetupPlan {
             sandbox_dir: self.dir.to_string_lossy().into_owned(),
             cgroup_join: self
@@ -98,7 +108,12 @@ impl Sandbox {
             nofile: cfg.nofile,
             userns: cfg.userns.then_some((USERNS_BASE, 65_536)),
         };
-        match self.call(Request::Setup(Box::new(plan)), Duration::from_secs(30))? {
+        self.send(&Request::Setup(Box::new(plan)))
+    }
+
+    /// The second half of [`Self::setup`]: wait until init says the sandbox is ready.
+    pub(crate) fn wait_setup(&mut self) -> Result<(), SandboxError> {
+        match self.receive(Duration::from_secs(30))? {
             Response::Ok => Ok(()),
             Response::Failed { message, .. } => Err(SandboxError::Setup(message)),
             other => Err(SandboxError::Unexpected {
@@ -158,6 +173,19 @@ impl Sandbox {
     }
 
     fn call(&mut self, req: Request, timeout: Duration) -> Result<Response, SandboxError> {
+        self.send(&req)?;
+        self.receive(timeout)
+    }
+
+    fn send(&mut self, req: &Request) -> Result<(), SandboxError> {
+        if self.dead {
+            return Err(SandboxError::Dead);
+        }
+        let r = write_frame(&mut self.sock, "request", req);
+        r.map_err(|e| self.failed(e, None))
+    }
+
+    fn receive(&mut self, timeout: Duration) -> Result<Response, SandboxError> {
         if self.dead {
             return Err(SandboxError::Dead);
         }
@@ -165,27 +193,30 @@ impl Sandbox {
             self.sock
                 .set_read_timeout(Some(timeout))
                 .map_err(ProtocolError::Io)?;
-            write_frame(&mut self.sock, "request", &req)?;
             read_frame::<Response>(&mut self.sock, "response")
         })();
-        match r {
-            Ok(resp) => Ok(resp),
-            Err(ProtocolError::Io(e))
+        r.map_err(|e| self.failed(e, Some(timeout)))
+    }
+
+    /// A failed exchange with init: init is killed, and the error says why.
+    fn failed(&mut self, e: ProtocolError, timeout: Option<Duration>) -> SandboxError {
+        match e {
+            ProtocolError::Io(e)
                 if matches!(
                     e.kind(),
                     std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) =>
+                ) && timeout.is_some() =>
             {
                 self.kill();
-                Err(SandboxError::Unresponsive(timeout))
+                SandboxError::Unresponsive(timeout.unwrap_or_default())
             }
-            Err(ProtocolError::Closed) | Err(ProtocolError::Io(_)) => {
+            ProtocolError::Closed | ProtocolError::Io(_) => {
                 self.kill();
-                Err(SandboxError::Dead)
+                SandboxError::Dead
             }
-            Err(e) => {
+            e => {
                 self.kill();
-                Err(e.into())
+                e.into()
             }
         }
     }

@@ -44,7 +44,7 @@ pub fn default_state_dir() -> PathBuf {
 
 /// Start time of a process in clock ticks since boot (field 22 of /proc/PID/stat).
 pub fn start_time(pid: i32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let stat = crate::sys::read_proc(format!("/proc/{pid}/stat")).ok()?;
     let rest = stat.rsplit_once(')')?.1;
     rest.split_whitespace().nth(19)?.parse().ok()
 }
@@ -107,7 +107,7 @@ pub struct Reaped {
 
 /// Mount points at or below `dir` in this mount namespace, deepest first.
 pub fn mounts_under(dir: &Path) -> Vec<PathBuf> {
-    let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let text = crate::sys::read_proc("/proc/self/mountinfo").unwrap_or_default();
     let mut v: Vec<PathBuf> = text
         .lines()
         .filter_map(|l| l.split_whitespace().nth(4))

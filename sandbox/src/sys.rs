@@ -33,13 +33,15 @@ impl SysError {
     }
 }
 
-/// One operation, as recorded by [`Recorder`].
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One operation, as recorded by [`Recorder`] (and remembered across processes, see
+/// [`crate::host_walk`]).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Op {
     Mount {
         source: String,
         target: PathBuf,
         fstype: String,
+        #[serde(with = "ms_flags")]
         flags: MsFlags,
         data: String,
     },
@@ -177,6 +179,19 @@ impl Sys for RealSys {
     }
 }
 
+/// The text of a kernel file (`/proc`, `/sys`): these report a size of 0, so a plain
+/// `read_to_string` reads them through a chain of small buffers (32, 32, 64, ... bytes, a
+/// syscall each); this reads into one buffer of `PROC_READ` bytes and grows only past it.
+pub fn read_proc(path: impl AsRef<Path>) -> std::io::Result<String> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(path)?;
+    let mut buf = String::with_capacity(PROC_READ);
+    f.read_to_string(&mut buf)?;
+    Ok(buf)
+}
+
+const PROC_READ: usize = 16 << 10;
+
 /// `lsetxattr(2)`.
 pub fn set_xattr(path: &Path, name: &str, value: &[u8]) -> std::io::Result<()> {
     use std::os::unix::ffi::OsStrExt;
@@ -243,8 +258,22 @@ pub(crate) fn openat(
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
+/// Mount flags as their bits.
+mod ms_flags {
+    use nix::mount::MsFlags;
+
+    pub fn serialize<S: serde::Serializer>(f: &MsFlags, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(f.bits())
+    }
+
+    pub fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<MsFlags, D::Error> {
+        let bits = <u64 as serde::Deserialize>::deserialize(d)?;
+        Ok(MsFlags::from_bits_retain(bits))
+    }
+}
+
 /// Records every operation instead of performing it.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct Recorder {
     pub ops: Vec<Op>,
 }

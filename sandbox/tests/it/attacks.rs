@@ -150,7 +150,9 @@ fn host_private_files_are_invisible() {
 
 /// The host mask's walk is remembered across runtimes (`sandbox::host_walk`): a file of
 /// `/etc` that was world-readable when the walk was remembered and is made private later must
-/// be hidden from the next sandbox, as a fresh walk would hide it.
+/// be hidden from the next sandbox, as a fresh walk would hide it. (The runtime checks the
+/// remembered plan while that sandbox's init sets up; the sandbox made on the stale plan must
+/// be dropped and made again, never returned.)
 #[test]
 fn an_etc_file_made_private_after_the_walk_was_remembered_is_hidden() {
     require_root!();
@@ -172,7 +174,7 @@ fn an_etc_file_made_private_after_the_walk_was_remembered_is_hidden() {
     let rt = runtime();
     let cache = sandbox::state::digest_cache_dir(rt.state_dir());
     let plan = || {
-        with_host(&cache, |host| {
+        with_host(&cache, "attack-test-ops", |host| {
             let mut rec = sandbox::sys::Recorder::default();
             sandbox::layers::plan_host_mask(&mut rec, std::path::Path::new("/"), host)?;
             Ok(rec.ops)
@@ -190,7 +192,7 @@ fn an_etc_file_made_private_after_the_walk_was_remembered_is_hidden() {
         Source::Remembered,
         "an unchanged host is not walked again"
     );
-    assert_eq!(first, again, "the remembered walk plans the same mask");
+    assert_eq!(first, again, "the remembered plan is the mask a walk plans");
     assert!(!hides(&again), "a world-readable file passes through");
     let mut sb = rt.create(&small()).unwrap();
     assert!(out(&sh(&mut sb, &format!("cat /etc/{name}"))).contains("secret"));

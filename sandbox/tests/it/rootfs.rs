@@ -1,6 +1,6 @@
 //! Sandboxes on every root filesystem source: a directory and a `docker save` image.
 use crate::common::*;
-use sandbox::RootfsSpec;
+use sandbox::{RootfsSpec, Runtime};
 use sha2::Digest;
 use std::path::Path;
 
@@ -229,4 +229,49 @@ fn the_host_layer_digest_is_stable_across_runs() {
         .to_string();
     assert!(a.starts_with("sha256-"), "{a}");
     assert_eq!(a, b, "the digest names the content, not the run");
+}
+
+/// The host mask comes from the store of built masks (`sandbox::mask_store`): nothing is
+/// mounted in the run, the store's entry is the top layer, and it hides what a mask built in
+/// the run hides (the runtime without a store builds that one, on its run's tmpfs).
+#[test]
+fn the_host_mask_from_the_store_hides_what_a_mask_built_in_the_run_hides() {
+    require_root!();
+    let probe = "test -e /etc/shadow && echo SHADOW; test -e /var/lib/envfactory && echo STATE; \
+                 test -e /work && echo WORK; test -r /etc/passwd && echo passwd-ok; ls -a /tmp | wc -l";
+    let rt = runtime();
+    let mut sb = rt.create(&config()).unwrap();
+    let stored = out(&sh(&mut sb, probe));
+    let store = sandbox::mask_store::default_dir();
+    let lowers = rt.resolve(&RootfsSpec::Host).unwrap().lowers;
+    assert!(
+        Path::new(&lowers[0]).starts_with(&store),
+        "the top layer is the store's entry: {lowers:?}"
+    );
+    assert!(
+        sandbox::state::mounts_under(rt.run_dir()).is_empty(),
+        "nothing mounted in the run"
+    );
+    assert!(!rt.run_dir().join("hostmask").exists());
+    drop(sb);
+
+    let _starting = serial(&RUNTIME_START);
+    let own = Runtime::with_mask_store(rt.state_dir(), init_program(), None).unwrap();
+    let mut sb = own.create(&config()).unwrap();
+    let built = out(&sh(&mut sb, probe));
+    let lowers = own.resolve(&RootfsSpec::Host).unwrap().lowers;
+    assert_eq!(Path::new(&lowers[0]), own.run_dir().join("hostmask"));
+    assert_eq!(stored, built, "the same mask either way");
+    assert_eq!(stored, "passwd-ok\n2\n", "private files hidden, /tmp fresh");
+    assert_eq!(
+        rt.resolve(&RootfsSpec::Host).unwrap().digest,
+        own.resolve(&RootfsSpec::Host).unwrap().digest
+    );
+    let run = own.run_dir().to_path_buf();
+    drop(sb);
+    drop(own);
+    assert!(
+        sandbox::state::mounts_under(&run).is_empty() && !run.exists(),
+        "the run's mask is unmounted and removed"
+    );
 }
