@@ -450,13 +450,21 @@ fn start(
         .stdout(out)
         .stderr(err)
         .process_group(0);
-    // SAFETY: the closure runs in the child between fork and exec and only calls prctl(2),
-    // which is async-signal-safe. A sweep that dies without passing a signal on (SIGKILL, a
-    // crash) takes its points with it: a SIGTERM, on which they checkpoint and stop.
+    // SAFETY: the closure runs in the child between fork and exec and only calls prctl(2) and
+    // signal(2), which are async-signal-safe. A sweep that dies without passing a signal on
+    // (SIGKILL, a crash) takes its points with it: a SIGTERM, on which they checkpoint and
+    // stop. The signals the sweep passes on are reset to their default: a sweep started where
+    // they are ignored (`nohup`, `cmd &` in a script) still catches them itself, and a point
+    // that inherited SIG_IGN would never see them (a shell cannot even trap them then).
     unsafe {
         c.pre_exec(|| {
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
                 return Err(std::io::Error::last_os_error());
+            }
+            for sig in [libc::SIGINT, libc::SIGTERM] {
+                if libc::signal(sig, libc::SIG_DFL) == libc::SIG_ERR {
+                    return Err(std::io::Error::last_os_error());
+                }
             }
             Ok(())
         });

@@ -28,6 +28,7 @@ pub mod protocol;
 pub mod runtime;
 pub mod sandbox;
 pub mod seccomp;
+mod spawn_init;
 pub mod state;
 pub mod sys;
 #[cfg(feature = "testing")]

@@ -10,8 +10,6 @@ use crate::sandbox::Sandbox;
 use crate::state;
 use crate::sys::RealSys;
 use std::collections::HashMap;
-use std::ffi::CString;
-use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -520,7 +518,7 @@ impl Runtime {
         let netns = self.inner.netns.take();
         let netns_ready = netns.is_some();
         let t_spawn = std::time::Instant::now();
-        let pid = spawn_init(&self.inner.init, child_sock.into(), netns)?;
+        let pid = crate::spawn_init::spawn_init(&self.inner.init, child_sock.into(), netns)?;
         let spawn_us = us(t_spawn);
         let no_root_yet = Rootfs {
             lowers: Vec::new(),
@@ -683,78 +681,6 @@ impl Drop for CreateGuard {
             let _ = std::fs::remove_dir(d);
         }
     }
-}
-
-/// Clone a child into new namespaces and exec the init program in it with the control socket
-/// on fd 3. The child runs only async-signal-safe code between clone and execve. With `netns`
-/// (a network namespace made ahead, never used before) the child enters it instead of
-/// cloning a new one; the host's descriptor on it is closed when this returns.
-fn spawn_init(
-    init: &InitProgram,
-    sock: OwnedFd,
-    netns: Option<OwnedFd>,
-) -> Result<i32, SandboxError> {
-    let bad = |reason: &str| SandboxError::InitProgram {
-        path: init.path.clone(),
-        reason: reason.into(),
-    };
-    use std::os::unix::ffi::OsStrExt;
-    let path = CString::new(init.path.as_os_str().as_bytes()).map_err(|_| bad("NUL in path"))?;
-    let mut args = vec![path.clone()];
-    for a in &init.args {
-        args.push(CString::new(a.as_bytes()).map_err(|_| bad("NUL in argument"))?);
-    }
-    let mut argv: Vec<*const libc::c_char> = args.iter().map(|a| a.as_ptr()).collect();
-    argv.push(std::ptr::null());
-    let env = [
-        c"PATH=/usr/sbin:/usr/bin:/sbin:/bin".as_ptr(),
-        std::ptr::null(),
-    ];
-    let mut flags =
-        libc::CLONE_NEWNS | libc::CLONE_NEWPID | libc::CLONE_NEWUTS | libc::CLONE_NEWIPC;
-    if netns.is_none() {
-        flags |= libc::CLONE_NEWNET;
-    }
-    // Close-on-exec (opened so): init never holds it as a descriptor, only as its namespace.
-    let net_fd = netns.as_ref().map_or(-1, |f| f.as_raw_fd());
-    let fd = sock.as_raw_fd();
-    // SAFETY: a fork-like clone (no CLONE_VM, no new stack). The child only calls
-    // async-signal-safe functions (setns, fcntl, dup2, execve, _exit) on data prepared before the
-    // clone, so the state of other threads of this process does not matter to it.
-    let pid = unsafe {
-        libc::syscall(
-            libc::SYS_clone,
-            (flags | libc::SIGCHLD) as libc::c_ulong,
-            0usize,
-            0usize,
-            0usize,
-            0usize,
-        )
-    };
-    if pid == 0 {
-        // SAFETY: see above; this branch is the child and never returns.
-        unsafe {
-            if net_fd >= 0 && crate::netns::enter(net_fd) != 0 {
-                libc::_exit(126);
-            }
-            if fd == crate::init::CONTROL_FD {
-                libc::fcntl(fd, libc::F_SETFD, 0);
-            } else {
-                libc::dup2(fd, crate::init::CONTROL_FD);
-            }
-            libc::execve(path.as_ptr(), argv.as_ptr(), env.as_ptr());
-            libc::_exit(127);
-        }
-    }
-    if pid < 0 {
-        return Err(SandboxError::Spawn {
-            what: "clone into new namespaces",
-            source: std::io::Error::last_os_error(),
-        });
-    }
-    drop(sock);
-    drop(netns); // init holds the only reference now
-    Ok(pid as i32)
 }
 
 /// Layers of the store (ids bottom first) as a rootfs: lowers topmost first, and a digest of

@@ -109,5 +109,23 @@ def server(state_dir):
 
 
 def mounts_under(path):
-    with open("/proc/self/mountinfo") as f:
-        return sum(1 for line in f if path in line.split()[4])
+    """Mounts whose mount point or source lies under `path`, in every mount namespace of the
+    machine (each counted once): the host's and every live sandbox's. Since host masks live
+    in the mask store (`/dev/shm`), a server mounts nothing in the host's namespace for its
+    sandboxes; their overlays, side trees and bind mounts are in their own namespaces."""
+    seen = set()
+    total = 0
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            ns = os.readlink(f"/proc/{pid}/ns/mnt")
+            if ns in seen:
+                continue
+            with open(f"/proc/{pid}/mountinfo") as f:
+                lines = f.read().splitlines()
+        except OSError:
+            continue  # the process ended meanwhile, or is not ours to read
+        seen.add(ns)
+        total += sum(1 for line in lines if path in line.split()[4] or path in line.split(" - ")[-1])
+    return total

@@ -3,7 +3,9 @@
 import asyncio
 import json
 import os
+import shutil
 import subprocess
+import tempfile
 
 import pytest
 from websockets.asyncio.client import connect
@@ -328,11 +330,21 @@ def test_http_and_mcp_sessions(server):
     server.wait_idle()
 
 
-def test_the_server_leaves_no_mounts(state_dir):
-    base = mounts_under(state_dir)
-    with start_server(state_dir, "--pool", "4") as srv:
-        with Session(srv.url) as s:
-            s.reset(task="archive-logs", seed=1)
-            s.step("true")
-            assert mounts_under(state_dir) > base
-    assert mounts_under(state_dir) <= max(base, 1)
+def test_the_server_leaves_no_mounts():
+    # A state directory of its own: no other server's sandboxes are counted.
+    own = tempfile.mkdtemp(prefix="envfactory-py-mounts-")
+    try:
+        assert mounts_under(own) == 0
+        with start_server(own, "--pool", "4") as srv:
+            with Session(srv.url) as s:
+                s.reset(task="archive-logs", seed=1)
+                s.step("true")
+                live = mounts_under(own)
+                assert live > 1, "a live session's sandbox has its mounts (overlay, side trees)"
+        # Only the instance cache's tmpfs may stay (it outlives servers; `reap --cache` removes it).
+        assert mounts_under(own) <= 1
+        subprocess.run([engine_binary(), "reap", "--cache"], env={**os.environ, "ENVFACTORY_STATE": own}, check=True,
+                       stdout=subprocess.DEVNULL)
+        assert mounts_under(own) == 0
+    finally:
+        shutil.rmtree(own, ignore_errors=True)

@@ -15,7 +15,7 @@ mod direct;
 mod exec;
 pub(crate) mod files;
 pub(crate) mod snapshot;
-mod spawn;
+pub(crate) mod spawn;
 mod zygote;
 
 use crate::mounts::{self, Layout};

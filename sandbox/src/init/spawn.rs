@@ -20,13 +20,13 @@ pub(super) const STACK_SIZE: usize = 256 << 10;
 
 /// A stack for the child, with a guard page below it; reused by every spawn of one zygote
 /// (the zygote is suspended while the child uses it).
-pub(super) struct Stack {
+pub(crate) struct Stack {
     base: *mut c_void,
     len: usize,
 }
 
 impl Stack {
-    pub(super) fn new() -> Result<Self, i32> {
+    pub(crate) fn new() -> Result<Self, i32> {
         let page = 4096;
         let len = STACK_SIZE + page;
         // SAFETY: an anonymous private mapping of our own; the guard page is made inaccessible.
@@ -52,7 +52,7 @@ impl Stack {
     }
 
     /// The highest address, 16-byte aligned (stacks grow down on x86_64 and aarch64).
-    fn top(&self) -> *mut c_void {
+    pub(crate) fn top(&self) -> *mut c_void {
         let end = self.base as usize + self.len;
         (end & !15) as *mut c_void
     }
@@ -66,7 +66,7 @@ impl Drop for Stack {
 }
 
 /// A NUL-terminated array of pointers into `strings` (which must outlive it).
-pub(super) fn pointers(strings: &[CString]) -> Vec<*const c_char> {
+pub(crate) fn pointers(strings: &[CString]) -> Vec<*const c_char> {
     strings
         .iter()
         .map(|s| s.as_ptr())

@@ -73,3 +73,37 @@ fn a_command_can_run_as_another_user_without_capabilities() {
     );
     assert_eq!(out(&sh(&mut sb, "id -u")), "0\n");
 }
+
+/// Init is cloned with every signal blocked in the creating thread (`spawn_init.rs`), and the
+/// thread that creates a sandbox may itself block or ignore signals: commands still start with
+/// no signal blocked and none ignored, and a signal's default action still applies to them.
+#[test]
+fn commands_start_with_no_signal_blocked_or_ignored() {
+    require_root!();
+    let rt = runtime();
+    // SAFETY: sets owned here; only this test's thread's mask changes, restored below.
+    let old = unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGUSR1);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old);
+        old
+    };
+    let made = rt.create(&config());
+    // SAFETY: restoring the mask saved above.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
+    let mut sb = made.unwrap();
+    let r = sh(&mut sb, "grep -E '^Sig(Blk|Ign)' /proc/self/status");
+    assert_eq!(
+        out(&r),
+        "SigBlk:\t0000000000000000\nSigIgn:\t0000000000000000\n",
+        "{r:?}"
+    );
+    let r = sh(&mut sb, "kill -USR1 $$; echo survived");
+    assert_eq!(
+        r.termination,
+        sandbox::Termination::Signaled(libc::SIGUSR1),
+        "{r:?}"
+    );
+}

@@ -1,0 +1,150 @@
+//! Starting a sandbox's init: a child cloned into new namespaces that execs the init program
+//! with the control socket on fd 3.
+//!
+//! The child is cloned the way `posix_spawn` starts a program: `CLONE_VM | CLONE_VFORK`, on a
+//! stack of its own ([`crate::init::spawn::Stack`]). A fork-like clone of the engine (a large,
+//! multi-threaded process) copied its page tables, and every page the engine then wrote took
+//! a fault; here nothing is copied and the calling thread is suspended by the kernel until
+//! the child has exec'd or exited. The namespaces are the same (`CLONE_NEWNS | CLONE_NEWPID |
+//! CLONE_NEWUTS | CLONE_NEWIPC`, and `CLONE_NEWNET` unless a namespace made ahead is
+//! entered), and so is what init starts with: the same descriptors, environment and signal
+//! mask. Every signal disposition starts at its default (before, a signal ignored where the
+//! engine was started, `nohup`'s SIGHUP say, stayed ignored in init and in every command).
+//!
+//! The child shares the engine's memory until `execve`, so it touches only what was built
+//! before the clone ([`Child`]) and makes plain system calls: no allocation, no lock, no
+//! unwinding. All signals are blocked in the calling thread across the clone, so no handler
+//! of the engine can run on the child's stack; the child resets every disposition to the
+//! default before it restores the mask.
+
+use crate::error::SandboxError;
+use crate::init::spawn::{pointers, Stack};
+use crate::runtime::InitProgram;
+use std::ffi::{c_int, c_void, CString};
+use std::os::fd::{AsRawFd, OwnedFd};
+
+/// What the child reads, built before the clone.
+struct Child {
+    path: CString,
+    argv: Vec<*const libc::c_char>,
+    env: [*const libc::c_char; 2],
+    /// A network namespace made ahead to enter, or -1.
+    net_fd: i32,
+    /// The control socket, moved to [`crate::init::CONTROL_FD`].
+    sock_fd: i32,
+    /// The caller's signal mask, which init starts with.
+    mask: libc::sigset_t,
+}
+
+/// Clone a child into new namespaces and exec the init program in it with the control socket
+/// on fd 3. With `netns` (a network namespace made ahead, never used before) the child
+/// enters it instead of cloning a new one; the host's descriptor on it is closed when this
+/// returns. Returns init's pid (in this pid namespace).
+pub(crate) fn spawn_init(
+    init: &InitProgram,
+    sock: OwnedFd,
+    netns: Option<OwnedFd>,
+) -> Result<i32, SandboxError> {
+    let bad = |reason: &str| SandboxError::InitProgram {
+        path: init.path.clone(),
+        reason: reason.into(),
+    };
+    use std::os::unix::ffi::OsStrExt;
+    let path = CString::new(init.path.as_os_str().as_bytes()).map_err(|_| bad("NUL in path"))?;
+    let mut args = vec![path.clone()];
+    for a in &init.args {
+        args.push(CString::new(a.as_bytes()).map_err(|_| bad("NUL in argument"))?);
+    }
+    let stack = Stack::new().map_err(|e| SandboxError::Spawn {
+        what: "mapping the init child's stack",
+        source: std::io::Error::from_raw_os_error(e),
+    })?;
+    let mut flags =
+        libc::CLONE_NEWNS | libc::CLONE_NEWPID | libc::CLONE_NEWUTS | libc::CLONE_NEWIPC;
+    if netns.is_none() {
+        flags |= libc::CLONE_NEWNET;
+    }
+    flags |= libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD;
+    let mut child = Child {
+        argv: pointers(&args),
+        path,
+        env: [
+            c"PATH=/usr/sbin:/usr/bin:/sbin:/bin".as_ptr(),
+            std::ptr::null(),
+        ],
+        // Close-on-exec (opened so): init never holds it as a descriptor, only as its namespace.
+        net_fd: netns.as_ref().map_or(-1, |f| f.as_raw_fd()),
+        sock_fd: sock.as_raw_fd(),
+        // SAFETY: sigset_t is plain old data; it is filled in below before any use.
+        mask: unsafe { std::mem::zeroed() },
+    };
+    // SAFETY: (whole block) blocking every signal in this thread around the clone (and
+    // restoring its mask after) with sets we own; `run_child` runs on `stack` in our memory
+    // and only reads `child`, which lives across the call: the kernel keeps this thread
+    // suspended until the child has exec'd or exited (CLONE_VFORK), and the child never
+    // returns into our frames.
+    let pid = unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut child.mask);
+        let pid = libc::clone(
+            run_child,
+            stack.top(),
+            flags,
+            (&child as *const Child).cast_mut().cast(),
+        );
+        let e = std::io::Error::last_os_error();
+        libc::pthread_sigmask(libc::SIG_SETMASK, &child.mask, std::ptr::null_mut());
+        if pid < 0 {
+            return Err(SandboxError::Spawn {
+                what: "clone into new namespaces",
+                source: e,
+            });
+        }
+        pid
+    };
+    drop(stack); // the child has exec'd (or exited): it no longer runs on it
+    drop(sock);
+    drop(netns); // init holds the only reference now
+    Ok(pid)
+}
+
+/// The child, on its own stack, in the engine's memory: plain system calls only.
+extern "C" fn run_child(arg: *mut c_void) -> c_int {
+    // SAFETY: `arg` is the `Child` that `spawn_init` passed, alive until we exec or exit.
+    let c = unsafe { &*(arg as *const Child) };
+    // SAFETY: (whole block) system calls on descriptors, strings and sets the plan holds; the
+    // C library's wrappers used here (setns, fcntl, dup2, sigprocmask, execve, _exit) take
+    // no lock and do not allocate.
+    unsafe {
+        if c.net_fd >= 0 && crate::netns::enter(c.net_fd) != 0 {
+            libc::_exit(126);
+        }
+        if c.sock_fd == crate::init::CONTROL_FD {
+            libc::fcntl(c.sock_fd, libc::F_SETFD, 0);
+        } else {
+            libc::dup2(c.sock_fd, crate::init::CONTROL_FD);
+        }
+        // The engine's handlers must never run here (they would run on this stack, in the
+        // engine's memory), and nothing of how the engine was started reaches a sandbox: every
+        // disposition goes back to its default, ignored ones too (a `nohup` or a background
+        // job's SIG_IGN). The kernel's call, not the C library's: that one refuses the C
+        // library's own two real-time signals. An all-zero `struct sigaction` is SIG_DFL with
+        // no flags and an empty mask in every architecture's layout.
+        let dfl = [0u64; 4];
+        for sig in 1..=64 {
+            if sig != libc::SIGKILL && sig != libc::SIGSTOP {
+                libc::syscall(
+                    libc::SYS_rt_sigaction,
+                    sig,
+                    dfl.as_ptr(),
+                    std::ptr::null_mut::<u64>(),
+                    8usize,
+                );
+            }
+        }
+        libc::sigprocmask(libc::SIG_SETMASK, &c.mask, std::ptr::null_mut());
+        libc::execve(c.path.as_ptr(), c.argv.as_ptr(), c.env.as_ptr());
+        libc::_exit(127)
+    }
+}
