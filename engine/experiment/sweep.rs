@@ -453,15 +453,17 @@ fn start(
     // SAFETY: the closure runs in the child between fork and exec and only calls prctl(2) and
     // signal(2), which are async-signal-safe. A sweep that dies without passing a signal on
     // (SIGKILL, a crash) takes its points with it: a SIGTERM, on which they checkpoint and
-    // stop. The signals the sweep passes on are reset to their default: a sweep started where
-    // they are ignored (`nohup`, `cmd &` in a script) still catches them itself, and a point
-    // that inherited SIG_IGN would never see them (a shell cannot even trap them then).
+    // stop. The signals the sweep passes on are reset to their default: the sweep catches them
+    // even where they were ignored when it started (`nohup`: SIGHUP; `cmd &` in a script:
+    // SIGINT), and a point inherits dispositions from it. `engine run` installs its own
+    // handlers anyway; a point program that does not (a wrapper script, the tests' fakes: a
+    // shell cannot even trap a signal ignored at its start) would never see them.
     unsafe {
         c.pre_exec(|| {
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
                 return Err(std::io::Error::last_os_error());
             }
-            for sig in [libc::SIGINT, libc::SIGTERM] {
+            for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
                 if libc::signal(sig, libc::SIG_DFL) == libc::SIG_ERR {
                     return Err(std::io::Error::last_os_error());
                 }

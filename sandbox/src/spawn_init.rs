@@ -8,8 +8,9 @@
 //! the child has exec'd or exited. The namespaces are the same (`CLONE_NEWNS | CLONE_NEWPID |
 //! CLONE_NEWUTS | CLONE_NEWIPC`, and `CLONE_NEWNET` unless a namespace made ahead is
 //! entered), and so is what init starts with: the same descriptors, environment and signal
-//! mask. Every signal disposition starts at its default (before, a signal ignored where the
-//! engine was started, `nohup`'s SIGHUP say, stayed ignored in init and in every command).
+//! mask (the caller's, saved and restored by the kernel's `rt_sigprocmask`). Every signal
+//! disposition starts at its default (before, a signal ignored where the
+//! engine was started, a supervisor's SIGQUIT say, stayed ignored in init and in every command).
 //!
 //! The child shares the engine's memory until `execve`, so it touches only what was built
 //! before the clone ([`Child`]) and makes plain system calls: no allocation, no lock, no
@@ -84,9 +85,16 @@ pub(crate) fn spawn_init(
     // suspended until the child has exec'd or exited (CLONE_VFORK), and the child never
     // returns into our frames.
     let pid = unsafe {
-        let mut all: libc::sigset_t = std::mem::zeroed();
-        libc::sigfillset(&mut all);
-        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut child.mask);
+        // The kernel's call with every bit set: the C library's would leave its own two
+        // real-time signals (32, 33) deliverable, with its handlers, until the child resets them.
+        let all: [u64; 1] = [u64::MAX];
+        libc::syscall(
+            libc::SYS_rt_sigprocmask,
+            libc::SIG_SETMASK,
+            all.as_ptr(),
+            (&mut child.mask as *mut libc::sigset_t).cast::<u64>(),
+            8usize,
+        );
         let pid = libc::clone(
             run_child,
             stack.top(),
@@ -94,7 +102,13 @@ pub(crate) fn spawn_init(
             (&child as *const Child).cast_mut().cast(),
         );
         let e = std::io::Error::last_os_error();
-        libc::pthread_sigmask(libc::SIG_SETMASK, &child.mask, std::ptr::null_mut());
+        libc::syscall(
+            libc::SYS_rt_sigprocmask,
+            libc::SIG_SETMASK,
+            (&child.mask as *const libc::sigset_t).cast::<u64>(),
+            std::ptr::null_mut::<u64>(),
+            8usize,
+        );
         if pid < 0 {
             return Err(SandboxError::Spawn {
                 what: "clone into new namespaces",
@@ -114,7 +128,7 @@ extern "C" fn run_child(arg: *mut c_void) -> c_int {
     // SAFETY: `arg` is the `Child` that `spawn_init` passed, alive until we exec or exit.
     let c = unsafe { &*(arg as *const Child) };
     // SAFETY: (whole block) system calls on descriptors, strings and sets the plan holds; the
-    // C library's wrappers used here (setns, fcntl, dup2, sigprocmask, execve, _exit) take
+    // C library's wrappers used here (setns, fcntl, dup2, execve, _exit) take
     // no lock and do not allocate.
     unsafe {
         if c.net_fd >= 0 && crate::netns::enter(c.net_fd) != 0 {
@@ -126,8 +140,8 @@ extern "C" fn run_child(arg: *mut c_void) -> c_int {
             libc::dup2(c.sock_fd, crate::init::CONTROL_FD);
         }
         // The engine's handlers must never run here (they would run on this stack, in the
-        // engine's memory), and nothing of how the engine was started reaches a sandbox: every
-        // disposition goes back to its default, ignored ones too (a `nohup` or a background
+        // engine's memory), and no signal ignored where the engine was started stays ignored: every
+        // disposition goes back to its default, ignored ones too (a supervisor's or a background
         // job's SIG_IGN). The kernel's call, not the C library's: that one refuses the C
         // library's own two real-time signals. An all-zero `struct sigaction` is SIG_DFL with
         // no flags and an empty mask in every architecture's layout.
@@ -143,7 +157,13 @@ extern "C" fn run_child(arg: *mut c_void) -> c_int {
                 );
             }
         }
-        libc::sigprocmask(libc::SIG_SETMASK, &c.mask, std::ptr::null_mut());
+        libc::syscall(
+            libc::SYS_rt_sigprocmask,
+            libc::SIG_SETMASK,
+            (&c.mask as *const libc::sigset_t).cast::<u64>(),
+            std::ptr::null_mut::<u64>(),
+            8usize,
+        );
         libc::execve(c.path.as_ptr(), c.argv.as_ptr(), c.env.as_ptr());
         libc::_exit(127)
     }

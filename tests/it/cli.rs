@@ -38,6 +38,43 @@ fn sandbox_exec_prints_output_and_exits_with_the_command_status() {
     assert_eq!(String::from_utf8_lossy(&o.stderr), "err\n");
 }
 
+/// Signals ignored where the engine is started (`nohup`, a background job, a supervisor) do
+/// not reach the sandbox: init starts with every disposition at its default
+/// (`sandbox/src/spawn_init.rs`), so a command can be stopped by SIGUSR2 or SIGQUIT as usual.
+#[test]
+fn signals_ignored_by_whoever_starts_the_engine_are_not_ignored_in_the_sandbox() {
+    if !is_root() {
+        return;
+    }
+    use std::os::unix::process::CommandExt;
+    let mut c = engine();
+    c.args([
+        "sandbox",
+        "exec",
+        "--",
+        "grep",
+        "-E",
+        "^Sig(Blk|Ign)",
+        "/proc/self/status",
+    ]);
+    // SAFETY: signal(2) is async-signal-safe; it runs in the child between fork and exec.
+    unsafe {
+        c.pre_exec(|| {
+            for sig in [libc::SIGUSR2, libc::SIGQUIT, libc::SIGPIPE] {
+                libc::signal(sig, libc::SIG_IGN);
+            }
+            Ok(())
+        });
+    }
+    let o = c.output().unwrap();
+    assert!(o.status.success(), "{o:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout),
+        "SigBlk:\t0000000000000000\nSigIgn:\t0000000000000000\n",
+        "{o:?}"
+    );
+}
+
 #[test]
 fn sandbox_exec_documented_exit_codes() {
     if !is_root() {

@@ -108,24 +108,46 @@ def server(state_dir):
         yield s
 
 
-def mounts_under(path):
-    """Mounts whose mount point or source lies under `path`, in every mount namespace of the
-    machine (each counted once): the host's and every live sandbox's. Since host masks live
-    in the mask store (`/dev/shm`), a server mounts nothing in the host's namespace for its
-    sandboxes; their overlays, side trees and bind mounts are in their own namespaces."""
-    seen = set()
-    total = 0
+def _descends_from(pid, root):
+    """Whether process `pid` is `root` or one of its descendants (by the ppid chain)."""
+    for _ in range(64):
+        if pid == root:
+            return True
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                pid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return False
+        if pid <= 1:
+            return False
+    return False
+
+
+def mounts_under(path, server_pid=None):
+    """Mounts whose mount point or source lies under `path`, in this process's mount namespace
+    and, with `server_pid`, in those of that server's processes (each namespace counted once):
+    its live sandboxes'. Since host masks live in the mask store (`/dev/shm`), a server mounts
+    nothing in the host's namespace for its sandboxes; their overlays, side trees and bind
+    mounts are in their own namespaces. Sandboxes of other servers are not counted (each holds
+    a copy of the host's mount table from when it was made)."""
+    def count(pid):
+        with open(f"/proc/{pid}/mountinfo") as f:
+            return sum(1 for line in f if path in line.split()[4] or path in line.split(" - ")[-1])
+
+    seen = {os.readlink("/proc/self/ns/mnt")}
+    total = count("self")
+    if server_pid is None:
+        return total
     for pid in os.listdir("/proc"):
-        if not pid.isdigit():
+        if not pid.isdigit() or not _descends_from(int(pid), server_pid):
             continue
         try:
             ns = os.readlink(f"/proc/{pid}/ns/mnt")
             if ns in seen:
                 continue
-            with open(f"/proc/{pid}/mountinfo") as f:
-                lines = f.read().splitlines()
+            n = count(pid)
         except OSError:
-            continue  # the process ended meanwhile, or is not ours to read
+            continue  # the process ended meanwhile
         seen.add(ns)
-        total += sum(1 for line in lines if path in line.split()[4] or path in line.split(" - ")[-1])
+        total += n
     return total

@@ -333,18 +333,22 @@ def test_http_and_mcp_sessions(server):
 def test_the_server_leaves_no_mounts():
     # A state directory of its own: no other server's sandboxes are counted.
     own = tempfile.mkdtemp(prefix="envfactory-py-mounts-")
+    env = {**os.environ, "ENVFACTORY_STATE": own}
     try:
         assert mounts_under(own) == 0
         with start_server(own, "--pool", "4") as srv:
             with Session(srv.url) as s:
                 s.reset(task="archive-logs", seed=1)
                 s.step("true")
-                live = mounts_under(own)
+                live = mounts_under(own, srv.proc.pid)
                 assert live > 1, "a live session's sandbox has its mounts (overlay, side trees)"
-        # Only the instance cache's tmpfs may stay (it outlives servers; `reap --cache` removes it).
-        assert mounts_under(own) <= 1
-        subprocess.run([engine_binary(), "reap", "--cache"], env={**os.environ, "ENVFACTORY_STATE": own}, check=True,
-                       stdout=subprocess.DEVNULL)
+            pid = srv.proc.pid
+        # The server and its sandboxes are gone: no process of it holds a mount any more, and
+        # only the instance cache's tmpfs may stay (it outlives servers; `reap --cache` removes it).
+        assert mounts_under(own, pid) <= 1
+        subprocess.run([engine_binary(), "reap", "--cache"], env=env, check=True, stdout=subprocess.DEVNULL)
         assert mounts_under(own) == 0
     finally:
+        subprocess.run([engine_binary(), "reap", "--cache"], env=env, check=False,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         shutil.rmtree(own, ignore_errors=True)
