@@ -23,6 +23,7 @@ use crate::init::spawn::{pointers, Stack};
 use crate::runtime::InitProgram;
 use std::ffi::{c_int, c_void, CString};
 use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::atomic::{AtomicI32, Ordering};
 
 /// What the child reads, built before the clone.
 struct Child {
@@ -35,6 +36,9 @@ struct Child {
     sock_fd: i32,
     /// The caller's signal mask, which init starts with.
     mask: libc::sigset_t,
+    /// Written by the child when it cannot exec init: the errno of `execve`, or minus the
+    /// errno of entering the network namespace (read once the clone has returned).
+    failed: AtomicI32,
 }
 
 /// Clone a child into new namespaces and exec the init program in it with the control socket
@@ -78,6 +82,7 @@ pub(crate) fn spawn_init(
         sock_fd: sock.as_raw_fd(),
         // SAFETY: sigset_t is plain old data; it is filled in below before any use.
         mask: unsafe { std::mem::zeroed() },
+        failed: AtomicI32::new(0),
     };
     // SAFETY: (whole block) blocking every signal in this thread around the clone (and
     // restoring its mask after) with sets we own; `run_child` runs on `stack` in our memory
@@ -118,6 +123,26 @@ pub(crate) fn spawn_init(
         pid
     };
     drop(stack); // the child has exec'd (or exited): it no longer runs on it
+    let failed = child.failed.load(Ordering::SeqCst);
+    if failed != 0 {
+        // The child exited without becoming init: reap it and say why.
+        // SAFETY: waiting for our own child, which has exited or is exiting.
+        unsafe { libc::waitpid(pid, std::ptr::null_mut(), 0) };
+        return Err(if failed > 0 {
+            SandboxError::InitProgram {
+                path: init.path.clone(),
+                reason: format!(
+                    "cannot be executed: {}",
+                    std::io::Error::from_raw_os_error(failed)
+                ),
+            }
+        } else {
+            SandboxError::Spawn {
+                what: "entering a network namespace made ahead",
+                source: std::io::Error::from_raw_os_error(-failed),
+            }
+        });
+    }
     drop(sock);
     drop(netns); // init holds the only reference now
     Ok(pid)
@@ -132,6 +157,8 @@ extern "C" fn run_child(arg: *mut c_void) -> c_int {
     // no lock and do not allocate.
     unsafe {
         if c.net_fd >= 0 && crate::netns::enter(c.net_fd) != 0 {
+            c.failed
+                .store(-nix::errno::Errno::last_raw(), Ordering::SeqCst);
             libc::_exit(126);
         }
         if c.sock_fd == crate::init::CONTROL_FD {
@@ -165,6 +192,9 @@ extern "C" fn run_child(arg: *mut c_void) -> c_int {
             8usize,
         );
         libc::execve(c.path.as_ptr(), c.argv.as_ptr(), c.env.as_ptr());
+        // Still in the engine's memory: the caller reads this once the clone returns.
+        c.failed
+            .store(nix::errno::Errno::last_raw().max(1), Ordering::SeqCst);
         libc::_exit(127)
     }
 }

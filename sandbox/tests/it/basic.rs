@@ -107,3 +107,28 @@ fn commands_start_with_no_signal_blocked_or_ignored() {
         "{r:?}"
     );
 }
+
+/// An init program that exists but cannot be executed is a clear error naming it and the
+/// reason (the child reports `execve`'s errno before it exits), not a later socket error;
+/// nothing of the failed sandbox is left, and the runtime goes on making sandboxes.
+#[test]
+fn an_init_program_that_cannot_be_executed_is_named_with_the_reason() {
+    require_root!();
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("not-an-init");
+    std::fs::write(&bad, "no exec bit\n").unwrap();
+    let rt = {
+        let _starting = serial(&RUNTIME_START);
+        sandbox::testing::runtime_with(sandbox::InitProgram::at(bad.clone(), vec![]).unwrap())
+    };
+    for _ in 0..2 {
+        let e = rt.create(&config()).map(|_| ()).unwrap_err().to_string();
+        assert!(
+            e.contains(&bad.display().to_string()) && e.contains("Permission denied"),
+            "{e}"
+        );
+    }
+    let good = runtime();
+    let mut sb = good.create(&config()).unwrap();
+    assert_eq!(out(&sh(&mut sb, "echo up")), "up\n");
+}
