@@ -34,8 +34,8 @@ struct Child {
     net_fd: i32,
     /// The control socket, moved to [`crate::init::CONTROL_FD`].
     sock_fd: i32,
-    /// The caller's signal mask, which init starts with.
-    mask: libc::sigset_t,
+    /// The caller's signal mask (the kernel's 64-bit set), which init starts with.
+    mask: u64,
     /// Written by the child when it cannot exec init: the errno of `execve`, or minus the
     /// errno of entering the network namespace (read once the clone has returned).
     failed: AtomicI32,
@@ -80,8 +80,7 @@ pub(crate) fn spawn_init(
         // Close-on-exec (opened so): init never holds it as a descriptor, only as its namespace.
         net_fd: netns.as_ref().map_or(-1, |f| f.as_raw_fd()),
         sock_fd: sock.as_raw_fd(),
-        // SAFETY: sigset_t is plain old data; it is filled in below before any use.
-        mask: unsafe { std::mem::zeroed() },
+        mask: 0, // filled in below, before the clone
         failed: AtomicI32::new(0),
     };
     // SAFETY: (whole block) blocking every signal in this thread around the clone (and
@@ -92,14 +91,7 @@ pub(crate) fn spawn_init(
     let pid = unsafe {
         // The kernel's call with every bit set: the C library's would leave its own two
         // real-time signals (32, 33) deliverable, with its handlers, until the child resets them.
-        let all: [u64; 1] = [u64::MAX];
-        libc::syscall(
-            libc::SYS_rt_sigprocmask,
-            libc::SIG_SETMASK,
-            all.as_ptr(),
-            (&mut child.mask as *mut libc::sigset_t).cast::<u64>(),
-            8usize,
-        );
+        set_mask(&u64::MAX, &mut child.mask);
         let pid = libc::clone(
             run_child,
             stack.top(),
@@ -107,13 +99,7 @@ pub(crate) fn spawn_init(
             (&child as *const Child).cast_mut().cast(),
         );
         let e = std::io::Error::last_os_error();
-        libc::syscall(
-            libc::SYS_rt_sigprocmask,
-            libc::SIG_SETMASK,
-            (&child.mask as *const libc::sigset_t).cast::<u64>(),
-            std::ptr::null_mut::<u64>(),
-            8usize,
-        );
+        set_mask(&child.mask, std::ptr::null_mut());
         if pid < 0 {
             return Err(SandboxError::Spawn {
                 what: "clone into new namespaces",
@@ -146,6 +132,25 @@ pub(crate) fn spawn_init(
     drop(sock);
     drop(netns); // init holds the only reference now
     Ok(pid)
+}
+
+/// Set the calling thread's signal mask to `set` (the kernel's 64-bit set), the old one into
+/// `old` unless it is null: the kernel's call, which also covers the C library's own two
+/// real-time signals.
+///
+/// # Safety
+/// `old` is null or valid for a write of a `u64`.
+unsafe fn set_mask(set: &u64, old: *mut u64) {
+    // SAFETY: both pointers are valid for the 8 bytes the kernel reads or writes.
+    unsafe {
+        libc::syscall(
+            libc::SYS_rt_sigprocmask,
+            libc::SIG_SETMASK,
+            set as *const u64,
+            old,
+            8usize,
+        )
+    };
 }
 
 /// The child, on its own stack, in the engine's memory: plain system calls only.
@@ -184,13 +189,7 @@ extern "C" fn run_child(arg: *mut c_void) -> c_int {
                 );
             }
         }
-        libc::syscall(
-            libc::SYS_rt_sigprocmask,
-            libc::SIG_SETMASK,
-            (&c.mask as *const libc::sigset_t).cast::<u64>(),
-            std::ptr::null_mut::<u64>(),
-            8usize,
-        );
+        set_mask(&c.mask, std::ptr::null_mut());
         libc::execve(c.path.as_ptr(), c.argv.as_ptr(), c.env.as_ptr());
         // Still in the engine's memory: the caller reads this once the clone returns.
         c.failed
