@@ -171,11 +171,27 @@ impl Recording {
 impl HostView for Recording {
     fn list(&self, dir: &Path) -> Result<Vec<HostEntry>, LayerError> {
         self.check(dir)?;
-        let entries = RealHost.list(dir)?;
+        let mut entries = RealHost.list(dir)?;
         if dir.starts_with(MODES_UNDER) {
-            for e in entries.iter().filter(|e| !e.is_symlink) {
-                self.check(&dir.join(&e.name))?;
+            let mut kept = Vec::with_capacity(entries.len());
+            for e in entries {
+                if e.is_symlink {
+                    kept.push(e);
+                    continue;
+                }
+                match self.check(&dir.join(&e.name)) {
+                    Ok(()) => kept.push(e),
+                    // Removed since the listing: nothing there to mask. The directory changed
+                    // meanwhile, so this walk is not remembered.
+                    Err(LayerError::Host { source, .. })
+                        if source.kind() == std::io::ErrorKind::NotFound =>
+                    {
+                        *self.racy.borrow_mut() = true;
+                    }
+                    Err(err) => return Err(err),
+                }
             }
+            entries = kept;
         }
         Ok(entries)
     }

@@ -146,7 +146,12 @@ impl HostView for RealHost {
                 });
                 continue;
             }
-            let m = e.metadata().map_err(err)?;
+            let m = match e.metadata() {
+                Ok(m) => m,
+                // Removed since the listing: nothing there to mask.
+                Err(source) if source.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(source) => return Err(err(source)),
+            };
             out.push(HostEntry {
                 name: e.file_name().to_string_lossy().into_owned(),
                 is_dir: m.is_dir(),

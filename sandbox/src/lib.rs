@@ -17,6 +17,7 @@ pub mod docker_testing;
 pub mod error;
 pub mod host_walk;
 pub mod init;
+mod init_reserve;
 pub mod landlock;
 pub mod layers;
 pub mod mask_store;

@@ -84,7 +84,9 @@ struct Inner {
     host_mask_point: Mutex<bool>,
     seccomp: Mutex<Option<crate::seccomp::CompiledSeccomp>>,
     /// Network namespaces made ahead of time (`netns.rs`).
-    netns: crate::netns::NetnsReserve,
+    netns: Arc<crate::netns::NetnsReserve>,
+    /// Inits started ahead of time (`init_reserve.rs`).
+    inits: crate::init_reserve::InitReserve,
 }
 
 /// One process's handle on the sandbox machinery. Creating it reaps the leftovers of crashed
@@ -138,6 +140,15 @@ impl Runtime {
             us = t0.elapsed().as_micros() as u64,
             "runtime started"
         );
+        let netns = Arc::new(crate::netns::NetnsReserve::new(
+            crate::netns::DEFAULT_RESERVE,
+        ));
+        let inits = crate::init_reserve::InitReserve::new(
+            crate::init_reserve::DEFAULT_RESERVE,
+            init.clone(),
+            run_dir.join("sbx"),
+            netns.clone(),
+        );
         Ok(Self {
             inner: Arc::new(Inner {
                 state: state.to_path_buf(),
@@ -154,7 +165,8 @@ impl Runtime {
                 mask_held: Mutex::new(None),
                 host_mask_point: Mutex::new(false),
                 seccomp: Mutex::new(None),
-                netns: crate::netns::NetnsReserve::new(crate::netns::DEFAULT_RESERVE),
+                netns,
+                inits,
             }),
         })
     }
@@ -187,6 +199,28 @@ impl Runtime {
     /// starts at the second sandbox; see `netns.rs`).
     pub fn netns_ready(&self) -> usize {
         self.inner.netns.ready()
+    }
+
+    /// Inits started ahead and waiting for a sandbox's plan (the reserve starts at the second
+    /// sandbox; see `init_reserve.rs`).
+    pub fn spare_inits_ready(&self) -> usize {
+        self.inner.inits.ready()
+    }
+
+    /// Whether the init reserve is full (or not started): no spare is being started now.
+    pub fn spare_inits_idle(&self) -> bool {
+        self.inner.inits.idle()
+    }
+
+    /// Let the init reserve start the spares taken so far again.
+    pub(crate) fn refill_inits(&self) {
+        self.inner.inits.refill();
+    }
+
+    /// Sandboxes that got an init started ahead, and spares found stale or dead when taken
+    /// (killed and reaped then; the sandbox cloned a fresh init).
+    pub fn spare_inits_used(&self) -> (u64, u64) {
+        self.inner.inits.counts()
     }
 
     /// Sandboxes of this runtime alive now.
@@ -475,13 +509,19 @@ impl Runtime {
 
     /// Create a sandbox: cgroups, namespaces, init, root filesystem.
     pub fn create(&self, cfg: &SandboxConfig) -> Result<Sandbox, SandboxError> {
-        self.create_with(cfg, true)
+        self.create_with(cfg, true, true)
     }
 
     /// [`Runtime::create`]; with `defer`, the checks of a remembered host plan run while init
     /// sets up (the sandbox is returned only if they hold, else it is dropped before any
-    /// command ran in it and made again from a fresh walk).
-    fn create_with(&self, cfg: &SandboxConfig, defer: bool) -> Result<Sandbox, SandboxError> {
+    /// command ran in it and made again from a fresh walk); with `spares`, an init started
+    /// ahead is used when one is ready.
+    fn create_with(
+        &self,
+        cfg: &SandboxConfig,
+        defer: bool,
+        spares: bool,
+    ) -> Result<Sandbox, SandboxError> {
         let t0 = std::time::Instant::now();
         cfg.validate().map_err(SandboxError::Config)?;
         self.admission().admit(&self.inner.live)?;
@@ -506,19 +546,43 @@ impl Runtime {
         let t_cg = std::time::Instant::now();
         let cgroup = Cgroup::create(&self.inner.cgroups, &self.inner.run, &name, &cfg.limits)?;
         let cgroup_us = us(t_cg);
-        let (host_sock, child_sock) = UnixStream::pair().map_err(|source| SandboxError::Spawn {
-            what: "socketpair",
-            source,
-        })?;
-        // From the second sandbox on, network namespaces are made ahead of time; one is used
-        // here if ready (else the clone makes one), and closed here once init is in it.
-        if n > 0 {
+        // From the second sandbox on, inits and network namespaces are started ahead of
+        // time: an init that waits for its plan is used if one is ready (else one is cloned
+        // here, into a namespace made ahead if one is ready, else into a new one).
+        // (Not counting a create made again inside this one: a one-shot's only sandbox may be
+        // made twice, when the host changed since its walk was remembered.)
+        if n > 0 && defer && spares {
             self.inner.netns.start();
+            self.inner.inits.start();
         }
-        let netns = self.inner.netns.take();
-        let netns_ready = netns.is_some();
         let t_spawn = std::time::Instant::now();
-        let pid = crate::spawn_init::spawn_init(&self.inner.init, child_sock.into(), netns)?;
+        // The reserve refills when this create ends, whichever way, or, when it took a spare,
+        // after the sandbox's first request (see `InitReserve::refill`).
+        let mut refill = Refill(Some(&self.inner.inits));
+        let taken = if spares {
+            self.inner.inits.take()
+        } else {
+            None
+        };
+        let (pid, host_sock, spare, netns_ready) = match taken {
+            Some(s) => {
+                let _ = std::fs::rename(&s.record, self.init_record(&name));
+                (s.pid, s.sock, true, false)
+            }
+            None => {
+                let (host_sock, child_sock) =
+                    UnixStream::pair().map_err(|source| SandboxError::Spawn {
+                        what: "socketpair",
+                        source,
+                    })?;
+                let netns = self.inner.netns.take();
+                let netns_ready = netns.is_some();
+                let pid =
+                    crate::spawn_init::spawn_init(&self.inner.init, child_sock.into(), netns)?;
+                let _ = std::fs::write(self.init_record(&name), state::identity(pid));
+                (pid, host_sock, false, netns_ready)
+            }
+        };
         let spawn_us = us(t_spawn);
         let no_root_yet = Rootfs {
             lowers: Vec::new(),
@@ -527,10 +591,9 @@ impl Runtime {
         let mut sb = Sandbox::new(self.clone(), name, dir, host_sock, pid, cgroup, no_root_yet);
         guard.dir = None; // the sandbox's Drop owns cleanup from here on
         place.0 = None; // and its place among the live ones
-        let _ = std::fs::write(self.init_record(sb.name()), state::identity(pid));
-        // Resolve the root and the policy while init execs and loads on another CPU (it waits
-        // for its plan): the first sandbox of a process walks the host for the mask here. A
-        // failure drops `sb`, which kills init and removes what was made for it.
+                        // Resolve the root and the policy while init execs and loads on another CPU (it waits
+                        // for its plan): the first sandbox of a process walks the host for the mask here. A
+                        // failure drops `sb`, which kills init and removes what was made for it.
         let t_resolve = std::time::Instant::now();
         let (base, pending) = {
             let mut cache = lock(&self.inner.rootfs);
@@ -543,29 +606,50 @@ impl Runtime {
         let seccomp = self.seccomp(cfg)?;
         let resolve_us = us(t_resolve);
         let t_setup = std::time::Instant::now();
-        match pending {
-            None => sb.setup(cfg, seccomp)?,
-            Some(p) => {
-                // Init sets up (no command can run before this returns) while the host is
-                // checked against the remembered plan.
-                sb.send_setup(cfg, seccomp)?;
-                if !p.checks.holds() {
-                    tracing::debug!(
-                        sandbox = %sb.name(),
-                        "the host changed since its walk was remembered: made again from a fresh walk"
-                    );
-                    drop(sb);
-                    return self.create_with(cfg, false);
+        let set_up = match pending {
+            None => sb.setup(cfg, seccomp),
+            Some(p) => match sb.send_setup(cfg, seccomp) {
+                Err(e) => Err(e),
+                Ok(()) => {
+                    // Init sets up (no command can run before this returns) while the host is
+                    // checked against the remembered plan.
+                    if !p.checks.holds() {
+                        tracing::debug!(
+                            sandbox = %sb.name(),
+                            "the host changed since its walk was remembered: made again from a fresh walk"
+                        );
+                        drop(sb);
+                        return self.create_with(cfg, false, spares);
+                    }
+                    let r = sb.wait_setup();
+                    if r.is_ok() {
+                        self.accept_host_mask(p, base);
+                    }
+                    r
                 }
-                sb.wait_setup()?;
-                self.accept_host_mask(p, base);
+            },
+        };
+        if let Err(e) = set_up {
+            if spare {
+                // A spare that died just before it was taken (killed from outside, between
+                // its check and its plan): once more with an init cloned for it. A plan that
+                // cannot be set up fails there again, with its own error.
+                tracing::debug!(sandbox = %sb.name(), error = %e, "a spare init failed its setup: made again with a cloned init");
+                drop(sb);
+                return self.create_with(cfg, defer, false);
             }
+            return Err(e);
+        }
+        if spare {
+            refill.0 = None;
+            sb.defer_refill();
         }
         tracing::debug!(
             sandbox = %sb.name(),
             pid,
             cgroup_us,
             spawn_us,
+            spare,
             netns_ready,
             resolve_us,
             setup_us = us(t_setup),
@@ -619,6 +703,8 @@ fn raise_nofile() {
 
 impl Drop for Inner {
     fn drop(&mut self) {
+        // The waiting inits first: their records are in the run's directory.
+        self.inits.stop();
         // The host mask's tmpfs and the shared mount point under it are both listed (one
         // path twice): each unmount removes the topmost. A run that used the mask store
         // mounted nothing in this namespace: no need to read the mount table.
@@ -667,6 +753,17 @@ impl Drop for Place<'_> {
     fn drop(&mut self) {
         if let Some(rt) = self.0 {
             rt.release();
+        }
+    }
+}
+
+/// Lets the init reserve refill when dropped (unless disarmed).
+struct Refill<'a>(Option<&'a crate::init_reserve::InitReserve>);
+
+impl Drop for Refill<'_> {
+    fn drop(&mut self) {
+        if let Some(r) = self.0 {
+            r.refill();
         }
     }
 }

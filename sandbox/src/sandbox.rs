@@ -28,6 +28,10 @@ pub struct Sandbox {
     /// The cgroup's count of forks refused at the pids limit when a refused fork was last
     /// classified (read only then, never on the path of a normal step).
     limit_hits_seen: u64,
+    /// Set when this sandbox took an init started ahead: the runtime's reserve starts its
+    /// replacement once this sandbox's first request is answered (or it is dropped), not
+    /// while that request runs (`init_reserve.rs`).
+    refill_pending: bool,
 }
 
 impl std::fmt::Debug for Sandbox {
@@ -63,6 +67,18 @@ impl Sandbox {
             rootfs,
             dead: false,
             limit_hits_seen: 0,
+            refill_pending: false,
+        }
+    }
+
+    /// Defer the init reserve's refill to this sandbox's first answered request.
+    pub(crate) fn defer_refill(&mut self) {
+        self.refill_pending = true;
+    }
+
+    fn refill_now(&mut self) {
+        if std::mem::take(&mut self.refill_pending) {
+            self.rt.refill_inits();
         }
     }
 
@@ -174,7 +190,9 @@ impl Sandbox {
 
     fn call(&mut self, req: Request, timeout: Duration) -> Result<Response, SandboxError> {
         self.send(&req)?;
-        self.receive(timeout)
+        let r = self.receive(timeout);
+        self.refill_now();
+        r
     }
 
     fn send(&mut self, req: &Request) -> Result<(), SandboxError> {
@@ -425,6 +443,7 @@ impl Drop for Sandbox {
         let _ = std::fs::remove_dir(&self.dir);
         let _ = std::fs::remove_file(self.rt.init_record(&self.name));
         self.rt.release();
+        self.refill_now();
         tracing::debug!(sandbox = %self.name, us = t0.elapsed().as_micros() as u64, "sandbox removed");
     }
 }

@@ -12,6 +12,7 @@ mod attacks;
 mod basic;
 mod direct;
 mod docker;
+mod init_reserve;
 mod netns;
 mod oci;
 mod readonly;

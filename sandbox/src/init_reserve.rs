@@ -1,0 +1,315 @@
+//! Inits started ahead of time. Cloning a sandbox's init into its new namespaces and letting
+//! it `execve` and load is about a third of creating a sandbox, and none of it depends on the
+//! sandbox's configuration: init starts, then waits on its control socket for its plan (the
+//! first `Setup` request: cgroups to join, root, limits, policy). A background thread of the
+//! runtime keeps a few inits started and waiting, and [`Runtime::create`] hands one its plan
+//! instead of cloning a new one.
+//!
+//! What a spare init has before its plan is exactly what a freshly cloned one has at that
+//! moment: its own mount, pid, UTS, IPC and network namespaces (the network one made ahead by
+//! the [`NetnsReserve`] or cloned), the engine's cgroup until it joins the sandbox's, signal
+//! dispositions at their defaults, and the same environment, descriptors and mask. Each is
+//! handed out once and only once. Two things could differ, and both are checked at hand-out:
+//! - its mount namespace is a copy of the engine's at the clone: if the engine's mount table
+//!   changed since (a mount or unmount in its namespace, the instance cache's tmpfs, a host
+//!   mask's), the copy may lack what the plan names, so that init is killed and a fresh one
+//!   cloned. The change is seen through the kernel's own event counter of the namespace: a
+//!   `/proc/self/mountinfo` opened before the clone polls `POLLPRI` once the table changed;
+//! - it may have died (killed from outside): it is reaped and not used.
+//!
+//! The thread starts a spare's replacement only once the sandbox that took it has answered
+//! its first request (see [`InitReserve::refill`]); creates faster than that fall back to
+//! cloning.
+//!
+//! Each spare is recorded for the reaper like a sandbox's init (`<run>/sbx/spare-PID.init`,
+//! renamed to the sandbox's record when taken), so a crashed engine leaves none running; the
+//! runtime kills and reaps the rest when it goes. A one-shot process never starts the thread:
+//! the runtime starts it at its second sandbox.
+//!
+//! [`Runtime::create`]: crate::Runtime::create
+//! [`NetnsReserve`]: crate::netns::NetnsReserve
+
+use crate::netns::NetnsReserve;
+use crate::runtime::InitProgram;
+use std::fs::File;
+use std::os::fd::AsFd;
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::sync::{Arc, Condvar, Mutex};
+
+/// How many inits the reserve keeps waiting.
+pub const DEFAULT_RESERVE: usize = 2;
+
+/// An init that was started ahead and waits for its plan.
+pub(crate) struct Spare {
+    pub pid: i32,
+    /// The host's end of its control socket.
+    pub sock: UnixStream,
+    /// Its record for the reaper (`<run>/sbx/spare-PID.init`).
+    pub record: PathBuf,
+    /// The engine's mount table, opened before the clone (see the module).
+    mounts: File,
+}
+
+impl Spare {
+    /// Whether it can still be given its plan: alive, and the engine's mount table unchanged
+    /// since it was cloned.
+    fn usable(&self) -> bool {
+        let mut fds = [nix::poll::PollFd::new(
+            self.mounts.as_fd(),
+            nix::poll::PollFlags::POLLPRI,
+        )];
+        let changed = match nix::poll::poll(&mut fds, nix::poll::PollTimeout::ZERO) {
+            Ok(_) => fds[0].revents().is_none_or(|r| {
+                r.intersects(nix::poll::PollFlags::POLLPRI | nix::poll::PollFlags::POLLERR)
+            }),
+            Err(_) => true,
+        };
+        if changed {
+            return false;
+        }
+        // Our own child, not yet reaped: its pid cannot have been reused.
+        matches!(
+            nix::sys::wait::waitpid(
+                nix::unistd::Pid::from_raw(self.pid),
+                Some(nix::sys::wait::WaitPidFlag::WNOHANG),
+            ),
+            Ok(nix::sys::wait::WaitStatus::StillAlive)
+        )
+    }
+
+    /// Kill and reap it, and remove its record.
+    fn discard(self) {
+        // SAFETY: kill with integer arguments; the pid is our own child, not yet reaped (a
+        // child that already exited is a zombie until this waitpid: the pid is not reused).
+        unsafe { libc::kill(self.pid, libc::SIGKILL) };
+        let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(self.pid), None);
+        let _ = std::fs::remove_file(&self.record);
+    }
+}
+
+#[derive(Default)]
+struct State {
+    ready: Vec<Spare>,
+    stop: bool,
+    started: bool,
+    /// Spares handed out, and spares discarded at hand-out as stale or dead.
+    taken: u64,
+    discarded: u64,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    /// Signalled when the thread may refill ([`InitReserve::refill`]) and when the reserve
+    /// stops.
+    wake: Condvar,
+    target: usize,
+    init: InitProgram,
+    /// `<run>/sbx`, where the records go.
+    records: PathBuf,
+    netns: Arc<NetnsReserve>,
+}
+
+/// The runtime's reserve of started inits (see the module).
+pub(crate) struct InitReserve {
+    shared: Arc<Shared>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl InitReserve {
+    /// A reserve that keeps `target` inits of `init` waiting once started (0: never starts
+    /// any); records under `records`, network namespaces from `netns` when it has one ready.
+    pub fn new(
+        target: usize,
+        init: InitProgram,
+        records: PathBuf,
+        netns: Arc<NetnsReserve>,
+    ) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                state: Mutex::new(State::default()),
+                wake: Condvar::new(),
+                target,
+                init,
+                records,
+                netns,
+            }),
+            thread: Mutex::new(None),
+        }
+    }
+
+    /// Start the background thread, once.
+    pub fn start(&self) {
+        if self.shared.target == 0 {
+            return;
+        }
+        {
+            let mut st = crate::lock(&self.shared.state);
+            if st.started || st.stop {
+                return;
+            }
+            st.started = true;
+        }
+        let shared = self.shared.clone();
+        let spawned = std::thread::Builder::new()
+            .name("init-reserve".into())
+            .spawn(move || fill(&shared));
+        match spawned {
+            Ok(h) => *crate::lock(&self.thread) = Some(h),
+            Err(e) => tracing::debug!(error = %e, "init reserve not started"),
+        }
+    }
+
+    /// A waiting init, never handed out before, or `None` if none is ready and usable now
+    /// (stale or dead ones met on the way are killed and reaped). The thread starts new ones
+    /// at the next [`InitReserve::refill`].
+    pub fn take(&self) -> Option<Spare> {
+        loop {
+            let spare = {
+                let mut st = crate::lock(&self.shared.state);
+                // The oldest first: once the mount table changed, every spare older than
+                // the change is stale, and all of them go before a newer one is used.
+                if st.ready.is_empty() {
+                    return None;
+                }
+                let s = st.ready.remove(0);
+                st.taken += 1;
+                s
+            };
+            if spare.usable() {
+                return Some(spare);
+            }
+            tracing::debug!(pid = spare.pid, "a spare init was stale or dead: discarded");
+            crate::lock(&self.shared.state).discarded += 1;
+            spare.discard();
+        }
+    }
+
+    /// Let the thread start the ones taken again. The runtime calls this once the sandbox
+    /// that took one has answered its first request (or was dropped, or its create failed):
+    /// a refill cloned meanwhile would compete with that setup and first command for the
+    /// CPUs (measured: 1.4 ms more for create + first exec on 2 cores when the refill started
+    /// at hand-out).
+    pub fn refill(&self) {
+        self.shared.wake.notify_all();
+    }
+
+    /// Inits waiting now.
+    pub fn ready(&self) -> usize {
+        crate::lock(&self.shared.state).ready.len()
+    }
+
+    /// Whether the thread has nothing left to do: the reserve is full, stopped, or never
+    /// started.
+    pub fn idle(&self) -> bool {
+        let st = crate::lock(&self.shared.state);
+        !st.started || st.stop || st.ready.len() >= self.shared.target
+    }
+
+    /// Spares handed out by [`InitReserve::take`] and, of those, the ones discarded there.
+    pub fn counts(&self) -> (u64, u64) {
+        let st = crate::lock(&self.shared.state);
+        (st.taken - st.discarded, st.discarded)
+    }
+
+    /// Stop the thread, and kill and reap every waiting init.
+    pub fn stop(&self) {
+        crate::lock(&self.shared.state).stop = true;
+        self.shared.wake.notify_all();
+        if let Some(h) = crate::lock(&self.thread).take() {
+            let _ = h.join();
+        }
+        let ready = std::mem::take(&mut crate::lock(&self.shared.state).ready);
+        for s in ready {
+            s.discard();
+        }
+    }
+}
+
+impl Drop for InitReserve {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// The thread: keep `target` inits waiting until stopped.
+fn fill(shared: &Shared) {
+    loop {
+        {
+            let mut st = crate::lock(&shared.state);
+            while !st.stop && st.ready.len() >= shared.target {
+                st = shared.wake.wait(st).unwrap_or_else(|p| p.into_inner());
+            }
+            if st.stop {
+                return;
+            }
+        }
+        let t0 = std::time::Instant::now();
+        match start_one(shared) {
+            Ok(spare) => {
+                let mut st = crate::lock(&shared.state);
+                if st.stop {
+                    drop(st);
+                    spare.discard();
+                    return;
+                }
+                st.ready.push(spare);
+                tracing::trace!(
+                    us = t0.elapsed().as_micros() as u64,
+                    ready = st.ready.len(),
+                    "init started ahead"
+                );
+            }
+            Err(e) => {
+                // Sandboxes clone their own init from now on; nothing is weakened.
+                tracing::debug!(error = %e, "init reserve stopped");
+                return;
+            }
+        }
+    }
+}
+
+fn start_one(shared: &Shared) -> Result<Spare, crate::SandboxError> {
+    let spawn = |what| move |source| crate::SandboxError::Spawn { what, source };
+    // Opened before the clone: any change of the table after it is seen at hand-out.
+    let mounts = File::open("/proc/self/mountinfo").map_err(spawn("opening our mount table"))?;
+    let (sock, child_sock) = UnixStream::pair().map_err(spawn("socketpair"))?;
+    let pid = crate::spawn_init::spawn_init(&shared.init, child_sock.into(), shared.netns.take())?;
+    let record = shared.records.join(format!("spare-{pid}.init"));
+    let spare = Spare {
+        pid,
+        sock,
+        record,
+        mounts,
+    };
+    if let Err(source) = std::fs::write(&spare.record, crate::state::identity(pid)) {
+        spare.discard();
+        return Err(crate::SandboxError::Spawn {
+            what: "recording a spare init",
+            source,
+        });
+    }
+    Ok(spare)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reserve_of_zero_never_starts() {
+        let r = InitReserve::new(
+            0,
+            InitProgram {
+                path: "/bin/true".into(),
+                args: vec![],
+            },
+            std::env::temp_dir(),
+            Arc::new(NetnsReserve::new(0)),
+        );
+        r.start();
+        assert!(r.take().is_none());
+        assert_eq!(r.ready(), 0);
+        assert_eq!(r.counts(), (0, 0));
+    }
+}

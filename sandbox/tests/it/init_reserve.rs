@@ -1,0 +1,250 @@
+//! Inits started ahead of time (`sandbox/src/init_reserve.rs`): a sandbox given one is set up
+//! and confined like one whose init was cloned for it, an init cloned before the engine's
+//! mount table changed is never used, and none outlives its runtime.
+
+use crate::common::{config, out, require_root, runtime, sh};
+use sandbox::testing::eventually;
+use sandbox::{Runtime, Sandbox};
+
+/// Create sandboxes until one gets a spare init (another test's mount in the host namespace
+/// can make a spare stale now and then); the ones that did not are dropped.
+fn from_a_spare(rt: &Runtime, cfg: &sandbox::SandboxConfig) -> Sandbox {
+    for _ in 0..20 {
+        assert!(
+            eventually(10, || rt.spare_inits_ready() >= 1),
+            "no init was started ahead"
+        );
+        let before = rt.spare_inits_used().0;
+        let sb = rt.create(cfg).unwrap();
+        if rt.spare_inits_used().0 > before {
+            return sb;
+        }
+    }
+    panic!("20 sandboxes in a row got no spare init");
+}
+
+/// The namespaces of a process, by `/proc/PID/ns` links, as the host sees them.
+fn namespaces(pid: i32) -> Vec<String> {
+    ["mnt", "pid", "net", "uts", "ipc", "cgroup"]
+        .iter()
+        .map(|n| {
+            std::fs::read_link(format!("/proc/{pid}/ns/{n}"))
+                .unwrap()
+                .display()
+                .to_string()
+        })
+        .collect()
+}
+
+#[test]
+fn a_sandbox_given_a_spare_init_is_set_up_and_confined_like_any_other() {
+    require_root!();
+    let rt = runtime();
+    let mut cloned = rt.create(&config()).unwrap();
+    // No init is started ahead for a process that creates one sandbox.
+    assert_eq!(rt.spare_inits_ready(), 0);
+    // The reserve starts at the second (which may get a spare already, whose replacement
+    // starts once it answered a request).
+    let mut second = rt.create(&config()).unwrap();
+    sh(&mut second, "true");
+    let mut cfg = config();
+    cfg.limits.pids = 12;
+    cfg.hostname = "spare-test".into();
+    let mut s = from_a_spare(&rt, &cfg);
+    // Its own namespaces: none shared with the host or with the other sandbox.
+    let mine = namespaces(s.init_pid());
+    let host = namespaces(std::process::id() as i32);
+    let other = namespaces(cloned.init_pid());
+    for (i, ns) in mine.iter().enumerate() {
+        assert_ne!(ns, &host[i], "shares {ns} with the host");
+        assert_ne!(ns, &other[i], "shares {ns} with another sandbox");
+    }
+    // Its plan arrived: hostname, pid 1, its cgroups as the root of its cgroup namespace,
+    // the root filesystem; everything but the hostname as the cloned sandbox sees it.
+    let probe = "hostname; tr '\\0' ' ' </proc/1/cmdline; echo; cat /proc/self/cgroup; \
+                 ls /; cat /proc/self/status | grep -E '^(Cap|Seccomp|NoNewPrivs|Sig(Ign|Blk))'";
+    let (r, r0) = (sh(&mut s, probe), sh(&mut cloned, probe));
+    let (o, o0) = (out(&r), out(&r0));
+    assert_eq!(o.lines().next(), Some("spare-test"), "{r:?}");
+    assert!(o.lines().nth(1).unwrap().contains("init"), "{r:?}");
+    assert_eq!(
+        o.lines().skip(1).collect::<Vec<_>>(),
+        o0.lines().skip(1).collect::<Vec<_>>(),
+        "a spare's sandbox differs from a cloned one's"
+    );
+    // The host sees its init in the sandbox's own cgroups, so the limits apply to it.
+    let cg = std::fs::read_to_string(format!("/proc/{}/cgroup", s.init_pid())).unwrap();
+    let suffix = format!("/{}/{}", rt.run_id(), s.name());
+    assert!(cg.lines().any(|l| l.ends_with(&suffix)), "{cg}");
+    for l in cg.lines() {
+        if l.contains(":pids:") || l.contains(":memory:") {
+            assert!(l.ends_with(&suffix), "{cg}");
+        }
+    }
+    // The pids limit holds: 12 in all, init and the shell included.
+    let r = sh(
+        &mut s,
+        "n=0; for i in $(seq 30); do sleep 5 & [ $? = 0 ] && n=$((n+1)); done 2>/dev/null; \
+         echo $n; kill $(jobs -p) 2>/dev/null; true",
+    );
+    let started: u32 = out(&r).trim().parse().unwrap_or(0);
+    assert!(
+        started < 12,
+        "{started} processes started under a limit of 12: {r:?}"
+    );
+    // The record the reaper reads names this sandbox's init.
+    let rec = std::fs::read_to_string(rt.run_dir().join("sbx").join(format!("{}.init", s.name())))
+        .unwrap();
+    assert!(rec.starts_with(&format!("{} ", s.init_pid())), "{rec}");
+    let r = sh(&mut cloned, "echo alive");
+    assert_eq!(out(&r), "alive\n");
+}
+
+/// A tmpfs mounted in the host namespace for the test's life, unmounted even on panic.
+struct TmpMount(std::path::PathBuf);
+
+impl Drop for TmpMount {
+    fn drop(&mut self) {
+        let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[test]
+fn an_init_started_before_the_engines_mount_table_changed_is_never_used() {
+    require_root!();
+    let rt = runtime();
+    let _a = rt.create(&config()).unwrap();
+    let mut b = rt.create(&config()).unwrap();
+    sh(&mut b, "true");
+    assert!(
+        eventually(10, || rt.spare_inits_ready() >= 2),
+        "the reserve did not fill"
+    );
+    let spares: Vec<i32> = std::fs::read_dir(rt.run_dir().join("sbx"))
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            let n = e.file_name().to_string_lossy().into_owned();
+            n.strip_prefix("spare-")?
+                .strip_suffix(".init")?
+                .parse()
+                .ok()
+        })
+        .collect();
+    assert_eq!(spares.len(), 2, "{spares:?}");
+    // A layer on a filesystem mounted after those inits were cloned: their copies of the mount
+    // table have the empty directory under it.
+    let dir = std::env::temp_dir().join(format!("envfactory-spare-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let _m = TmpMount(dir.clone());
+    nix::mount::mount(
+        Some("tmpfs"),
+        &dir,
+        Some("tmpfs"),
+        nix::mount::MsFlags::empty(),
+        Some("size=1m"),
+    )
+    .unwrap();
+    std::fs::create_dir(dir.join("layer")).unwrap();
+    std::fs::write(dir.join("layer/marker"), "mounted after\n").unwrap();
+    let discarded_before = rt.spare_inits_used().1;
+    let mut cfg = config();
+    cfg.layers = vec![dir.join("layer")];
+    let mut s = rt.create(&cfg).unwrap();
+    let r = sh(&mut s, "cat /marker");
+    assert_eq!(out(&r), "mounted after\n", "{r:?}");
+    assert!(
+        rt.spare_inits_used().1 >= discarded_before + 2,
+        "the stale spares were not discarded: {:?}",
+        rt.spare_inits_used()
+    );
+    // Discarded means killed and reaped, their records gone.
+    for pid in spares {
+        assert!(
+            !std::path::Path::new(&format!("/proc/{pid}")).exists()
+                || std::fs::read_to_string(format!("/proc/{pid}/cmdline"))
+                    .map(|c| !c.contains("init"))
+                    .unwrap_or(true),
+            "spare init {pid} still runs"
+        );
+        let rec = rt.run_dir().join("sbx").join(format!("spare-{pid}.init"));
+        assert!(!rec.exists(), "{} left", rec.display());
+    }
+}
+
+#[test]
+fn no_spare_init_outlives_its_runtime() {
+    require_root!();
+    let rt = runtime();
+    let a = rt.create(&config()).unwrap();
+    let mut b = rt.create(&config()).unwrap();
+    sh(&mut b, "true");
+    assert!(eventually(10, || rt.spare_inits_ready() >= 2));
+    let spares: Vec<(i32, String)> = std::fs::read_dir(rt.run_dir().join("sbx"))
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("spare-"))
+        .map(|e| {
+            let rec = std::fs::read_to_string(e.path()).unwrap();
+            let pid = rec.split_whitespace().next().unwrap().parse().unwrap();
+            (pid, rec)
+        })
+        .collect();
+    assert!(spares.len() >= 2, "{spares:?}");
+    let run_dir = rt.run_dir().to_path_buf();
+    drop((a, b, rt));
+    for (pid, rec) in spares {
+        // The same process (pid and start time) is gone.
+        assert_eq!(
+            sandbox::state::is_alive(&rec),
+            None,
+            "spare init {pid} outlived its runtime"
+        );
+    }
+    assert!(!run_dir.exists(), "{} left", run_dir.display());
+}
+
+#[test]
+fn a_spare_init_killed_from_outside_is_never_used() {
+    require_root!();
+    let rt = runtime();
+    let _a = rt.create(&config()).unwrap();
+    let mut b = rt.create(&config()).unwrap();
+    sh(&mut b, "true");
+    assert!(eventually(10, || rt.spare_inits_ready() >= 2));
+    // Kill every spare (as the OOM killer or an administrator might).
+    let mut killed = 0;
+    let mut pids = Vec::new();
+    for e in std::fs::read_dir(rt.run_dir().join("sbx"))
+        .unwrap()
+        .flatten()
+    {
+        if e.file_name().to_string_lossy().starts_with("spare-") {
+            let rec = std::fs::read_to_string(e.path()).unwrap();
+            let pid: i32 = rec.split_whitespace().next().unwrap().parse().unwrap();
+            // SAFETY: kill with integer arguments; the pid is a spare init of this runtime,
+            // not yet reaped (its record is there).
+            assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+            pids.push(pid);
+            killed += 1;
+        }
+    }
+    assert_eq!(killed, 2);
+    // Both taken once the kernel has made them zombies (a spare that dies between its check
+    // and its plan is covered too: the create retries with a cloned init).
+    let zombie = |pid: i32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|s| s.rsplit_once(") ").is_some_and(|(_, r)| r.starts_with('Z')))
+            .unwrap_or(false)
+    };
+    assert!(eventually(10, || pids.iter().all(|p| zombie(*p))));
+    let discarded = rt.spare_inits_used().1;
+    let mut s = rt.create(&config()).unwrap();
+    assert_eq!(out(&sh(&mut s, "echo ok")), "ok\n");
+    assert!(
+        rt.spare_inits_used().1 >= discarded + 2,
+        "{:?}",
+        rt.spare_inits_used()
+    );
+}
