@@ -5,6 +5,8 @@
 //! - `create_first_exec`: a new sandbox from cached layers plus its first `true`, each
 //!   started once the runtime's init reserve is full (see `settle`);
 //! - `create_from_spare`: how many of those creates got an init started ahead;
+//! - `create_first_exec_cloned`: the same with an init cloned for the sandbox (no spare),
+//!   measured right after each `create_first_exec`;
 //! - `exec_sh_true`: `sh -c true` in a live sandbox;
 //! - `reset_100_files`: reset after a step that changed 100 files;
 //! - `snapshot_100_files`: snapshot of a diff of 100 files;
@@ -20,7 +22,8 @@
 //!   binary does: `engine sandbox exec -- /bin/true`): that whole process, start to exit
 //!   (runtime, sandbox, command, teardown), measured interleaved with bwrap's whole process;
 //! - `ratios`: `exec_vs_host` = exec_sh_true / host_sh_true, `create_vs_bwrap` =
-//!   create_first_exec / bwrap_unshare_all, `one_shot_vs_bwrap` = one_shot_exec /
+//!   create_first_exec / bwrap_unshare_all, `create_cloned_vs_bwrap` =
+//!   create_first_exec_cloned / bwrap_unshare_all, `one_shot_vs_bwrap` = one_shot_exec /
 //!   bwrap_unshare_all (medians);
 //! - `concurrent`: present with `--concurrent N`: `requested`, `sandboxes` alive at once,
 //!   `stopped` (why creation stopped early: admission control or the error), how many
@@ -48,6 +51,8 @@ pub struct Ratios {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub create_vs_bwrap: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    pub create_cloned_vs_bwrap: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub one_shot_vs_bwrap: Option<f64>,
 }
 
@@ -74,6 +79,8 @@ pub struct SandboxBench {
     pub create_first_exec: Summary,
     /// How many of those creates got an init started ahead (the others cloned theirs).
     pub create_from_spare: u64,
+    /// The same as `create_first_exec` with an init cloned for each sandbox.
+    pub create_first_exec_cloned: Summary,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub bwrap_unshare_all: Option<Summary>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -183,6 +190,7 @@ pub fn run(
 
     let mut host = Vec::with_capacity(n);
     let mut create = Vec::with_capacity(n);
+    let mut create_cloned = Vec::with_capacity(n);
     let bwrap_args = [
         "--unshare-all",
         "--ro-bind",
@@ -244,6 +252,15 @@ pub fn run(
         check("true", sb.exec(&ExecRequest::argv(["/bin/true"]))?)?;
         create.push(ms(t));
         drop(sb);
+        // The same with an init cloned for it (what a create pays when no spare is ready:
+        // creates faster than the reserve refills, or `Runtime::set_spare_inits(false)`).
+        rt.set_spare_inits(false);
+        let t = Instant::now();
+        let cloned = rt.create(cfg);
+        let first = cloned.and_then(|mut sb| sb.exec(&ExecRequest::argv(["/bin/true"])));
+        rt.set_spare_inits(true);
+        check("true", first?)?;
+        create_cloned.push(ms(t));
     }
     let create_from_spare = rt.spare_inits_used().0 - spares_before;
 
@@ -308,6 +325,7 @@ pub fn run(
     let host_sh_true = Summary::of(host);
     let exec_sh_true = Summary::of(exec);
     let create_first_exec = Summary::of(create);
+    let create_first_exec_cloned = Summary::of(create_cloned);
     let bwrap_unshare_all = has_bwrap.then(|| Summary::of(bwrap));
     let one_shot_exec = one_shot.map(|_| Summary::of(shots));
     Ok(SandboxBench {
@@ -315,6 +333,8 @@ pub fn run(
         ratios: Ratios {
             exec_vs_host: exec_sh_true.median / host_sh_true.median,
             create_vs_bwrap: bwrap_unshare_all.map(|b| create_first_exec.median / b.median),
+            create_cloned_vs_bwrap: bwrap_unshare_all
+                .map(|b| create_first_exec_cloned.median / b.median),
             one_shot_vs_bwrap: bwrap_unshare_all
                 .zip(one_shot_exec)
                 .map(|(b, o)| o.median / b.median),
@@ -322,6 +342,7 @@ pub fn run(
         host_sh_true,
         create_first_exec,
         create_from_spare,
+        create_first_exec_cloned,
         bwrap_unshare_all,
         one_shot_exec,
         exec_sh_true,
@@ -389,7 +410,16 @@ pub fn render(b: &SandboxBench) -> String {
         "sandbox benchmark", "median", "p90"
     );
     out += &row("host sh -c true", &b.host_sh_true, "ms (baseline)");
-    out += &row("create + first exec", &b.create_first_exec, "ms");
+    out += &row(
+        "create + first exec",
+        &b.create_first_exec,
+        "ms (a spare init ready)",
+    );
+    out += &row(
+        "  with a cloned init",
+        &b.create_first_exec_cloned,
+        "ms (no spare)",
+    );
     if let Some(bw) = &b.bwrap_unshare_all {
         out += &row("bwrap --unshare-all true", bw, "ms (baseline)");
     }
@@ -406,6 +436,9 @@ pub fn render(b: &SandboxBench) -> String {
     out += &format!("exec / host sh -c true  {:>10.2}x\n", b.ratios.exec_vs_host);
     if let Some(r) = b.ratios.create_vs_bwrap {
         out += &format!("create+exec / bwrap     {r:>10.2}x\n");
+    }
+    if let Some(r) = b.ratios.create_cloned_vs_bwrap {
+        out += &format!("  cloned init / bwrap   {r:>10.2}x\n");
     }
     if let Some(r) = b.ratios.one_shot_vs_bwrap {
         out += &format!("one-shot / bwrap        {r:>10.2}x\n");

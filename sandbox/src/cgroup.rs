@@ -164,6 +164,14 @@ impl Cgroup {
         name: &str,
         limits: &Limits,
     ) -> Result<Self, CgroupError> {
+        let cg = Self::create_bare(layout, run, name)?;
+        cg.apply(limits)?;
+        Ok(cg)
+    }
+
+    /// [`Cgroup::create`] with no limit written yet (for an init started ahead, whose limits
+    /// come with its plan: [`Cgroup::apply`]).
+    pub fn create_bare(layout: &Layout, run: &str, name: &str) -> Result<Self, CgroupError> {
         let rel = Path::new(TOP).join(run).join(name);
         let mut cg = Self {
             layout: layout.clone(),
@@ -191,7 +199,6 @@ impl Cgroup {
                 cg.created.push(p);
             }
         }
-        cg.apply(limits)?;
         Ok(cg)
     }
 
@@ -199,7 +206,8 @@ impl Cgroup {
         which.1.join(&self.rel)
     }
 
-    fn apply(&self, l: &Limits) -> Result<(), CgroupError> {
+    /// Write `l` (memory without swap, pids, and the CPU quota when it has one).
+    pub fn apply(&self, l: &Limits) -> Result<(), CgroupError> {
         let mem = self.dir(&self.layout.memory);
         match self.layout.memory.0 {
             Version::V1 => {

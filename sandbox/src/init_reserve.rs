@@ -5,56 +5,72 @@
 //! runtime keeps a few inits started and waiting, and [`Runtime::create`] hands one its plan
 //! instead of cloning a new one.
 //!
-//! What a spare init has before its plan is exactly what a freshly cloned one has at that
-//! moment: its own mount, pid, UTS, IPC and network namespaces (the network one made ahead by
-//! the [`NetnsReserve`] or cloned), the engine's cgroup until it joins the sandbox's, signal
-//! dispositions at their defaults, and the same environment, descriptors and mask. Each is
-//! handed out once and only once. Two things could differ, and both are checked at hand-out:
+//! Each spare is made as `Runtime::create` would make a sandbox's: its name (`s<N>` of the
+//! runtime's counter), directory and cgroups (no limit written until the plan), its record
+//! `<run>/sbx/<name>.init` for the reaper. The thread then sends it a `Prepare` and init does,
+//! before its plan, what depends on nothing else: it joins the cgroups, brings `lo` up and
+//! lays out its private directory and side trees (`init/mod.rs`, `prepare`). The plan must
+//! name the same directory and cgroups.
+//!
+//! What a spare has before its plan is what a freshly cloned init has: its own mount, pid,
+//! UTS, IPC and network namespaces (the network one made ahead by the [`NetnsReserve`] or
+//! cloned), signal dispositions at their defaults, the same environment and descriptors. It
+//! was cloned earlier, from the reserve's thread (its signal mask and CPU affinity are that
+//! thread's). Each is handed out once, oldest first, and two things are checked then:
 //! - its mount namespace is a copy of the engine's at the clone: if the engine's mount table
 //!   changed since (a mount or unmount in its namespace, the instance cache's tmpfs, a host
-//!   mask's), the copy may lack what the plan names, so that init is killed and a fresh one
-//!   cloned. The change is seen through the kernel's own event counter of the namespace: a
-//!   `/proc/self/mountinfo` opened before the clone polls `POLLPRI` once the table changed;
-//! - it may have died (killed from outside): it is reaped and not used.
+//!   mask's), the copy may lack what the plan names, so that init is killed and reaped with
+//!   its directory and cgroups, and the next one or a fresh clone is used. The change is seen
+//!   through the kernel's own event counter of the namespace: a `/proc/self/mountinfo` opened
+//!   before the clone polls `POLLPRI` once the table changed;
+//! - it may have died (killed from outside): it is reaped, never signalled again, not used.
 //!
-//! The thread starts a spare's replacement only once the sandbox that took it has answered
-//! its first request (see [`InitReserve::refill`]); creates faster than that fall back to
-//! cloning.
-//!
-//! Each spare is recorded for the reaper like a sandbox's init (`<run>/sbx/spare-PID.init`,
-//! renamed to the sandbox's record when taken), so a crashed engine leaves none running; the
-//! runtime kills and reaps the rest when it goes. A one-shot process never starts the thread:
-//! the runtime starts it at its second sandbox.
+//! A spare whose engine dies reads end of file on its socket and exits; the runtime kills and
+//! reaps the rest when it goes. A one-shot process never starts the thread: the runtime starts
+//! it at its second sandbox. An error of the thread stops the reserve for good (sandboxes
+//! clone their inits then). The thread starts a spare's replacement only once the sandbox that
+//! took it has answered its first request (see [`InitReserve::refill`]); creates faster than
+//! that clone their inits.
 //!
 //! [`Runtime::create`]: crate::Runtime::create
 //! [`NetnsReserve`]: crate::netns::NetnsReserve
 
+use crate::cgroup::Cgroup;
 use crate::netns::NetnsReserve;
+use crate::protocol::{write_frame, PreparePlan, Request};
 use crate::runtime::InitProgram;
 use std::fs::File;
 use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
 /// How many inits the reserve keeps waiting.
 pub const DEFAULT_RESERVE: usize = 2;
 
-/// An init that was started ahead and waits for its plan.
+/// An init that was started ahead and waits for its plan, with the sandbox's name, directory
+/// and (limitless until the plan) cgroups made for it.
 pub(crate) struct Spare {
     pub pid: i32,
     /// The host's end of its control socket.
     pub sock: UnixStream,
-    /// Its record for the reaper (`<run>/sbx/spare-PID.init`).
+    /// The sandbox's name (`s<N>` of the runtime's counter), directory and cgroups.
+    pub name: String,
+    pub dir: PathBuf,
+    pub cgroup: Cgroup,
+    /// Its record for the reaper (`<run>/sbx/<name>.init`, as any sandbox's init).
     pub record: PathBuf,
     /// The engine's mount table, opened before the clone (see the module).
     mounts: File,
+    /// Already reaped (found dead): its pid may belong to another process now.
+    reaped: bool,
 }
 
 impl Spare {
     /// Whether it can still be given its plan: alive, and the engine's mount table unchanged
     /// since it was cloned.
-    fn usable(&self) -> bool {
+    fn usable(&mut self) -> bool {
         let mut fds = [nix::poll::PollFd::new(
             self.mounts.as_fd(),
             nix::poll::PollFlags::POLLPRI,
@@ -68,22 +84,33 @@ impl Spare {
         if changed {
             return false;
         }
-        // Our own child, not yet reaped: its pid cannot have been reused.
-        matches!(
-            nix::sys::wait::waitpid(
-                nix::unistd::Pid::from_raw(self.pid),
-                Some(nix::sys::wait::WaitPidFlag::WNOHANG),
-            ),
-            Ok(nix::sys::wait::WaitStatus::StillAlive)
-        )
+        // Our own child, not yet reaped: its pid cannot have been reused. One that exited is
+        // reaped here, and never signalled again.
+        match nix::sys::wait::waitpid(
+            nix::unistd::Pid::from_raw(self.pid),
+            Some(nix::sys::wait::WaitPidFlag::WNOHANG),
+        ) {
+            Ok(nix::sys::wait::WaitStatus::StillAlive) => true,
+            Ok(_) => {
+                self.reaped = true;
+                false
+            }
+            Err(_) => false,
+        }
     }
 
-    /// Kill and reap it, and remove its record.
-    fn discard(self) {
-        // SAFETY: kill with integer arguments; the pid is our own child, not yet reaped (a
-        // child that already exited is a zombie until this waitpid: the pid is not reused).
-        unsafe { libc::kill(self.pid, libc::SIGKILL) };
-        let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(self.pid), None);
+    /// Kill and reap it, and remove its record, cgroups and directory.
+    pub fn discard(mut self) {
+        if !self.reaped {
+            // SAFETY: kill with integer arguments; the pid is our own child, not yet reaped
+            // (one that already exited is a zombie until this waitpid: the pid is not reused).
+            unsafe { libc::kill(self.pid, libc::SIGKILL) };
+            let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(self.pid), None);
+        }
+        if let Err(e) = self.cgroup.destroy() {
+            tracing::warn!(sandbox = %self.name, error = %e, "cgroup cleanup failed");
+        }
+        let _ = std::fs::remove_dir(&self.dir);
         let _ = std::fs::remove_file(&self.record);
     }
 }
@@ -93,9 +120,22 @@ struct State {
     ready: Vec<Spare>,
     stop: bool,
     started: bool,
+    /// The thread stopped on an error (sandboxes clone their inits from then on).
+    failed: bool,
     /// Spares handed out, and spares discarded at hand-out as stale or dead.
     taken: u64,
     discarded: u64,
+}
+
+/// Where a runtime's sandboxes go: what the reserve needs to make a spare's name, directory
+/// and cgroups as `Runtime::create` would.
+pub(crate) struct Place {
+    pub run: String,
+    /// `<run>/sbx`: the sandboxes' directories and the records.
+    pub sbx: PathBuf,
+    pub cgroups: crate::cgroup::Layout,
+    /// The runtime's counter of sandbox names.
+    pub counter: Arc<AtomicU64>,
 }
 
 struct Shared {
@@ -105,8 +145,7 @@ struct Shared {
     wake: Condvar,
     target: usize,
     init: InitProgram,
-    /// `<run>/sbx`, where the records go.
-    records: PathBuf,
+    place: Place,
     netns: Arc<NetnsReserve>,
 }
 
@@ -118,20 +157,15 @@ pub(crate) struct InitReserve {
 
 impl InitReserve {
     /// A reserve that keeps `target` inits of `init` waiting once started (0: never starts
-    /// any); records under `records`, network namespaces from `netns` when it has one ready.
-    pub fn new(
-        target: usize,
-        init: InitProgram,
-        records: PathBuf,
-        netns: Arc<NetnsReserve>,
-    ) -> Self {
+    /// any) for sandboxes of `place`, in network namespaces from `netns` when it has one ready.
+    pub fn new(target: usize, init: InitProgram, place: Place, netns: Arc<NetnsReserve>) -> Self {
         Self {
             shared: Arc::new(Shared {
                 state: Mutex::new(State::default()),
                 wake: Condvar::new(),
                 target,
                 init,
-                records,
+                place,
                 netns,
             }),
             thread: Mutex::new(None),
@@ -156,7 +190,10 @@ impl InitReserve {
             .spawn(move || fill(&shared));
         match spawned {
             Ok(h) => *crate::lock(&self.thread) = Some(h),
-            Err(e) => tracing::debug!(error = %e, "init reserve not started"),
+            Err(e) => {
+                crate::lock(&self.shared.state).failed = true;
+                tracing::debug!(error = %e, "init reserve not started");
+            }
         }
     }
 
@@ -165,7 +202,7 @@ impl InitReserve {
     /// at the next [`InitReserve::refill`].
     pub fn take(&self) -> Option<Spare> {
         loop {
-            let spare = {
+            let mut spare = {
                 let mut st = crate::lock(&self.shared.state);
                 // The oldest first: once the mount table changed, every spare older than
                 // the change is stale, and all of them go before a newer one is used.
@@ -194,6 +231,15 @@ impl InitReserve {
         self.shared.wake.notify_all();
     }
 
+    /// The host pids of the inits waiting now, oldest first.
+    pub fn pids(&self) -> Vec<i32> {
+        crate::lock(&self.shared.state)
+            .ready
+            .iter()
+            .map(|s| s.pid)
+            .collect()
+    }
+
     /// Inits waiting now.
     pub fn ready(&self) -> usize {
         crate::lock(&self.shared.state).ready.len()
@@ -203,7 +249,7 @@ impl InitReserve {
     /// started.
     pub fn idle(&self) -> bool {
         let st = crate::lock(&self.shared.state);
-        !st.started || st.stop || st.ready.len() >= self.shared.target
+        !st.started || st.stop || st.failed || st.ready.len() >= self.shared.target
     }
 
     /// Spares handed out by [`InitReserve::take`] and, of those, the ones discarded there.
@@ -262,6 +308,7 @@ fn fill(shared: &Shared) {
             }
             Err(e) => {
                 // Sandboxes clone their own init from now on; nothing is weakened.
+                crate::lock(&shared.state).failed = true;
                 tracing::debug!(error = %e, "init reserve stopped");
                 return;
             }
@@ -271,45 +318,61 @@ fn fill(shared: &Shared) {
 
 fn start_one(shared: &Shared) -> Result<Spare, crate::SandboxError> {
     let spawn = |what| move |source| crate::SandboxError::Spawn { what, source };
-    // Opened before the clone: any change of the table after it is seen at hand-out.
-    let mounts = File::open("/proc/self/mountinfo").map_err(spawn("opening our mount table"))?;
-    let (sock, child_sock) = UnixStream::pair().map_err(spawn("socketpair"))?;
-    let pid = crate::spawn_init::spawn_init(&shared.init, child_sock.into(), shared.netns.take())?;
-    let record = shared.records.join(format!("spare-{pid}.init"));
-    let spare = Spare {
+    let place = &shared.place;
+    let name = format!("s{}", place.counter.fetch_add(1, Ordering::Relaxed));
+    let dir = place.sbx.join(&name);
+    std::fs::create_dir(&dir).map_err(spawn("creating the sandbox directory"))?;
+    let cgroup = match Cgroup::create_bare(&place.cgroups, &place.run, &name) {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = std::fs::remove_dir(&dir);
+            return Err(e.into());
+        }
+    };
+    let made = (|| {
+        // Opened before the clone: any change of the table after it is seen at hand-out.
+        let mounts =
+            File::open("/proc/self/mountinfo").map_err(spawn("opening our mount table"))?;
+        let (sock, child_sock) = UnixStream::pair().map_err(spawn("socketpair"))?;
+        let pid =
+            crate::spawn_init::spawn_init(&shared.init, child_sock.into(), shared.netns.take())?;
+        Ok::<_, crate::SandboxError>((mounts, sock, pid))
+    })();
+    let (mounts, sock, pid) = match made {
+        Ok(m) => m,
+        Err(e) => {
+            drop(cgroup);
+            let _ = std::fs::remove_dir(&dir);
+            return Err(e);
+        }
+    };
+    let mut spare = Spare {
         pid,
         sock,
-        record,
+        record: place.sbx.join(format!("{name}.init")),
+        name,
+        dir,
+        cgroup,
         mounts,
+        reaped: false,
     };
-    if let Err(source) = std::fs::write(&spare.record, crate::state::identity(pid)) {
+    let prepare = Request::Prepare(Box::new(PreparePlan {
+        sandbox_dir: spare.dir.to_string_lossy().into_owned(),
+        cgroup_join: spare
+            .cgroup
+            .self_join_files()
+            .iter()
+            .map(|p| p.to_string_lossy().into_owned())
+            .collect(),
+    }));
+    let recorded = std::fs::write(&spare.record, crate::state::identity(pid))
+        .map_err(spawn("recording a spare init"));
+    let sent = recorded.and_then(|()| {
+        write_frame(&mut spare.sock, "request", &prepare).map_err(crate::SandboxError::from)
+    });
+    if let Err(e) = sent {
         spare.discard();
-        return Err(crate::SandboxError::Spawn {
-            what: "recording a spare init",
-            source,
-        });
+        return Err(e);
     }
     Ok(spare)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_reserve_of_zero_never_starts() {
-        let r = InitReserve::new(
-            0,
-            InitProgram {
-                path: "/bin/true".into(),
-                args: vec![],
-            },
-            std::env::temp_dir(),
-            Arc::new(NetnsReserve::new(0)),
-        );
-        r.start();
-        assert!(r.take().is_none());
-        assert_eq!(r.ready(), 0);
-        assert_eq!(r.counts(), (0, 0));
-    }
 }

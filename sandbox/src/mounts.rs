@@ -172,6 +172,22 @@ pub fn setup_private_dir(
     Ok(())
 }
 
+/// The private directory's tmpfs of an init prepared ahead, resized to the plan's scratch.
+pub fn resize_private_dir(
+    sys: &mut dyn Sys,
+    layout: &Layout,
+    scratch_bytes: u64,
+) -> Result<(), MountError> {
+    sys.mount(
+        "envfactory",
+        &layout.dir,
+        "tmpfs",
+        MsFlags::MS_REMOUNT | MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        &format!("mode=0711,size={scratch_bytes}"),
+    )?;
+    Ok(())
+}
+
 /// Step 2: the side trees, mounted once and bound into every root: a `/proc` of the sandbox's
 /// pid namespace with masked and read-only paths, a minimal `/dev`, and a read-only `/sys`.
 ///

@@ -193,7 +193,17 @@ pub struct Health {
     pub zygote_pid: Option<u32>,
 }
 
-/// Everything init needs to build the sandbox; sent once, first.
+/// What an init started ahead can do before its sandbox's plan (`init_reserve.rs`): join the
+/// cgroups and lay out the private directory and its side trees, none of which depend on the
+/// sandbox's configuration. Sent once, before the [`SetupPlan`], whose `sandbox_dir` and
+/// `cgroup_join` must then be the same.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PreparePlan {
+    pub sandbox_dir: String,
+    pub cgroup_join: Vec<String>,
+}
+
+/// Everything init needs to build the sandbox; sent once, first (or after a [`PreparePlan`]).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SetupPlan {
     /// Host path of the sandbox's private directory (an empty directory in the run dir).
@@ -262,6 +272,9 @@ pub enum Request {
     },
     Health,
     Shutdown,
+    /// Only first, and only from the runtime's reserve of inits; no response (a failure is
+    /// the answer to the `Setup` that follows).
+    Prepare(Box<PreparePlan>),
 }
 
 /// Kinds of failure init reports, so callers can tell the agent's errors from infrastructure ones.

@@ -68,7 +68,8 @@ struct Inner {
     run_dir: PathBuf,
     cgroups: cgroup::Layout,
     init: InitProgram,
-    counter: AtomicU64,
+    /// Sandboxes named so far (`s<N>`), spares included.
+    counter: Arc<AtomicU64>,
     /// Sandboxes alive (admitted and not yet dropped).
     live: AtomicUsize,
     admission: Mutex<crate::Admission>,
@@ -87,6 +88,8 @@ struct Inner {
     netns: Arc<crate::netns::NetnsReserve>,
     /// Inits started ahead of time (`init_reserve.rs`).
     inits: crate::init_reserve::InitReserve,
+    /// Whether creates use them ([`Runtime::set_spare_inits`]).
+    spares_on: std::sync::atomic::AtomicBool,
 }
 
 /// One process's handle on the sandbox machinery. Creating it reaps the leftovers of crashed
@@ -143,10 +146,16 @@ impl Runtime {
         let netns = Arc::new(crate::netns::NetnsReserve::new(
             crate::netns::DEFAULT_RESERVE,
         ));
+        let counter = Arc::new(AtomicU64::new(0));
         let inits = crate::init_reserve::InitReserve::new(
             crate::init_reserve::DEFAULT_RESERVE,
             init.clone(),
-            run_dir.join("sbx"),
+            crate::init_reserve::Place {
+                run: run.clone(),
+                sbx: run_dir.join("sbx"),
+                cgroups: cgroups.clone(),
+                counter: counter.clone(),
+            },
             netns.clone(),
         );
         Ok(Self {
@@ -156,7 +165,7 @@ impl Runtime {
                 run_dir,
                 cgroups,
                 init,
-                counter: AtomicU64::new(0),
+                counter,
                 live: AtomicUsize::new(0),
                 admission: Mutex::new(crate::Admission::default()),
                 rootfs: Mutex::new(HashMap::new()),
@@ -167,6 +176,7 @@ impl Runtime {
                 seccomp: Mutex::new(None),
                 netns,
                 inits,
+                spares_on: std::sync::atomic::AtomicBool::new(true),
             }),
         })
     }
@@ -215,6 +225,18 @@ impl Runtime {
     /// Let the init reserve start the spares taken so far again.
     pub(crate) fn refill_inits(&self) {
         self.inner.inits.refill();
+    }
+
+    /// Whether creates take an init started ahead when one is ready (the default), or always
+    /// clone their own (and start no reserve). Spares already waiting stay until the runtime
+    /// goes.
+    pub fn set_spare_inits(&self, on: bool) {
+        self.inner.spares_on.store(on, Ordering::Relaxed);
+    }
+
+    /// The host pids of the inits started ahead and waiting now, oldest first.
+    pub fn spare_init_pids(&self) -> Vec<i32> {
+        self.inner.inits.pids()
     }
 
     /// Sandboxes that got an init started ahead, and spares found stale or dead when taken
@@ -509,7 +531,7 @@ impl Runtime {
 
     /// Create a sandbox: cgroups, namespaces, init, root filesystem.
     pub fn create(&self, cfg: &SandboxConfig) -> Result<Sandbox, SandboxError> {
-        self.create_with(cfg, true, true)
+        self.create_with(cfg, true, self.inner.spares_on.load(Ordering::Relaxed))
     }
 
     /// [`Runtime::create`]; with `defer`, the checks of a remembered host plan run while init
@@ -528,34 +550,20 @@ impl Runtime {
         // The place goes back if creation fails before the sandbox owns it.
         let mut place = Place(Some(self));
         let us = |t: std::time::Instant| t.elapsed().as_micros() as u64;
-        let n = self.inner.counter.fetch_add(1, Ordering::Relaxed);
-        let name = format!("s{n}");
-        let dir = self.inner.run_dir.join("sbx").join(&name);
-        std::fs::create_dir(&dir).map_err(|source| SandboxError::Spawn {
-            what: "creating the sandbox directory",
-            source,
-        })?;
-        let mut guard = CreateGuard {
-            dir: Some(dir.clone()),
-        };
         let mask_place = if cfg.rootfs == RootfsSpec::Host {
             Some(self.prepare_host_mask()?)
         } else {
             None
         };
-        let t_cg = std::time::Instant::now();
-        let cgroup = Cgroup::create(&self.inner.cgroups, &self.inner.run, &name, &cfg.limits)?;
-        let cgroup_us = us(t_cg);
         // From the second sandbox on, inits and network namespaces are started ahead of
         // time: an init that waits for its plan is used if one is ready (else one is cloned
-        // here, into a namespace made ahead if one is ready, else into a new one).
-        // (Not counting a create made again inside this one: a one-shot's only sandbox may be
-        // made twice, when the host changed since its walk was remembered.)
-        if n > 0 && defer && spares {
+        // here, into a namespace made ahead if one is ready, else into a new one). (Not
+        // counting a create made again inside this one: a one-shot's only sandbox may be made
+        // twice, when the host changed since its walk was remembered.)
+        if self.inner.counter.load(Ordering::Relaxed) > 0 && defer && spares {
             self.inner.netns.start();
             self.inner.inits.start();
         }
-        let t_spawn = std::time::Instant::now();
         // The reserve refills when this create ends, whichever way, or, when it took a spare,
         // after the sandbox's first request (see `InitReserve::refill`).
         let mut refill = Refill(Some(&self.inner.inits));
@@ -564,12 +572,31 @@ impl Runtime {
         } else {
             None
         };
-        let (pid, host_sock, spare, netns_ready) = match taken {
+        let mut guard = CreateGuard { dir: None };
+        let t_cg = std::time::Instant::now();
+        let spare = taken.is_some();
+        let (name, dir, cgroup, cgroup_us, pid, host_sock, spawn_us, netns_ready) = match taken {
             Some(s) => {
-                let _ = std::fs::rename(&s.record, self.init_record(&name));
-                (s.pid, s.sock, true, false)
+                // Its name, directory and cgroups were made with it; its limits come now.
+                if let Err(e) = s.cgroup.apply(&cfg.limits) {
+                    s.discard();
+                    return Err(e.into());
+                }
+                let cgroup_us = us(t_cg);
+                (s.name, s.dir, s.cgroup, cgroup_us, s.pid, s.sock, 0, false)
             }
             None => {
+                let n = self.inner.counter.fetch_add(1, Ordering::Relaxed);
+                let name = format!("s{n}");
+                let dir = self.inner.run_dir.join("sbx").join(&name);
+                std::fs::create_dir(&dir).map_err(|source| SandboxError::Spawn {
+                    what: "creating the sandbox directory",
+                    source,
+                })?;
+                guard.dir = Some(dir.clone());
+                let cgroup =
+                    Cgroup::create(&self.inner.cgroups, &self.inner.run, &name, &cfg.limits)?;
+                let cgroup_us = us(t_cg);
                 let (host_sock, child_sock) =
                     UnixStream::pair().map_err(|source| SandboxError::Spawn {
                         what: "socketpair",
@@ -577,13 +604,24 @@ impl Runtime {
                     })?;
                 let netns = self.inner.netns.take();
                 let netns_ready = netns.is_some();
+                let t_spawn = std::time::Instant::now();
                 let pid =
                     crate::spawn_init::spawn_init(&self.inner.init, child_sock.into(), netns)?;
+                let spawn_us = us(t_spawn);
                 let _ = std::fs::write(self.init_record(&name), state::identity(pid));
-                (pid, host_sock, false, netns_ready)
+                let r = (
+                    name,
+                    dir,
+                    cgroup,
+                    cgroup_us,
+                    pid,
+                    host_sock,
+                    spawn_us,
+                    netns_ready,
+                );
+                r
             }
         };
-        let spawn_us = us(t_spawn);
         let no_root_yet = Rootfs {
             lowers: Vec::new(),
             digest: String::new(),
@@ -591,9 +629,10 @@ impl Runtime {
         let mut sb = Sandbox::new(self.clone(), name, dir, host_sock, pid, cgroup, no_root_yet);
         guard.dir = None; // the sandbox's Drop owns cleanup from here on
         place.0 = None; // and its place among the live ones
-                        // Resolve the root and the policy while init execs and loads on another CPU (it waits
-                        // for its plan): the first sandbox of a process walks the host for the mask here. A
-                        // failure drops `sb`, which kills init and removes what was made for it.
+
+        // Resolve the root and the policy while init execs and loads on another CPU (it waits
+        // for its plan): the first sandbox of a process walks the host for the mask here. A
+        // failure drops `sb`, which kills init and removes what was made for it.
         let t_resolve = std::time::Instant::now();
         let (base, pending) = {
             let mut cache = lock(&self.inner.rootfs);
@@ -630,10 +669,15 @@ impl Runtime {
             },
         };
         if let Err(e) = set_up {
-            if spare {
+            let spares_fault = match &e {
+                SandboxError::Setup(m) => m.starts_with("preparing ahead"),
+                SandboxError::Dead => true,
+                _ => false,
+            };
+            if spare && spares_fault {
                 // A spare that died just before it was taken (killed from outside, between
-                // its check and its plan): once more with an init cloned for it. A plan that
-                // cannot be set up fails there again, with its own error.
+                // its check and its plan), or could not prepare: once more with an init
+                // cloned for it. A plan that cannot be set up is not retried.
                 tracing::debug!(sandbox = %sb.name(), error = %e, "a spare init failed its setup: made again with a cloned init");
                 drop(sb);
                 return self.create_with(cfg, defer, false);

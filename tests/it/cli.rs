@@ -383,6 +383,7 @@ fn bench_sandbox_json_has_the_documented_keys() {
     for k in [
         "host_sh_true",
         "create_first_exec",
+        "create_first_exec_cloned",
         "exec_sh_true",
         "reset_100_files",
         "snapshot_100_files",

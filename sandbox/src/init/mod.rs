@@ -99,7 +99,15 @@ fn run(mut sock: UnixStream) -> Result<(), InitError> {
         .map_err(os("signalfd"))?;
     quiet_stdio();
 
-    let plan = match read_frame::<Request>(&mut sock, "request")? {
+    // An init started ahead (`init_reserve.rs`) is told its directory and cgroups first and
+    // does what depends on nothing else while it waits for its plan.
+    let mut first = read_frame::<Request>(&mut sock, "request")?;
+    let mut prepared = None;
+    if let Request::Prepare(p) = first {
+        prepared = Some(prepare(&p).map(|()| *p).map_err(|e| e.to_string()));
+        first = read_frame::<Request>(&mut sock, "request")?;
+    }
+    let plan = match first {
         Request::Setup(plan) => *plan,
         other => {
             return Err(InitError::Setup(format!(
@@ -122,7 +130,7 @@ fn run(mut sock: UnixStream) -> Result<(), InitError> {
         zygote: None,
         buf: Vec::new(),
     };
-    let reply = match init.setup() {
+    let reply = match init.setup(prepared) {
         Ok(()) => Response::Ok,
         Err(e) => Response::Failed {
             kind: FailureKind::Internal,
@@ -150,24 +158,69 @@ fn quiet_stdio() {
     }
 }
 
+/// Join the cgroups (single-threaded, so moving this thread moves init), then make them the
+/// root of a new cgroup namespace.
+fn join_cgroups(files: &[String]) -> Result<(), InitError> {
+    for f in files {
+        std::fs::write(f, "0").map_err(|e| InitError::Setup(format!("joining cgroup {f}: {e}")))?;
+    }
+    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWCGROUP)
+        .map_err(os("unshare(CLONE_NEWCGROUP)"))
+}
+
+/// The size of the private directory's tmpfs before the plan gives the disk size (it then
+/// holds only the side trees' few files; the plan resizes it).
+const PREPARED_SCRATCH: u64 = 16 << 20;
+
+/// What an init started ahead does before its plan: the steps of [`Init::setup`] that depend
+/// only on its directory and cgroups, in the same order.
+fn prepare(p: &crate::protocol::PreparePlan) -> Result<(), InitError> {
+    join_cgroups(&p.cgroup_join)?;
+    crate::netns::loopback_up().map_err(os("bringing up lo"))?;
+    let layout = Layout::new(&p.sandbox_dir);
+    let mut sys = RealSys;
+    mounts::setup_private_dir(&mut sys, &layout, PREPARED_SCRATCH)
+        .map_err(|e| InitError::Setup(e.to_string()))?;
+    mounts::setup_side_trees(&mut sys, &layout, &side_tree_probe)
+        .map_err(|e| InitError::Setup(e.to_string()))
+}
+
+fn side_tree_probe(p: &Path) -> Option<bool> {
+    std::fs::symlink_metadata(p).ok().map(|m| m.is_dir())
+}
+
 impl Init {
-    /// The setup steps, in the order of docs/sandbox.md.
-    fn setup(&mut self) -> Result<(), InitError> {
+    /// The setup steps, in the order of docs/sandbox.md; `prepared`: what [`prepare`] did
+    /// before the plan came (or why it failed).
+    fn setup(
+        &mut self,
+        prepared: Option<Result<crate::protocol::PreparePlan, String>>,
+    ) -> Result<(), InitError> {
         let plan = &self.plan;
-        // Join the sandbox's cgroups (single-threaded, so moving this thread moves init),
-        // then make them the root of a new cgroup namespace.
-        for f in &plan.cgroup_join {
-            std::fs::write(f, "0")
-                .map_err(|e| InitError::Setup(format!("joining cgroup {f}: {e}")))?;
-        }
-        nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWCGROUP)
-            .map_err(os("unshare(CLONE_NEWCGROUP)"))?;
-        nix::unistd::sethostname(&plan.hostname).map_err(os("sethostname"))?;
-        crate::netns::loopback_up().map_err(os("bringing up lo"))?;
         let mut sys = RealSys;
         let scratch = plan.disk_bytes.saturating_mul(4).saturating_add(16 << 20);
-        mounts::setup_private_dir(&mut sys, &self.layout, scratch)
-            .map_err(|e| InitError::Setup(e.to_string()))?;
+        let side_trees_done = match prepared {
+            None => {
+                join_cgroups(&plan.cgroup_join)?;
+                crate::netns::loopback_up().map_err(os("bringing up lo"))?;
+                mounts::setup_private_dir(&mut sys, &self.layout, scratch)
+                    .map_err(|e| InitError::Setup(e.to_string()))?;
+                false
+            }
+            Some(Err(e)) => return Err(InitError::Setup(format!("preparing ahead: {e}"))),
+            Some(Ok(p)) => {
+                if p.sandbox_dir != plan.sandbox_dir || p.cgroup_join != plan.cgroup_join {
+                    return Err(InitError::Setup(format!(
+                        "the plan names {} and cgroups {:?}, but this init was prepared for {} and {:?}",
+                        plan.sandbox_dir, plan.cgroup_join, p.sandbox_dir, p.cgroup_join
+                    )));
+                }
+                mounts::resize_private_dir(&mut sys, &self.layout, scratch)
+                    .map_err(|e| InitError::Setup(e.to_string()))?;
+                true
+            }
+        };
+        nix::unistd::sethostname(&plan.hostname).map_err(os("sethostname"))?;
         if let Some(s) = &plan.seccomp {
             self.seccomp = Some(s.prepare());
         }
@@ -181,9 +234,10 @@ impl Init {
         // The zygote confines itself (about a millisecond of seccomp) while init mounts the
         // side trees: it chroots into the root now and sees what is mounted under it later.
         self.prestart_zygote();
-        let probe = |p: &Path| std::fs::symlink_metadata(p).ok().map(|m| m.is_dir());
-        mounts::setup_side_trees(&mut sys, &self.layout, &probe)
-            .map_err(|e| InitError::Setup(e.to_string()))?;
+        if !side_trees_done {
+            mounts::setup_side_trees(&mut sys, &self.layout, &side_tree_probe)
+                .map_err(|e| InitError::Setup(e.to_string()))?;
+        }
         self.bind_side_trees()
     }
 
@@ -311,7 +365,7 @@ impl Init {
             message: e.to_string(),
         };
         match req {
-            Request::Setup(_) => Response::Failed {
+            Request::Setup(_) | Request::Prepare(_) => Response::Failed {
                 kind: FailureKind::Invalid,
                 message: "the sandbox is already set up".into(),
             },

@@ -100,6 +100,44 @@ fn a_sandbox_given_a_spare_init_is_set_up_and_confined_like_any_other() {
     assert_eq!(out(&r), "alive\n");
 }
 
+/// The reaper's records (path, `"<pid> <start time>"`) of the inits `pids`.
+fn records_of(rt: &Runtime, pids: &[i32]) -> Vec<(std::path::PathBuf, String)> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(rt.run_dir().join("sbx"))
+        .unwrap()
+        .flatten()
+    {
+        if e.path().extension().is_some_and(|x| x == "init") {
+            let rec = std::fs::read_to_string(e.path()).unwrap();
+            let pid: i32 = rec.split_whitespace().next().unwrap().parse().unwrap();
+            if pids.contains(&pid) {
+                out.push((e.path(), rec));
+            }
+        }
+    }
+    assert_eq!(
+        out.len(),
+        pids.len(),
+        "a spare without its record: {out:?} {pids:?}"
+    );
+    out
+}
+
+/// A runtime whose reserve holds two spares: the first sandbox clones its init, the second
+/// starts the reserve (and may take a spare already; its replacement starts once it answered
+/// a request).
+fn with_two_spares() -> (Runtime, Vec<Sandbox>) {
+    let rt = runtime();
+    let a = rt.create(&config()).unwrap();
+    let mut b = rt.create(&config()).unwrap();
+    sh(&mut b, "true");
+    assert!(
+        eventually(10, || rt.spare_inits_ready() >= 2),
+        "the reserve did not fill"
+    );
+    (rt, vec![a, b])
+}
+
 /// A tmpfs mounted in the host namespace for the test's life, unmounted even on panic.
 struct TmpMount(std::path::PathBuf);
 
@@ -113,26 +151,10 @@ impl Drop for TmpMount {
 #[test]
 fn an_init_started_before_the_engines_mount_table_changed_is_never_used() {
     require_root!();
-    let rt = runtime();
-    let _a = rt.create(&config()).unwrap();
-    let mut b = rt.create(&config()).unwrap();
-    sh(&mut b, "true");
-    assert!(
-        eventually(10, || rt.spare_inits_ready() >= 2),
-        "the reserve did not fill"
-    );
-    let spares: Vec<i32> = std::fs::read_dir(rt.run_dir().join("sbx"))
-        .unwrap()
-        .flatten()
-        .filter_map(|e| {
-            let n = e.file_name().to_string_lossy().into_owned();
-            n.strip_prefix("spare-")?
-                .strip_suffix(".init")?
-                .parse()
-                .ok()
-        })
-        .collect();
+    let (rt, _keep) = with_two_spares();
+    let spares = rt.spare_init_pids();
     assert_eq!(spares.len(), 2, "{spares:?}");
+    let records = records_of(&rt, &spares);
     // A layer on a filesystem mounted after those inits were cloned: their copies of the mount
     // table have the empty directory under it.
     let dir = std::env::temp_dir().join(format!("envfactory-spare-{}", std::process::id()));
@@ -154,52 +176,46 @@ fn an_init_started_before_the_engines_mount_table_changed_is_never_used() {
     let mut s = rt.create(&cfg).unwrap();
     let r = sh(&mut s, "cat /marker");
     assert_eq!(out(&r), "mounted after\n", "{r:?}");
+    // Oldest first: both went before any newer spare could be used.
     assert!(
         rt.spare_inits_used().1 >= discarded_before + 2,
         "the stale spares were not discarded: {:?}",
         rt.spare_inits_used()
     );
-    // Discarded means killed and reaped, their records gone.
-    for pid in spares {
-        assert!(
-            !std::path::Path::new(&format!("/proc/{pid}")).exists()
-                || std::fs::read_to_string(format!("/proc/{pid}/cmdline"))
-                    .map(|c| !c.contains("init"))
-                    .unwrap_or(true),
-            "spare init {pid} still runs"
+    // Discarded means killed and reaped, with their records, directories and cgroups gone.
+    for (rec_path, rec) in records {
+        assert_eq!(
+            sandbox::state::is_alive(&rec),
+            None,
+            "spare init {rec} still runs"
         );
-        let rec = rt.run_dir().join("sbx").join(format!("spare-{pid}.init"));
-        assert!(!rec.exists(), "{} left", rec.display());
+        assert!(!rec_path.exists(), "{} left", rec_path.display());
+        let dir = rec_path.with_extension("");
+        assert!(!dir.exists(), "{} left", dir.display());
+        for root in rt.cgroup_roots() {
+            let cg = root
+                .join("envfactory")
+                .join(rt.run_id())
+                .join(dir.file_name().unwrap());
+            assert!(!cg.exists(), "{} left", cg.display());
+        }
     }
 }
 
 #[test]
 fn no_spare_init_outlives_its_runtime() {
     require_root!();
-    let rt = runtime();
-    let a = rt.create(&config()).unwrap();
-    let mut b = rt.create(&config()).unwrap();
-    sh(&mut b, "true");
-    assert!(eventually(10, || rt.spare_inits_ready() >= 2));
-    let spares: Vec<(i32, String)> = std::fs::read_dir(rt.run_dir().join("sbx"))
-        .unwrap()
-        .flatten()
-        .filter(|e| e.file_name().to_string_lossy().starts_with("spare-"))
-        .map(|e| {
-            let rec = std::fs::read_to_string(e.path()).unwrap();
-            let pid = rec.split_whitespace().next().unwrap().parse().unwrap();
-            (pid, rec)
-        })
-        .collect();
-    assert!(spares.len() >= 2, "{spares:?}");
+    let (rt, keep) = with_two_spares();
+    let spares = records_of(&rt, &rt.spare_init_pids());
+    assert_eq!(spares.len(), 2, "{spares:?}");
     let run_dir = rt.run_dir().to_path_buf();
-    drop((a, b, rt));
-    for (pid, rec) in spares {
+    drop((keep, rt));
+    for (_, rec) in spares {
         // The same process (pid and start time) is gone.
         assert_eq!(
             sandbox::state::is_alive(&rec),
             None,
-            "spare init {pid} outlived its runtime"
+            "spare init {rec} outlived its runtime"
         );
     }
     assert!(!run_dir.exists(), "{} left", run_dir.display());
@@ -208,31 +224,17 @@ fn no_spare_init_outlives_its_runtime() {
 #[test]
 fn a_spare_init_killed_from_outside_is_never_used() {
     require_root!();
-    let rt = runtime();
-    let _a = rt.create(&config()).unwrap();
-    let mut b = rt.create(&config()).unwrap();
-    sh(&mut b, "true");
-    assert!(eventually(10, || rt.spare_inits_ready() >= 2));
+    let (rt, _keep) = with_two_spares();
     // Kill every spare (as the OOM killer or an administrator might).
-    let mut killed = 0;
-    let mut pids = Vec::new();
-    for e in std::fs::read_dir(rt.run_dir().join("sbx"))
-        .unwrap()
-        .flatten()
-    {
-        if e.file_name().to_string_lossy().starts_with("spare-") {
-            let rec = std::fs::read_to_string(e.path()).unwrap();
-            let pid: i32 = rec.split_whitespace().next().unwrap().parse().unwrap();
-            // SAFETY: kill with integer arguments; the pid is a spare init of this runtime,
-            // not yet reaped (its record is there).
-            assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
-            pids.push(pid);
-            killed += 1;
-        }
+    let pids = rt.spare_init_pids();
+    assert_eq!(pids.len(), 2);
+    for pid in &pids {
+        // SAFETY: kill with integer arguments; the pid is a spare init of this runtime, its
+        // child, not yet reaped.
+        assert_eq!(unsafe { libc::kill(*pid, libc::SIGKILL) }, 0);
     }
-    assert_eq!(killed, 2);
-    // Both taken once the kernel has made them zombies (a spare that dies between its check
-    // and its plan is covered too: the create retries with a cloned init).
+    // Taken once the kernel has made them zombies (one that dies between its check and its
+    // plan fails its setup, and the create is made again with a cloned init).
     let zombie = |pid: i32| {
         std::fs::read_to_string(format!("/proc/{pid}/stat"))
             .map(|s| s.rsplit_once(") ").is_some_and(|(_, r)| r.starts_with('Z')))
