@@ -218,9 +218,14 @@ pub fn run(
         }
     }
     let spares_before = rt.spare_inits_used().0;
-    for _ in 0..n {
+    // Even rounds create with a spare init, odd ones with an init cloned for the sandbox (what
+    // a create pays when no spare is ready: creates faster than the reserve refills, or
+    // `Runtime::set_spare_inits(false)`); every round runs the same steps before its create,
+    // so both see the previous sandbox's teardown alike.
+    for round in 0..2 * n {
+        let cloned = round % 2 == 1;
         settle(rt);
-        if let Some(argv) = one_shot {
+        if let (Some(argv), false) = (one_shot, cloned) {
             let t = Instant::now();
             if !run_process(argv)? {
                 return Err(BenchError::Step {
@@ -247,20 +252,20 @@ pub fn run(
         if !st.success() {
             return Err(BenchError::Host(std::io::Error::other("sh -c true failed")));
         }
+        rt.set_spare_inits(!cloned);
         let t = Instant::now();
-        let mut sb = rt.create(cfg)?;
-        check("true", sb.exec(&ExecRequest::argv(["/bin/true"]))?)?;
-        create.push(ms(t));
-        drop(sb);
-        // The same with an init cloned for it (what a create pays when no spare is ready:
-        // creates faster than the reserve refills, or `Runtime::set_spare_inits(false)`).
-        rt.set_spare_inits(false);
-        let t = Instant::now();
-        let cloned = rt.create(cfg);
-        let first = cloned.and_then(|mut sb| sb.exec(&ExecRequest::argv(["/bin/true"])));
+        let made = rt.create(cfg);
         rt.set_spare_inits(true);
-        check("true", first?)?;
-        create_cloned.push(ms(t));
+        let mut sb = made?;
+        let first = sb.exec(&ExecRequest::argv(["/bin/true"]))?;
+        let took = ms(t);
+        check("true", first)?;
+        if cloned {
+            create_cloned.push(took);
+        } else {
+            create.push(took);
+        }
+        drop(sb);
     }
     let create_from_spare = rt.spare_inits_used().0 - spares_before;
 

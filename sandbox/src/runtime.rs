@@ -609,7 +609,7 @@ impl Runtime {
                     crate::spawn_init::spawn_init(&self.inner.init, child_sock.into(), netns)?;
                 let spawn_us = us(t_spawn);
                 let _ = std::fs::write(self.init_record(&name), state::identity(pid));
-                let r = (
+                (
                     name,
                     dir,
                     cgroup,
@@ -618,8 +618,7 @@ impl Runtime {
                     host_sock,
                     spawn_us,
                     netns_ready,
-                );
-                r
+                )
             }
         };
         let no_root_yet = Rootfs {

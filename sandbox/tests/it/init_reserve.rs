@@ -72,6 +72,31 @@ fn a_sandbox_given_a_spare_init_is_set_up_and_confined_like_any_other() {
         o0.lines().skip(1).collect::<Vec<_>>(),
         "a spare's sandbox differs from a cloned one's"
     );
+    // Its init, as the host sees it, is in the same state as the cloned one's.
+    let status = |pid: i32| -> Vec<String> {
+        std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .unwrap()
+            .lines()
+            .filter(|l| {
+                [
+                    "Uid:",
+                    "Gid:",
+                    "Groups:",
+                    "Cap",
+                    "NoNewPrivs:",
+                    "Seccomp:",
+                    "SigBlk:",
+                    "SigIgn:",
+                    "SigCgt:",
+                    "Cpus_allowed_list:",
+                ]
+                .iter()
+                .any(|k| l.starts_with(k))
+            })
+            .map(str::to_string)
+            .collect()
+    };
+    assert_eq!(status(s.init_pid()), status(cloned.init_pid()));
     // The host sees its init in the sandbox's own cgroups, so the limits apply to it.
     let cg = std::fs::read_to_string(format!("/proc/{}/cgroup", s.init_pid())).unwrap();
     let suffix = format!("/{}/{}", rt.run_id(), s.name());
