@@ -225,7 +225,7 @@ pub fn run(
     for round in 0..2 * n {
         let cloned = round % 2 == 1;
         settle(rt);
-        if let (Some(argv), false) = (one_shot, cloned) {
+        if let Some(argv) = one_shot {
             let t = Instant::now();
             if !run_process(argv)? {
                 return Err(BenchError::Step {

@@ -37,7 +37,7 @@
 
 use crate::cgroup::Cgroup;
 use crate::netns::NetnsReserve;
-use crate::protocol::{write_frame, PreparePlan, Request};
+use crate::protocol::{read_frame, write_frame, PreparePlan, Request, Response};
 use crate::runtime::InitProgram;
 use std::fs::File;
 use std::os::fd::AsFd;
@@ -95,7 +95,12 @@ impl Spare {
                 self.reaped = true;
                 false
             }
-            Err(_) => false,
+            // Not our child to wait for any more (reaped elsewhere, or SIGCHLD ignored): its
+            // pid is never signalled.
+            Err(_) => {
+                self.reaped = true;
+                false
+            }
         }
     }
 
@@ -367,10 +372,22 @@ fn start_one(shared: &Shared) -> Result<Spare, crate::SandboxError> {
     }));
     let recorded = std::fs::write(&spare.record, crate::state::identity(pid))
         .map_err(spawn("recording a spare init"));
-    let sent = recorded.and_then(|()| {
-        write_frame(&mut spare.sock, "request", &prepare).map_err(crate::SandboxError::from)
+    // Ready only once it answered: a spare whose preparation failed never reaches a create,
+    // and one still preparing is not counted as ready.
+    let answered = recorded.and_then(|()| {
+        write_frame(&mut spare.sock, "request", &prepare)?;
+        spare
+            .sock
+            .set_read_timeout(Some(std::time::Duration::from_secs(30)))
+            .map_err(crate::protocol::ProtocolError::Io)?;
+        match read_frame::<Response>(&mut spare.sock, "response")? {
+            Response::Ok => Ok(()),
+            other => Err(crate::SandboxError::Setup(format!(
+                "preparing a spare init: {other:?}"
+            ))),
+        }
     });
-    if let Err(e) = sent {
+    if let Err(e) = answered {
         spare.discard();
         return Err(e);
     }

@@ -272,8 +272,8 @@ pub enum Request {
     },
     Health,
     Shutdown,
-    /// Only first, and only from the runtime's reserve of inits; no response (a failure is
-    /// the answer to the `Setup` that follows).
+    /// Only first, and only from the runtime's reserve of inits; answered `Ok` when done (an
+    /// init that answers `Failed` exits).
     Prepare(Box<PreparePlan>),
 }
 

@@ -668,15 +668,10 @@ impl Runtime {
             },
         };
         if let Err(e) = set_up {
-            let spares_fault = match &e {
-                SandboxError::Setup(m) => m.starts_with("preparing ahead"),
-                SandboxError::Dead => true,
-                _ => false,
-            };
-            if spare && spares_fault {
+            if spare && matches!(e, SandboxError::Dead) {
                 // A spare that died just before it was taken (killed from outside, between
-                // its check and its plan), or could not prepare: once more with an init
-                // cloned for it. A plan that cannot be set up is not retried.
+                // its check and its plan): once more with an init cloned for it. A plan that
+                // cannot be set up is not retried.
                 tracing::debug!(sandbox = %sb.name(), error = %e, "a spare init failed its setup: made again with a cloned init");
                 drop(sb);
                 return self.create_with(cfg, defer, false);

@@ -101,10 +101,23 @@ fn run(mut sock: UnixStream) -> Result<(), InitError> {
 
     // An init started ahead (`init_reserve.rs`) is told its directory and cgroups first and
     // does what depends on nothing else while it waits for its plan.
+    // Its answer tells the reserve whether it is ready; one that failed exits.
     let mut first = read_frame::<Request>(&mut sock, "request")?;
     let mut prepared = None;
     if let Request::Prepare(p) = first {
-        prepared = Some(prepare(&p).map(|()| *p).map_err(|e| e.to_string()));
+        let reply = match prepare(&p) {
+            Ok(()) => Response::Ok,
+            Err(e) => Response::Failed {
+                kind: FailureKind::Internal,
+                message: e.to_string(),
+            },
+        };
+        let failed = matches!(reply, Response::Failed { .. });
+        write_frame(&mut sock, "response", &reply)?;
+        if failed {
+            return Ok(());
+        }
+        prepared = Some(*p);
         first = read_frame::<Request>(&mut sock, "request")?;
     }
     let plan = match first {
@@ -169,7 +182,7 @@ fn join_cgroups(files: &[String]) -> Result<(), InitError> {
 }
 
 /// The size of the private directory's tmpfs before the plan gives the disk size (it then
-/// holds only the side trees' few files; the plan resizes it).
+/// holds only the side trees' few files; the plan resizes it, never below this).
 const PREPARED_SCRATCH: u64 = 16 << 20;
 
 /// What an init started ahead does before its plan: the steps of [`Init::setup`] that depend
@@ -191,11 +204,8 @@ fn side_tree_probe(p: &Path) -> Option<bool> {
 
 impl Init {
     /// The setup steps, in the order of docs/sandbox.md; `prepared`: what [`prepare`] did
-    /// before the plan came (or why it failed).
-    fn setup(
-        &mut self,
-        prepared: Option<Result<crate::protocol::PreparePlan, String>>,
-    ) -> Result<(), InitError> {
+    /// before the plan came.
+    fn setup(&mut self, prepared: Option<crate::protocol::PreparePlan>) -> Result<(), InitError> {
         let plan = &self.plan;
         let mut sys = RealSys;
         let scratch = plan.disk_bytes.saturating_mul(4).saturating_add(16 << 20);
@@ -207,15 +217,14 @@ impl Init {
                     .map_err(|e| InitError::Setup(e.to_string()))?;
                 false
             }
-            Some(Err(e)) => return Err(InitError::Setup(format!("preparing ahead: {e}"))),
-            Some(Ok(p)) => {
+            Some(p) => {
                 if p.sandbox_dir != plan.sandbox_dir || p.cgroup_join != plan.cgroup_join {
                     return Err(InitError::Setup(format!(
                         "the plan names {} and cgroups {:?}, but this init was prepared for {} and {:?}",
                         plan.sandbox_dir, plan.cgroup_join, p.sandbox_dir, p.cgroup_join
                     )));
                 }
-                mounts::resize_private_dir(&mut sys, &self.layout, scratch)
+                mounts::resize_private_dir(&mut sys, &self.layout, scratch.max(PREPARED_SCRATCH))
                     .map_err(|e| InitError::Setup(e.to_string()))?;
                 true
             }

@@ -62,7 +62,8 @@ fn a_sandbox_given_a_spare_init_is_set_up_and_confined_like_any_other() {
     // Its plan arrived: hostname, pid 1, its cgroups as the root of its cgroup namespace,
     // the root filesystem; everything but the hostname as the cloned sandbox sees it.
     let probe = "hostname; tr '\\0' ' ' </proc/1/cmdline; echo; cat /proc/self/cgroup; \
-                 ls /; cat /proc/self/status | grep -E '^(Cap|Seccomp|NoNewPrivs|Sig(Ign|Blk))'";
+                 ls / /dev; cat /proc/self/status | grep -E '^(Cap|Seccomp|NoNewPrivs|Sig(Ign|Blk))'; \
+                 awk '$5 ~ /^\\/(proc|dev|sys)/ {print $5, $6, $9, $11}' /proc/self/mountinfo";
     let (r, r0) = (sh(&mut s, probe), sh(&mut cloned, probe));
     let (o, o0) = (out(&r), out(&r0));
     assert_eq!(o.lines().next(), Some("spare-test"), "{r:?}");
@@ -106,6 +107,25 @@ fn a_sandbox_given_a_spare_init_is_set_up_and_confined_like_any_other() {
             assert!(l.ends_with(&suffix), "{cg}");
         }
     }
+    // Its limits are written where the kernel reads them.
+    let mut seen = 0;
+    for root in rt.cgroup_roots() {
+        let dir = root.join("envfactory").join(rt.run_id()).join(s.name());
+        let read = |f: &str| {
+            std::fs::read_to_string(dir.join(f))
+                .ok()
+                .map(|v| v.trim().to_string())
+        };
+        if let Some(v) = read("pids.max") {
+            assert_eq!(v, "12");
+            seen += 1;
+        }
+        if let Some(v) = read("memory.limit_in_bytes").or_else(|| read("memory.max")) {
+            assert_eq!(v, cfg.limits.memory_bytes.to_string());
+            seen += 1;
+        }
+    }
+    assert_eq!(seen, 2, "no pids or memory cgroup found");
     // The pids limit holds: 12 in all, init and the shell included.
     let r = sh(
         &mut s,
