@@ -250,8 +250,8 @@ impl Cgroup {
     /// The files a single-threaded process writes `0` to, to move itself into this sandbox's
     /// cgroups: `tasks` on v1, which moves only the calling thread and so skips the kernel's
     /// global threadgroup lock (a migration by pid costs an RCU grace period, milliseconds);
-    /// `cgroup.procs` on v2.
-    pub fn self_join_files(&self) -> Vec<PathBuf> {
+    /// `cgroup.procs` on v2. As text, the form of init's plans.
+    pub fn self_join_files(&self) -> Vec<String> {
         self.layout
             .roots()
             .into_iter()
@@ -260,7 +260,10 @@ impl Cgroup {
                     Version::V1 => "tasks",
                     Version::V2 => "cgroup.procs",
                 };
-                root.join(&self.rel).join(file)
+                root.join(&self.rel)
+                    .join(file)
+                    .to_string_lossy()
+                    .into_owned()
             })
             .collect()
     }

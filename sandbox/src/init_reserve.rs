@@ -363,12 +363,7 @@ fn start_one(shared: &Shared) -> Result<Spare, crate::SandboxError> {
     };
     let prepare = Request::Prepare(Box::new(PreparePlan {
         sandbox_dir: spare.dir.to_string_lossy().into_owned(),
-        cgroup_join: spare
-            .cgroup
-            .self_join_files()
-            .iter()
-            .map(|p| p.to_string_lossy().into_owned())
-            .collect(),
+        cgroup_join: spare.cgroup.self_join_files(),
     }));
     let recorded = std::fs::write(&spare.record, crate::state::identity(pid))
         .map_err(spawn("recording a spare init"));

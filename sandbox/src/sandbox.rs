@@ -106,12 +106,7 @@ impl Sandbox {
     ) -> Result<(), SandboxError> {
         let plan = SetupPlan {
             sandbox_dir: self.dir.to_string_lossy().into_owned(),
-            cgroup_join: self
-                .cgroup
-                .self_join_files()
-                .iter()
-                .map(|p| p.to_string_lossy().into_owned())
-                .collect(),
+            cgroup_join: self.cgroup.self_join_files(),
             lowers: self.rootfs.lowers.clone(),
             disk_bytes: cfg.disk_bytes,
             disk_inodes: cfg.disk_inodes,
