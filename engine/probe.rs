@@ -154,35 +154,42 @@ impl<'a> SandboxConfirm<'a> {
     }
 }
 
+/// The [`Probe`] methods but `stat`, passed to the probe in `self.$field`.
+macro_rules! pass_probe_through {
+    ($field:ident) => {
+        fn read(&mut self, path: &str, max: u64) -> Result<Option<Vec<u8>>, ProbeError> {
+            self.$field.read(path, max)
+        }
+        fn list(&mut self, path: &str) -> Result<Option<Vec<DirEntry>>, ProbeError> {
+            self.$field.list(path)
+        }
+        fn processes(&mut self) -> Result<Vec<Proc>, ProbeError> {
+            self.$field.processes()
+        }
+        fn tcp(
+            &mut self,
+            port: u16,
+            request: &[u8],
+            timeout: Duration,
+        ) -> Result<Option<Vec<u8>>, ProbeError> {
+            self.$field.tcp(port, request, timeout)
+        }
+        fn disk_used(&mut self) -> Result<Option<u64>, ProbeError> {
+            self.$field.disk_used()
+        }
+        fn disk_usage(&mut self) -> Result<Option<DiskUsage>, ProbeError> {
+            self.$field.disk_usage()
+        }
+        fn start_processes(&self) -> Option<&BTreeSet<(u32, u64)>> {
+            self.$field.start_processes()
+        }
+    };
+}
+
 impl Probe for SandboxConfirm<'_> {
-    fn read(&mut self, path: &str, max: u64) -> Result<Option<Vec<u8>>, ProbeError> {
-        self.probe.read(path, max)
-    }
+    pass_probe_through!(probe);
     fn stat(&mut self, path: &str) -> Result<Option<FileStat>, ProbeError> {
         self.probe.stat(path)
-    }
-    fn list(&mut self, path: &str) -> Result<Option<Vec<DirEntry>>, ProbeError> {
-        self.probe.list(path)
-    }
-    fn processes(&mut self) -> Result<Vec<Proc>, ProbeError> {
-        self.probe.processes()
-    }
-    fn tcp(
-        &mut self,
-        port: u16,
-        request: &[u8],
-        timeout: Duration,
-    ) -> Result<Option<Vec<u8>>, ProbeError> {
-        self.probe.tcp(port, request, timeout)
-    }
-    fn disk_used(&mut self) -> Result<Option<u64>, ProbeError> {
-        self.probe.disk_used()
-    }
-    fn disk_usage(&mut self) -> Result<Option<DiskUsage>, ProbeError> {
-        self.probe.disk_usage()
-    }
-    fn start_processes(&self) -> Option<&BTreeSet<(u32, u64)>> {
-        self.probe.start_processes()
     }
 }
 
@@ -206,6 +213,37 @@ impl Confirm for SandboxConfirm<'_> {
         req.output_cap = 64 << 10;
         req.user = user;
         Ok(self.probe.sandbox.exec(&req)?)
+    }
+}
+
+/// A [`Probe`] that asks the sandbox for each path's `lstat` once and answers repeats from
+/// what it was told: for one phase of reads of a state that nothing in the phase changes
+/// (a confirmation's look-ups of every tool along a `PATH` stat `/usr`, `/usr/local`, ...
+/// again and again). Drop it before anything runs in the sandbox: what ran may have changed
+/// the files. Everything else is passed through.
+pub struct StatOnce<'a> {
+    probe: &'a mut dyn Probe,
+    seen: std::collections::HashMap<String, Option<FileStat>>,
+}
+
+impl<'a> StatOnce<'a> {
+    pub fn new(probe: &'a mut dyn Probe) -> Self {
+        Self {
+            probe,
+            seen: std::collections::HashMap::new(),
+        }
+    }
+}
+
+impl Probe for StatOnce<'_> {
+    pass_probe_through!(probe);
+    fn stat(&mut self, path: &str) -> Result<Option<FileStat>, ProbeError> {
+        if let Some(st) = self.seen.get(path) {
+            return Ok(st.clone());
+        }
+        let st = self.probe.stat(path)?;
+        self.seen.insert(path.to_string(), st.clone());
+        Ok(st)
     }
 }
 

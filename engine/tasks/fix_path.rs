@@ -17,7 +17,7 @@ use super::util::{self, facts, pick, CLEAN_ENV};
 use super::{Check, Seen, Task, TaskError, TaskSetup, Verdict};
 use crate::instance::sh_quote;
 use crate::instance::Builder;
-use crate::probe::{Confirm, Probe, ProbeError};
+use crate::probe::{Confirm, Probe, ProbeError, StatOnce};
 use rand::Rng;
 use sandbox::protocol::FileKind;
 use serde::{Deserialize, Serialize};
@@ -345,15 +345,20 @@ impl Task for FixPath {
         };
         // Nothing the agent wrote may run as root here but what the job itself runs: the
         // system's shell, `rm` and no preloaded library.
-        let mut checks = system::base_checks(sys, &f.code)?;
-        let entry = system::canonical(sys, &f.entry)?;
-        let job = system::canonical(sys, &f.job)?;
+        // Reads only until the checks are done: each path is looked up once.
+        let mut reads = StatOnce::new(&mut *sys);
+        let mut checks = system::base_checks(&mut reads, &f.code)?;
+        let entry = system::canonical(&mut reads, &f.entry)?;
+        let job = system::canonical(&mut reads, &f.job)?;
         checks.push(Check::new(
             "entry point leads to the job",
             entry.is_some() && entry == job,
             format!("{} does not lead to the job {} any more", f.entry, f.job),
         ));
-        let data_is_file = sys.stat(&f.data)?.is_some_and(|s| s.kind == FileKind::File);
+        let data_is_file = reads
+            .stat(&f.data)?
+            .is_some_and(|s| s.kind == FileKind::File);
+        drop(reads);
         checks.push(Check::new(
             "data file",
             data_is_file,
@@ -396,20 +401,23 @@ impl Task for FixPath {
             return Ok(Verdict::checklist(checks));
         }
         let job_path = String::from_utf8_lossy(&r.stdout).into_owned();
-        let found = system::find(sys, &renderer, &job_path)?;
+        // The sourcing ran: what was read before is read again, each path once.
+        let mut reads = StatOnce::new(&mut *sys);
+        let found = system::find(&mut reads, &renderer, &job_path)?;
         let current = system::SystemFile {
             path: format!("{}/{renderer}", f.new_dir),
             sha256: util::sha256_hex(renderer_script(&f.app, &f.new_ver).as_bytes()),
         };
         checks.push(system::is_file(
-            sys,
+            &mut reads,
             &format!("current {renderer} first"),
             &format!("`{renderer}` on the job's PATH ({job_path})"),
             found.as_deref(),
             Some(&current),
             "the current release's",
         )?);
-        checks.extend(system::command_checks(sys, &f.code, &job_path)?);
+        checks.extend(system::command_checks(&mut reads, &f.code, &job_path)?);
+        drop(reads);
         if checks.iter().any(|c| !c.passed) {
             checks.extend(system::not_reached(rerun_stage()));
             return Ok(Verdict::checklist(checks));
@@ -419,13 +427,14 @@ impl Task for FixPath {
         sys.kill_all()?;
         let (data, report) = data_and_report(&mut rand::thread_rng(), &f.app, &f.new_ver);
         let rm = f.code.rm.as_ref().map(|r| r.path.as_str()).unwrap_or("rm");
+        // The shell's own `printf` first; the system's `rm` replaces the shell last.
         let prepare = format!(
-            "set -e; {} -rf -- {} {}; printf %s {} > {}",
+            "set -e; printf %s {} > {}; exec {} -rf -- {} {}",
+            sh_quote(&data),
+            sh_quote(&f.data),
             sh_quote(rm),
             sh_quote(&f.report),
             sh_quote(&format!("{}.new", f.report)),
-            sh_quote(&data),
-            sh_quote(&f.data)
         );
         let r = sys.run(&prepare, None, Duration::from_secs(5))?;
         let cleared = r.success() && sys.stat(&f.report)?.is_none();
