@@ -502,8 +502,11 @@ pub const IMAGE_PYTHONPATH: &str = "ENVFACTORY_IMAGE_PYTHONPATH";
 /// ignore `PYTHONSAFEPATH`): `runpy._run_module_as_main` is wrapped to drop it before the
 /// module is looked up. The image's `PYTHONPATH` entries (often `/app`), passed in
 /// `ENVFACTORY_IMAGE_PYTHONPATH`, are appended after the image's own directories (standard
-/// library, site-packages). The image's own
-/// `sitecustomize`, if any, is imported after, from the image's own directories only.
+/// library, site-packages). `pytest11` entry points (the plugins pytest loads by itself)
+/// count only from distributions in the interpreter's own directories (`sys.path` as it
+/// starts, less ours), not from the image's `PYTHONPATH` nor from directories added later.
+/// The image's own `sitecustomize`, if any, is imported after, from the image's own
+/// directories only.
 pub const SAFE_PATH_SITECUSTOMIZE: &str = r#"# EnvFactory's verifier (docs/harbor.md): no working directory on sys.path for python -m.
 import os as _os, sys as _sys
 
@@ -528,6 +531,91 @@ def _envfactory_safe_path():
 
 
 _envfactory_safe_path()
+
+
+def _envfactory_image_plugins_only(own):
+    # pytest loads by itself the plugins that distributions declare as `pytest11` entry
+    # points. Only those of distributions in the interpreter's own directories (sys.path as
+    # it starts, less ours) count: a dist-info the agent leaves on the image's PYTHONPATH
+    # (/app) or in a directory put on sys.path later declares none. The metadata modules
+    # are patched as they are imported; where that fails, pytest loads no plugin by itself.
+    if _sys.version_info < (3, 4):
+        return
+    own = frozenset(own)
+    names = ("importlib.metadata", "importlib_metadata")
+
+    def patch(md):
+        dist = getattr(md, "Distribution", None)
+        prop = getattr(dist, "entry_points", None)
+        if not isinstance(prop, property):
+            raise TypeError("no Distribution.entry_points property")
+        if getattr(prop.fget, "_envfactory", False):
+            return
+
+        def entry_points(self):
+            eps = prop.fget(self)
+            try:
+                where = _os.path.dirname(_os.path.abspath(str(self._path)))
+            except Exception:
+                where = None
+            if where in own:
+                return eps
+            kept = [e for e in eps if getattr(e, "group", None) != "pytest11"]
+            if len(kept) == len(eps):
+                return eps
+            try:
+                return type(eps)(kept)
+            except Exception:
+                return kept
+
+        entry_points._envfactory = True
+        dist.entry_points = property(entry_points, doc=prop.__doc__)
+
+    def patched(md):
+        try:
+            patch(md)
+        except Exception:
+            _os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+
+    class _Loader(object):
+        def __init__(self, real):
+            self._envfactory_real = real
+
+        def __getattr__(self, name):
+            return getattr(self._envfactory_real, name)
+
+        def create_module(self, spec):
+            create = getattr(self._envfactory_real, "create_module", None)
+            return create(spec) if create is not None else None
+
+        def exec_module(self, module):
+            self._envfactory_real.exec_module(module)
+            patched(module)
+
+    class _Hook(object):
+        def find_spec(self, name, path=None, target=None):
+            if name not in names:
+                return None
+            for finder in _sys.meta_path:
+                find = getattr(finder, "find_spec", None)
+                if finder is self or find is None:
+                    continue
+                spec = find(name, path, target)
+                if spec is None:
+                    continue
+                if getattr(spec.loader, "exec_module", None) is None:
+                    _os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+                else:
+                    spec.loader = _Loader(spec.loader)
+                return spec
+            return None
+
+    for name in names:
+        if name in _sys.modules:
+            patched(_sys.modules[name])
+    _sys.meta_path.insert(0, _Hook())
+
+
 _here = _os.path.dirname(_os.path.abspath(__file__))
 # The image's PYTHONPATH (often a directory the agent writes, /app) arrives in
 # ENVFACTORY_IMAGE_PYTHONPATH, not PYTHONPATH: Python imports `encodings` (and `site`
@@ -538,6 +626,9 @@ for _p in _os.environ.get("ENVFACTORY_IMAGE_PYTHONPATH", "").split(_os.pathsep):
     if _p and _os.path.abspath(_p) != _here and _os.path.abspath(_p) not in _theirs:
         _theirs.append(_os.path.abspath(_p))
 _saved = list(_sys.path)
+_envfactory_image_plugins_only(
+    [_os.path.abspath(p) for p in _saved if p and _os.path.abspath(p) != _here]
+)
 _sys.path[:] = [p for p in _sys.path if _os.path.abspath(p or ".") != _here]
 _me = _sys.modules.pop("sitecustomize", None)
 try:

@@ -195,3 +195,135 @@ fn modules_the_agent_plants_on_the_images_pythonpath_never_run() {
         assert!(!with.contains("Error"), "{}: {with}", python.display());
     }
 }
+
+/// Plants a distribution declaring a `pytest11` plugin `name` (module `name`, `body`) in `dir`.
+fn plant_plugin(dir: &Path, name: &str, body: &str) {
+    let info = dir.join(format!("{name}-1.0.dist-info"));
+    std::fs::create_dir_all(&info).unwrap();
+    std::fs::write(dir.join(format!("{name}.py")), body).unwrap();
+    let meta = format!("Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n");
+    std::fs::write(info.join("METADATA"), meta).unwrap();
+    let eps = format!("[pytest11]\n{name} = {name}\n");
+    std::fs::write(info.join("entry_points.txt"), eps).unwrap();
+}
+
+/// The interpreter's user site-packages under `base` (one of its own directories when it
+/// exists at start), made.
+fn user_site(python: &Path, base: &Path) -> Option<PathBuf> {
+    let o = std::process::Command::new(python)
+        .args(["-c", "import site; print(site.getusersitepackages())"])
+        .env("PYTHONUSERBASE", base)
+        .output()
+        .ok()?;
+    let dir = PathBuf::from(String::from_utf8_lossy(&o.stdout).trim());
+    std::fs::create_dir_all(&dir).ok()?;
+    Some(dir)
+}
+
+/// Hack trial: the image's `PYTHONPATH` names a directory the agent writes (`/app`), and the
+/// agent leaves there a distribution declaring a `pytest11` plugin that turns every test
+/// report into a pass; pytest loads such plugins by itself. With the verifier's
+/// `sitecustomize.py`, a failing test fails, while a plugin of the interpreter's own
+/// directories (its user site here) still loads; without ours, the failing test passes (the
+/// test can fail). Every host Python with `importlib.metadata` (3.8 and later) sees the
+/// agent's entry point without ours and not with it.
+#[test]
+fn a_pytest_plugin_the_agent_declares_on_the_images_pythonpath_never_loads() {
+    let (t, site, app) = ours();
+    plant_plugin(&app, "agentplug", super::PASS_ALL);
+    let image = "def pytest_configure(config):\n    print('IMAGE PLUGIN LOADED')\n";
+    let tests = t.path().join("tests");
+    std::fs::create_dir_all(&tests).unwrap();
+    std::fs::write(
+        tests.join("test_x.py"),
+        "def test_done():\n    assert False\n",
+    )
+    .unwrap();
+    let base = t.path().join("userbase");
+    let run = |python: &Path, with_ours: bool, args: &[&str]| {
+        let mut c = std::process::Command::new(python);
+        c.args(args)
+            .current_dir(t.path())
+            .env("PYTHONUSERBASE", &base)
+            .env("PYTHONSAFEPATH", "1")
+            .env_remove("PYTHONNOUSERSITE")
+            .env_remove("PYTEST_ADDOPTS")
+            .env_remove("PYTEST_PLUGINS")
+            .env_remove("PYTEST_DISABLE_PLUGIN_AUTOLOAD");
+        if with_ours {
+            c.env("PYTHONPATH", &site)
+                .env(harbor::IMAGE_PYTHONPATH, &app);
+        } else {
+            c.env("PYTHONPATH", &app)
+                .env_remove(harbor::IMAGE_PYTHONPATH);
+        }
+        let o = c.output().ok()?;
+        Some((
+            o.status.code(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            ),
+        ))
+    };
+    // pytest itself, where the system's python3 has it (Debian's python3-pytest in CI).
+    let python = [PathBuf::from("/usr/bin/python3"), "python3".into()]
+        .into_iter()
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| "python3".into());
+    let has_pytest =
+        run(&python, false, &["-c", "import pytest"]).is_some_and(|(c, _)| c == Some(0));
+    if has_pytest {
+        let own = user_site(&python, &base).unwrap();
+        plant_plugin(&own, "imageplug", image);
+        let args = ["-m", "pytest", "-p", "no:cacheprovider", "tests/test_x.py"];
+        let (code, without) = run(&python, false, &args).unwrap();
+        assert_eq!(code, Some(0), "without ours: {without}");
+        assert!(without.contains("1 passed"), "{without}");
+        let (code, with) = run(&python, true, &args).unwrap();
+        assert_eq!(code, Some(1), "with ours: {with}");
+        assert!(with.contains("1 failed"), "{with}");
+        assert!(with.contains("IMAGE PLUGIN LOADED"), "{with}");
+        assert!(!with.contains("Error in sitecustomize"), "{with}");
+        assert!(!with.contains("INTERNALERROR"), "{with}");
+    } else {
+        eprintln!("skipped the pytest run: this host's python3 has no pytest");
+    }
+    // The entry points every host Python sees.
+    let query = "import sys\ntry:\n    import importlib.metadata as md\nexcept ImportError:\n    print('none'); sys.exit(0)\nprint(sorted(set(e.name for d in md.distributions() for e in d.entry_points if e.group == 'pytest11')))\n";
+    let mut pythons = old_pythons();
+    pythons.extend(
+        ["/root/.pyenv/versions", "/usr/local/lib/pyenv/versions"]
+            .iter()
+            .filter_map(|d| std::fs::read_dir(d).ok())
+            .flatten()
+            .flatten()
+            .map(|e| e.path().join("bin/python3"))
+            .filter(|p| p.is_file()),
+    );
+    pythons.push(python);
+    pythons.sort();
+    pythons.dedup();
+    for python in &pythons {
+        let Some(own) = user_site(python, &base) else {
+            eprintln!("skipped: no {}", python.display());
+            continue;
+        };
+        plant_plugin(&own, "imageplug", image);
+        let (_, without) = run(python, false, &["-c", query]).unwrap();
+        if without.trim() == "none" {
+            eprintln!("{}: no importlib.metadata", python.display());
+            continue;
+        }
+        eprintln!("python: {}", python.display());
+        assert_eq!(
+            without.trim(),
+            "['agentplug', 'imageplug']",
+            "{}",
+            python.display()
+        );
+        let (_, with) = run(python, true, &["-c", query]).unwrap();
+        assert_eq!(with.trim(), "['imageplug']", "{}", python.display());
+    }
+}
