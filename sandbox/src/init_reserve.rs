@@ -27,8 +27,11 @@
 //!
 //! A spare whose engine dies reads end of file on its socket and exits; the runtime kills and
 //! reaps the rest when it goes. A one-shot process never starts the thread: the runtime starts
-//! it at its second sandbox. An error of the thread stops the reserve for good (sandboxes
-//! clone their inits then). The thread starts a spare's replacement only once the sandbox that
+//! it at its second sandbox. A spare that cannot be started (`EAGAIN` at a pids limit, the
+//! init program gone for a while) is tried again after a pause that doubles from
+//! [`RETRY_FIRST`] up to [`RETRY_MAX`]; after [`GIVE_UP_AFTER`] failures in a row the reserve
+//! stops for good. Meanwhile sandboxes clone their inits, as they would with no reserve:
+//! nothing is weakened, creates are only slower. The thread starts a spare's replacement only once the sandbox that
 //! took it has answered its first request (see [`InitReserve::refill`]); creates faster than
 //! that clone their inits.
 //!
@@ -48,6 +51,20 @@ use std::sync::{Arc, Condvar, Mutex};
 
 /// How many inits the reserve keeps waiting.
 pub const DEFAULT_RESERVE: usize = 2;
+
+/// The pause after a spare failed to start, doubled at each failure in a row up to
+/// [`RETRY_MAX`].
+pub const RETRY_FIRST: std::time::Duration = std::time::Duration::from_millis(10);
+/// The longest pause between two tries.
+pub const RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(2);
+/// Failures in a row after which the reserve stops for good (about 10 s of tries).
+pub const GIVE_UP_AFTER: u32 = 12;
+
+/// The pause before the next try after `failures` failures in a row (at least one).
+fn retry_pause(failures: u32) -> std::time::Duration {
+    let doublings = failures.saturating_sub(1).min(16);
+    RETRY_FIRST.saturating_mul(1 << doublings).min(RETRY_MAX)
+}
 
 /// An init that was started ahead and waits for its plan, with the sandbox's name, directory
 /// and (limitless until the plan) cgroups made for it.
@@ -125,8 +142,13 @@ struct State {
     ready: Vec<Spare>,
     stop: bool,
     started: bool,
-    /// The thread stopped on an error (sandboxes clone their inits from then on).
+    /// The thread stopped after [`GIVE_UP_AFTER`] failures in a row (sandboxes clone their
+    /// inits from then on).
     failed: bool,
+    /// The thread waits out a pause after a failure (nothing to do until it ends).
+    pausing: bool,
+    /// Spares that failed to start, in all.
+    failures: u64,
     /// Spares handed out, and spares discarded at hand-out as stale or dead.
     taken: u64,
     discarded: u64,
@@ -254,7 +276,12 @@ impl InitReserve {
     /// started.
     pub fn idle(&self) -> bool {
         let st = crate::lock(&self.shared.state);
-        !st.started || st.stop || st.failed || st.ready.len() >= self.shared.target
+        !st.started || st.stop || st.failed || st.pausing || st.ready.len() >= self.shared.target
+    }
+
+    /// Spares that failed to start (each tried again after a pause; see the module).
+    pub fn failures(&self) -> u64 {
+        crate::lock(&self.shared.state).failures
     }
 
     /// Spares handed out by [`InitReserve::take`] and, of those, the ones discarded there.
@@ -285,6 +312,7 @@ impl Drop for InitReserve {
 
 /// The thread: keep `target` inits waiting until stopped.
 fn fill(shared: &Shared) {
+    let mut in_a_row = 0u32;
     loop {
         {
             let mut st = crate::lock(&shared.state);
@@ -305,6 +333,7 @@ fn fill(shared: &Shared) {
                     return;
                 }
                 st.ready.push(spare);
+                in_a_row = 0;
                 tracing::trace!(
                     us = t0.elapsed().as_micros() as u64,
                     ready = st.ready.len(),
@@ -312,12 +341,55 @@ fn fill(shared: &Shared) {
                 );
             }
             Err(e) => {
-                // Sandboxes clone their own init from now on; nothing is weakened.
-                crate::lock(&shared.state).failed = true;
-                tracing::debug!(error = %e, "init reserve stopped");
-                return;
+                // Sandboxes clone their own init meanwhile; nothing is weakened.
+                in_a_row += 1;
+                let mut st = crate::lock(&shared.state);
+                st.failures += 1;
+                if in_a_row >= GIVE_UP_AFTER {
+                    st.failed = true;
+                    tracing::warn!(error = %e, failures = in_a_row, "init reserve stopped: sandboxes clone their inits");
+                    return;
+                }
+                let pause = retry_pause(in_a_row);
+                tracing::debug!(error = %e, failures = in_a_row, pause_ms = pause.as_millis() as u64, "a spare init failed to start: tried again after a pause");
+                // The whole pause, whatever wakes the thread before (a refill), unless stopped.
+                let until = std::time::Instant::now() + pause;
+                st.pausing = true;
+                while !st.stop {
+                    let left = until.saturating_duration_since(std::time::Instant::now());
+                    if left.is_zero() {
+                        break;
+                    }
+                    st = shared
+                        .wake
+                        .wait_timeout(st, left)
+                        .map(|(g, _)| g)
+                        .unwrap_or_else(|p| p.into_inner().0);
+                }
+                st.pausing = false;
+                if st.stop {
+                    return;
+                }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pauses_double_from_the_first_up_to_the_longest() {
+        let ms: Vec<u128> = (1..=GIVE_UP_AFTER)
+            .map(|n| retry_pause(n).as_millis())
+            .collect();
+        assert_eq!(
+            ms,
+            [10, 20, 40, 80, 160, 320, 640, 1280, 2000, 2000, 2000, 2000]
+        );
+        assert_eq!(retry_pause(0), RETRY_FIRST);
+        assert_eq!(retry_pause(u32::MAX), RETRY_MAX);
     }
 }
 

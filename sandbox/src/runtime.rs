@@ -239,6 +239,12 @@ impl Runtime {
         self.inner.inits.pids()
     }
 
+    /// Inits the reserve failed to start (it tries again after a pause that doubles from
+    /// 10 ms to 2 s, and stops after 12 failures in a row; see `init_reserve.rs`).
+    pub fn spare_init_failures(&self) -> u64 {
+        self.inner.inits.failures()
+    }
+
     /// Sandboxes that got an init started ahead, and spares found stale or dead when taken
     /// (killed and reaped then; the sandbox cloned a fresh init).
     pub fn spare_inits_used(&self) -> (u64, u64) {

@@ -295,3 +295,63 @@ fn a_spare_init_killed_from_outside_is_never_used() {
         rt.spare_inits_used()
     );
 }
+
+/// A copy of this crate's init program beside it, removed when dropped (by a panic too).
+struct InitCopy(std::path::PathBuf);
+
+impl Drop for InitCopy {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+        let _ = std::fs::remove_file(self.0.with_extension("away"));
+    }
+}
+
+/// A spare that cannot be started (here its init program gone for a while; in production
+/// `EAGAIN` at a pids limit) is tried again after a pause: once the program is back, the
+/// reserve fills again and a sandbox gets a spare. (Before, one failure stopped the reserve
+/// for good.)
+#[test]
+fn the_reserve_fills_again_after_inits_failed_to_start() {
+    require_root!();
+    let real = std::path::PathBuf::from(env!("CARGO_BIN_EXE_sandbox-init"));
+    let copy = InitCopy(real.with_file_name(format!("sandbox-init-retry-{}", std::process::id())));
+    std::fs::copy(&real, &copy.0).unwrap();
+    let rt = {
+        let _starting = crate::common::serial(&crate::common::RUNTIME_START);
+        sandbox::testing::runtime_with(sandbox::InitProgram::at(copy.0.clone(), vec![]).unwrap())
+    };
+    let mut keep = vec![rt.create(&config()).unwrap(), rt.create(&config()).unwrap()];
+    sh(&mut keep[1], "true");
+    assert!(
+        eventually(10, || rt.spare_inits_ready() >= 2),
+        "the reserve did not fill"
+    );
+    // The program gone: the spares are taken (a create whose spare was stale clones its
+    // init and fails, which is fine here) and their replacements fail to start.
+    std::fs::rename(&copy.0, copy.0.with_extension("away")).unwrap();
+    let failures = rt.spare_init_failures();
+    for _ in 0..20 {
+        if let Ok(mut s) = rt.create(&config()) {
+            sh(&mut s, "true");
+            keep.push(s);
+        }
+        if eventually(1, || rt.spare_init_failures() > failures) {
+            break;
+        }
+    }
+    assert!(
+        rt.spare_init_failures() > failures,
+        "no spare failed to start: {}",
+        rt.spare_inits_ready()
+    );
+    assert!(rt.spare_inits_ready() < 2);
+    // Back: the reserve fills again, and a sandbox gets a spare.
+    std::fs::rename(copy.0.with_extension("away"), &copy.0).unwrap();
+    assert!(
+        eventually(10, || rt.spare_inits_ready() >= 2),
+        "the reserve did not fill again after {} failures",
+        rt.spare_init_failures()
+    );
+    let mut s = from_a_spare(&rt, &config());
+    assert_eq!(out(&sh(&mut s, "echo ok")), "ok\n");
+}
