@@ -502,9 +502,13 @@ pub const IMAGE_PYTHONPATH: &str = "ENVFACTORY_IMAGE_PYTHONPATH";
 /// ignore `PYTHONSAFEPATH`): `runpy._run_module_as_main` is wrapped to drop it before the
 /// module is looked up. The image's `PYTHONPATH` entries (often `/app`), passed in
 /// `ENVFACTORY_IMAGE_PYTHONPATH`, are appended after the image's own directories (standard
-/// library, site-packages). `pytest11` entry points (the plugins pytest loads by itself)
-/// count only from distributions in the interpreter's own directories (`sys.path` as it
-/// starts, less ours), not from the image's `PYTHONPATH` nor from directories added later.
+/// library, site-packages). What the agent leaves there never runs in place of the
+/// interpreter's own code: entry points (of every group: pytest11 plugins, which pytest
+/// loads by itself, and the groups libraries load) count only from distributions in the
+/// interpreter's own directories (`sys.path` as it starts, under its prefixes), and a
+/// standard-library module name (or pytest's, pluggy's, setuptools', the metadata modules')
+/// is never found there nor in the working directory (`msvcrt`, which the standard library
+/// tries and misses on Linux, ran from `/app` before).
 /// The image's own `sitecustomize`, if any, is imported after, from the image's own
 /// directories only.
 pub const SAFE_PATH_SITECUSTOMIZE: &str = r#"# EnvFactory's verifier (docs/harbor.md): no working directory on sys.path for python -m.
@@ -533,18 +537,136 @@ def _envfactory_safe_path():
 _envfactory_safe_path()
 
 
-def _envfactory_image_plugins_only(own):
-    # pytest loads by itself the plugins that distributions declare as `pytest11` entry
-    # points. Only those of distributions in the interpreter's own directories (sys.path as
-    # it starts, less ours) count: a dist-info the agent leaves on the image's PYTHONPATH
-    # (/app) or in a directory put on sys.path later declares none. The metadata modules
-    # are patched as they are imported; where that fails, pytest loads no plugin by itself.
-    if _sys.version_info < (3, 4):
-        return
-    own = frozenset(own)
-    names = ("importlib.metadata", "importlib_metadata")
+class _EnvfactoryLoader(object):
+    # A loader that patches the module it executes (see _envfactory_guard).
+    def __init__(self, real, patch):
+        self._envfactory_real = real
+        self._envfactory_patch = patch
 
-    def patch(md):
+    def __getattr__(self, name):
+        if name.startswith("_envfactory"):
+            raise AttributeError(name)
+        return getattr(self._envfactory_real, name)
+
+    def create_module(self, spec):
+        create = getattr(self._envfactory_real, "create_module", None)
+        return create(spec) if create is not None else None
+
+    def exec_module(self, module):
+        self._envfactory_real.exec_module(module)
+        self._envfactory_patch(module)
+
+
+class _EnvfactoryFinder(object):
+    # The first finder on sys.meta_path (see _envfactory_guard).
+    _envfactory = True
+
+    def __init__(self, guarded, agent, patches):
+        self._guarded = guarded
+        self._agent = agent
+        self._patches = patches
+        self._real = {}
+
+    def _realpath(self, p):
+        r = self._real.get(p)
+        if r is None:
+            r = self._real[p] = _os.path.realpath(p)
+        return r
+
+    def _in_agent(self, spec):
+        places = [spec.origin] if spec.origin else []
+        places.extend(spec.submodule_search_locations or [])
+        for p in places:
+            if not _os.path.isabs(p):
+                continue
+            r = _os.path.realpath(p)
+            for d in self._agent:
+                if r == d or r.startswith(d.rstrip(_os.sep) + _os.sep):
+                    return True
+        return False
+
+    def find_spec(self, name, path=None, target=None):
+        guarded = path is None and name in self._guarded()
+        if not guarded and name not in self._patches:
+            return None
+        lookup = path
+        if guarded:
+            # Not in the agent's directories, nor in the working directory.
+            try:
+                cwd = self._realpath(_os.getcwd())
+            except OSError:
+                cwd = None
+            lookup = []
+            for p in _sys.path:
+                if not isinstance(p, str) or p in ("", "."):
+                    continue
+                r = self._realpath(p) if _os.path.isabs(p) else _os.path.realpath(p)
+                if r != cwd and r not in self._agent:
+                    lookup.append(p)
+        for finder in list(_sys.meta_path):
+            find = getattr(finder, "find_spec", None)
+            if getattr(finder, "_envfactory", False) or find is None:
+                continue
+            by_path = getattr(finder, "__name__", None) == "PathFinder"
+            spec = find(name, lookup if by_path else path, target)
+            if spec is None or (guarded and not by_path and self._in_agent(spec)):
+                continue
+            patch = self._patches.get(name)
+            if patch is not None:
+                if getattr(spec.loader, "exec_module", None) is None:
+                    _os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+                else:
+                    spec.loader = _EnvfactoryLoader(spec.loader, patch)
+            return spec
+        if guarded:
+            raise _ModuleNotFound("No module named %r" % name, name=name)
+        return None
+
+
+try:
+    _ModuleNotFound = ModuleNotFoundError
+except NameError:
+    _ModuleNotFound = ImportError
+
+
+def _envfactory_guard(startup, theirs):
+    # What the agent leaves in the image's PYTHONPATH directories (`theirs`, often /app)
+    # never runs in place of the interpreter's own code:
+    # - entry points (pytest11 plugins, which pytest loads by itself, and every other group,
+    #   which libraries load by themselves) count only from distributions in the
+    #   interpreter's own directories: sys.path as it starts, under its prefixes (what the
+    #   verifier restores; a .pth file's directory elsewhere, an editable /app, is not);
+    # - a standard library module name (or pytest's, pluggy's and the metadata modules')
+    #   is never found there nor in the working directory: the standard library tries
+    #   msvcrt, _winapi, nt or org.python.core and misses them on this platform.
+    # The metadata modules are patched as they are imported; where that fails, pytest loads
+    # no plugin by itself.
+    if _sys.version_info < (3, 4):
+        _os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+        return
+    roots = []
+    for p in (
+        _sys.prefix,
+        _sys.exec_prefix,
+        getattr(_sys, "base_prefix", None),
+        getattr(_sys, "base_exec_prefix", None),
+    ):
+        r = _os.path.realpath(p) if p else None
+        if r and r != _os.sep and r not in roots:
+            roots.append(r)
+
+    def under(path, dirs):
+        for d in dirs:
+            if path == d or path.startswith(d.rstrip(_os.sep) + _os.sep):
+                return True
+        return False
+
+    own = frozenset(
+        _os.path.abspath(p) for p in startup if under(_os.path.realpath(p), roots)
+    )
+    agent = frozenset(_os.path.realpath(p) for p in theirs)
+
+    def metadata(md):
         dist = getattr(md, "Distribution", None)
         prop = getattr(dist, "entry_points", None)
         if not isinstance(prop, property):
@@ -558,62 +680,75 @@ def _envfactory_image_plugins_only(own):
                 where = _os.path.dirname(_os.path.abspath(str(self._path)))
             except Exception:
                 where = None
-            if where in own:
-                return eps
-            kept = [e for e in eps if getattr(e, "group", None) != "pytest11"]
-            if len(kept) == len(eps):
+            if where in own or len(eps) == 0:
                 return eps
             try:
-                return type(eps)(kept)
+                return type(eps)([])
             except Exception:
-                return kept
+                return []
 
         entry_points._envfactory = True
         dist.entry_points = property(entry_points, doc=prop.__doc__)
 
-    def patched(md):
-        try:
-            patch(md)
-        except Exception:
-            _os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+    def pkg_resources(pr):
+        cls = getattr(pr, "Distribution", None)
+        get = getattr(cls, "get_entry_map", None)
+        if get is None:
+            raise TypeError("no Distribution.get_entry_map")
+        if getattr(get, "_envfactory", False):
+            return
 
-    class _Loader(object):
-        def __init__(self, real):
-            self._envfactory_real = real
+        def get_entry_map(self, group=None):
+            loc = getattr(self, "location", None)
+            if loc is None or _os.path.abspath(loc) not in own:
+                return {}
+            return get(self, group)
 
-        def __getattr__(self, name):
-            return getattr(self._envfactory_real, name)
+        get_entry_map._envfactory = True
+        cls.get_entry_map = get_entry_map
 
-        def create_module(self, spec):
-            create = getattr(self._envfactory_real, "create_module", None)
-            return create(spec) if create is not None else None
+    def patched(fix):
+        def run(module):
+            try:
+                fix(module)
+            except Exception:
+                _os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
 
-        def exec_module(self, module):
-            self._envfactory_real.exec_module(module)
-            patched(module)
+        return run
 
-    class _Hook(object):
-        def find_spec(self, name, path=None, target=None):
-            if name not in names:
-                return None
-            for finder in _sys.meta_path:
-                find = getattr(finder, "find_spec", None)
-                if finder is self or find is None:
-                    continue
-                spec = find(name, path, target)
-                if spec is None:
-                    continue
-                if getattr(spec.loader, "exec_module", None) is None:
-                    _os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
-                else:
-                    spec.loader = _Loader(spec.loader)
-                return spec
-            return None
+    patches = {
+        "importlib.metadata": patched(metadata),
+        "importlib_metadata": patched(metadata),
+        "pkg_resources": patched(pkg_resources),
+    }
+    names = [None]
 
-    for name in names:
+    def guarded():
+        if names[0] is None:
+            n = set(getattr(_sys, "stdlib_module_names", ()))
+            n.update(_sys.builtin_module_names)
+            n.update(("org", "java", "msvcrt", "_winapi", "nt", "winreg", "_winreg"))
+            n.update(("_overlapped", "_msi", "msilib", "winsound", "_scproxy", "_wmi"))
+            n.update(("pytest", "_pytest", "pluggy", "py", "importlib_metadata"))
+            n.update(("pkg_resources", "setuptools", "_distutils_hack", "sitecustomize"))
+            if not getattr(_sys, "stdlib_module_names", None):
+                lib = _os.path.dirname(_os.__file__)
+                for d in (lib, _os.path.join(lib, "lib-dynload")):
+                    try:
+                        entries = _os.listdir(d)
+                    except OSError:
+                        continue
+                    for e in entries:
+                        n.add(e.split(".")[0])
+                n.discard("test")
+            names[0] = frozenset(n)
+        return names[0]
+
+    for name, patch in patches.items():
         if name in _sys.modules:
-            patched(_sys.modules[name])
-    _sys.meta_path.insert(0, _Hook())
+            patch(_sys.modules[name])
+    if not any(getattr(f, "_envfactory", False) for f in _sys.meta_path):
+        _sys.meta_path.insert(0, _EnvfactoryFinder(guarded, agent, patches))
 
 
 _here = _os.path.dirname(_os.path.abspath(__file__))
@@ -626,8 +761,9 @@ for _p in _os.environ.get("ENVFACTORY_IMAGE_PYTHONPATH", "").split(_os.pathsep):
     if _p and _os.path.abspath(_p) != _here and _os.path.abspath(_p) not in _theirs:
         _theirs.append(_os.path.abspath(_p))
 _saved = list(_sys.path)
-_envfactory_image_plugins_only(
-    [_os.path.abspath(p) for p in _saved if p and _os.path.abspath(p) != _here]
+_envfactory_guard(
+    [p for p in _saved if p and _os.path.abspath(p) != _here],
+    [p for p in _theirs if p not in _saved],
 )
 _sys.path[:] = [p for p in _sys.path if _os.path.abspath(p or ".") != _here]
 _me = _sys.modules.pop("sitecustomize", None)

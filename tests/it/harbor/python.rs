@@ -207,46 +207,66 @@ fn plant_plugin(dir: &Path, name: &str, body: &str) {
     std::fs::write(info.join("entry_points.txt"), eps).unwrap();
 }
 
-/// The interpreter's user site-packages under `base` (one of its own directories when it
-/// exists at start), made.
-fn user_site(python: &Path, base: &Path) -> Option<PathBuf> {
-    let o = std::process::Command::new(python)
-        .args(["-c", "import site; print(site.getusersitepackages())"])
-        .env("PYTHONUSERBASE", base)
+/// A virtual environment of `python` in `dir` (the system's site-packages seen too, no pip)
+/// and its site-packages: (its python, its site-packages).
+fn venv(python: &Path, dir: &Path) -> Option<(PathBuf, PathBuf)> {
+    let ok = std::process::Command::new(python)
+        .args(["-m", "venv", "--without-pip", "--system-site-packages"])
+        .arg(dir)
+        .output()
+        .ok()?
+        .status
+        .success();
+    if !ok {
+        return None;
+    }
+    let py = dir.join("bin/python");
+    let o = std::process::Command::new(&py)
+        .args([
+            "-c",
+            "import sysconfig; print(sysconfig.get_paths()['purelib'])",
+        ])
         .output()
         .ok()?;
-    let dir = PathBuf::from(String::from_utf8_lossy(&o.stdout).trim());
-    std::fs::create_dir_all(&dir).ok()?;
-    Some(dir)
+    Some((py, PathBuf::from(String::from_utf8_lossy(&o.stdout).trim())))
 }
 
-/// Hack trial: the image's `PYTHONPATH` names a directory the agent writes (`/app`), and the
-/// agent leaves there a distribution declaring a `pytest11` plugin that turns every test
-/// report into a pass; pytest loads such plugins by itself. With the verifier's
-/// `sitecustomize.py`, a failing test fails, while a plugin of the interpreter's own
-/// directories (its user site here) still loads; without ours, the failing test passes (the
-/// test can fail). Every host Python with `importlib.metadata` (3.8 and later) sees the
-/// agent's entry point without ours and not with it.
+/// Hack trial: the image's `PYTHONPATH` names a directory the agent writes (`/app`), and
+/// the interpreter is a virtual environment with an editable install whose `.pth` names
+/// another (`/app/src`). The agent leaves there distributions declaring a `pytest11` plugin
+/// that turns every test report into a pass (pytest loads such plugins by itself) and an
+/// entry point of another group (libraries load their own groups by themselves), and an
+/// `msvcrt.py` (which the standard library tries, and misses, on Linux at every pytest
+/// start) that loads the plugin. With the verifier's `sitecustomize.py`: none of the
+/// agent's entry points is seen, `msvcrt` is not found, a failing test fails, and a plugin
+/// of the interpreter's own site-packages still loads and the agent's own module still
+/// imports. Without ours, the failing test passes (the test can fail). The entry points and
+/// `msvcrt` on every host Python 3.8 and later; pytest on the system's `python3` where it
+/// has pytest (Debian's python3-pytest in CI).
 #[test]
-fn a_pytest_plugin_the_agent_declares_on_the_images_pythonpath_never_loads() {
+fn code_the_agent_leaves_on_the_images_pythonpath_never_runs_in_pytest() {
     let (t, site, app) = ours();
     plant_plugin(&app, "agentplug", super::PASS_ALL);
+    let groups = "[pytest11]\nagentplug = agentplug\n[agent.hooks]\nhook = agentplug\n";
+    std::fs::write(app.join("agentplug-1.0.dist-info/entry_points.txt"), groups).unwrap();
+    let planted = "import os\nos.environ['PYTEST_PLUGINS'] = 'agentplug'\nprint('PLANTED msvcrt')\nraise ModuleNotFoundError('msvcrt')\n";
+    std::fs::write(app.join("msvcrt.py"), planted).unwrap();
+    std::fs::write(app.join("solution.py"), "ANSWER = 42\n").unwrap();
+    let src = t.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    plant_plugin(&src, "srcplug", super::PASS_ALL);
     let image = "def pytest_configure(config):\n    print('IMAGE PLUGIN LOADED')\n";
     let tests = t.path().join("tests");
     std::fs::create_dir_all(&tests).unwrap();
-    std::fs::write(
-        tests.join("test_x.py"),
-        "def test_done():\n    assert False\n",
-    )
-    .unwrap();
-    let base = t.path().join("userbase");
+    let test = "from solution import ANSWER\ndef test_done():\n    assert ANSWER == 41\n";
+    std::fs::write(tests.join("test_x.py"), test).unwrap();
     let run = |python: &Path, with_ours: bool, args: &[&str]| {
         let mut c = std::process::Command::new(python);
         c.args(args)
             .current_dir(t.path())
-            .env("PYTHONUSERBASE", &base)
             .env("PYTHONSAFEPATH", "1")
-            .env_remove("PYTHONNOUSERSITE")
+            .env("PYTHONNOUSERSITE", "1")
+            .env("PYTHONDONTWRITEBYTECODE", "1")
             .env_remove("PYTEST_ADDOPTS")
             .env_remove("PYTEST_PLUGINS")
             .env_remove("PYTEST_DISABLE_PLUGIN_AUTOLOAD");
@@ -257,73 +277,87 @@ fn a_pytest_plugin_the_agent_declares_on_the_images_pythonpath_never_loads() {
             c.env("PYTHONPATH", &app)
                 .env_remove(harbor::IMAGE_PYTHONPATH);
         }
-        let o = c.output().ok()?;
-        Some((
+        let o = c.output().unwrap();
+        (
             o.status.code(),
             format!(
                 "{}{}",
                 String::from_utf8_lossy(&o.stdout),
                 String::from_utf8_lossy(&o.stderr)
             ),
-        ))
+        )
     };
-    // pytest itself, where the system's python3 has it (Debian's python3-pytest in CI).
-    let python = [PathBuf::from("/usr/bin/python3"), "python3".into()]
-        .into_iter()
-        .find(|p| p.is_file())
-        .unwrap_or_else(|| "python3".into());
-    let has_pytest =
-        run(&python, false, &["-c", "import pytest"]).is_some_and(|(c, _)| c == Some(0));
-    if has_pytest {
-        let own = user_site(&python, &base).unwrap();
-        plant_plugin(&own, "imageplug", image);
-        let args = ["-m", "pytest", "-p", "no:cacheprovider", "tests/test_x.py"];
-        let (code, without) = run(&python, false, &args).unwrap();
-        assert_eq!(code, Some(0), "without ours: {without}");
-        assert!(without.contains("1 passed"), "{without}");
-        let (code, with) = run(&python, true, &args).unwrap();
-        assert_eq!(code, Some(1), "with ours: {with}");
-        assert!(with.contains("1 failed"), "{with}");
-        assert!(with.contains("IMAGE PLUGIN LOADED"), "{with}");
-        assert!(!with.contains("Error in sitecustomize"), "{with}");
-        assert!(!with.contains("INTERNALERROR"), "{with}");
-    } else {
-        eprintln!("skipped the pytest run: this host's python3 has no pytest");
-    }
-    // The entry points every host Python sees.
-    let query = "import sys\ntry:\n    import importlib.metadata as md\nexcept ImportError:\n    print('none'); sys.exit(0)\nprint(sorted(set(e.name for d in md.distributions() for e in d.entry_points if e.group == 'pytest11')))\n";
-    let mut pythons = old_pythons();
-    pythons.extend(
-        ["/root/.pyenv/versions", "/usr/local/lib/pyenv/versions"]
-            .iter()
-            .filter_map(|d| std::fs::read_dir(d).ok())
-            .flatten()
-            .flatten()
-            .map(|e| e.path().join("bin/python3"))
-            .filter(|p| p.is_file()),
-    );
-    pythons.push(python);
+    // Each Python's virtual environment, with the image's plugin and the editable .pth.
+    let mut pythons: Vec<PathBuf> = ["/root/.pyenv/versions", "/usr/local/lib/pyenv/versions"]
+        .iter()
+        .filter_map(|d| std::fs::read_dir(d).ok())
+        .flatten()
+        .flatten()
+        .map(|e| e.path().join("bin/python3"))
+        .chain(std::iter::once(PathBuf::from("/usr/bin/python3")))
+        .filter(|p| p.is_file())
+        .collect();
     pythons.sort();
-    pythons.dedup();
-    for python in &pythons {
-        let Some(own) = user_site(python, &base) else {
-            eprintln!("skipped: no {}", python.display());
+    let query = "import sys\ntry:\n    import importlib.metadata as md\nexcept ImportError:\n    print('none'); sys.exit(0)\nnames = sorted(set(e.name for d in md.distributions() for e in d.entry_points if 'plug' in e.name or e.group == 'agent.hooks'))\ntry:\n    import msvcrt\n    found = 'msvcrt found'\nexcept ImportError:\n    found = 'no msvcrt'\nimport solution\nprint(names, found, solution.ANSWER)\n";
+    let mut checked = 0;
+    for (i, python) in pythons.iter().enumerate() {
+        let Some((py, own)) = venv(python, &t.path().join(format!("venv{i}"))) else {
+            eprintln!("skipped: no venv of {}", python.display());
             continue;
         };
         plant_plugin(&own, "imageplug", image);
-        let (_, without) = run(python, false, &["-c", query]).unwrap();
+        let pth = format!("{}\n", src.display());
+        std::fs::write(own.join("__editable__.agent-0.1.pth"), pth).unwrap();
+        let (_, without) = run(&py, false, &["-c", query]);
         if without.trim() == "none" {
             eprintln!("{}: no importlib.metadata", python.display());
             continue;
         }
         eprintln!("python: {}", python.display());
-        assert_eq!(
-            without.trim(),
-            "['agentplug', 'imageplug']",
-            "{}",
+        let all = "['agentplug', 'hook', 'imageplug', 'srcplug'] no msvcrt 42";
+        assert!(without.contains(all), "{}: {without}", python.display());
+        assert!(
+            without.contains("PLANTED msvcrt"),
+            "{}: {without}",
             python.display()
         );
-        let (_, with) = run(python, true, &["-c", query]).unwrap();
-        assert_eq!(with.trim(), "['imageplug']", "{}", python.display());
+        let (_, with) = run(&py, true, &["-c", query]);
+        let only = "['imageplug'] no msvcrt 42";
+        assert!(with.contains(only), "{}: {with}", python.display());
+        assert!(!with.contains("PLANTED"), "{}: {with}", python.display());
+        checked += 1;
+        // pytest itself, where the system's python3 has it.
+        let has_pytest = run(&py, false, &["-c", "import pytest"]).0 == Some(0);
+        if python != Path::new("/usr/bin/python3") {
+            continue;
+        }
+        if !has_pytest {
+            eprintln!("skipped the pytest run: the system's python3 has no pytest");
+            continue;
+        }
+        let args = ["-m", "pytest", "-p", "no:cacheprovider", "tests/test_x.py"];
+        let (code, without) = run(&py, false, &args);
+        assert_eq!(code, Some(0), "without ours: {without}");
+        assert!(without.contains("1 passed"), "{without}");
+        let (code, with) = run(&py, true, &args);
+        assert_eq!(code, Some(1), "with ours: {with}");
+        assert!(with.contains("1 failed"), "{with}");
+        assert!(with.contains("IMAGE PLUGIN LOADED"), "{with}");
+        assert!(!with.contains("PLANTED"), "{with}");
+        assert!(!with.contains("Error in sitecustomize"), "{with}");
+        assert!(!with.contains("INTERNALERROR"), "{with}");
+        // The plugin alone, and the msvcrt trick alone, each pass the test without ours.
+        std::fs::remove_file(app.join("msvcrt.py")).unwrap();
+        let (code, alone) = run(&py, false, &args);
+        assert_eq!(code, Some(0), "the plugin alone: {alone}");
+        std::fs::write(app.join("msvcrt.py"), planted).unwrap();
+        std::fs::remove_dir_all(app.join("agentplug-1.0.dist-info")).unwrap();
+        std::fs::remove_file(own.join("__editable__.agent-0.1.pth")).unwrap();
+        let (code, alone) = run(&py, false, &args);
+        assert_eq!(code, Some(0), "msvcrt alone: {alone}");
+        let (code, with) = run(&py, true, &args);
+        assert_eq!(code, Some(1), "msvcrt alone, with ours: {with}");
+        plant_plugin(&app, "agentplug", super::PASS_ALL);
     }
+    assert!(checked > 0, "no host Python with importlib.metadata");
 }
