@@ -502,13 +502,13 @@ pub const IMAGE_PYTHONPATH: &str = "ENVFACTORY_IMAGE_PYTHONPATH";
 /// ignore `PYTHONSAFEPATH`): `runpy._run_module_as_main` is wrapped to drop it before the
 /// module is looked up. The image's `PYTHONPATH` entries (often `/app`), passed in
 /// `ENVFACTORY_IMAGE_PYTHONPATH`, are appended after the image's own directories (standard
-/// library, site-packages). What the agent leaves there never runs in place of the
-/// interpreter's own code: entry points (of every group: pytest11 plugins, which pytest
-/// loads by itself, and the groups libraries load) count only from distributions in the
-/// interpreter's own directories (`sys.path` as it starts, under its prefixes), and a
-/// standard-library module name (or pytest's, pluggy's, setuptools', the metadata modules')
-/// is never found there nor in the working directory (`msvcrt`, which the standard library
-/// tries and misses on Linux, ran from `/app` before).
+/// library, site-packages). What the agent leaves outside the interpreter's prefixes never
+/// runs in place of the interpreter's own code: entry points (of every group: pytest11
+/// plugins, which pytest loads by itself, and the groups libraries load) count only from
+/// distributions in start-up `sys.path` entries under the prefixes, and a standard-library
+/// module name (or pytest's, or its dependencies') is looked up only in `sys.path` entries
+/// under the prefixes (`msvcrt`, which the standard library tries and misses on Linux, ran
+/// from `/app` before).
 /// The image's own `sitecustomize`, if any, is imported after, from the image's own
 /// directories only.
 pub const SAFE_PATH_SITECUSTOMIZE: &str = r#"# EnvFactory's verifier (docs/harbor.md): no working directory on sys.path for python -m.
@@ -558,87 +558,85 @@ class _EnvfactoryLoader(object):
 
 
 class _EnvfactoryFinder(object):
-    # The first finder on sys.meta_path (see _envfactory_guard).
+    # The first finder on sys.meta_path: the metadata modules patched as they are imported
+    # (see _envfactory_guard).
     _envfactory = True
 
-    def __init__(self, guarded, agent, patches):
-        self._guarded = guarded
-        self._agent = agent
+    def __init__(self, patches):
         self._patches = patches
-        self._real = {}
-
-    def _realpath(self, p):
-        r = self._real.get(p)
-        if r is None:
-            r = self._real[p] = _os.path.realpath(p)
-        return r
-
-    def _in_agent(self, spec):
-        places = [spec.origin] if spec.origin else []
-        places.extend(spec.submodule_search_locations or [])
-        for p in places:
-            if not _os.path.isabs(p):
-                continue
-            r = _os.path.realpath(p)
-            for d in self._agent:
-                if r == d or r.startswith(d.rstrip(_os.sep) + _os.sep):
-                    return True
-        return False
 
     def find_spec(self, name, path=None, target=None):
-        guarded = path is None and name in self._guarded()
-        if not guarded and name not in self._patches:
+        patch = self._patches.get(name)
+        if patch is None:
             return None
-        lookup = path
-        if guarded:
-            # Not in the agent's directories, nor in the working directory.
-            try:
-                cwd = self._realpath(_os.getcwd())
-            except OSError:
-                cwd = None
-            lookup = []
-            for p in _sys.path:
-                if not isinstance(p, str) or p in ("", "."):
-                    continue
-                r = self._realpath(p) if _os.path.isabs(p) else _os.path.realpath(p)
-                if r != cwd and r not in self._agent:
-                    lookup.append(p)
         for finder in list(_sys.meta_path):
             find = getattr(finder, "find_spec", None)
             if getattr(finder, "_envfactory", False) or find is None:
                 continue
-            by_path = getattr(finder, "__name__", None) == "PathFinder"
-            spec = find(name, lookup if by_path else path, target)
-            if spec is None or (guarded and not by_path and self._in_agent(spec)):
+            spec = find(name, path, target)
+            if spec is None:
                 continue
-            patch = self._patches.get(name)
-            if patch is not None:
-                if getattr(spec.loader, "exec_module", None) is None:
-                    _os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
-                else:
-                    spec.loader = _EnvfactoryLoader(spec.loader, patch)
+            if getattr(spec.loader, "exec_module", None) is None:
+                _os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+            else:
+                spec.loader = _EnvfactoryLoader(spec.loader, patch)
             return spec
-        if guarded:
-            raise _ModuleNotFound("No module named %r" % name, name=name)
         return None
 
 
-try:
-    _ModuleNotFound = ModuleNotFoundError
-except NameError:
-    _ModuleNotFound = ImportError
+# Python 3.13's sys.stdlib_module_names: names later Pythons add, and every platform's.
+_ENVFACTORY_STDLIB_3_13 = """
+__future__ _abc _aix_support _android_support _ast _asyncio _bisect _blake2 _bz2 _codecs
+_codecs_cn _codecs_hk _codecs_iso2022 _codecs_jp _codecs_kr _codecs_tw _collections
+_collections_abc _colorize _compat_pickle _compression _contextvars _csv _ctypes _curses
+_curses_panel _datetime _dbm _decimal _elementtree _frozen_importlib
+_frozen_importlib_external _functools _gdbm _hashlib _heapq _imp _interpchannels
+_interpqueues _interpreters _io _ios_support _json _locale _lsprof _lzma _markupbase
+_md5 _multibytecodec _multiprocessing _opcode _opcode_metadata _operator _osx_support
+_overlapped _pickle _posixshmem _posixsubprocess _py_abc _pydatetime _pydecimal _pyio
+_pylong _pyrepl _queue _random _scproxy _sha1 _sha2 _sha3 _signal _sitebuiltins _socket
+_sqlite3 _sre _ssl _stat _statistics _string _strptime _struct _suggestions _symtable
+_sysconfig _thread _threading_local _tkinter _tokenize _tracemalloc _typing _uuid
+_warnings _weakref _weakrefset _winapi _wmi _zoneinfo abc antigravity argparse array ast
+asyncio atexit base64 bdb binascii bisect builtins bz2 cProfile calendar cmath cmd code
+codecs codeop collections colorsys compileall concurrent configparser contextlib
+contextvars copy copyreg csv ctypes curses dataclasses datetime dbm decimal difflib dis
+doctest email encodings ensurepip enum errno faulthandler fcntl filecmp fileinput
+fnmatch fractions ftplib functools gc genericpath getopt getpass gettext glob graphlib
+grp gzip hashlib heapq hmac html http idlelib imaplib importlib inspect io ipaddress
+itertools json keyword linecache locale logging lzma mailbox marshal math mimetypes mmap
+modulefinder msvcrt multiprocessing netrc nt ntpath nturl2path numbers opcode operator
+optparse os pathlib pdb pickle pickletools pkgutil platform plistlib poplib posix
+posixpath pprint profile pstats pty pwd py_compile pyclbr pydoc pydoc_data pyexpat queue
+quopri random re readline reprlib resource rlcompleter runpy sched secrets select
+selectors shelve shlex shutil signal site smtplib socket socketserver sqlite3
+sre_compile sre_constants sre_parse ssl stat statistics string stringprep struct
+subprocess symtable sys sysconfig syslog tabnanny tarfile tempfile termios textwrap this
+threading time timeit tkinter token tokenize tomllib trace traceback tracemalloc tty
+turtle turtledemo types typing unicodedata unittest urllib uuid venv warnings wave
+weakref webbrowser winreg winsound wsgiref xml xmlrpc zipapp zipfile zipimport zlib
+zoneinfo
+"""
+
+# What pytest and its dependencies import, or try.
+_ENVFACTORY_TOOLS = """
+org java pytest _pytest pluggy py importlib_metadata pkg_resources setuptools
+_distutils_hack sitecustomize pygments colorama argcomplete pexpect exceptiongroup tomli
+iniconfig packaging attr attrs more_itertools toml atomicwrites wcwidth
+"""
 
 
-def _envfactory_guard(startup, theirs):
-    # What the agent leaves in the image's PYTHONPATH directories (`theirs`, often /app)
-    # never runs in place of the interpreter's own code:
-    # - entry points (pytest11 plugins, which pytest loads by itself, and every other group,
+def _envfactory_guard(startup):
+    # What the agent leaves outside the interpreter's prefixes (the image's PYTHONPATH,
+    # often /app; an editable install's directory; the working directory) never runs in
+    # place of the interpreter's own code. The prefixes hold what the verifier restores.
+    # - Entry points (pytest11 plugins, which pytest loads by itself, and every other group,
     #   which libraries load by themselves) count only from distributions in the
-    #   interpreter's own directories: sys.path as it starts, under its prefixes (what the
-    #   verifier restores; a .pth file's directory elsewhere, an editable /app, is not);
-    # - a standard library module name (or pytest's, pluggy's and the metadata modules')
-    #   is never found there nor in the working directory: the standard library tries
-    #   msvcrt, _winapi, nt or org.python.core and misses them on this platform.
+    #   start-up sys.path entries under the prefixes.
+    # - A standard-library name (this Python's, or 3.13's: every platform's, and names later
+    #   Pythons add), or pytest's or its dependencies', is looked up only in sys.path
+    #   entries under the prefixes: the standard library tries msvcrt, _winapi, nt or
+    #   org.python.core and misses them on Linux.
     # The metadata modules are patched as they are imported; where that fails, pytest loads
     # no plugin by itself.
     if _sys.version_info < (3, 4):
@@ -664,7 +662,6 @@ def _envfactory_guard(startup, theirs):
     own = frozenset(
         _os.path.abspath(p) for p in startup if under(_os.path.realpath(p), roots)
     )
-    agent = frozenset(_os.path.realpath(p) for p in theirs)
 
     def metadata(md):
         dist = getattr(md, "Distribution", None)
@@ -727,10 +724,8 @@ def _envfactory_guard(startup, theirs):
         if names[0] is None:
             n = set(getattr(_sys, "stdlib_module_names", ()))
             n.update(_sys.builtin_module_names)
-            n.update(("org", "java", "msvcrt", "_winapi", "nt", "winreg", "_winreg"))
-            n.update(("_overlapped", "_msi", "msilib", "winsound", "_scproxy", "_wmi"))
-            n.update(("pytest", "_pytest", "pluggy", "py", "importlib_metadata"))
-            n.update(("pkg_resources", "setuptools", "_distutils_hack", "sitecustomize"))
+            n.update(_ENVFACTORY_STDLIB_3_13.split())
+            n.update(_ENVFACTORY_TOOLS.split())
             if not getattr(_sys, "stdlib_module_names", None):
                 lib = _os.path.dirname(_os.__file__)
                 for d in (lib, _os.path.join(lib, "lib-dynload")):
@@ -744,11 +739,39 @@ def _envfactory_guard(startup, theirs):
             names[0] = frozenset(n)
         return names[0]
 
+    real = {}
+
+    def trusted(p):
+        # An entry of sys.path under the interpreter's prefixes (not "", not relative).
+        if not isinstance(p, str) or not _os.path.isabs(p):
+            return False
+        r = real.get(p)
+        if r is None:
+            r = real[p] = _os.path.realpath(p)
+        return under(r, roots)
+
+    # A top-level standard-library (or pytest's) name is looked up only in the trusted
+    # entries, by whoever asks PathFinder: the import system, importlib.util.find_spec,
+    # pytest's assertion rewriter.
+    finder = None
+    for f in _sys.meta_path:
+        if isinstance(f, type) and f.__name__ == "PathFinder":
+            finder = f
+    orig = getattr(finder, "find_spec", None)
+    if orig is not None and not getattr(orig, "_envfactory", False):
+
+        def find_spec(cls, fullname, path=None, target=None):
+            if path is None and fullname in guarded():
+                path = [p for p in _sys.path if trusted(p)]
+            return orig(fullname, path, target)
+
+        find_spec._envfactory = True
+        finder.find_spec = classmethod(find_spec)
     for name, patch in patches.items():
         if name in _sys.modules:
             patch(_sys.modules[name])
     if not any(getattr(f, "_envfactory", False) for f in _sys.meta_path):
-        _sys.meta_path.insert(0, _EnvfactoryFinder(guarded, agent, patches))
+        _sys.meta_path.insert(0, _EnvfactoryFinder(patches))
 
 
 _here = _os.path.dirname(_os.path.abspath(__file__))
@@ -761,10 +784,7 @@ for _p in _os.environ.get("ENVFACTORY_IMAGE_PYTHONPATH", "").split(_os.pathsep):
     if _p and _os.path.abspath(_p) != _here and _os.path.abspath(_p) not in _theirs:
         _theirs.append(_os.path.abspath(_p))
 _saved = list(_sys.path)
-_envfactory_guard(
-    [p for p in _saved if p and _os.path.abspath(p) != _here],
-    [p for p in _theirs if p not in _saved],
-)
+_envfactory_guard([p for p in _saved if p and _os.path.abspath(p) != _here])
 _sys.path[:] = [p for p in _sys.path if _os.path.abspath(p or ".") != _here]
 _me = _sys.modules.pop("sitecustomize", None)
 try:

@@ -235,14 +235,16 @@ fn venv(python: &Path, dir: &Path) -> Option<(PathBuf, PathBuf)> {
 /// the interpreter is a virtual environment with an editable install whose `.pth` names
 /// another (`/app/src`). The agent leaves there distributions declaring a `pytest11` plugin
 /// that turns every test report into a pass (pytest loads such plugins by itself) and an
-/// entry point of another group (libraries load their own groups by themselves), and an
+/// entry point of another group (libraries load their own groups by themselves), an
 /// `msvcrt.py` (which the standard library tries, and misses, on Linux at every pytest
-/// start) that loads the plugin. With the verifier's `sitecustomize.py`: none of the
-/// agent's entry points is seen, `msvcrt` is not found, a failing test fails, and a plugin
-/// of the interpreter's own site-packages still loads and the agent's own module still
-/// imports. Without ours, the failing test passes (the test can fail). The entry points and
-/// `msvcrt` on every host Python 3.8 and later; pytest on the system's `python3` where it
-/// has pytest (Debian's python3-pytest in CI).
+/// start) that loads the plugin, and in the editable install's directory a `_scproxy.py`
+/// (another standard-library name this Python lacks). With the verifier's
+/// `sitecustomize.py`: none of the agent's entry points is seen, neither module is found
+/// (`importlib.util.find_spec` says None), a failing test fails, a plugin of the
+/// interpreter's own site-packages still loads and the agent's own module still imports.
+/// Without ours, the failing test passes (the test can fail). The entry points and modules
+/// on every host Python 3.8 and later; pytest on the system's `python3` where it has pytest
+/// (Debian's python3-pytest in CI).
 #[test]
 fn code_the_agent_leaves_on_the_images_pythonpath_never_runs_in_pytest() {
     let (t, site, app) = ours();
@@ -255,6 +257,7 @@ fn code_the_agent_leaves_on_the_images_pythonpath_never_runs_in_pytest() {
     let src = t.path().join("src");
     std::fs::create_dir_all(&src).unwrap();
     plant_plugin(&src, "srcplug", super::PASS_ALL);
+    std::fs::write(src.join("_scproxy.py"), "print('PLANTED _scproxy')\n").unwrap();
     let image = "def pytest_configure(config):\n    print('IMAGE PLUGIN LOADED')\n";
     let tests = t.path().join("tests");
     std::fs::create_dir_all(&tests).unwrap();
@@ -298,7 +301,7 @@ fn code_the_agent_leaves_on_the_images_pythonpath_never_runs_in_pytest() {
         .filter(|p| p.is_file())
         .collect();
     pythons.sort();
-    let query = "import sys\ntry:\n    import importlib.metadata as md\nexcept ImportError:\n    print('none'); sys.exit(0)\nnames = sorted(set(e.name for d in md.distributions() for e in d.entry_points if 'plug' in e.name or e.group == 'agent.hooks'))\ntry:\n    import msvcrt\n    found = 'msvcrt found'\nexcept ImportError:\n    found = 'no msvcrt'\nimport solution\nprint(names, found, solution.ANSWER)\n";
+    let query = "import sys\ntry:\n    import importlib.metadata as md\nexcept ImportError:\n    print('none'); sys.exit(0)\nnames = sorted(set(e.name for d in md.distributions() for e in d.entry_points if 'plug' in e.name or e.group == 'agent.hooks'))\ntry:\n    import msvcrt\n    found = 'msvcrt found'\nexcept ImportError:\n    found = 'no msvcrt'\ntry:\n    import _scproxy\n    found += ', _scproxy found'\nexcept ImportError:\n    found += ', no _scproxy'\nimport importlib.util, solution\nprint(names, found, importlib.util.find_spec('msvcrt'), solution.ANSWER)\n";
     let mut checked = 0;
     for (i, python) in pythons.iter().enumerate() {
         let Some((py, own)) = venv(python, &t.path().join(format!("venv{i}"))) else {
@@ -314,7 +317,7 @@ fn code_the_agent_leaves_on_the_images_pythonpath_never_runs_in_pytest() {
             continue;
         }
         eprintln!("python: {}", python.display());
-        let all = "['agentplug', 'hook', 'imageplug', 'srcplug'] no msvcrt 42";
+        let all = "['agentplug', 'hook', 'imageplug', 'srcplug'] no msvcrt, _scproxy found";
         assert!(without.contains(all), "{}: {without}", python.display());
         assert!(
             without.contains("PLANTED msvcrt"),
@@ -322,7 +325,7 @@ fn code_the_agent_leaves_on_the_images_pythonpath_never_runs_in_pytest() {
             python.display()
         );
         let (_, with) = run(&py, true, &["-c", query]);
-        let only = "['imageplug'] no msvcrt 42";
+        let only = "['imageplug'] no msvcrt, no _scproxy None 42";
         assert!(with.contains(only), "{}: {with}", python.display());
         assert!(!with.contains("PLANTED"), "{}: {with}", python.display());
         checked += 1;
