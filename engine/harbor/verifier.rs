@@ -506,9 +506,9 @@ pub const IMAGE_PYTHONPATH: &str = "ENVFACTORY_IMAGE_PYTHONPATH";
 /// runs in place of the interpreter's own code: entry points (of every group: pytest11
 /// plugins, which pytest loads by itself, and the groups libraries load) count only from
 /// distributions in start-up `sys.path` entries under the prefixes, and a standard-library
-/// module name (or pytest's, or its dependencies') is looked up only in `sys.path` entries
-/// under the prefixes (`msvcrt`, which the standard library tries and misses on Linux, ran
-/// from `/app` before).
+/// module (or pytest's, or its dependencies'), top-level or a submodule, is looked up only
+/// in `sys.path` entries under the prefixes (`msvcrt`, which the standard library tries and
+/// misses on Linux, ran from `/app` before). docs/harbor.md lists what is not covered.
 /// The image's own `sitecustomize`, if any, is imported after, from the image's own
 /// directories only.
 pub const SAFE_PATH_SITECUSTOMIZE: &str = r#"# EnvFactory's verifier (docs/harbor.md): no working directory on sys.path for python -m.
@@ -618,9 +618,11 @@ weakref webbrowser winreg winsound wsgiref xml xmlrpc zipapp zipfile zipimport z
 zoneinfo
 """
 
-# What pytest and its dependencies import, or try.
+# What pytest and its dependencies import, or try; and standard-library modules of older
+# Pythons that a build may leave out (random tries _sha512 before 3.12).
 _ENVFACTORY_TOOLS = """
-org java pytest _pytest pluggy py importlib_metadata pkg_resources setuptools
+_bootsubprocess _crypt _msi _sha256 _sha512 _bootlocale _dummy_thread audioop nis
+ossaudiodev spwd org java pytest _pytest pluggy py importlib_metadata pkg_resources setuptools
 _distutils_hack sitecustomize pygments colorama argcomplete pexpect exceptiongroup tomli
 iniconfig packaging attr attrs more_itertools toml atomicwrites wcwidth
 """
@@ -750,19 +752,27 @@ def _envfactory_guard(startup):
             r = real[p] = _os.path.realpath(p)
         return under(r, roots)
 
-    # A top-level standard-library (or pytest's) name is looked up only in the trusted
-    # entries, by whoever asks PathFinder: the import system, importlib.util.find_spec,
-    # pytest's assertion rewriter.
+    # A standard-library (or pytest's) module, top-level or a submodule, is looked up only
+    # in the trusted entries, by whoever asks PathFinder: the import system,
+    # importlib.util.find_spec, pytest's assertion rewriter.
     finder = None
     for f in _sys.meta_path:
         if isinstance(f, type) and f.__name__ == "PathFinder":
             finder = f
     orig = getattr(finder, "find_spec", None)
+    if not roots:
+        # Nothing to tell the interpreter's directories by (a prefix of "/"): no name is
+        # guarded, and pytest loads no plugin by itself.
+        _os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+        orig = None
     if orig is not None and not getattr(orig, "_envfactory", False):
 
         def find_spec(cls, fullname, path=None, target=None):
-            if path is None and fullname in guarded():
-                path = [p for p in _sys.path if trusted(p)]
+            # A guarded package's submodules too: pkg_resources' namespace declarations
+            # can add an agent directory to a package's __path__.
+            top, dot, _ = fullname.partition(".")
+            if top in guarded() and (path is None or dot):
+                path = [p for p in (_sys.path if path is None else path) if trusted(p)]
             return orig(fullname, path, target)
 
         find_spec._envfactory = True

@@ -272,8 +272,8 @@ impl InitReserve {
         crate::lock(&self.shared.state).ready.len()
     }
 
-    /// Whether the thread has nothing left to do: the reserve is full, stopped, or never
-    /// started.
+    /// Whether the thread has nothing to do now: the reserve is full, stopped, never
+    /// started, or pausing after a spare failed to start.
     pub fn idle(&self) -> bool {
         let st = crate::lock(&self.shared.state);
         !st.started || st.stop || st.failed || st.pausing || st.ready.len() >= self.shared.target

@@ -217,7 +217,8 @@ impl Runtime {
         self.inner.inits.ready()
     }
 
-    /// Whether the init reserve is full (or not started): no spare is being started now.
+    /// Whether the init reserve is full, not started, or pausing after a failure: no spare
+    /// is being started now.
     pub fn spare_inits_idle(&self) -> bool {
         self.inner.inits.idle()
     }

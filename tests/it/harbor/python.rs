@@ -244,7 +244,9 @@ fn venv(python: &Path, dir: &Path) -> Option<(PathBuf, PathBuf)> {
 /// interpreter's own site-packages still loads and the agent's own module still imports.
 /// Without ours, the failing test passes (the test can fail). The entry points and modules
 /// on every host Python 3.8 and later; pytest on the system's `python3` where it has pytest
-/// (Debian's python3-pytest in CI).
+/// (Debian's python3-pytest in CI); and on every host Python with `pkg_resources`, an agent
+/// `namespace_packages.txt` naming `encodings` never makes a codec lookup run the agent's
+/// `encodings/agentcodec.py`.
 #[test]
 fn code_the_agent_leaves_on_the_images_pythonpath_never_runs_in_pytest() {
     let (t, site, app) = ours();
@@ -363,4 +365,43 @@ fn code_the_agent_leaves_on_the_images_pythonpath_never_runs_in_pytest() {
         plant_plugin(&app, "agentplug", super::PASS_ALL);
     }
     assert!(checked > 0, "no host Python with importlib.metadata");
+    // A namespace declaration (`namespace_packages.txt`) that `pkg_resources` honours as it
+    // is imported adds the agent's `encodings/` to the standard library's
+    // `encodings.__path__`: a codec looked up after is not found there.
+    let ns = t.path().join("nsapp");
+    let info = ns.join("agentns-1.0.egg-info");
+    std::fs::create_dir_all(&info).unwrap();
+    std::fs::create_dir_all(ns.join("encodings")).unwrap();
+    let pkg = "Metadata-Version: 1.0\nName: agentns\nVersion: 1.0\n";
+    std::fs::write(info.join("PKG-INFO"), pkg).unwrap();
+    std::fs::write(info.join("namespace_packages.txt"), "encodings\n").unwrap();
+    std::fs::write(ns.join("encodings/__init__.py"), "").unwrap();
+    let codec = "print('PLANTED codec')\ndef getregentry():\n    return None\n";
+    std::fs::write(ns.join("encodings/agentcodec.py"), codec).unwrap();
+    let lookup = "import pkg_resources\ntry:\n    'a'.encode('agentcodec')\nexcept LookupError:\n    pass\nprint('looked up')\n";
+    let mut with_pkg_resources = 0;
+    for python in &pythons {
+        let o = std::process::Command::new(python)
+            .args(["-c", lookup])
+            .current_dir(t.path())
+            .env("PYTHONPATH", &site)
+            .env(harbor::IMAGE_PYTHONPATH, &ns)
+            .env("PYTHONSAFEPATH", "1")
+            .env("PYTHONNOUSERSITE", "1")
+            .env("PYTHONDONTWRITEBYTECODE", "1")
+            .output()
+            .unwrap();
+        let out = format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        if out.contains("No module named 'pkg_resources'") {
+            continue;
+        }
+        assert!(out.contains("looked up"), "{}: {out}", python.display());
+        assert!(!out.contains("PLANTED"), "{}: {out}", python.display());
+        with_pkg_resources += 1;
+    }
+    eprintln!("pkg_resources' namespaces checked on {with_pkg_resources} Pythons");
 }
