@@ -29,10 +29,11 @@
 //! reaps the rest when it goes. A one-shot process never starts the thread: the runtime starts
 //! it at its second sandbox. A spare that cannot be started (`EAGAIN` at a pids limit, the
 //! init program gone for a while) is tried again after a pause that doubles from
-//! [`RETRY_FIRST`] up to [`RETRY_MAX`]; after [`GIVE_UP_AFTER`] failures in a row the reserve
-//! stops for good. Meanwhile sandboxes clone their inits, as they would with no reserve:
-//! nothing is weakened, creates are only slower. The thread starts a spare's replacement only once the sandbox that
-//! took it has answered its first request (see [`InitReserve::refill`]); creates faster than
+//! [`RETRY_FIRST`] up to [`RETRY_MAX`], and then every [`RETRY_MAX`] for as long as it fails
+//! (a failed try costs a clone; a failure that lasts, the program gone or the pids limit
+//! reached, fails the creates too). Meanwhile sandboxes clone their inits, as they would with
+//! no reserve: nothing is weakened, creates are only slower. The thread starts a spare's
+//! replacement only once the sandbox that took it has answered its first request (see [`InitReserve::refill`]); creates faster than
 //! that clone their inits.
 //!
 //! [`Runtime::create`]: crate::Runtime::create
@@ -57,8 +58,6 @@ pub const DEFAULT_RESERVE: usize = 2;
 pub const RETRY_FIRST: std::time::Duration = std::time::Duration::from_millis(10);
 /// The longest pause between two tries.
 pub const RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(2);
-/// Failures in a row after which the reserve stops for good (about 10 s of tries).
-pub const GIVE_UP_AFTER: u32 = 12;
 
 /// The pause before the next try after `failures` failures in a row (at least one).
 fn retry_pause(failures: u32) -> std::time::Duration {
@@ -142,8 +141,7 @@ struct State {
     ready: Vec<Spare>,
     stop: bool,
     started: bool,
-    /// The thread stopped after [`GIVE_UP_AFTER`] failures in a row (sandboxes clone their
-    /// inits from then on).
+    /// The thread could not be started (sandboxes clone their inits).
     failed: bool,
     /// The thread waits out a pause after a failure (nothing to do until it ends).
     pausing: bool,
@@ -345,11 +343,6 @@ fn fill(shared: &Shared) {
                 in_a_row += 1;
                 let mut st = crate::lock(&shared.state);
                 st.failures += 1;
-                if in_a_row >= GIVE_UP_AFTER {
-                    st.failed = true;
-                    tracing::warn!(error = %e, failures = in_a_row, "init reserve stopped: sandboxes clone their inits");
-                    return;
-                }
                 let pause = retry_pause(in_a_row);
                 tracing::debug!(error = %e, failures = in_a_row, pause_ms = pause.as_millis() as u64, "a spare init failed to start: tried again after a pause");
                 // The whole pause, whatever wakes the thread before (a refill), unless stopped.
@@ -381,9 +374,7 @@ mod tests {
 
     #[test]
     fn pauses_double_from_the_first_up_to_the_longest() {
-        let ms: Vec<u128> = (1..=GIVE_UP_AFTER)
-            .map(|n| retry_pause(n).as_millis())
-            .collect();
+        let ms: Vec<u128> = (1..=12).map(|n| retry_pause(n).as_millis()).collect();
         assert_eq!(
             ms,
             [10, 20, 40, 80, 160, 320, 640, 1280, 2000, 2000, 2000, 2000]

@@ -241,7 +241,7 @@ impl Runtime {
     }
 
     /// Inits the reserve failed to start (it tries again after a pause that doubles from
-    /// 10 ms to 2 s, and stops after 12 failures in a row; see `init_reserve.rs`).
+    /// 10 ms to 2 s, then every 2 s while it fails; see `init_reserve.rs`).
     pub fn spare_init_failures(&self) -> u64 {
         self.inner.inits.failures()
     }
