@@ -635,9 +635,9 @@ def _envfactory_guard(startup):
     # - Entry points (pytest11 plugins, which pytest loads by itself, and every other group,
     #   which libraries load by themselves) count only from distributions in the
     #   start-up sys.path entries under the prefixes.
-    # - A standard-library name (this Python's, or 3.13's: every platform's, and names later
-    #   Pythons add), or pytest's or its dependencies', is looked up only in sys.path
-    #   entries under the prefixes: the standard library tries msvcrt, _winapi, nt or
+    # - A standard-library module (this Python's names, or 3.13's: every platform's, and
+    #   names later Pythons add), or pytest's or its dependencies', top-level or a
+    #   submodule, is looked up only in sys.path entries under the prefixes: the standard library tries msvcrt, _winapi, nt or
     #   org.python.core and misses them on Linux.
     # The metadata modules are patched as they are imported; where that fails, pytest loads
     # no plugin by itself.
@@ -661,9 +661,18 @@ def _envfactory_guard(startup):
                 return True
         return False
 
-    own = frozenset(
-        _os.path.abspath(p) for p in startup if under(_os.path.realpath(p), roots)
-    )
+    real = {}
+
+    def trusted(p):
+        # An entry of sys.path under the interpreter's prefixes (not "", not relative).
+        if not isinstance(p, str) or not _os.path.isabs(p):
+            return False
+        r = real.get(p)
+        if r is None:
+            r = real[p] = _os.path.realpath(p)
+        return under(r, roots)
+
+    own = frozenset(_os.path.abspath(p) for p in startup if trusted(p))
 
     def metadata(md):
         dist = getattr(md, "Distribution", None)
@@ -741,17 +750,6 @@ def _envfactory_guard(startup):
             names[0] = frozenset(n)
         return names[0]
 
-    real = {}
-
-    def trusted(p):
-        # An entry of sys.path under the interpreter's prefixes (not "", not relative).
-        if not isinstance(p, str) or not _os.path.isabs(p):
-            return False
-        r = real.get(p)
-        if r is None:
-            r = real[p] = _os.path.realpath(p)
-        return under(r, roots)
-
     # A standard-library (or pytest's) module, top-level or a submodule, is looked up only
     # in the trusted entries, by whoever asks PathFinder: the import system,
     # importlib.util.find_spec, pytest's assertion rewriter.
@@ -764,8 +762,7 @@ def _envfactory_guard(startup):
         # Nothing to tell the interpreter's directories by (a prefix of "/"): no name is
         # guarded, and pytest loads no plugin by itself.
         _os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
-        orig = None
-    if orig is not None and not getattr(orig, "_envfactory", False):
+    elif orig is not None and not getattr(orig, "_envfactory", False):
 
         def find_spec(cls, fullname, path=None, target=None):
             # A guarded package's submodules too: pkg_resources' namespace declarations

@@ -33,7 +33,8 @@
 //! (a failed try costs a clone; a failure that lasts, the program gone or the pids limit
 //! reached, fails the creates too). Meanwhile sandboxes clone their inits, as they would with
 //! no reserve: nothing is weakened, creates are only slower. The thread starts a spare's
-//! replacement only once the sandbox that took it has answered its first request (see [`InitReserve::refill`]); creates faster than
+//! replacement only once the sandbox that took it has answered its first request (see
+//! [`InitReserve::refill`]); creates faster than
 //! that clone their inits.
 //!
 //! [`Runtime::create`]: crate::Runtime::create
@@ -346,19 +347,12 @@ fn fill(shared: &Shared) {
                 let pause = retry_pause(in_a_row);
                 tracing::debug!(error = %e, failures = in_a_row, pause_ms = pause.as_millis() as u64, "a spare init failed to start: tried again after a pause");
                 // The whole pause, whatever wakes the thread before (a refill), unless stopped.
-                let until = std::time::Instant::now() + pause;
                 st.pausing = true;
-                while !st.stop {
-                    let left = until.saturating_duration_since(std::time::Instant::now());
-                    if left.is_zero() {
-                        break;
-                    }
-                    st = shared
-                        .wake
-                        .wait_timeout(st, left)
-                        .map(|(g, _)| g)
-                        .unwrap_or_else(|p| p.into_inner().0);
-                }
+                st = shared
+                    .wake
+                    .wait_timeout_while(st, pause, |st| !st.stop)
+                    .map(|(g, _)| g)
+                    .unwrap_or_else(|p| p.into_inner().0);
                 st.pausing = false;
                 if st.stop {
                     return;

@@ -265,7 +265,9 @@ fn code_the_agent_leaves_on_the_images_pythonpath_never_runs_in_pytest() {
     std::fs::create_dir_all(&tests).unwrap();
     let test = "from solution import ANSWER\ndef test_done():\n    assert ANSWER == 41\n";
     std::fs::write(tests.join("test_x.py"), test).unwrap();
-    let run = |python: &Path, with_ours: bool, args: &[&str]| {
+    // `python ARGS` with the agent's directory `agent` on the image's PYTHONPATH, through
+    // ours or (without) as a plain PYTHONPATH: (exit code, output).
+    let run_on = |python: &Path, with_ours: bool, agent: &Path, args: &[&str]| {
         let mut c = std::process::Command::new(python);
         c.args(args)
             .current_dir(t.path())
@@ -277,9 +279,9 @@ fn code_the_agent_leaves_on_the_images_pythonpath_never_runs_in_pytest() {
             .env_remove("PYTEST_DISABLE_PLUGIN_AUTOLOAD");
         if with_ours {
             c.env("PYTHONPATH", &site)
-                .env(harbor::IMAGE_PYTHONPATH, &app);
+                .env(harbor::IMAGE_PYTHONPATH, agent);
         } else {
-            c.env("PYTHONPATH", &app)
+            c.env("PYTHONPATH", agent)
                 .env_remove(harbor::IMAGE_PYTHONPATH);
         }
         let o = c.output().unwrap();
@@ -292,6 +294,7 @@ fn code_the_agent_leaves_on_the_images_pythonpath_never_runs_in_pytest() {
             ),
         )
     };
+    let run = |python: &Path, with_ours: bool, args: &[&str]| run_on(python, with_ours, &app, args);
     // Each Python's virtual environment, with the image's plugin and the editable .pth.
     let mut pythons: Vec<PathBuf> = ["/root/.pyenv/versions", "/usr/local/lib/pyenv/versions"]
         .iter()
@@ -381,21 +384,7 @@ fn code_the_agent_leaves_on_the_images_pythonpath_never_runs_in_pytest() {
     let lookup = "import pkg_resources\ntry:\n    'a'.encode('agentcodec')\nexcept LookupError:\n    pass\nprint('looked up')\n";
     let mut with_pkg_resources = 0;
     for python in &pythons {
-        let o = std::process::Command::new(python)
-            .args(["-c", lookup])
-            .current_dir(t.path())
-            .env("PYTHONPATH", &site)
-            .env(harbor::IMAGE_PYTHONPATH, &ns)
-            .env("PYTHONSAFEPATH", "1")
-            .env("PYTHONNOUSERSITE", "1")
-            .env("PYTHONDONTWRITEBYTECODE", "1")
-            .output()
-            .unwrap();
-        let out = format!(
-            "{}{}",
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
-        );
+        let (_, out) = run_on(python, true, &ns, &["-c", lookup]);
         if out.contains("No module named 'pkg_resources'") {
             continue;
         }
