@@ -12,7 +12,9 @@ fn main() {
         sandbox::init::main();
     }
     let cli = cli::Cli::parse();
-    cli::signals::install();
+    // `engine sandbox exec` starts the watcher thread once its sandbox is made: with a single
+    // thread until then, the sandbox's init is forked from this process, not exec'd.
+    cli::signals::install(!cli.command.is_one_shot());
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_new(&cli.log).unwrap_or_else(|_| {

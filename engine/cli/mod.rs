@@ -182,6 +182,13 @@ pub fn seconds(s: &str) -> Result<f64, String> {
     }
 }
 
+impl Cmd {
+    /// `engine sandbox exec`: one sandbox, one command, then the process ends.
+    pub fn is_one_shot(&self) -> bool {
+        matches!(self, Cmd::Sandbox(sandbox::SandboxCmd::Exec { .. }))
+    }
+}
+
 /// Run a parsed command; the exit status of the process.
 pub fn run(cmd: Cmd) -> anyhow::Result<i32> {
     match cmd {

@@ -166,7 +166,12 @@ pub fn exec(opts: &SandboxOpts, timeout: &str, cmd: &[String]) -> anyhow::Result
     let cfg = opts.config()?;
     let timeout = anyhow::Context::context(parse_duration(timeout), "--timeout")?;
     let rt = runtime()?;
-    let mut sb = rt.create(&cfg)?;
+    // Its init forked from this process, which has a single thread until the signal watcher
+    // starts, right after (an init program named by ENVFACTORY_INIT is always exec'd).
+    rt.set_forked_inits(std::env::var_os("ENVFACTORY_INIT").is_none());
+    let made = rt.create(&cfg);
+    super::signals::start_watcher();
+    let mut sb = made?;
     let mut req = ExecRequest::argv(cmd.iter().cloned());
     req.timeout_ms = timeout.as_millis() as u64;
     req.output_cap = 64 << 20;

@@ -53,9 +53,14 @@ extern "C" fn on_signal(sig: libc::c_int) {
     }
 }
 
-/// Install the handlers and start the watcher. Handlers are reset to the default in every
-/// program the sandboxes execute (execve does that), so commands see signals as usual.
-pub fn install() {
+/// The read end of the signal pipe until the watcher takes it.
+static WATCH_END: Mutex<Option<OwnedFd>> = Mutex::new(None);
+
+/// Install the handlers; with `watch_now`, start the watcher too, else [`start_watcher`]
+/// does (a signal that comes before waits in the pipe and is acted on then). Handlers are
+/// reset to the default in every program the sandboxes execute (execve does that), so
+/// commands see signals as usual.
+pub fn install(watch_now: bool) {
     let (r, w) = match nix::unistd::pipe() {
         Ok(p) => p,
         Err(e) => {
@@ -66,11 +71,8 @@ pub fn install() {
     // The write end lives as long as the process (the handler may use it at any time).
     WAKE.store(w.as_raw_fd(), Ordering::SeqCst);
     std::mem::forget(w);
-    if let Err(e) = std::thread::Builder::new()
-        .name("signals".into())
-        .spawn(move || watch(r))
-    {
-        tracing::warn!(error = %e, "no signal watcher: signals keep their default action");
+    *WATCH_END.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
+    if watch_now && !start_watcher() {
         return;
     }
     let action = SigAction::new(
@@ -82,6 +84,34 @@ pub fn install() {
         // SAFETY: the handler only makes async-signal-safe calls (atomics, write).
         if let Err(e) = unsafe { sigaction(s, &action) } {
             tracing::warn!(signal = %s, error = %e, "could not handle a signal");
+        }
+    }
+}
+
+/// Start the watcher if it is not running yet (`engine sandbox exec` starts it once its
+/// sandbox is made: until then the process has a single thread, so the sandbox's init can be
+/// forked from it). Returns whether a watcher runs.
+pub fn start_watcher() -> bool {
+    let Some(r) = WATCH_END.lock().unwrap_or_else(|p| p.into_inner()).take() else {
+        return WAKE.load(Ordering::SeqCst) >= 0;
+    };
+    match std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || watch(r))
+    {
+        Ok(_) => true,
+        Err(e) => {
+            tracing::warn!(error = %e, "no signal watcher: signals keep their default action");
+            // The handlers may already be installed: back to the default, and a signal that
+            // came meanwhile has that action now.
+            for s in SIGNALS {
+                // SAFETY: restoring the default disposition installs no handler code.
+                let _ = unsafe { nix::sys::signal::signal(s, SigHandler::SigDfl) };
+            }
+            if let Ok(s) = Signal::try_from(SIGNAL.load(Ordering::SeqCst)) {
+                let _ = nix::sys::signal::raise(s);
+            }
+            false
         }
     }
 }

@@ -90,6 +90,8 @@ struct Inner {
     inits: crate::init_reserve::InitReserve,
     /// Whether creates use them ([`Runtime::set_spare_inits`]).
     spares_on: std::sync::atomic::AtomicBool,
+    /// Whether an init is forked from a single-threaded process ([`Runtime::set_forked_inits`]).
+    forked_inits: std::sync::atomic::AtomicBool,
 }
 
 /// One process's handle on the sandbox machinery. Creating it reaps the leftovers of crashed
@@ -177,6 +179,7 @@ impl Runtime {
                 netns,
                 inits,
                 spares_on: std::sync::atomic::AtomicBool::new(true),
+                forked_inits: std::sync::atomic::AtomicBool::new(false),
             }),
         })
     }
@@ -226,6 +229,22 @@ impl Runtime {
     /// Let the init reserve start the spares taken so far again.
     pub(crate) fn refill_inits(&self) {
         self.inner.inits.refill();
+    }
+
+    /// With `on`, a create that clones its init while this process has a single thread (a
+    /// one-shot command, before any other thread starts) forks it from this process instead
+    /// of exec'ing the [`InitProgram`]: the sandbox crate's own init code, in a copy of this
+    /// process with no descriptor, environment variable or signal handler of it (see
+    /// `spawn_init::fork_init`). Off by default: a program that holds what must not be copied
+    /// into any process, even a non-dumpable one, leaves it off. Spares (started on their own
+    /// thread) and processes with more threads always exec the program.
+    pub fn set_forked_inits(&self, on: bool) {
+        self.inner.forked_inits.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether [`Runtime::set_forked_inits`] is on.
+    pub fn forked_inits(&self) -> bool {
+        self.inner.forked_inits.load(Ordering::Relaxed)
     }
 
     /// Whether creates take an init started ahead when one is ready (the default), or always
@@ -582,6 +601,7 @@ impl Runtime {
         let mut guard = CreateGuard { dir: None };
         let t_cg = std::time::Instant::now();
         let spare = taken.is_some();
+        let mut forked = false;
         let (name, dir, cgroup, cgroup_us, pid, host_sock, spawn_us, netns_ready) = match taken {
             Some(s) => {
                 // Its name, directory and cgroups were made with it; its limits come now.
@@ -612,8 +632,14 @@ impl Runtime {
                 let netns = self.inner.netns.take();
                 let netns_ready = netns.is_some();
                 let t_spawn = std::time::Instant::now();
-                let pid =
-                    crate::spawn_init::spawn_init(&self.inner.init, child_sock.into(), netns)?;
+                forked = netns.is_none()
+                    && self.inner.forked_inits.load(Ordering::Relaxed)
+                    && crate::spawn_init::single_threaded();
+                let pid = if forked {
+                    crate::spawn_init::fork_init(&self.inner.init, child_sock.into())?
+                } else {
+                    crate::spawn_init::spawn_init(&self.inner.init, child_sock.into(), netns)?
+                };
                 let spawn_us = us(t_spawn);
                 let _ = std::fs::write(self.init_record(&name), state::identity(pid));
                 (
@@ -695,6 +721,7 @@ impl Runtime {
             cgroup_us,
             spawn_us,
             spare,
+            forked,
             netns_ready,
             resolve_us,
             setup_us = us(t_setup),

@@ -172,28 +172,303 @@ extern "C" fn run_child(arg: *mut c_void) -> c_int {
             libc::dup2(c.sock_fd, crate::init::CONTROL_FD);
         }
         // The engine's handlers must never run here (they would run on this stack, in the
-        // engine's memory), and no signal ignored where the engine was started stays ignored: every
-        // disposition goes back to its default, ignored ones too (a supervisor's or a background
-        // job's SIG_IGN). The kernel's call, not the C library's: that one refuses the C
-        // library's own two real-time signals. An all-zero `struct sigaction` is SIG_DFL with
-        // no flags and an empty mask in every architecture's layout.
-        let dfl = [0u64; 4];
-        for sig in 1..=64 {
-            if sig != libc::SIGKILL && sig != libc::SIGSTOP {
-                libc::syscall(
-                    libc::SYS_rt_sigaction,
-                    sig,
-                    dfl.as_ptr(),
-                    std::ptr::null_mut::<u64>(),
-                    8usize,
-                );
-            }
-        }
+        // engine's memory).
+        default_dispositions(&[]);
         set_mask(&c.mask, std::ptr::null_mut());
         libc::execve(c.path.as_ptr(), c.argv.as_ptr(), c.env.as_ptr());
         // Still in the engine's memory: the caller reads this once the clone returns.
         c.failed
             .store(nix::errno::Errno::last_raw().max(1), Ordering::SeqCst);
         libc::_exit(127)
+    }
+}
+
+/// Every signal disposition back to its default, ignored ones too (a supervisor's or a
+/// background job's SIG_IGN, which would otherwise stay ignored in init and in every command).
+/// The kernel's call, not the C library's: that one refuses the C library's own two real-time
+/// signals. An all-zero `struct sigaction` is SIG_DFL with no flags and an empty mask in every
+/// architecture's layout.
+///
+/// # Safety
+/// Only in a child about to become init, with every signal blocked; `keep` keeps what it
+/// names as it is.
+unsafe fn default_dispositions(keep: &[c_int]) {
+    let dfl = [0u64; 4];
+    for sig in 1..=64 {
+        if sig != libc::SIGKILL && sig != libc::SIGSTOP && !keep.contains(&sig) {
+            // SAFETY: the kernel reads one `struct sigaction` from `dfl` and writes nothing.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_rt_sigaction,
+                    sig,
+                    dfl.as_ptr(),
+                    std::ptr::null_mut::<u64>(),
+                    8usize,
+                )
+            };
+        }
+    }
+}
+
+/// Whether this process has a single thread (the kernel's count in `/proc/self/stat`): then
+/// a fork-like child may run ordinary code, since no other thread can hold a lock it needs.
+pub(crate) fn single_threaded() -> bool {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return false;
+    };
+    // Fields after the command name (which may hold spaces and parentheses): state is the
+    // third field of the line, `num_threads` the twentieth.
+    stat.rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().nth(17))
+        .is_some_and(|n| n == "1")
+}
+
+/// Fork init from this process, which has a single thread ([`single_threaded`]): a child
+/// cloned into new namespaces (those of [`spawn_init`], `CLONE_NEWNET` included) that runs the
+/// sandbox crate's own init code in a copy of this process, with no `execve`. What a cloned
+/// and exec'd init costs before it reads its plan (loading the program, the C library's start,
+/// which on a virtual machine traps on every `cpuid`, relocations, the Rust runtime's start:
+/// about 1.5 ms of CPU on the development VM) is not paid.
+///
+/// The child starts as an exec'd init does: the control socket on fd 3 and no other
+/// descriptor above 2 (this process's close-on-exec ones too, closed explicitly), every
+/// signal disposition at its default and the caller's signal mask, the environment `PATH`
+/// only (this process's environment strings are zeroed in the copy first, so the user's
+/// variables are not in init's memory), and the name `envfactory-init`. It then is init
+/// ([`crate::init::main_forked`]), which ends with `_exit`: this process's exit handlers and
+/// buffered output are never run or flushed twice. Returns init's pid (in this pid namespace).
+pub(crate) fn fork_init(init: &InitProgram, sock: OwnedFd) -> Result<i32, SandboxError> {
+    use std::os::unix::ffi::OsStrExt;
+    let mut bytes = init.path.as_os_str().as_bytes().to_vec();
+    for a in &init.args {
+        bytes.push(0);
+        bytes.extend_from_slice(a.as_bytes());
+    }
+    let cmdline = CommandLine {
+        bytes,
+        map: memory_map(),
+    };
+    let flags = libc::CLONE_NEWNS
+        | libc::CLONE_NEWPID
+        | libc::CLONE_NEWUTS
+        | libc::CLONE_NEWIPC
+        | libc::CLONE_NEWNET
+        | libc::SIGCHLD;
+    let sock_fd = sock.as_raw_fd();
+    let mut mask = 0u64;
+    // SAFETY: (whole block) every signal is blocked in this, the only, thread around the
+    // clone, so no handler of this process runs in the child before it resets them; the
+    // fork-like clone (no CLONE_VM, no stack: the child continues on a copy of this one)
+    // returns twice, and the child never returns from `forked_child`.
+    let pid = unsafe {
+        set_mask(&u64::MAX, &mut mask);
+        let pid = libc::syscall(libc::SYS_clone, flags, 0usize, 0usize, 0usize, 0usize);
+        if pid == 0 {
+            forked_child(sock_fd, mask, &cmdline);
+        }
+        let e = std::io::Error::last_os_error();
+        set_mask(&mask, std::ptr::null_mut());
+        if pid < 0 {
+            return Err(SandboxError::Spawn {
+                what: "clone into new namespaces",
+                source: e,
+            });
+        }
+        pid as i32
+    };
+    drop(sock);
+    Ok(pid)
+}
+
+/// The command line a forked init shows, built before the fork.
+struct CommandLine {
+    /// The init program's path and arguments, NUL-separated.
+    bytes: Vec<u8>,
+    /// [`memory_map`] of this process, if known.
+    map: Option<MmMap>,
+}
+
+/// The forked child of [`fork_init`]: becomes init, never returns.
+///
+/// # Safety
+/// Only in that child, with every signal blocked and `sock_fd` the control socket.
+unsafe fn forked_child(sock_fd: i32, mask: u64, cmdline: &CommandLine) -> ! {
+    // SAFETY: (whole block) system calls on descriptors and strings of this process's own
+    // copy of memory, in its only thread.
+    unsafe {
+        if sock_fd == crate::init::CONTROL_FD {
+            libc::fcntl(sock_fd, libc::F_SETFD, 0);
+        } else if libc::dup2(sock_fd, crate::init::CONTROL_FD) < 0 {
+            libc::_exit(127);
+        }
+        if libc::syscall(
+            libc::SYS_close_range,
+            crate::init::CONTROL_FD + 1,
+            u32::MAX,
+            0,
+        ) != 0
+        {
+            for fd in crate::init::CONTROL_FD + 1..open_files_limit() {
+                libc::close(fd);
+            }
+        }
+        // SIGSEGV and SIGBUS keep this process's handlers: in a Rust program, the Rust
+        // runtime's stack-overflow report on the main thread's alternate stack (copied with
+        // it), which an exec'd init installs at its start as well.
+        default_dispositions(&[libc::SIGSEGV, libc::SIGBUS]);
+        set_mask(&mask, std::ptr::null_mut());
+        libc::prctl(libc::PR_SET_NAME, c"envfactory-init".as_ptr(), 0, 0, 0);
+        become_init_strings(cmdline);
+    }
+    crate::init::main_forked()
+}
+
+/// The kernel's layout of this process's memory that `PR_SET_MM_MAP` takes (fields 26-28 and
+/// 45-51 of `/proc/self/stat`: code, stack, data, heap start, argument and environment
+/// strings); the heap's end is read where it is set.
+fn memory_map() -> Option<MmMap> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    let rest = stat.rsplit_once(')')?.1;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // `rest` starts at field 3.
+    let n = |i: usize| f.get(i - 3)?.parse::<u64>().ok();
+    Some(MmMap {
+        start_code: n(26)?,
+        end_code: n(27)?,
+        start_stack: n(28)?,
+        start_data: n(45)?,
+        end_data: n(46)?,
+        start_brk: n(47)?,
+        brk: 0,
+        arg_start: n(48)?,
+        arg_end: n(49)?,
+        env_start: n(50)?,
+        env_end: n(51)?,
+        auxv: 0,
+        auxv_size: 0,
+        exe_fd: u32::MAX,
+    })
+}
+
+/// The kernel's `struct prctl_mm_map` (`linux/prctl.h`); an `auxv_size` of 0 leaves the
+/// auxiliary vector and an `exe_fd` of -1 the executable as they are.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct MmMap {
+    start_code: u64,
+    end_code: u64,
+    start_data: u64,
+    end_data: u64,
+    start_brk: u64,
+    brk: u64,
+    start_stack: u64,
+    arg_start: u64,
+    arg_end: u64,
+    env_start: u64,
+    env_end: u64,
+    auxv: u64,
+    auxv_size: u32,
+    exe_fd: u32,
+}
+
+/// `PR_SET_MM_MAP` (`linux/prctl.h`): set the whole layout at once, allowed without
+/// CAP_SYS_RESOURCE when the executable stays.
+const PR_SET_MM_MAP: libc::c_ulong = 14;
+
+/// The soft limit on open files: descriptors at and above it cannot be open.
+fn open_files_limit() -> i32 {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one `rlimit` into `r`.
+    let ok = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } == 0;
+    if ok {
+        r.rlim_cur.min(i32::MAX as libc::rlim_t) as i32
+    } else {
+        1 << 20
+    }
+}
+
+extern "C" {
+    static mut environ: *mut *mut libc::c_char;
+}
+
+/// Init's `PATH`, its whole environment (as when exec'd).
+const INIT_ENV: &[u8] = b"PATH=/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// Make this copy's command line and environment init's: every environment string zeroed
+/// (the kernel's copy, variables removed since included, and those set since), then, in the
+/// kernel's two areas, the init program's path and arguments (cut if they do not fit) and
+/// `PATH` (init's environment when exec'd), each area ended after its new strings
+/// (`PR_SET_MM_MAP`; where the kernel refuses it, they end in NULs), so
+/// `/proc/<init>/cmdline` and `/proc/<init>/environ` read as for an exec'd init.
+///
+/// # Safety
+/// In the forked child only, single-threaded, with `cmdline.map` from [`memory_map`] of the
+/// parent (the same addresses in the copy) and no pointer into the environment held.
+unsafe fn become_init_strings(cmdline: &CommandLine) {
+    // SAFETY: (whole block) `environ` is the C library's array of NUL-terminated strings,
+    // which this process may write (the kernel's copy on the initial stack, or the C
+    // library's own allocations), read and changed by this thread only; the two areas are the
+    // kernel's copies of argv and the environment, writable memory of the initial stack;
+    // `prctl` reads one `MmMap`.
+    unsafe {
+        let mut p = environ;
+        while !p.is_null() && !(*p).is_null() {
+            std::ptr::write_bytes(*p, 0, libc::strlen(*p));
+            p = p.add(1);
+        }
+        libc::clearenv();
+        let set_path = || {
+            libc::setenv(
+                c"PATH".as_ptr(),
+                c"/usr/sbin:/usr/bin:/sbin:/bin".as_ptr(),
+                1,
+            );
+        };
+        let Some(mut map) = cmdline.map else {
+            set_path();
+            return;
+        };
+        // Write `bytes` (cut to fit, NUL-terminated) over [start, end), zero the rest; the
+        // end of what was written, and whether all of it fitted.
+        let fill = |start: u64, end: u64, bytes: &[u8]| -> Option<(u64, bool)> {
+            if end <= start {
+                return None;
+            }
+            let len = (end - start) as usize;
+            let n = bytes.len().min(len - 1);
+            std::ptr::write_bytes(start as *mut u8, 0, len);
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), start as *mut u8, n);
+            Some((start + n as u64 + 1, n == bytes.len()))
+        };
+        let args = fill(map.arg_start, map.arg_end, &cmdline.bytes);
+        let env = fill(map.env_start, map.env_end, INIT_ENV);
+        match env {
+            Some((_, true)) => {
+                // The environment is that string; the array pointing at it is never freed.
+                let array: &'static mut [*mut libc::c_char; 2] = Box::leak(Box::new([
+                    map.env_start as *mut libc::c_char,
+                    std::ptr::null_mut(),
+                ]));
+                environ = array.as_mut_ptr();
+            }
+            _ => set_path(),
+        }
+        if let Some((end, _)) = args {
+            map.arg_end = end;
+        }
+        if let Some((end, _)) = env {
+            map.env_end = end;
+        }
+        map.brk = libc::sbrk(0) as u64;
+        libc::prctl(
+            libc::PR_SET_MM,
+            PR_SET_MM_MAP,
+            &map as *const MmMap,
+            std::mem::size_of::<MmMap>() as libc::c_ulong,
+            0 as libc::c_ulong,
+        );
     }
 }

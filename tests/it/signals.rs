@@ -173,6 +173,63 @@ fn a_signal_tears_down_a_command_that_does_not_stop_by_itself() {
     }
 }
 
+/// `engine sandbox exec` starts its signal watcher only once its sandbox is made (until then
+/// it has a single thread, and its init is forked from it): a signal that comes while the
+/// sandbox is being made, its init already started, waits and tears the sandbox down as soon
+/// as the watcher runs. Tried until the signal lands in that window at least once.
+#[test]
+fn a_signal_while_a_one_shots_sandbox_is_made_tears_it_down() {
+    if !is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let threads =
+        |pid: u32| std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |rd| rd.count());
+    let mut in_window = 0;
+    for _ in 0..40 {
+        let st = TempState::new();
+        let child = engine_in(&st)
+            .args(["sandbox", "exec", "--timeout", "60s", "--", "sleep", "60"])
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let runs = st.path().join("runs");
+        let t = Instant::now();
+        // Poll without sleeping: the window is a few milliseconds.
+        let hit = loop {
+            let has_init = std::fs::read_dir(&runs).is_ok_and(|rd| {
+                rd.flatten().any(|r| {
+                    std::fs::read_dir(r.path().join("sbx")).is_ok_and(|s| {
+                        s.flatten()
+                            .any(|e| e.path().extension().is_some_and(|x| x == "init"))
+                    })
+                })
+            });
+            if has_init {
+                break threads(pid) == 1;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(60),
+                "the sandbox never started"
+            );
+        };
+        // SAFETY: kill with integer arguments, to our own child.
+        unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+        let o = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(143), "{err}");
+        assert!(err.contains("sandboxes torn down"), "{err}");
+        assert_eq!(leftovers(&st, pid), Vec::<String>::new(), "{err}");
+        if hit {
+            in_window += 1;
+            if in_window == 3 {
+                break;
+            }
+        }
+    }
+    assert!(in_window > 0, "no signal came before the watcher started");
+}
+
 #[test]
 fn a_second_signal_tears_a_run_down_at_once() {
     if !is_root() {

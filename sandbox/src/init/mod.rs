@@ -52,6 +52,10 @@ fn os(what: &'static str) -> impl FnOnce(nix::errno::Errno) -> InitError {
 
 /// Entry point of the `envfactory-init` binary (and of `engine __sandbox-init`).
 pub fn main() -> ! {
+    // Nothing but the control socket above the standard descriptors: whatever the engine's
+    // own parent left open without close-on-exec is not init's (nor its commands').
+    // SAFETY: closing descriptors this process does not use.
+    unsafe { libc::syscall(libc::SYS_close_range, CONTROL_FD + 1, u32::MAX, 0) };
     // SAFETY: the host passes the control socket on fd 3 and nothing else owns it.
     let sock = unsafe { UnixStream::from_raw_fd(CONTROL_FD) };
     let code = match run(sock) {
@@ -64,6 +68,23 @@ pub fn main() -> ! {
         }
     };
     std::process::exit(code)
+}
+
+/// Entry point of an init forked from a single-threaded host process
+/// (`spawn_init::fork_init`): as [`main`], but it leaves with `_exit`, so the host's exit
+/// handlers and buffered output (copied with its memory) are never run or flushed here.
+pub(crate) fn main_forked() -> ! {
+    // SAFETY: the fork moved the control socket to fd 3 and closed every other descriptor.
+    let sock = unsafe { UnixStream::from_raw_fd(CONTROL_FD) };
+    let code = match run(sock) {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("envfactory-init: {e}");
+            1
+        }
+    };
+    // SAFETY: leaving the process without running the host's exit handlers.
+    unsafe { libc::_exit(code) }
 }
 
 pub(crate) struct Init {
