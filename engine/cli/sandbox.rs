@@ -167,8 +167,12 @@ pub fn exec(opts: &SandboxOpts, timeout: &str, cmd: &[String]) -> anyhow::Result
     let timeout = anyhow::Context::context(parse_duration(timeout), "--timeout")?;
     let rt = runtime()?;
     // Its init forked from this process, which has a single thread until the signal watcher
-    // starts, right after (an init program named by ENVFACTORY_INIT is always exec'd).
+    // starts, right after init does (an init program named by ENVFACTORY_INIT is always
+    // exec'd); if the create fails before, `main` starts it.
     rt.set_forked_inits(std::env::var_os("ENVFACTORY_INIT").is_none());
+    rt.after_next_init_start(Box::new(|| {
+        super::signals::start_watcher();
+    }));
     let made = rt.create(&cfg);
     super::signals::start_watcher();
     let mut sb = made?;

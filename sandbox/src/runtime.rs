@@ -92,6 +92,8 @@ struct Inner {
     spares_on: std::sync::atomic::AtomicBool,
     /// Whether an init is forked from a single-threaded process ([`Runtime::set_forked_inits`]).
     forked_inits: std::sync::atomic::AtomicBool,
+    /// Called once, right after the next init is started ([`Runtime::after_next_init_start`]).
+    after_init_start: Mutex<Option<Box<dyn FnOnce() + Send>>>,
 }
 
 /// One process's handle on the sandbox machinery. Creating it reaps the leftovers of crashed
@@ -180,6 +182,7 @@ impl Runtime {
                 inits,
                 spares_on: std::sync::atomic::AtomicBool::new(true),
                 forked_inits: std::sync::atomic::AtomicBool::new(false),
+                after_init_start: Mutex::new(None),
             }),
         })
     }
@@ -240,6 +243,13 @@ impl Runtime {
     /// thread) and processes with more threads always exec the program.
     pub fn set_forked_inits(&self, on: bool) {
         self.inner.forked_inits.store(on, Ordering::Relaxed);
+    }
+
+    /// Call `f` once, right after the next create has its init (started, or taken from the
+    /// reserve), before the rest of its setup: a one-shot command starts its other threads
+    /// there, once its init is forked, instead of after the whole create.
+    pub fn after_next_init_start(&self, f: Box<dyn FnOnce() + Send>) {
+        *lock(&self.inner.after_init_start) = Some(f);
     }
 
     /// Whether [`Runtime::set_forked_inits`] is on.
@@ -654,6 +664,10 @@ impl Runtime {
                 )
             }
         };
+        let after = lock(&self.inner.after_init_start).take();
+        if let Some(f) = after {
+            f();
+        }
         let no_root_yet = Rootfs {
             lowers: Vec::new(),
             digest: String::new(),

@@ -296,22 +296,15 @@ unsafe fn forked_child(sock_fd: i32, mask: u64, cmdline: &CommandLine) -> ! {
     // SAFETY: (whole block) system calls on descriptors and strings of this process's own
     // copy of memory, in its only thread.
     unsafe {
+        // Not dumpable from its first step: a crash before init's own setup leaves no core
+        // of the engine's memory.
+        libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
         if sock_fd == crate::init::CONTROL_FD {
             libc::fcntl(sock_fd, libc::F_SETFD, 0);
         } else if libc::dup2(sock_fd, crate::init::CONTROL_FD) < 0 {
             libc::_exit(127);
         }
-        if libc::syscall(
-            libc::SYS_close_range,
-            crate::init::CONTROL_FD + 1,
-            u32::MAX,
-            0,
-        ) != 0
-        {
-            for fd in crate::init::CONTROL_FD + 1..open_files_limit() {
-                libc::close(fd);
-            }
-        }
+        close_above_control();
         // SIGSEGV and SIGBUS keep this process's handlers: in a Rust program, the Rust
         // runtime's stack-overflow report on the main thread's alternate stack (copied with
         // it), which an exec'd init installs at its start as well.
@@ -375,18 +368,26 @@ struct MmMap {
 /// CAP_SYS_RESOURCE when the executable stays.
 const PR_SET_MM_MAP: libc::c_ulong = 14;
 
-/// The soft limit on open files: descriptors at and above it cannot be open.
-fn open_files_limit() -> i32 {
-    let mut r = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit writes one `rlimit` into `r`.
-    let ok = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } == 0;
-    if ok {
-        r.rlim_cur.min(i32::MAX as libc::rlim_t) as i32
-    } else {
-        1 << 20
+/// Close every descriptor above the control socket: `close_range`, else each one listed in
+/// `/proc/self/fd` (not a loop up to the open-file limit, which the runtime raises to the
+/// hard limit, up to 2^30).
+pub(crate) fn close_above_control() {
+    let first = crate::init::CONTROL_FD + 1;
+    // SAFETY: closing descriptors this process does not use.
+    if unsafe { libc::syscall(libc::SYS_close_range, first, u32::MAX, 0) } == 0 {
+        return;
+    }
+    let fds: Vec<i32> = std::fs::read_dir("/proc/self/fd")
+        .map(|rd| {
+            rd.flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse().ok())
+                .filter(|&fd| fd >= first)
+                .collect()
+        })
+        .unwrap_or_default();
+    for fd in fds {
+        // SAFETY: as above (the listing's own descriptor is closed by now).
+        unsafe { libc::close(fd) };
     }
 }
 

@@ -1024,10 +1024,23 @@ fn look_at_init(exec_init: bool, secret: &str) -> InitView {
         .replace("\x1b[0m", "")
         .replace("\x1b[2m", "")
         .replace("\x1b[3m", "");
-    assert!(
-        !std::path::Path::new(&format!("/proc/{init}")).exists() || comm(init) != "envfactory-init",
-        "init is gone after SIGTERM"
-    );
+    // Killed by the engine's teardown; a zombie until the host's PID 1 reaps it.
+    let gone = || {
+        std::fs::read_to_string(format!("/proc/{init}/stat")).map_or(true, |st| {
+            comm(init) != "envfactory-init"
+                || st
+                    .rsplit_once(')')
+                    .is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
+        })
+    };
+    let t = std::time::Instant::now();
+    while !gone() {
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(10),
+            "init still runs after SIGTERM"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
     InitView {
         status,
         environ,

@@ -173,10 +173,10 @@ fn a_signal_tears_down_a_command_that_does_not_stop_by_itself() {
     }
 }
 
-/// `engine sandbox exec` starts its signal watcher only once its sandbox is made (until then
-/// it has a single thread, and its init is forked from it): a signal that comes while the
-/// sandbox is being made, its init already started, waits and tears the sandbox down as soon
-/// as the watcher runs. Tried until the signal lands in that window at least once.
+/// `engine sandbox exec` starts its signal watcher only once its sandbox's init is started
+/// (until then it has a single thread, and its init is forked from it): a signal that comes
+/// after the handlers are installed and before the watcher runs waits, and tears the run down
+/// as soon as the watcher runs. Tried until the signal lands in that window at least once.
 #[test]
 fn a_signal_while_a_one_shots_sandbox_is_made_tears_it_down() {
     if !is_root() {
@@ -193,28 +193,30 @@ fn a_signal_while_a_one_shots_sandbox_is_made_tears_it_down() {
             .spawn()
             .unwrap();
         let pid = child.id();
-        let runs = st.path().join("runs");
         let t = Instant::now();
-        // Poll without sleeping: the window is a few milliseconds.
+        // Poll without sleeping (the window is a few milliseconds) until the engine catches
+        // SIGTERM (its `SigCgt`), then signal it.
+        let catches_term = || {
+            std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|st| {
+                st.lines()
+                    .find_map(|l| l.strip_prefix("SigCgt:"))
+                    .and_then(|m| u64::from_str_radix(m.trim(), 16).ok())
+                    .is_some_and(|m| m & (1 << (libc::SIGTERM - 1)) != 0)
+            })
+        };
         let hit = loop {
-            let has_init = std::fs::read_dir(&runs).is_ok_and(|rd| {
-                rd.flatten().any(|r| {
-                    std::fs::read_dir(r.path().join("sbx")).is_ok_and(|s| {
-                        s.flatten()
-                            .any(|e| e.path().extension().is_some_and(|x| x == "init"))
-                    })
-                })
-            });
-            if has_init {
+            if catches_term() {
                 break threads(pid) == 1;
             }
             assert!(
                 t.elapsed() < Duration::from_secs(60),
-                "the sandbox never started"
+                "the engine never handled SIGTERM"
             );
         };
         // SAFETY: kill with integer arguments, to our own child.
         unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+        // Still one thread after the signal was sent: it came before the watcher.
+        let hit = hit && threads(pid) == 1;
         let o = child.wait_with_output().unwrap();
         let err = String::from_utf8_lossy(&o.stderr);
         assert_eq!(o.status.code(), Some(143), "{err}");

@@ -54,8 +54,7 @@ fn os(what: &'static str) -> impl FnOnce(nix::errno::Errno) -> InitError {
 pub fn main() -> ! {
     // Nothing but the control socket above the standard descriptors: whatever the engine's
     // own parent left open without close-on-exec is not init's (nor its commands').
-    // SAFETY: closing descriptors this process does not use.
-    unsafe { libc::syscall(libc::SYS_close_range, CONTROL_FD + 1, u32::MAX, 0) };
+    crate::spawn_init::close_above_control();
     // SAFETY: the host passes the control socket on fd 3 and nothing else owns it.
     let sock = unsafe { UnixStream::from_raw_fd(CONTROL_FD) };
     let code = match run(sock) {
@@ -76,12 +75,17 @@ pub fn main() -> ! {
 pub(crate) fn main_forked() -> ! {
     // SAFETY: the fork moved the control socket to fd 3 and closed every other descriptor.
     let sock = unsafe { UnixStream::from_raw_fd(CONTROL_FD) };
-    let code = match run(sock) {
-        Ok(()) => 0,
-        Err(e) => {
-            eprintln!("envfactory-init: {e}");
+    // A panic (here or in the zygote, forked from here) must never unwind into the host's
+    // frames copied below this one: their destructors would remove the host's cgroups,
+    // mounts and directories from inside the sandbox.
+    let code = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(sock))) {
+        Ok(Ok(())) => 0,
+        Ok(Err(e)) => {
+            use std::io::Write;
+            let _ = writeln!(std::io::stderr(), "envfactory-init: {e}");
             1
         }
+        Err(_) => 101,
     };
     // SAFETY: leaving the process without running the host's exit handlers.
     unsafe { libc::_exit(code) }
