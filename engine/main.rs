@@ -12,8 +12,8 @@ fn main() {
         sandbox::init::main();
     }
     let cli = cli::Cli::parse();
-    // `engine sandbox exec` starts the watcher thread once its sandbox is made: with a single
-    // thread until then, the sandbox's init is forked from this process, not exec'd.
+    // `engine sandbox exec` starts the watcher thread once its sandbox's init is started: with
+    // a single thread until then, that init is forked from this process, not exec'd.
     cli::signals::install(!cli.command.is_one_shot());
     tracing_subscriber::fmt()
         .with_env_filter(

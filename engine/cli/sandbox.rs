@@ -173,9 +173,7 @@ pub fn exec(opts: &SandboxOpts, timeout: &str, cmd: &[String]) -> anyhow::Result
     rt.after_next_init_start(Box::new(|| {
         super::signals::start_watcher();
     }));
-    let made = rt.create(&cfg);
-    super::signals::start_watcher();
-    let mut sb = made?;
+    let mut sb = rt.create(&cfg)?;
     let mut req = ExecRequest::argv(cmd.iter().cloned());
     req.timeout_ms = timeout.as_millis() as u64;
     req.output_cap = 64 << 20;

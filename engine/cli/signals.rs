@@ -89,7 +89,7 @@ pub fn install(watch_now: bool) {
 }
 
 /// Start the watcher if it is not running yet (`engine sandbox exec` starts it once its
-/// sandbox is made: until then the process has a single thread, so the sandbox's init can be
+/// sandbox's init is started: until then the process has a single thread, so that init can be
 /// forked from it). Returns whether a watcher runs.
 pub fn start_watcher() -> bool {
     let Some(r) = WATCH_END.lock().unwrap_or_else(|p| p.into_inner()).take() else {

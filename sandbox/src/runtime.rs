@@ -252,11 +252,6 @@ impl Runtime {
         *lock(&self.inner.after_init_start) = Some(f);
     }
 
-    /// Whether [`Runtime::set_forked_inits`] is on.
-    pub fn forked_inits(&self) -> bool {
-        self.inner.forked_inits.load(Ordering::Relaxed)
-    }
-
     /// Whether creates take an init started ahead when one is ready (the default), or always
     /// clone their own (and start no reserve). Spares already waiting stay until the runtime
     /// goes.

@@ -73,10 +73,7 @@ pub(crate) fn spawn_init(
     let mut child = Child {
         argv: pointers(&args),
         path,
-        env: [
-            c"PATH=/usr/sbin:/usr/bin:/sbin:/bin".as_ptr(),
-            std::ptr::null(),
-        ],
+        env: [INIT_ENV.as_ptr(), std::ptr::null()],
         // Close-on-exec (opened so): init never holds it as a descriptor, only as its namespace.
         net_fd: netns.as_ref().map_or(-1, |f| f.as_raw_fd()),
         sock_fd: sock.as_raw_fd(),
@@ -213,14 +210,18 @@ unsafe fn default_dispositions(keep: &[c_int]) {
 /// Whether this process has a single thread (the kernel's count in `/proc/self/stat`): then
 /// a fork-like child may run ordinary code, since no other thread can hold a lock it needs.
 pub(crate) fn single_threaded() -> bool {
-    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
-        return false;
-    };
-    // Fields after the command name (which may hold spaces and parentheses): state is the
-    // third field of the line, `num_threads` the twentieth.
-    stat.rsplit_once(')')
-        .and_then(|(_, rest)| rest.split_whitespace().nth(17))
-        .is_some_and(|n| n == "1")
+    self_stat().is_some_and(|f| f.get(20) == Some(&1))
+}
+
+/// The numeric fields of `/proc/self/stat`, indexed by their number in proc(5) (1-based;
+/// fields 1 and 2, the pid and the command name, and any field that is not a number read 0).
+fn self_stat() -> Option<Vec<u64>> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // After the command name, which may hold spaces and parentheses: field 3 on.
+    let rest = stat.rsplit_once(')')?.1;
+    let mut f = vec![0, 0, 0];
+    f.extend(rest.split_whitespace().map(|v| v.parse().unwrap_or(0)));
+    Some(f)
 }
 
 /// Fork init from this process, which has a single thread ([`single_threaded`]): a child
@@ -320,11 +321,8 @@ unsafe fn forked_child(sock_fd: i32, mask: u64, cmdline: &CommandLine) -> ! {
 /// 45-51 of `/proc/self/stat`: code, stack, data, heap start, argument and environment
 /// strings); the heap's end is read where it is set.
 fn memory_map() -> Option<MmMap> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-    let rest = stat.rsplit_once(')')?.1;
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    // `rest` starts at field 3.
-    let n = |i: usize| f.get(i - 3)?.parse::<u64>().ok();
+    let f = self_stat()?;
+    let n = |i: usize| f.get(i).copied();
     Some(MmMap {
         start_code: n(26)?,
         end_code: n(27)?,
@@ -395,8 +393,8 @@ extern "C" {
     static mut environ: *mut *mut libc::c_char;
 }
 
-/// Init's `PATH`, its whole environment (as when exec'd).
-const INIT_ENV: &[u8] = b"PATH=/usr/sbin:/usr/bin:/sbin:/bin";
+/// Init's `PATH`, its whole environment.
+const INIT_ENV: &std::ffi::CStr = c"PATH=/usr/sbin:/usr/bin:/sbin:/bin";
 
 /// Make this copy's command line and environment init's: every environment string zeroed
 /// (the kernel's copy, variables removed since included, and those set since), then, in the
@@ -421,12 +419,9 @@ unsafe fn become_init_strings(cmdline: &CommandLine) {
             p = p.add(1);
         }
         libc::clearenv();
+        // The C library keeps the static string itself as the variable (it never writes it).
         let set_path = || {
-            libc::setenv(
-                c"PATH".as_ptr(),
-                c"/usr/sbin:/usr/bin:/sbin:/bin".as_ptr(),
-                1,
-            );
+            libc::putenv(INIT_ENV.as_ptr().cast_mut());
         };
         let Some(mut map) = cmdline.map else {
             set_path();
@@ -445,7 +440,7 @@ unsafe fn become_init_strings(cmdline: &CommandLine) {
             Some((start + n as u64 + 1, n == bytes.len()))
         };
         let args = fill(map.arg_start, map.arg_end, &cmdline.bytes);
-        let env = fill(map.env_start, map.env_end, INIT_ENV);
+        let env = fill(map.env_start, map.env_end, INIT_ENV.to_bytes());
         match env {
             Some((_, true)) => {
                 // The environment is that string; the array pointing at it is never freed.
