@@ -12,7 +12,7 @@ use crate::instance::Plan;
 use crate::synth::Cache;
 use policies::nets::{Activation, ActorCriticConfig};
 use policies::ppo::{PpoAgent, PpoConfig, RolloutBuffer};
-use policies::rollout::{collect, VecEnv};
+use policies::rollout::{collect, Choice, VecEnv};
 use rand::{Rng, SeedableRng};
 use sandbox::Runtime;
 use serde::Serialize;
@@ -180,23 +180,25 @@ pub fn train(rt: &Runtime, cache: &Cache, spec: &TrainSpec) -> Result<TrainResul
         )?);
     }
     let mut venv = VecEnv::with_workers(envs, spec.workers)?;
-    // The random agent's throughput on the same environments (baseline of the same run).
+    // The random agent's throughput on the same environments and workers, each environment
+    // run on its worker as training's rollouts are (baseline of the same run).
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(spec.seed ^ 0x5eed);
+    let mut rngs: Vec<_> = (0..n).map(|_| policies::rng::seeded(rng.gen())).collect();
+    let base_steps = spec.baseline_steps.div_ceil(n as u64) * n as u64;
     let t0 = Instant::now();
-    let mut base_steps = 0u64;
-    while base_steps < spec.baseline_steps {
-        // Uniform over each level's own catalogue (a prefix of the policy's actions).
-        let masks = venv.masks().unwrap_or_else(|| vec![1.0; n * actions]);
-        let a: Vec<u32> = masks
-            .chunks(actions)
-            .map(|m| {
-                let valid = m.iter().filter(|&&x| x > 0.0).count().max(1);
-                rng.gen_range(0..valid as u32)
+    venv.segments(
+        (base_steps / n as u64) as usize,
+        true,
+        &mut rngs,
+        &|_, _, mask, rng| {
+            // Uniform over the level's own catalogue (a prefix of the policy's actions).
+            let valid = mask.map_or(actions, |m| m.iter().filter(|&&x| x > 0.0).count());
+            Ok(Choice {
+                actions: vec![rng.gen_range(0..valid.max(1) as u32)],
+                ..Choice::default()
             })
-            .collect();
-        venv.step(&a)?;
-        base_steps += n as u64;
-    }
+        },
+    )?;
     let random_steps_per_s = base_steps as f64 / t0.elapsed().as_secs_f64().max(1e-9);
     venv.reset_all()?;
     let net = ActorCriticConfig {
@@ -349,15 +351,18 @@ fn acting_rate(
     steps: u64,
 ) -> Result<f64, LearnError> {
     let n = venv.len() as u64;
+    let per_env = steps.div_ceil(n).max(1);
+    let mut rngs = agent.fork_rngs(venv.len());
+    let policy = &*agent;
     let t = Instant::now();
-    let mut done = 0u64;
-    while done < steps {
-        let obs = venv.obs().to_vec();
-        let masks = venv.masks();
-        let out = agent.act(&obs, masks.as_deref())?;
-        venv.step(&out.actions)?;
-        done += n;
-    }
+    venv.segments(per_env as usize, true, &mut rngs, &|_, obs, mask, rng| {
+        let out = policy.act_with(obs, mask, rng)?;
+        Ok(Choice {
+            actions: out.actions,
+            ..Choice::default()
+        })
+    })?;
+    let done = per_env * n;
     Ok(done as f64 / t.elapsed().as_secs_f64().max(1e-9))
 }
 

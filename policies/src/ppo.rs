@@ -800,6 +800,14 @@ impl PpoAgent {
         out
     }
 
+    /// `n` generators drawn from the agent's own (one per environment of a rollout, so
+    /// that what each samples does not depend on the others' timing); the agent's generator
+    /// moves on, so a checkpoint taken after still resumes exactly.
+    pub fn fork_rngs(&mut self, n: usize) -> Vec<Rng> {
+        use rand::RngCore as _;
+        (0..n).map(|_| rng::seeded(self.rng.next_u64())).collect()
+    }
+
     /// Sample actions like [`PpoAgent::act`], from the caller's generator (evaluation
     /// agents that share one set of weights, each with its own seeded generator).
     pub fn act_with(

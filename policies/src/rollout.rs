@@ -4,6 +4,7 @@
 //! The crate knows no sandbox: the engine adapts its own environments to [`Env`].
 
 use crate::ppo::{PpoAgent, PpoError, RolloutBuffer, StepRecord};
+use crate::rng::Rng;
 use std::time::{Duration, Instant};
 
 /// Errors of rollout collection.
@@ -131,11 +132,118 @@ pub struct VecEnv<E: Env> {
     busy: Duration,
 }
 
-/// What one environment's step gave, before it is merged into a [`VecStep`].
-struct One {
-    step: Step,
-    next: Vec<f32>,
-    ended: bool,
+/// What a chooser picked for one environment at one step of [`VecEnv::segments`].
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Choice {
+    /// One index per action dimension.
+    pub actions: Vec<u32>,
+    /// Its joint log-probability (0 for a chooser that keeps none).
+    pub log_prob: f32,
+    /// The value estimate of the observation (0 for a chooser that keeps none).
+    pub value: f32,
+}
+
+/// One step of one environment in a [`Segment`].
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SegmentStep {
+    /// The observation the choice was made on.
+    pub obs: Vec<f32>,
+    /// Its action mask (when the segments were run with masks).
+    pub mask: Option<Vec<f32>>,
+    /// What was chosen.
+    pub choice: Choice,
+    /// Reward of the transition.
+    pub reward: f32,
+    /// Terminal (never together with `truncated`; a masked step is neither).
+    pub terminated: bool,
+    /// Cut by the time limit.
+    pub truncated: bool,
+    /// A sample to learn from (false: the environment failed).
+    pub valid: bool,
+    /// The last observation of the episode that ended at this step.
+    pub final_obs: Option<Vec<f32>>,
+}
+
+/// The steps one environment ran in [`VecEnv::segments`], and the episodes that ended among
+/// them (with the index of the step each ended at).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Segment {
+    /// In order.
+    pub steps: Vec<SegmentStep>,
+    /// `(step index, episode)`.
+    pub episodes: Vec<(usize, Episode)>,
+}
+
+/// One environment of a [`VecEnv`] and its slice of the vector's state.
+struct Lane<'a, E> {
+    env: &'a mut E,
+    obs: &'a mut [f32],
+    ret: &'a mut f64,
+    len: &'a mut u64,
+}
+
+/// One environment's transition, merged into the vector's state.
+struct Advanced {
+    reward: f32,
+    terminated: bool,
+    truncated: bool,
+    valid: bool,
+    final_obs: Option<Vec<f32>>,
+    episode: Option<Episode>,
+}
+
+impl<E: Env> Lane<'_, E> {
+    /// Step the environment with `actions`, reset it when its episode ended, and move the
+    /// lane's observation, return and length on.
+    fn advance(&mut self, i: usize, actions: &[u32]) -> Result<Advanced, RolloutError> {
+        let fail = |e: E::Error| RolloutError::Failed {
+            env: i,
+            source: Box::new(e),
+        };
+        let s = self.env.step(actions).map_err(fail)?;
+        check_width(i, "step", &s.obs, self.obs.len())?;
+        let ended = s.terminated || s.truncated || s.masked;
+        *self.ret += f64::from(s.reward);
+        *self.len += 1;
+        let (final_obs, episode) = if ended {
+            let next = self.env.reset().map_err(fail)?;
+            check_width(i, "reset", &next, self.obs.len())?;
+            self.obs.copy_from_slice(&next);
+            let episode = Episode {
+                env: i,
+                ret: *self.ret,
+                len: *self.len,
+                truncated: s.truncated && !s.terminated && !s.masked,
+                masked: s.masked,
+                info: s.info,
+            };
+            (*self.ret, *self.len) = (0.0, 0);
+            (Some(s.obs), Some(episode))
+        } else {
+            self.obs.copy_from_slice(&s.obs);
+            (None, None)
+        };
+        Ok(Advanced {
+            reward: s.reward,
+            // Terminal takes precedence: a step that is both is not bootstrapped. A masked
+            // step is neither (it is dropped from learning, and cuts the advantage's carry).
+            terminated: s.terminated && !s.masked,
+            truncated: s.truncated && !s.terminated && !s.masked,
+            valid: !s.masked,
+            final_obs,
+            episode,
+        })
+    }
+}
+
+fn check_width(env: usize, what: &str, o: &[f32], want: usize) -> Result<(), RolloutError> {
+    if o.len() != want {
+        return Err(RolloutError::Env {
+            env,
+            reason: format!("{what} returned {} features, not {want}", o.len()),
+        });
+    }
+    Ok(())
 }
 
 impl<E: Env> VecEnv<E> {
@@ -164,12 +272,7 @@ impl<E: Env> VecEnv<E> {
         let firsts = par_map(&mut envs, workers, |_, e| e.reset())?;
         let mut obs = Vec::with_capacity(firsts.len() * obs_dim);
         for (i, o) in firsts.into_iter().enumerate() {
-            if o.len() != obs_dim {
-                return Err(RolloutError::Env {
-                    env: i,
-                    reason: format!("reset returned {} features, not {obs_dim}", o.len()),
-                });
-            }
+            check_width(i, "reset", &o, obs_dim)?;
             obs.extend(o);
         }
         let n = envs.len();
@@ -243,7 +346,7 @@ impl<E: Env> VecEnv<E> {
         self.busy += t.elapsed();
         let firsts = firsts?;
         for (i, o) in firsts.into_iter().enumerate() {
-            self.check_width(i, "reset", &o)?;
+            check_width(i, "reset", &o, self.obs_dim)?;
             self.obs[i * self.obs_dim..(i + 1) * self.obs_dim].copy_from_slice(&o);
             self.ep_ret[i] = 0.0;
             self.ep_len[i] = 0;
@@ -251,14 +354,14 @@ impl<E: Env> VecEnv<E> {
         Ok(())
     }
 
-    fn check_width(&self, env: usize, what: &str, o: &[f32]) -> Result<(), RolloutError> {
-        if o.len() != self.obs_dim {
-            return Err(RolloutError::Env {
-                env,
-                reason: format!("{what} returned {} features, not {}", o.len(), self.obs_dim),
-            });
-        }
-        Ok(())
+    /// Every environment with its slice of the vector's state.
+    fn lanes(&mut self) -> Vec<Lane<'_, E>> {
+        self.envs
+            .iter_mut()
+            .zip(self.obs.chunks_mut(self.obs_dim))
+            .zip(self.ep_ret.iter_mut().zip(self.ep_len.iter_mut()))
+            .map(|((env, obs), (ret, len))| Lane { env, obs, ret, len })
+            .collect()
     }
 
     /// Step every environment with its slice of `actions` (`[N, num_action_dims]`), in
@@ -273,14 +376,14 @@ impl<E: Env> VecEnv<E> {
             )));
         }
         let t = Instant::now();
-        let ones = par_map(&mut self.envs, self.workers, |i, e| {
-            let step = e.step(&actions[i * nd..(i + 1) * nd])?;
-            let ended = step.terminated || step.truncated || step.masked;
-            let next = if ended { e.reset()? } else { Vec::new() };
-            Ok(One { step, next, ended })
+        let workers = self.workers;
+        let mut lanes = self.lanes();
+        let moved = par_each(&mut lanes, workers, |i, lane| {
+            lane.advance(i, &actions[i * nd..(i + 1) * nd])
         });
+        drop(lanes);
         self.busy += t.elapsed();
-        let ones = ones?;
+        let moved = moved?;
         let n = self.envs.len();
         let mut out = VecStep {
             rewards: Vec::with_capacity(n),
@@ -290,43 +393,101 @@ impl<E: Env> VecEnv<E> {
             final_obs: Vec::with_capacity(n),
             episodes: Vec::new(),
         };
-        for (i, one) in ones.into_iter().enumerate() {
-            let One {
-                step: s,
-                next,
-                ended,
-            } = one;
-            self.check_width(i, "step", &s.obs)?;
-            self.ep_ret[i] += f64::from(s.reward);
-            self.ep_len[i] += 1;
-            let next = if ended {
-                self.check_width(i, "reset", &next)?;
-                out.episodes.push(Episode {
-                    env: i,
-                    ret: self.ep_ret[i],
-                    len: self.ep_len[i],
-                    truncated: s.truncated && !s.terminated && !s.masked,
-                    masked: s.masked,
-                    info: s.info.clone(),
-                });
-                self.ep_ret[i] = 0.0;
-                self.ep_len[i] = 0;
-                out.final_obs.push(Some(s.obs));
-                next
-            } else {
-                out.final_obs.push(None);
-                s.obs
-            };
-            self.obs[i * self.obs_dim..(i + 1) * self.obs_dim].copy_from_slice(&next);
-            out.rewards.push(s.reward);
-            // Terminal takes precedence: a step that is both is not bootstrapped. A masked
-            // step is neither (it is dropped from learning, and cuts the advantage's carry).
-            out.terminated.push(s.terminated && !s.masked);
-            out.truncated
-                .push(s.truncated && !s.terminated && !s.masked);
-            out.valid.push(!s.masked);
+        for a in moved {
+            out.rewards.push(a.reward);
+            out.terminated.push(a.terminated);
+            out.truncated.push(a.truncated);
+            out.valid.push(a.valid);
+            out.final_obs.push(a.final_obs);
+            out.episodes.extend(a.episode);
         }
         Ok(out)
+    }
+
+    /// `steps` steps of every environment, each environment's steps run one after another on
+    /// its worker without waiting for the others' (a slow step of one, a service's start or
+    /// a confirmation, holds up no other). `choose(env, obs, mask, rng)` picks an
+    /// environment's actions from its current observation (and its mask, with `with_masks`)
+    /// with that environment's own generator `rngs[env]`, so what is chosen depends neither
+    /// on how the environments are spread over the workers nor on their timing. An ended
+    /// episode is reset at once, as in [`VecEnv::step`]. The wall time counted as the
+    /// environments' ([`VecEnv::env_seconds`]) is the run's wall time times the share of the
+    /// lanes' time spent stepping and resetting (the rest was choosing).
+    pub fn segments<C>(
+        &mut self,
+        steps: usize,
+        with_masks: bool,
+        rngs: &mut [Rng],
+        choose: &C,
+    ) -> Result<Vec<Segment>, RolloutError>
+    where
+        C: Fn(usize, &[f32], Option<&[f32]>, &mut Rng) -> Result<Choice, RolloutError> + Sync,
+    {
+        let n = self.envs.len();
+        if rngs.len() != n {
+            return Err(RolloutError::Config(format!(
+                "{} generators for {n} envs",
+                rngs.len()
+            )));
+        }
+        let nd = self.action_dims.len();
+        let t = Instant::now();
+        let workers = self.workers;
+        let mut lanes: Vec<(Lane<'_, E>, &mut Rng)> = self.lanes().into_iter().zip(rngs).collect();
+        let runs = par_each(&mut lanes, workers, |i, (lane, rng)| {
+            let mut seg = Segment {
+                steps: Vec::with_capacity(steps),
+                episodes: Vec::new(),
+            };
+            let (mut env_time, mut choose_time) = (Duration::ZERO, Duration::ZERO);
+            for k in 0..steps {
+                let obs = lane.obs.to_vec();
+                let mask = if with_masks {
+                    Some(lane.env.action_mask().ok_or_else(|| RolloutError::Env {
+                        env: i,
+                        reason: "masks are asked for but the environment gives none".into(),
+                    })?)
+                } else {
+                    None
+                };
+                let c = Instant::now();
+                let choice = choose(i, &obs, mask.as_deref(), rng)?;
+                choose_time += c.elapsed();
+                if choice.actions.len() != nd {
+                    return Err(RolloutError::Config(format!(
+                        "{} actions chosen for env {i}, not {nd}",
+                        choice.actions.len()
+                    )));
+                }
+                let e = Instant::now();
+                let a = lane.advance(i, &choice.actions)?;
+                env_time += e.elapsed();
+                if let Some(ep) = a.episode {
+                    seg.episodes.push((k, ep));
+                }
+                seg.steps.push(SegmentStep {
+                    obs,
+                    mask,
+                    choice,
+                    reward: a.reward,
+                    terminated: a.terminated,
+                    truncated: a.truncated,
+                    valid: a.valid,
+                    final_obs: a.final_obs,
+                });
+            }
+            Ok((seg, env_time, choose_time))
+        });
+        drop(lanes);
+        let wall = t.elapsed();
+        let runs = runs?;
+        let (env_time, choose_time) = runs.iter().fold((0.0, 0.0), |(a, b), (_, e, c)| {
+            (a + e.as_secs_f64(), b + c.as_secs_f64())
+        });
+        if env_time + choose_time > 0.0 {
+            self.busy += wall.mul_f64(env_time / (env_time + choose_time));
+        }
+        Ok(runs.into_iter().map(|(seg, _, _)| seg).collect())
     }
 }
 
@@ -337,23 +498,30 @@ fn par_map<E: Env, T: Send>(
     workers: usize,
     f: impl Fn(usize, &mut E) -> Result<T, E::Error> + Sync,
 ) -> Result<Vec<T>, RolloutError> {
-    let fail = |env: usize, e: E::Error| RolloutError::Failed {
-        env,
-        source: Box::new(e),
-    };
-    if workers <= 1 || envs.len() <= 1 {
-        return envs
-            .iter_mut()
-            .enumerate()
-            .map(|(i, e)| f(i, e).map_err(|x| fail(i, x)))
-            .collect();
+    par_each(envs, workers, |i, e| {
+        f(i, e).map_err(|x| RolloutError::Failed {
+            env: i,
+            source: Box::new(x),
+        })
+    })
+}
+
+/// `f` on every item (one per environment), in parallel on up to `workers` scoped threads
+/// (contiguous chunks), results in order; the first failure is returned.
+fn par_each<T: Send, R: Send>(
+    items: &mut [T],
+    workers: usize,
+    f: impl Fn(usize, &mut T) -> Result<R, RolloutError> + Sync,
+) -> Result<Vec<R>, RolloutError> {
+    if workers <= 1 || items.len() <= 1 {
+        return items.iter_mut().enumerate().map(|(i, e)| f(i, e)).collect();
     }
-    let chunk = envs.len().div_ceil(workers);
+    let chunk = items.len().div_ceil(workers);
     let f = &f;
     // One entry per chunk; `None` when its thread panicked.
-    type Chunk<T, X> = Option<Vec<Result<T, X>>>;
-    let parts: Vec<Chunk<T, E::Error>> = std::thread::scope(|s| {
-        let handles: Vec<_> = envs
+    type Chunk<R> = Option<Vec<Result<R, RolloutError>>>;
+    let parts: Vec<Chunk<R>> = std::thread::scope(|s| {
+        let handles: Vec<_> = items
             .chunks_mut(chunk)
             .enumerate()
             .map(|(c, part)| {
@@ -367,14 +535,14 @@ fn par_map<E: Env, T: Send>(
             .collect();
         handles.into_iter().map(|h| h.join().ok()).collect()
     });
-    let mut out = Vec::with_capacity(envs.len());
+    let mut out = Vec::with_capacity(items.len());
     for (c, part) in parts.into_iter().enumerate() {
         let part = part.ok_or_else(|| RolloutError::Env {
             env: c * chunk,
             reason: "its worker thread panicked while stepping".into(),
         })?;
-        for (k, r) in part.into_iter().enumerate() {
-            out.push(r.map_err(|x| fail(c * chunk + k, x))?);
+        for r in part {
+            out.push(r?);
         }
     }
     Ok(out)
@@ -404,36 +572,68 @@ pub fn collect<E: Env>(
         )));
     }
     buf.clear();
-    let mut episodes = Vec::new();
-    let steps = agent.config().num_steps;
-    for _ in 0..steps {
-        let obs = venv.obs().to_vec();
-        let masks = if buf.is_masked() {
-            Some(venv.masks().ok_or_else(|| {
-                RolloutError::Config("buffer is masked but envs give no masks".into())
-            })?)
-        } else {
-            None
-        };
-        let out = agent.act(&obs, masks.as_deref())?;
-        let s = venv.step(&out.actions)?;
-        let final_values = agent.truncation_values(&s.truncated, &s.final_obs)?;
+    let steps = cfg.num_steps;
+    let masked = buf.is_masked();
+    if masked && venv.masks().is_none() {
+        return Err(RolloutError::Config(
+            "buffer is masked but envs give no masks".into(),
+        ));
+    }
+    // Each environment runs its whole rollout on its worker with a generator of its own
+    // (drawn from the agent's, so a checkpoint still resumes exactly); the policy does not
+    // change during a rollout, so this is the same rollout as one stepped in lock-step.
+    let mut rngs = agent.fork_rngs(venv.len());
+    let policy = &*agent;
+    let segs = venv.segments(steps, masked, &mut rngs, &|_, obs, mask, rng| {
+        let out = policy.act_with(obs, mask, rng)?;
+        Ok(Choice {
+            log_prob: out.log_probs.first().copied().unwrap_or(0.0),
+            value: out.values.first().copied().unwrap_or(0.0),
+            actions: out.actions,
+        })
+    })?;
+    let mut episodes: Vec<(usize, Episode)> = Vec::new();
+    for seg in &segs {
+        episodes.extend(seg.episodes.iter().cloned());
+    }
+    // Time-major, and within a step in environment order, as a lock-step rollout lists them.
+    episodes.sort_by_key(|(k, e)| (*k, e.env));
+    for k in 0..steps {
+        let at: Vec<&SegmentStep> = segs.iter().map(|s| &s.steps[k]).collect();
+        let obs: Vec<f32> = at.iter().flat_map(|s| s.obs.iter().copied()).collect();
+        let masks: Option<Vec<f32>> = masked.then(|| {
+            at.iter()
+                .flat_map(|s| s.mask.iter().flatten().copied())
+                .collect()
+        });
+        let actions: Vec<u32> = at
+            .iter()
+            .flat_map(|s| s.choice.actions.iter().copied())
+            .collect();
+        let log_probs: Vec<f32> = at.iter().map(|s| s.choice.log_prob).collect();
+        let values: Vec<f32> = at.iter().map(|s| s.choice.value).collect();
+        let rewards: Vec<f32> = at.iter().map(|s| s.reward).collect();
+        let terminated: Vec<bool> = at.iter().map(|s| s.terminated).collect();
+        let truncated: Vec<bool> = at.iter().map(|s| s.truncated).collect();
+        let valid: Vec<bool> = at.iter().map(|s| s.valid).collect();
+        let final_obs: Vec<Option<Vec<f32>>> = at.iter().map(|s| s.final_obs.clone()).collect();
+        let final_values = agent.truncation_values(&truncated, &final_obs)?;
         // A sample after which the environment failed bootstraps nothing from it.
         buf.push(&StepRecord {
             obs: &obs,
             masks: masks.as_deref(),
-            valid: Some(&s.valid),
-            actions: &out.actions,
-            log_probs: &out.log_probs,
-            values: &out.values,
-            rewards: &s.rewards,
-            terminated: &s.terminated,
-            truncated: &s.truncated,
+            valid: Some(&valid),
+            actions: &actions,
+            log_probs: &log_probs,
+            values: &values,
+            rewards: &rewards,
+            terminated: &terminated,
+            truncated: &truncated,
             final_values: &final_values,
         })?;
-        episodes.extend(s.episodes);
     }
     let last = agent.values(venv.obs())?;
     buf.set_last_values(&last)?;
+    let episodes = episodes.into_iter().map(|(_, e)| e).collect();
     Ok(episodes)
 }

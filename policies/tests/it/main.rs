@@ -9,6 +9,7 @@ mod checkpoint;
 mod discriminator;
 mod learning;
 mod masks;
+mod segments;
 
 use policies::nets::{Activation, ActorCriticConfig};
 use policies::ppo::{PpoAgent, PpoConfig, RolloutBuffer, UpdateStats};
