@@ -63,11 +63,11 @@ pub struct TaskReport {
     /// and its recovery actions run heavier commands, so this is not the learner's cost alone.
     pub throughput_ratio: PerSeed,
     /// The last updates' training steps per second (as many steps as the baseline's) over
-    /// the final policy's steps per second acting the same way without learning, right after
-    /// on the same environments and workers. Nearly the same environment work with and
-    /// without the learner, but not quite: the final policy succeeds more often (each success
-    /// pays a reset and a confirmation), so the ratio can exceed 1; `learning_cost` is the
-    /// direct measure of the learner's share.
+    /// the steps per second of the late training's own episodes played again without the
+    /// learner (each on its level, with the actions training took, right after on as many
+    /// fresh environments and the same workers): the same environment work with and without
+    /// learning, so this is what learning costs end to end (1 - it); `learning_cost` is the
+    /// same measured by timers inside the training phase.
     pub learning_throughput_ratio: PerSeed,
     /// Environment steps per second of the environments alone while learning (training steps
     /// over the wall time of the vectorised steps and resets): what the environments give
@@ -317,7 +317,7 @@ fn task_report(runs: Vec<RunReport>, curve_png: PathBuf) -> TaskReport {
         random_steps_per_s: col(&|r| r.train.random_steps_per_s),
         throughput_ratio: col(&|r| r.train.train_steps_per_s / r.train.random_steps_per_s),
         learning_throughput_ratio: col(&|r| {
-            r.train.late_train_steps_per_s / r.train.policy_steps_per_s
+            r.train.late_train_steps_per_s / r.train.replay_steps_per_s
         }),
         env_steps_per_s: col(&|r| r.train.steps as f64 / r.train.env_seconds),
         learning_cost: col(&|r| 1.0 - r.train.env_seconds / r.train.train_seconds),
@@ -424,7 +424,7 @@ pub fn render(r: &StudyReport) -> String {
     }
     let _ = writeln!(
         s,
-        "| task | held-out success | greedy | catalogue oracle | ratio | faulted success | faulted oracle | robustness gap | train steps/s | random steps/s | ratio | late training / same policy not learning | env steps/s while training | learning cost | learner share | steps to 0.9 (training, checks) | steps trained | steps per episode (first, last rollout) |"
+        "| task | held-out success | greedy | catalogue oracle | ratio | faulted success | faulted oracle | robustness gap | train steps/s | random steps/s | ratio | late training / its episodes replayed without learning | env steps/s while training | learning cost | learner share | steps to 0.9 (training, checks) | steps trained | steps per episode (first, last rollout) |"
     );
     let _ = writeln!(
         s,

@@ -9,6 +9,7 @@ use super::LearnError;
 use crate::env::{Action, Env};
 use crate::instance::Plan;
 use policies::rollout::{Step, StepInfo};
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 /// Consecutive unusable levels before the adapter gives up.
@@ -25,6 +26,10 @@ pub struct AdapterCounts {
     pub failed_resets: u64,
 }
 
+/// A finished episode as it was played: its level (an index into the levels) and the
+/// catalogue actions taken.
+pub type PlayedEpisode = (usize, Vec<usize>);
+
 /// One learner-facing environment over an [`Env`].
 pub struct TrainEnv {
     env: Env,
@@ -40,6 +45,15 @@ pub struct TrainEnv {
     level_actions: usize,
     last: Vec<f32>,
     pub counts: AdapterCounts,
+    /// The actions of the episode under way.
+    playing: Vec<usize>,
+    /// The latest finished episodes (not masked ones), kept while they add up to at least
+    /// `keep` steps ([`TrainEnv::record_last`]).
+    recorded: VecDeque<PlayedEpisode>,
+    recorded_steps: usize,
+    keep: usize,
+    /// Replaying ([`TrainEnv::replaying`]): the episodes still to play, in order.
+    script: Option<VecDeque<PlayedEpisode>>,
 }
 
 impl TrainEnv {
@@ -70,7 +84,56 @@ impl TrainEnv {
             level_actions: actions,
             last: Vec::new(),
             counts: AdapterCounts::default(),
+            playing: Vec::new(),
+            recorded: VecDeque::new(),
+            recorded_steps: 0,
+            keep: 0,
+            script: None,
         })
+    }
+
+    /// An adapter that plays `episodes` again, in order, whatever actions it is given: each
+    /// reset starts the next one on its level, each step takes its next action, and an
+    /// episode whose actions are all played ends there (truncated) if the environment did not
+    /// end it. After the last one it replays the last level with the actions it is given.
+    pub fn replaying(
+        env: Env,
+        levels: Arc<Vec<Plan>>,
+        episodes: Vec<PlayedEpisode>,
+        actions: usize,
+    ) -> Result<Self, LearnError> {
+        let mut a = Self::new(env, levels, 0, 1, 1, actions)?;
+        if let Some(bad) = episodes.iter().find(|(level, _)| *level >= a.levels.len()) {
+            return Err(LearnError::NoLevel(bad.0));
+        }
+        a.script = Some(episodes.into());
+        Ok(a)
+    }
+
+    /// Keep the latest finished episodes while they add up to at least `steps` steps.
+    pub fn record_last(&mut self, steps: usize) {
+        self.keep = steps;
+    }
+
+    /// The episodes kept by [`TrainEnv::record_last`], oldest first.
+    pub fn recorded(&self) -> Vec<PlayedEpisode> {
+        self.recorded.iter().cloned().collect()
+    }
+
+    fn finish_episode(&mut self) {
+        let actions = std::mem::take(&mut self.playing);
+        if self.keep == 0 || self.script.is_some() {
+            return;
+        }
+        self.recorded_steps += actions.len();
+        self.recorded.push_back((self.cursor, actions));
+        while let Some(front) = self.recorded.front() {
+            if self.recorded_steps - front.1.len() < self.keep {
+                break;
+            }
+            self.recorded_steps -= front.1.len();
+            self.recorded.pop_front();
+        }
     }
 
     fn advance(&mut self) {
@@ -104,8 +167,15 @@ impl policies::rollout::Env for TrainEnv {
 
     fn reset(&mut self) -> Result<Vec<f32>, LearnError> {
         let mut skips = 0;
+        self.playing.clear();
         loop {
-            if self.episode >= self.episodes_per_level {
+            if let Some(script) = self.script.as_mut() {
+                if let Some((level, actions)) = script.pop_front() {
+                    self.cursor = level;
+                    self.playing = actions;
+                    self.playing.reverse();
+                }
+            } else if self.episode >= self.episodes_per_level {
                 self.advance();
             }
             let plan = &self.levels[self.cursor];
@@ -159,7 +229,36 @@ impl policies::rollout::Env for TrainEnv {
     }
 
     fn step(&mut self, action: &[u32]) -> Result<Step, LearnError> {
-        let index = action.first().copied().unwrap_or(0) as usize;
+        let mut index = action.first().copied().unwrap_or(0) as usize;
+        // Replaying, `playing` holds the episode's actions still to take, last first.
+        let replay_end = if self.script.is_some() {
+            match self.playing.pop() {
+                Some(a) => {
+                    index = a;
+                    self.playing.is_empty()
+                }
+                None => false,
+            }
+        } else {
+            self.playing.push(index);
+            false
+        };
+        let step = self.step_env(index);
+        let Ok(mut s) = step else { return step };
+        if replay_end && !(s.terminated || s.truncated || s.masked) {
+            s.truncated = true;
+        }
+        if s.terminated || s.truncated {
+            self.finish_episode();
+        } else if s.masked {
+            self.playing.clear();
+        }
+        Ok(s)
+    }
+}
+
+impl TrainEnv {
+    fn step_env(&mut self, index: usize) -> Result<Step, LearnError> {
         let level = self.env.instance_id().map(str::to_string);
         match self.env.step(&Action::Index(index)) {
             Ok(s) => {

@@ -17,7 +17,7 @@ pub mod heatmap;
 pub mod plot;
 mod train;
 
-pub use adapter::{AdapterCounts, TrainEnv};
+pub use adapter::{AdapterCounts, PlayedEpisode, TrainEnv};
 pub use train::{
     catalogue_oracle, evaluate, evaluate_each, greedy, nan_as_null, policy_agent, tally, train,
     CheckPoint, CheckSpec, CurvePoint, Evaluation, LevelOutcome, PolicyMode, TrainResult,
@@ -38,6 +38,8 @@ pub enum LearnError {
     Ppo(#[from] policies::ppo::PpoError),
     #[error("no levels to train on")]
     NoLevels,
+    #[error("a recorded episode names level {0}, beyond the levels given")]
+    NoLevel(usize),
     #[error("{tried} levels in a row could not be used; the last: {last}")]
     NoUsableLevel { tried: u32, last: String },
     #[error(

@@ -4,7 +4,7 @@
 //! (validation levels: neither training nor held-out ones); then the policy (sampled as in
 //! training, or greedy) and the task's catalogue oracle on held-out levels.
 
-use super::{LearnError, TrainEnv};
+use super::{LearnError, PlayedEpisode, TrainEnv};
 use crate::agents::{Agent, CatalogueOracle, PolicyAgent};
 use crate::env::{Env, EnvConfig};
 use crate::episode::play;
@@ -133,10 +133,11 @@ pub struct TrainResult {
     /// Steps per second of the last updates' training (collection and updates, as many
     /// steps as the baseline's, checks not counted).
     pub late_train_steps_per_s: f64,
-    /// The final policy acting as in training but without learning (no buffer, no update),
-    /// on the same environments and workers right after training, for as many steps: the
-    /// same environment work as the late training, without the learning.
-    pub policy_steps_per_s: f64,
+    /// The late training's episodes played again right after training, each on its level
+    /// with the actions training took, on as many fresh environments and workers, scheduled
+    /// as training's rollouts are, with no policy and no learner: the same environment work
+    /// as the late training, without the learning.
+    pub replay_steps_per_s: f64,
     /// Wall time of the training phase, and the part of it spent in PPO updates (the
     /// learner's own cost; acting is a forward pass per vectorised step besides).
     pub train_seconds: f64,
@@ -180,6 +181,9 @@ pub fn train(rt: &Runtime, cache: &Cache, spec: &TrainSpec) -> Result<TrainResul
         )?);
     }
     let mut venv = VecEnv::with_workers(envs, spec.workers)?;
+    // Each environment keeps its latest episodes, as many steps as its share of the
+    // baseline's, to be played again without the learner.
+    let per_env = spec.baseline_steps.div_ceil(n as u64).max(1) as usize;
     // The random agent's throughput on the same environments and workers, each environment
     // run on its worker as training's rollouts are (baseline of the same run).
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(spec.seed ^ 0x5eed);
@@ -201,6 +205,9 @@ pub fn train(rt: &Runtime, cache: &Cache, spec: &TrainSpec) -> Result<TrainResul
     )?;
     let random_steps_per_s = base_steps as f64 / t0.elapsed().as_secs_f64().max(1e-9);
     venv.reset_all()?;
+    for e in venv.envs_mut() {
+        e.record_last(per_env);
+    }
     let net = ActorCriticConfig {
         obs_dim,
         action_dims: vec![actions],
@@ -294,16 +301,17 @@ pub fn train(rt: &Runtime, cache: &Cache, spec: &TrainSpec) -> Result<TrainResul
     let env_seconds = venv.env_seconds() - env_seconds_before;
     let updates_run = curve.len() as u64;
     let train_steps_per_s = steps as f64 / train_seconds.max(1e-9);
-    // The last updates covering the baseline's steps, against the final policy acting
-    // without learning for as many steps right after (same levels, workers, run).
     let (mut skipped, mut masked) = (0, 0);
     for e in venv.envs() {
         skipped += e.counts.skipped_levels;
         masked += e.counts.masked_episodes;
     }
-    // Counted above: what the acting phase plays is not training's.
+    // The last updates covering the baseline's steps, against their episodes played again
+    // without learning right after (same levels, actions and workers, in the same run).
     let late = late_rate(&marks, spec.baseline_steps.max(1));
-    let policy_steps_per_s = acting_rate(&mut agent, &mut venv, late.0)?;
+    let played: Vec<Vec<PlayedEpisode>> = venv.envs().iter().map(TrainEnv::recorded).collect();
+    drop(venv);
+    let replay_steps_per_s = replay_rate(rt, cache, spec, &levels, actions, played)?;
     Ok(TrainResult {
         task: spec.task.clone(),
         seed: spec.seed,
@@ -313,7 +321,7 @@ pub fn train(rt: &Runtime, cache: &Cache, spec: &TrainSpec) -> Result<TrainResul
         train_steps_per_s,
         random_steps_per_s,
         late_train_steps_per_s: late.1,
-        policy_steps_per_s,
+        replay_steps_per_s,
         train_seconds,
         update_seconds,
         env_seconds,
@@ -343,26 +351,46 @@ fn late_rate(marks: &[(u64, f64)], want: u64) -> (u64, f64) {
     (steps, steps as f64 / (end_s - start.1).max(1e-9))
 }
 
-/// Steps per second of `agent` acting on `venv` as in training (sampled, masked), without
-/// recording or learning, for at least `steps` environment steps.
-fn acting_rate(
-    agent: &mut PpoAgent,
-    venv: &mut VecEnv<TrainEnv>,
-    steps: u64,
+/// Steps per second of `played` (each environment's latest training episodes) played again
+/// on fresh environments, one per list, on the same workers and scheduled as training's
+/// rollouts are; as many steps per environment as the shortest list holds (an environment
+/// that finished no episode is left out; NaN when none did). The fresh environments' first
+/// resets are not timed (nor were training's).
+fn replay_rate(
+    rt: &Runtime,
+    cache: &Cache,
+    spec: &TrainSpec,
+    levels: &Arc<Vec<Plan>>,
+    actions: usize,
+    played: Vec<Vec<PlayedEpisode>>,
 ) -> Result<f64, LearnError> {
-    let n = venv.len() as u64;
-    let per_env = steps.div_ceil(n).max(1);
-    let mut rngs = agent.fork_rngs(venv.len());
-    let policy = &*agent;
+    // An environment that finished no episode has nothing to replay.
+    let played: Vec<_> = played.into_iter().filter(|eps| !eps.is_empty()).collect();
+    let steps = played
+        .iter()
+        .map(|eps| eps.iter().map(|(_, a)| a.len()).sum::<usize>())
+        .min()
+        .unwrap_or(0);
+    if steps == 0 {
+        tracing::warn!(task = %spec.task, seed = spec.seed, "no finished training episode to replay");
+        return Ok(f64::NAN);
+    }
+    let mut envs = Vec::with_capacity(played.len());
+    for eps in played {
+        let env = Env::new(rt.clone(), cache.clone(), spec.env.clone())?;
+        envs.push(TrainEnv::replaying(env, levels.clone(), eps, actions)?);
+    }
+    let mut venv = VecEnv::with_workers(envs, spec.workers)?;
+    let mut rngs: Vec<_> = (0..venv.len() as u64).map(policies::rng::seeded).collect();
     let t = Instant::now();
-    venv.segments(per_env as usize, true, &mut rngs, &|_, obs, mask, rng| {
-        let out = policy.act_with(obs, mask, rng)?;
+    // The replaying environments take their own actions, whatever is chosen.
+    venv.segments(steps, false, &mut rngs, &|_, _, _, _| {
         Ok(Choice {
-            actions: out.actions,
+            actions: vec![0],
             ..Choice::default()
         })
     })?;
-    let done = per_env * n;
+    let done = steps * venv.len();
     Ok(done as f64 / t.elapsed().as_secs_f64().max(1e-9))
 }
 

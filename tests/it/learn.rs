@@ -124,6 +124,7 @@ out_dir = "{out}"
 [environment]
 task = "archive-logs"
 workers = 2
+max_steps = 6             # every environment finishes episodes, replayed for the learning cost
 
 [reward]
 mode = "potential"
@@ -178,8 +179,8 @@ baseline_steps = 8
         assert_eq!(r.train.stopped_early, solved && r.train.steps < 128);
         // The environments' part of the training phase is a part of it.
         assert!(r.train.env_seconds > 0.0 && r.train.env_seconds <= r.train.train_seconds);
-        // The learning-cost baseline: the final policy acted without learning.
-        assert!(r.train.policy_steps_per_s > 0.0 && r.train.late_train_steps_per_s > 0.0);
+        // The learning-cost baseline: the late training's episodes played without learning.
+        assert!(r.train.replay_steps_per_s > 0.0 && r.train.late_train_steps_per_s > 0.0);
     }
     let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
     assert_eq!(json["complete"], true);
@@ -257,4 +258,91 @@ fn levels_with_different_catalogue_sizes_train_under_one_policy() {
         let ev = evaluate(&rt, &cache, &env, &levels, 2, &make).unwrap();
         assert_eq!((ev.episodes, ev.infra, ev.skipped), (levels.len(), 0, 0));
     }
+}
+
+/// What a training environment records is what it replays: the same levels, actions,
+/// rewards and episode ends, whatever actions the replay is given; an episode whose actions
+/// are all played ends there.
+#[test]
+fn recorded_episodes_replay_on_their_levels_with_their_actions() {
+    use engine::env::Env;
+    use engine::learn::TrainEnv;
+    use policies::rollout::Env as _;
+    use std::sync::Arc;
+    require_root!();
+    let rt = common::runtime();
+    let cache = common::cache();
+    let levels: Arc<Vec<Plan>> = Arc::new(
+        (1..=2)
+            .map(|s| Plan::for_task("archive-logs", s, vec![]))
+            .collect(),
+    );
+    let cfg = EnvConfig {
+        max_steps: Some(4),
+        reward: engine::env::RewardConfig::sparse(),
+        ..EnvConfig::default()
+    };
+    let make = || Env::new(rt.clone(), cache.clone(), cfg.clone()).unwrap();
+    // The catalogue sizes, from the levels' own instances: the policy's width is the largest,
+    // the actions taken fit the smallest.
+    let mut env = TrainEnv::new(make(), levels.clone(), 0, 1, 1, 64).unwrap();
+    let mut sizes = Vec::new();
+    for _ in 0..2 {
+        env.reset().unwrap();
+        sizes.push(
+            env.action_mask()
+                .unwrap()
+                .iter()
+                .filter(|&&m| m > 0.0)
+                .count(),
+        );
+    }
+    let (width, fits) = (*sizes.iter().max().unwrap(), *sizes.iter().min().unwrap());
+    assert!(fits > 1);
+    let mut env = TrainEnv::new(make(), levels.clone(), 0, 1, 2, width).unwrap();
+    env.record_last(1_000);
+    // Episodes of varied actions; every step's (reward, terminated, truncated) kept.
+    let mut seen: Vec<Vec<(f32, bool, bool)>> = Vec::new();
+    env.reset().unwrap();
+    let mut cur = Vec::new();
+    for k in 0..24u32 {
+        let s = env.step(&[(k * 7 + k / 3) % fits as u32]).unwrap();
+        assert!(!s.masked);
+        cur.push((s.reward, s.terminated, s.truncated));
+        if s.terminated || s.truncated {
+            seen.push(std::mem::take(&mut cur));
+            env.reset().unwrap();
+        }
+    }
+    let recorded = env.recorded();
+    assert_eq!(recorded.len(), seen.len());
+    assert!(recorded.iter().any(|(l, _)| *l == 0) && recorded.iter().any(|(l, _)| *l == 1));
+    for ((_, a), s) in recorded.iter().zip(&seen) {
+        assert_eq!(a.len(), s.len());
+    }
+    // Played again with other actions given: the recorded ones are taken.
+    let mut replay = TrainEnv::replaying(make(), levels.clone(), recorded.clone(), width).unwrap();
+    for (k, want) in seen.iter().enumerate() {
+        replay.reset().unwrap();
+        for (t, w) in want.iter().enumerate() {
+            let s = replay.step(&[0]).unwrap();
+            assert_eq!(
+                (s.reward, s.terminated, s.truncated),
+                *w,
+                "episode {k} step {t}"
+            );
+        }
+    }
+    // An episode cut short in the script ends where its actions end.
+    let (level, mut acts) = recorded[0].clone();
+    if acts.len() > 1 {
+        acts.truncate(1);
+        let mut short =
+            TrainEnv::replaying(make(), levels.clone(), vec![(level, acts)], width).unwrap();
+        short.reset().unwrap();
+        let s = short.step(&[0]).unwrap();
+        assert!(s.terminated || s.truncated);
+    }
+    // A level beyond the list is refused.
+    assert!(TrainEnv::replaying(make(), levels, vec![(2, vec![0])], width).is_err());
 }
