@@ -63,11 +63,12 @@ pub struct TaskReport {
     /// and its recovery actions run heavier commands, so this is not the learner's cost alone.
     pub throughput_ratio: PerSeed,
     /// The last updates' training steps per second (as many steps as the baseline's) over
-    /// the steps per second of the late training's own episodes played again without the
-    /// learner (each on its level, with the actions training took, right after on as many
-    /// fresh environments and the same workers): the same environment work with and without
-    /// learning, so this is what learning costs end to end (1 - it); `learning_cost` is the
-    /// same measured by timers inside the training phase.
+    /// the steps per second of the late training's own finished episodes played again
+    /// without a policy or learner (each on its level with the actions training took, right
+    /// after, on as many fresh environments and the same workers, in rounds of a rollout's
+    /// length): nearly the same environment work with and without learning, so one minus it
+    /// is what learning costs end to end; `learning_cost` measures it by timers inside the
+    /// training phase.
     pub learning_throughput_ratio: PerSeed,
     /// Environment steps per second of the environments alone while learning (training steps
     /// over the wall time of the vectorised steps and resets): what the environments give

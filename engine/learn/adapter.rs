@@ -26,9 +26,14 @@ pub struct AdapterCounts {
     pub failed_resets: u64,
 }
 
-/// A finished episode as it was played: its level (an index into the levels) and the
-/// catalogue actions taken.
-pub type PlayedEpisode = (usize, Vec<usize>);
+/// A finished episode as it was played.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlayedEpisode {
+    /// Its level: an index into the adapter's levels.
+    pub level: usize,
+    /// The catalogue actions taken, in order.
+    pub actions: Vec<usize>,
+}
 
 /// One learner-facing environment over an [`Env`].
 pub struct TrainEnv {
@@ -52,8 +57,9 @@ pub struct TrainEnv {
     recorded: VecDeque<PlayedEpisode>,
     recorded_steps: usize,
     keep: usize,
-    /// Replaying ([`TrainEnv::replaying`]): the episodes still to play, in order.
-    script: Option<VecDeque<PlayedEpisode>>,
+    /// Replaying ([`TrainEnv::replaying`]): the episodes to play, cycled, and the next one's
+    /// index.
+    script: Option<(Vec<PlayedEpisode>, usize)>,
 }
 
 impl TrainEnv {
@@ -92,10 +98,11 @@ impl TrainEnv {
         })
     }
 
-    /// An adapter that plays `episodes` again, in order, whatever actions it is given: each
-    /// reset starts the next one on its level, each step takes its next action, and an
-    /// episode whose actions are all played ends there (truncated) if the environment did not
-    /// end it. After the last one it replays the last level with the actions it is given.
+    /// An adapter that plays `episodes` again, in order and then from the first again,
+    /// whatever actions it is given: each reset starts the next one on its level (a level
+    /// that cannot be reset passes to the next episode), each step takes its next action, and
+    /// an episode whose actions are all played ends there (truncated) if the environment did
+    /// not end it first.
     pub fn replaying(
         env: Env,
         levels: Arc<Vec<Plan>>,
@@ -103,10 +110,16 @@ impl TrainEnv {
         actions: usize,
     ) -> Result<Self, LearnError> {
         let mut a = Self::new(env, levels, 0, 1, 1, actions)?;
-        if let Some(bad) = episodes.iter().find(|(level, _)| *level >= a.levels.len()) {
-            return Err(LearnError::NoLevel(bad.0));
+        if episodes.iter().all(|e| e.actions.is_empty()) {
+            return Err(LearnError::NothingToReplay);
         }
-        a.script = Some(episodes.into());
+        if let Some(bad) = episodes.iter().find(|e| e.level >= a.levels.len()) {
+            return Err(LearnError::RecordedLevelOutOfRange {
+                level: bad.level,
+                levels: a.levels.len(),
+            });
+        }
+        a.script = Some((episodes, 0));
         Ok(a)
     }
 
@@ -126,12 +139,15 @@ impl TrainEnv {
             return;
         }
         self.recorded_steps += actions.len();
-        self.recorded.push_back((self.cursor, actions));
+        self.recorded.push_back(PlayedEpisode {
+            level: self.cursor,
+            actions,
+        });
         while let Some(front) = self.recorded.front() {
-            if self.recorded_steps - front.1.len() < self.keep {
+            if self.recorded_steps - front.actions.len() < self.keep {
                 break;
             }
-            self.recorded_steps -= front.1.len();
+            self.recorded_steps -= front.actions.len();
             self.recorded.pop_front();
         }
     }
@@ -167,14 +183,14 @@ impl policies::rollout::Env for TrainEnv {
 
     fn reset(&mut self) -> Result<Vec<f32>, LearnError> {
         let mut skips = 0;
-        self.playing.clear();
         loop {
-            if let Some(script) = self.script.as_mut() {
-                if let Some((level, actions)) = script.pop_front() {
-                    self.cursor = level;
-                    self.playing = actions;
-                    self.playing.reverse();
-                }
+            self.playing.clear();
+            if let Some((episodes, next)) = self.script.as_mut() {
+                let e = &episodes[*next % episodes.len()];
+                *next += 1;
+                self.cursor = e.level;
+                // Taken from the end: the last action first.
+                self.playing = e.actions.iter().rev().copied().collect();
             } else if self.episode >= self.episodes_per_level {
                 self.advance();
             }
@@ -208,7 +224,9 @@ impl policies::rollout::Env for TrainEnv {
                         return Err(LearnError::Env(e));
                     }
                     tracing::debug!(plan_seed = plan.seed, error = %e, "level skipped");
-                    self.advance();
+                    if self.script.is_none() {
+                        self.advance();
+                    }
                     skips += 1;
                     if skips >= MAX_SKIPS {
                         return Err(LearnError::NoUsableLevel {

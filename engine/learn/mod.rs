@@ -1,13 +1,13 @@
 //! Learning in the factory's environments: the adapter of [`Env`](crate::env::Env) to the
 //! PPO learner (`adapter.rs`), one training run of PPO on a task's levels with its held-out
-//! evaluation and throughput baseline (`train.rs`), the learning-curve plot (`plot.rs`) and
+//! evaluation and throughput baselines (`train.rs`), the learning-curve plot (`plot.rs`) and
 //! the heatmap of tournaments and sweeps (`heatmap.rs`).
 //! Experiments with a `[training]` table (`experiments/ppo-clean.toml`, `experiments/ppo-dr.toml`) run
 //! through [`train`].
 //!
 //! | file | what it is |
 //! |---|---|
-//! | `adapter.rs` | [`TrainEnv`]: levels, skips, masked infrastructure failures |
+//! | `adapter.rs` | [`TrainEnv`]: levels, skips, masked infrastructure failures; the latest episodes recorded and played again (the learning-cost baseline) |
 //! | `train.rs` | [`train`], [`TrainSpec`], [`TrainResult`], [`evaluate`] |
 //! | `plot.rs` | [`plot::curves_png`]: a PNG of learning curves |
 //! | `heatmap.rs` | [`heatmap::heatmap_png`]: a PNG of a matrix of rates in [0, 1] |
@@ -38,8 +38,10 @@ pub enum LearnError {
     Ppo(#[from] policies::ppo::PpoError),
     #[error("no levels to train on")]
     NoLevels,
-    #[error("a recorded episode names level {0}, beyond the levels given")]
-    NoLevel(usize),
+    #[error("a recorded episode names level {level}, but there are {levels} levels")]
+    RecordedLevelOutOfRange { level: usize, levels: usize },
+    #[error("no recorded episode with an action to replay")]
+    NothingToReplay,
     #[error("{tried} levels in a row could not be used; the last: {last}")]
     NoUsableLevel { tried: u32, last: String },
     #[error(

@@ -133,18 +133,22 @@ pub struct TrainResult {
     /// Steps per second of the last updates' training (collection and updates, as many
     /// steps as the baseline's, checks not counted).
     pub late_train_steps_per_s: f64,
-    /// The late training's episodes played again right after training, each on its level
-    /// with the actions training took, on as many fresh environments and workers, scheduled
-    /// as training's rollouts are, with no policy and no learner: the same environment work
-    /// as the late training, without the learning.
+    /// Each environment's latest training episodes (finished ones, as many steps as its
+    /// share of the late training's, its last episodes cycled when they hold fewer) played
+    /// again right after training, each on its level with the actions training took, on as
+    /// many fresh environments and the same workers, in rounds of a rollout's length, with
+    /// no policy and no learner: nearly the late training's environment work without the
+    /// learning (NaN when an environment finished no episode).
     pub replay_steps_per_s: f64,
     /// Wall time of the training phase, and the part of it spent in PPO updates (the
-    /// learner's own cost; acting is a forward pass per vectorised step besides).
+    /// learner's own cost; acting is a forward pass per environment step besides, in the
+    /// workers).
     pub train_seconds: f64,
     pub update_seconds: f64,
-    /// The part of `train_seconds` spent stepping and resetting the environments (wall
-    /// time of the vectorised steps); the rest is the learner's: acting, value bootstraps,
-    /// updates and bookkeeping.
+    /// The part of `train_seconds` spent stepping and resetting the environments (the
+    /// rollouts' wall time times the workers' share of time spent in the environments
+    /// rather than acting); the rest is the learner's: acting, value bootstraps, updates and
+    /// bookkeeping.
     pub env_seconds: f64,
     /// Checks on validation levels (their time is not in `train_seconds`).
     pub checks: Vec<CheckPoint>,
@@ -190,8 +194,9 @@ pub fn train(rt: &Runtime, cache: &Cache, spec: &TrainSpec) -> Result<TrainResul
     let mut rngs: Vec<_> = (0..n).map(|_| policies::rng::seeded(rng.gen())).collect();
     let base_steps = spec.baseline_steps.div_ceil(n as u64) * n as u64;
     let t0 = Instant::now();
-    venv.segments(
+    venv.play_rounds(
         (base_steps / n as u64) as usize,
+        spec.ppo.num_steps,
         true,
         &mut rngs,
         &|_, _, mask, rng| {
@@ -311,7 +316,8 @@ pub fn train(rt: &Runtime, cache: &Cache, spec: &TrainSpec) -> Result<TrainResul
     let late = late_rate(&marks, spec.baseline_steps.max(1));
     let played: Vec<Vec<PlayedEpisode>> = venv.envs().iter().map(TrainEnv::recorded).collect();
     drop(venv);
-    let replay_steps_per_s = replay_rate(rt, cache, spec, &levels, actions, played)?;
+    let per_env_late = late.0.div_ceil(n as u64).max(1) as usize;
+    let replay_steps_per_s = replay_rate(rt, cache, spec, &levels, actions, played, per_env_late)?;
     Ok(TrainResult {
         task: spec.task.clone(),
         seed: spec.seed,
@@ -352,10 +358,10 @@ fn late_rate(marks: &[(u64, f64)], want: u64) -> (u64, f64) {
 }
 
 /// Steps per second of `played` (each environment's latest training episodes) played again
-/// on fresh environments, one per list, on the same workers and scheduled as training's
-/// rollouts are; as many steps per environment as the shortest list holds (an environment
-/// that finished no episode is left out; NaN when none did). The fresh environments' first
-/// resets are not timed (nor were training's).
+/// on fresh environments, one per list (cycled), `steps` steps each on the same workers, in
+/// rounds of a rollout's length as training's are. NaN (and a warning) when an environment
+/// finished no episode in training: the replay would run fewer environments than training
+/// did. The fresh environments' first resets are not timed (nor were training's).
 fn replay_rate(
     rt: &Runtime,
     cache: &Cache,
@@ -363,16 +369,17 @@ fn replay_rate(
     levels: &Arc<Vec<Plan>>,
     actions: usize,
     played: Vec<Vec<PlayedEpisode>>,
+    steps: usize,
 ) -> Result<f64, LearnError> {
-    // An environment that finished no episode has nothing to replay.
-    let played: Vec<_> = played.into_iter().filter(|eps| !eps.is_empty()).collect();
-    let steps = played
-        .iter()
-        .map(|eps| eps.iter().map(|(_, a)| a.len()).sum::<usize>())
-        .min()
-        .unwrap_or(0);
-    if steps == 0 {
-        tracing::warn!(task = %spec.task, seed = spec.seed, "no finished training episode to replay");
+    let empty = played.iter().filter(|eps| eps.is_empty()).count();
+    if empty > 0 {
+        tracing::warn!(
+            task = %spec.task,
+            seed = spec.seed,
+            envs = played.len(),
+            without_episodes = empty,
+            "an environment finished no training episode: no replay baseline"
+        );
         return Ok(f64::NAN);
     }
     let mut envs = Vec::with_capacity(played.len());
@@ -384,12 +391,18 @@ fn replay_rate(
     let mut rngs: Vec<_> = (0..venv.len() as u64).map(policies::rng::seeded).collect();
     let t = Instant::now();
     // The replaying environments take their own actions, whatever is chosen.
-    venv.segments(steps, false, &mut rngs, &|_, _, _, _| {
-        Ok(Choice {
-            actions: vec![0],
-            ..Choice::default()
-        })
-    })?;
+    venv.play_rounds(
+        steps,
+        spec.ppo.num_steps,
+        false,
+        &mut rngs,
+        &|_, _, _, _| {
+            Ok(Choice {
+                actions: vec![0],
+                ..Choice::default()
+            })
+        },
+    )?;
     let done = steps * venv.len();
     Ok(done as f64 / t.elapsed().as_secs_f64().max(1e-9))
 }

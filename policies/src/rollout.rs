@@ -5,6 +5,7 @@
 
 use crate::ppo::{PpoAgent, PpoError, RolloutBuffer, StepRecord};
 use crate::rng::Rng;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 /// Errors of rollout collection.
@@ -127,8 +128,8 @@ pub struct VecEnv<E: Env> {
     obs: Vec<f32>,
     ep_ret: Vec<f64>,
     ep_len: Vec<u64>,
-    /// Wall time spent in [`VecEnv::step`] and [`VecEnv::reset_all`] (the environments'
-    /// share of a rollout; the rest is the agent's).
+    /// Wall time spent in [`VecEnv::step`] and [`VecEnv::reset_all`], and the environments'
+    /// share of [`VecEnv::segments`]' (the rest is the agent's).
     busy: Duration,
 }
 
@@ -259,6 +260,9 @@ impl<E: Env> VecEnv<E> {
             .first()
             .ok_or_else(|| RolloutError::Config("no environments".into()))?;
         let obs_dim = first.obs_dim();
+        if obs_dim == 0 {
+            return Err(RolloutError::Config("observations of width 0".into()));
+        }
         let action_dims = first.action_dims();
         for (i, e) in envs.iter().enumerate() {
             if e.obs_dim() != obs_dim || e.action_dims() != action_dims {
@@ -289,8 +293,9 @@ impl<E: Env> VecEnv<E> {
     }
 
     /// Seconds of wall time spent stepping and resetting the environments so far (the
-    /// construction's resets excluded): the difference of two readings is the environments'
-    /// part of whatever ran in between.
+    /// construction's resets excluded; of a [`VecEnv::segments`] call, its wall time times
+    /// the lanes' share of time spent in the environments): the difference of two readings
+    /// is the environments' part of whatever ran in between.
     pub fn env_seconds(&self) -> f64 {
         self.busy.as_secs_f64()
     }
@@ -378,7 +383,7 @@ impl<E: Env> VecEnv<E> {
         let t = Instant::now();
         let workers = self.workers;
         let mut lanes = self.lanes();
-        let moved = par_each(&mut lanes, workers, |i, lane| {
+        let moved = par_each(&mut lanes, workers, |i, lane, _| {
             lane.advance(i, &actions[i * nd..(i + 1) * nd])
         });
         drop(lanes);
@@ -405,8 +410,10 @@ impl<E: Env> VecEnv<E> {
     }
 
     /// `steps` steps of every environment, each environment's steps run one after another on
-    /// its worker without waiting for the others' (a slow step of one, a service's start or
-    /// a confirmation, holds up no other). `choose(env, obs, mask, rng)` picks an
+    /// its worker without waiting for the others' (with as many workers as environments, a
+    /// slow step of one, a service's start or a confirmation, holds up no other; with fewer,
+    /// each worker runs its environments' segments one after another). A failure stops every
+    /// lane at its next step. `choose(env, obs, mask, rng)` picks an
     /// environment's actions from its current observation (and its mask, with `with_masks`)
     /// with that environment's own generator `rngs[env]`, so what is chosen depends neither
     /// on how the environments are spread over the workers nor on their timing. An ended
@@ -434,13 +441,16 @@ impl<E: Env> VecEnv<E> {
         let t = Instant::now();
         let workers = self.workers;
         let mut lanes: Vec<(Lane<'_, E>, &mut Rng)> = self.lanes().into_iter().zip(rngs).collect();
-        let runs = par_each(&mut lanes, workers, |i, (lane, rng)| {
+        let runs = par_each(&mut lanes, workers, |i, (lane, rng), abort| {
             let mut seg = Segment {
                 steps: Vec::with_capacity(steps),
                 episodes: Vec::new(),
             };
             let (mut env_time, mut choose_time) = (Duration::ZERO, Duration::ZERO);
             for k in 0..steps {
+                if abort.load(Ordering::Relaxed) {
+                    break;
+                }
                 let obs = lane.obs.to_vec();
                 let mask = if with_masks {
                     Some(lane.env.action_mask().ok_or_else(|| RolloutError::Env {
@@ -489,6 +499,29 @@ impl<E: Env> VecEnv<E> {
         }
         Ok(runs.into_iter().map(|(seg, _, _)| seg).collect())
     }
+
+    /// [`VecEnv::segments`] for `steps` steps of every environment, in rounds of at most
+    /// `round` steps each (every round waits for its slowest environment, as a training
+    /// run's rollouts do), keeping nothing of what was played: a throughput baseline.
+    pub fn play_rounds<C>(
+        &mut self,
+        steps: usize,
+        round: usize,
+        with_masks: bool,
+        rngs: &mut [Rng],
+        choose: &C,
+    ) -> Result<(), RolloutError>
+    where
+        C: Fn(usize, &[f32], Option<&[f32]>, &mut Rng) -> Result<Choice, RolloutError> + Sync,
+    {
+        let mut left = steps;
+        while left > 0 {
+            let k = left.min(round.max(1));
+            self.segments(k, with_masks, rngs, choose)?;
+            left -= k;
+        }
+        Ok(())
+    }
 }
 
 /// `f` on every environment, in parallel on up to `workers` scoped threads (contiguous
@@ -498,7 +531,7 @@ fn par_map<E: Env, T: Send>(
     workers: usize,
     f: impl Fn(usize, &mut E) -> Result<T, E::Error> + Sync,
 ) -> Result<Vec<T>, RolloutError> {
-    par_each(envs, workers, |i, e| {
+    par_each(envs, workers, |i, e, _| {
         f(i, e).map_err(|x| RolloutError::Failed {
             env: i,
             source: Box::new(x),
@@ -507,45 +540,112 @@ fn par_map<E: Env, T: Send>(
 }
 
 /// `f` on every item (one per environment), in parallel on up to `workers` scoped threads
-/// (contiguous chunks), results in order; the first failure is returned.
+/// (contiguous chunks), results in order; the first failure is returned. After a failure the
+/// abort flag given to `f` is set and no chunk starts another item (a long `f` may watch the
+/// flag to stop early).
 fn par_each<T: Send, R: Send>(
     items: &mut [T],
     workers: usize,
-    f: impl Fn(usize, &mut T) -> Result<R, RolloutError> + Sync,
+    f: impl Fn(usize, &mut T, &AtomicBool) -> Result<R, RolloutError> + Sync,
 ) -> Result<Vec<R>, RolloutError> {
-    if workers <= 1 || items.len() <= 1 {
-        return items.iter_mut().enumerate().map(|(i, e)| f(i, e)).collect();
-    }
-    let chunk = items.len().div_ceil(workers);
-    let f = &f;
-    // One entry per chunk; `None` when its thread panicked.
-    type Chunk<R> = Option<Vec<Result<R, RolloutError>>>;
-    let parts: Vec<Chunk<R>> = std::thread::scope(|s| {
-        let handles: Vec<_> = items
-            .chunks_mut(chunk)
-            .enumerate()
-            .map(|(c, part)| {
-                s.spawn(move || {
-                    part.iter_mut()
-                        .enumerate()
-                        .map(|(k, e)| f(c * chunk + k, e))
-                        .collect::<Vec<_>>()
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().ok()).collect()
-    });
-    let mut out = Vec::with_capacity(items.len());
-    for (c, part) in parts.into_iter().enumerate() {
-        let part = part.ok_or_else(|| RolloutError::Env {
-            env: c * chunk,
-            reason: "its worker thread panicked while stepping".into(),
-        })?;
+    let abort = AtomicBool::new(false);
+    let (f, abort) = (&f, &abort);
+    // The results of `part` (items from `first`) until its first failure.
+    let run = move |first: usize, part: &mut [T]| {
+        let mut out = Vec::with_capacity(part.len());
+        for (k, e) in part.iter_mut().enumerate() {
+            if abort.load(Ordering::Relaxed) {
+                break;
+            }
+            let r = f(first + k, e, abort);
+            let failed = r.is_err();
+            out.push(r);
+            if failed {
+                abort.store(true, Ordering::Relaxed);
+                break;
+            }
+        }
+        out
+    };
+    // One entry per chunk: its first item and its results (`None` when its thread panicked).
+    type Part<R> = (usize, Option<Vec<Result<R, RolloutError>>>);
+    let parts: Vec<Part<R>> = if workers <= 1 || items.len() <= 1 {
+        vec![(0, Some(run(0, items)))]
+    } else {
+        let chunk = items.len().div_ceil(workers);
+        std::thread::scope(|s| {
+            let handles: Vec<_> = items
+                .chunks_mut(chunk)
+                .enumerate()
+                .map(|(c, part)| (c * chunk, s.spawn(move || run(c * chunk, part))))
+                .collect();
+            handles
+                .into_iter()
+                .map(|(first, h)| (first, h.join().ok()))
+                .collect()
+        })
+    };
+    let n = items.len();
+    let mut out = Vec::with_capacity(n);
+    let mut first_err = None;
+    for (first, part) in parts {
+        let Some(part) = part else {
+            first_err.get_or_insert(RolloutError::Env {
+                env: first,
+                reason:
+                    "the worker thread of this environment (and the next in its chunk) panicked"
+                        .into(),
+            });
+            continue;
+        };
         for r in part {
-            out.push(r?);
+            match r {
+                Ok(v) => out.push(v),
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
         }
     }
-    Ok(out)
+    match first_err {
+        Some(e) => Err(e),
+        None if out.len() == n => Ok(out),
+        None => Err(RolloutError::Config(
+            "a worker stopped before its environments were done".into(),
+        )),
+    }
+}
+
+/// `agent`'s sampled choice for environment `env`'s observation (one row); an error names
+/// the environment.
+pub fn act_one(
+    agent: &PpoAgent,
+    env: usize,
+    obs: &[f32],
+    mask: Option<&[f32]>,
+    rng: &mut Rng,
+) -> Result<Choice, RolloutError> {
+    let out = agent
+        .act_with(obs, mask, rng)
+        .map_err(|source| RolloutError::Failed {
+            env,
+            source: Box::new(source),
+        })?;
+    match (out.log_probs.as_slice(), out.values.as_slice()) {
+        ([log_prob], [value]) => Ok(Choice {
+            log_prob: *log_prob,
+            value: *value,
+            actions: out.actions,
+        }),
+        _ => Err(RolloutError::Env {
+            env,
+            reason: format!(
+                "the agent answered {} log-probabilities and {} values for one observation",
+                out.log_probs.len(),
+                out.values.len()
+            ),
+        }),
+    }
 }
 
 /// Fill `buf` with one rollout of `agent` in `venv` (clearing it first) and set the
@@ -584,13 +684,8 @@ pub fn collect<E: Env>(
     // change during a rollout, so this is the same rollout as one stepped in lock-step.
     let mut rngs = agent.fork_rngs(venv.len());
     let policy = &*agent;
-    let segs = venv.segments(steps, masked, &mut rngs, &|_, obs, mask, rng| {
-        let out = policy.act_with(obs, mask, rng)?;
-        Ok(Choice {
-            log_prob: out.log_probs.first().copied().unwrap_or(0.0),
-            value: out.values.first().copied().unwrap_or(0.0),
-            actions: out.actions,
-        })
+    let segs = venv.segments(steps, masked, &mut rngs, &|i, obs, mask, rng| {
+        act_one(policy, i, obs, mask, rng)
     })?;
     let mut episodes: Vec<(usize, Episode)> = Vec::new();
     for seg in &segs {

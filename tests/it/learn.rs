@@ -266,7 +266,7 @@ fn levels_with_different_catalogue_sizes_train_under_one_policy() {
 #[test]
 fn recorded_episodes_replay_on_their_levels_with_their_actions() {
     use engine::env::Env;
-    use engine::learn::TrainEnv;
+    use engine::learn::{PlayedEpisode, TrainEnv};
     use policies::rollout::Env as _;
     use std::sync::Arc;
     require_root!();
@@ -299,50 +299,89 @@ fn recorded_episodes_replay_on_their_levels_with_their_actions() {
     }
     let (width, fits) = (*sizes.iter().max().unwrap(), *sizes.iter().min().unwrap());
     assert!(fits > 1);
+    // Two episodes per level: levels 0, 0, 1, 1, 0, ... in that order.
     let mut env = TrainEnv::new(make(), levels.clone(), 0, 1, 2, width).unwrap();
     env.record_last(1_000);
-    // Episodes of varied actions; every step's (reward, terminated, truncated) kept.
-    let mut seen: Vec<Vec<(f32, bool, bool)>> = Vec::new();
-    env.reset().unwrap();
+    // Episodes of varied actions; every step's outcome kept: reward, ends, level, observation.
+    type Seen = (f32, bool, bool, Option<String>, Vec<f32>);
+    let mut seen: Vec<Vec<Seen>> = Vec::new();
+    let mut first_obs = vec![env.reset().unwrap()];
     let mut cur = Vec::new();
     for k in 0..24u32 {
         let s = env.step(&[(k * 7 + k / 3) % fits as u32]).unwrap();
         assert!(!s.masked);
-        cur.push((s.reward, s.terminated, s.truncated));
+        cur.push((s.reward, s.terminated, s.truncated, s.info.level, s.obs));
         if s.terminated || s.truncated {
             seen.push(std::mem::take(&mut cur));
-            env.reset().unwrap();
+            first_obs.push(env.reset().unwrap());
         }
     }
     let recorded = env.recorded();
     assert_eq!(recorded.len(), seen.len());
-    assert!(recorded.iter().any(|(l, _)| *l == 0) && recorded.iter().any(|(l, _)| *l == 1));
-    for ((_, a), s) in recorded.iter().zip(&seen) {
-        assert_eq!(a.len(), s.len());
+    let order: Vec<usize> = recorded.iter().map(|e| e.level).collect();
+    let want: Vec<usize> = (0..recorded.len()).map(|i| (i / 2) % 2).collect();
+    assert_eq!(order, want, "the levels in the order they were played");
+    for (e, s) in recorded.iter().zip(&seen) {
+        assert_eq!(e.actions.len(), s.len());
     }
-    // Played again with other actions given: the recorded ones are taken.
+    // Played again with other actions given: the recorded ones are taken, on their levels.
     let mut replay = TrainEnv::replaying(make(), levels.clone(), recorded.clone(), width).unwrap();
     for (k, want) in seen.iter().enumerate() {
-        replay.reset().unwrap();
+        assert_eq!(
+            replay.reset().unwrap(),
+            first_obs[k],
+            "episode {k}'s first observation"
+        );
         for (t, w) in want.iter().enumerate() {
             let s = replay.step(&[0]).unwrap();
-            assert_eq!(
-                (s.reward, s.terminated, s.truncated),
-                *w,
-                "episode {k} step {t}"
-            );
+            let got = (s.reward, s.terminated, s.truncated, s.info.level, s.obs);
+            assert_eq!(&got, w, "episode {k} step {t}");
         }
     }
+    // After the last recorded episode, the first comes again.
+    assert_eq!(replay.reset().unwrap(), first_obs[0]);
+    // Only the latest episodes holding at least the steps asked for are kept.
+    let mut short_memory = TrainEnv::new(make(), levels.clone(), 0, 1, 2, width).unwrap();
+    short_memory.record_last(3);
+    short_memory.reset().unwrap();
+    let mut lens = Vec::new();
+    let mut len = 0;
+    for k in 0..24u32 {
+        let s = short_memory.step(&[(k * 7 + k / 3) % fits as u32]).unwrap();
+        len += 1;
+        if s.terminated || s.truncated {
+            lens.push(len);
+            len = 0;
+            short_memory.reset().unwrap();
+        }
+    }
+    let kept: Vec<usize> = short_memory
+        .recorded()
+        .iter()
+        .map(|e| e.actions.len())
+        .collect();
+    let mut tail = Vec::new();
+    for l in lens.iter().rev() {
+        tail.insert(0, *l);
+        if tail.iter().sum::<usize>() >= 3 {
+            break;
+        }
+    }
+    assert_eq!(kept, tail);
     // An episode cut short in the script ends where its actions end.
-    let (level, mut acts) = recorded[0].clone();
-    if acts.len() > 1 {
-        acts.truncate(1);
-        let mut short =
-            TrainEnv::replaying(make(), levels.clone(), vec![(level, acts)], width).unwrap();
+    let mut cut = recorded[0].clone();
+    if cut.actions.len() > 1 {
+        cut.actions.truncate(1);
+        let mut short = TrainEnv::replaying(make(), levels.clone(), vec![cut], width).unwrap();
         short.reset().unwrap();
         let s = short.step(&[0]).unwrap();
         assert!(s.terminated || s.truncated);
     }
-    // A level beyond the list is refused.
-    assert!(TrainEnv::replaying(make(), levels, vec![(2, vec![0])], width).is_err());
+    // A level beyond the list, or nothing to play, is refused.
+    let beyond = PlayedEpisode {
+        level: 2,
+        actions: vec![0],
+    };
+    assert!(TrainEnv::replaying(make(), levels.clone(), vec![beyond], width).is_err());
+    assert!(TrainEnv::replaying(make(), levels, vec![], width).is_err());
 }

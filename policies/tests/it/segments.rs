@@ -185,7 +185,8 @@ fn a_rollout_is_the_lock_step_one_whatever_the_workers() {
     let steps = 12;
     let cfg = fast_ppo(5, steps, 1e-3);
     let agent = || PpoAgent::new(&net(2, vec![2], vec![8]), &cfg, 11).unwrap();
-    let (want_buf, want_eps, want_obs) = lock_step(&mut agent(), steps);
+    let mut reference = agent();
+    let (want_buf, want_eps, want_obs) = lock_step(&mut reference, steps);
     assert!(want_eps.iter().any(|e| e.truncated) && want_eps.iter().any(|e| !e.truncated));
     assert!(
         want_buf.final_values().iter().any(|&v| v != 0.0),
@@ -203,5 +204,7 @@ fn a_rollout_is_the_lock_step_one_whatever_the_workers() {
         );
         assert_eq!(eps, want_eps, "{workers} workers");
         assert_eq!(venv.obs(), want_obs.as_slice(), "{workers} workers");
+        // The agent's generator moved on as the reference's did (a checkpoint resumes).
+        assert_eq!(a.state().unwrap(), reference.state().unwrap(), "{workers} workers");
     }
 }
