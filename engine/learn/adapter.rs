@@ -110,7 +110,12 @@ impl TrainEnv {
         actions: usize,
     ) -> Result<Self, LearnError> {
         let mut a = Self::new(env, levels, 0, 1, 1, actions)?;
-        if episodes.iter().all(|e| e.actions.is_empty()) {
+        // An episode of no action has nothing to replay (training never records one).
+        let episodes: Vec<PlayedEpisode> = episodes
+            .into_iter()
+            .filter(|e| !e.actions.is_empty())
+            .collect();
+        if episodes.is_empty() {
             return Err(LearnError::NothingToReplay);
         }
         if let Some(bad) = episodes.iter().find(|e| e.level >= a.levels.len()) {

@@ -185,9 +185,13 @@ pub fn train(rt: &Runtime, cache: &Cache, spec: &TrainSpec) -> Result<TrainResul
         )?);
     }
     let mut venv = VecEnv::with_workers(envs, spec.workers)?;
-    // Each environment keeps its latest episodes, as many steps as its share of the
-    // baseline's, to be played again without the learner.
-    let per_env = spec.baseline_steps.div_ceil(n as u64).max(1) as usize;
+    // Each environment keeps its latest episodes, as many steps as its share of the late
+    // training's window (the baseline's steps rounded up to whole updates), to be played
+    // again without the learner.
+    let per_update = spec.ppo.batch_size() as u64;
+    let per_env = (spec.baseline_steps.max(1).div_ceil(per_update) * per_update)
+        .div_ceil(n as u64)
+        .max(1) as usize;
     // The random agent's throughput on the same environments and workers, each environment
     // run on its worker as training's rollouts are (baseline of the same run).
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(spec.seed ^ 0x5eed);
@@ -220,7 +224,6 @@ pub fn train(rt: &Runtime, cache: &Cache, spec: &TrainSpec) -> Result<TrainResul
         activation: Activation::Tanh,
         shared_trunk: false,
     };
-    let per_update = spec.ppo.batch_size() as u64;
     let updates = spec.total_steps.div_ceil(per_update).max(1);
     let cfg = PpoConfig {
         total_updates: updates,
@@ -317,7 +320,12 @@ pub fn train(rt: &Runtime, cache: &Cache, spec: &TrainSpec) -> Result<TrainResul
     let played: Vec<Vec<PlayedEpisode>> = venv.envs().iter().map(TrainEnv::recorded).collect();
     drop(venv);
     let per_env_late = late.0.div_ceil(n as u64).max(1) as usize;
-    let replay_steps_per_s = replay_rate(rt, cache, spec, &levels, actions, played, per_env_late)?;
+    // A baseline that cannot be measured costs the run nothing but the figure.
+    let replay_steps_per_s = replay_rate(rt, cache, spec, &levels, actions, played, per_env_late)
+        .unwrap_or_else(|e| {
+            tracing::warn!(task = %spec.task, seed = spec.seed, error = %e, "the replay baseline failed");
+            f64::NAN
+        });
     Ok(TrainResult {
         task: spec.task.clone(),
         seed: spec.seed,

@@ -30,6 +30,14 @@ pub enum RolloutError {
     /// Vector of environments is empty or inconsistent.
     #[error("vec env: {0}")]
     Config(String),
+    /// The agent could not act on an environment's observation.
+    #[error("acting on env {env}'s observation: {source}")]
+    Act {
+        /// Environment index.
+        env: usize,
+        /// The agent's error.
+        source: PpoError,
+    },
     /// A PPO error (acting, buffer checks).
     #[error(transparent)]
     Ppo(#[from] PpoError),
@@ -557,7 +565,15 @@ fn par_each<T: Send, R: Send>(
             if abort.load(Ordering::Relaxed) {
                 break;
             }
-            let r = f(first + k, e, abort);
+            // A panic is this environment's failure: it stops the others as an error does.
+            let r =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(first + k, e, abort)))
+                    .unwrap_or_else(|_| {
+                        Err(RolloutError::Env {
+                            env: first + k,
+                            reason: "it panicked while stepping".into(),
+                        })
+                    });
             let failed = r.is_err();
             out.push(r);
             if failed {
@@ -627,10 +643,7 @@ pub fn act_one(
 ) -> Result<Choice, RolloutError> {
     let out = agent
         .act_with(obs, mask, rng)
-        .map_err(|source| RolloutError::Failed {
-            env,
-            source: Box::new(source),
-        })?;
+        .map_err(|source| RolloutError::Act { env, source })?;
     match (out.log_probs.as_slice(), out.values.as_slice()) {
         ([log_prob], [value]) => Ok(Choice {
             log_prob: *log_prob,

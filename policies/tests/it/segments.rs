@@ -205,6 +205,57 @@ fn a_rollout_is_the_lock_step_one_whatever_the_workers() {
         assert_eq!(eps, want_eps, "{workers} workers");
         assert_eq!(venv.obs(), want_obs.as_slice(), "{workers} workers");
         // The agent's generator moved on as the reference's did (a checkpoint resumes).
-        assert_eq!(a.state().unwrap(), reference.state().unwrap(), "{workers} workers");
+        assert_eq!(
+            a.state().unwrap(),
+            reference.state().unwrap(),
+            "{workers} workers"
+        );
+    }
+}
+
+/// Env 1 panics at its second step: the rollout fails, naming it, and trains on nothing.
+#[test]
+fn a_panicking_environment_fails_the_rollout_by_name() {
+    struct Panics {
+        id: usize,
+        t: u32,
+    }
+    impl Env for Panics {
+        type Error = std::convert::Infallible;
+        fn obs_dim(&self) -> usize {
+            1
+        }
+        fn action_dims(&self) -> Vec<usize> {
+            vec![2]
+        }
+        fn reset(&mut self) -> Result<Vec<f32>, Self::Error> {
+            Ok(vec![0.0])
+        }
+        fn step(&mut self, _action: &[u32]) -> Result<Step, Self::Error> {
+            self.t += 1;
+            assert!(self.id != 1 || self.t < 2, "env 1 breaks");
+            Ok(Step {
+                obs: vec![0.0],
+                ..Step::default()
+            })
+        }
+    }
+    for workers in [1, 3] {
+        let envs = (0..3).map(|id| Panics { id, t: 0 }).collect();
+        let cfg = fast_ppo(3, 4, 1e-3);
+        let mut agent = PpoAgent::new(&net(1, vec![2], vec![4]), &cfg, 3).unwrap();
+        let mut venv = VecEnv::with_workers(envs, workers).unwrap();
+        let mut buf = RolloutBuffer::new(4, 3, agent.net_config(), false);
+        let e = collect(&mut agent, &mut venv, &mut buf)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("env 1") && e.contains("panicked"),
+            "{workers} workers: {e}"
+        );
+        assert!(
+            agent.update(&buf).is_err(),
+            "an empty buffer must not be trained on"
+        );
     }
 }
