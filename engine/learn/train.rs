@@ -138,7 +138,8 @@ pub struct TrainResult {
     /// again right after training, each on its level with the actions training took, on as
     /// many fresh environments and the same workers, in rounds of a rollout's length, with
     /// no policy and no learner: nearly the late training's environment work without the
-    /// learning (NaN when an environment finished no episode).
+    /// learning (NaN, with a warning, when an environment finished no episode or the replay
+    /// failed).
     pub replay_steps_per_s: f64,
     /// Wall time of the training phase, and the part of it spent in PPO updates (the
     /// learner's own cost; acting is a forward pass per environment step besides, in the
@@ -369,7 +370,8 @@ fn late_rate(marks: &[(u64, f64)], want: u64) -> (u64, f64) {
 /// on fresh environments, one per list (cycled), `steps` steps each on the same workers, in
 /// rounds of a rollout's length as training's are. NaN (and a warning) when an environment
 /// finished no episode in training: the replay would run fewer environments than training
-/// did. The fresh environments' first resets are not timed (nor were training's).
+/// did (the caller makes a failed replay NaN too). The fresh environments' first resets are
+/// not timed (nor were training's).
 fn replay_rate(
     rt: &Runtime,
     cache: &Cache,

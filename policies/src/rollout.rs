@@ -568,10 +568,15 @@ fn par_each<T: Send, R: Send>(
             // A panic is this environment's failure: it stops the others as an error does.
             let r =
                 std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(first + k, e, abort)))
-                    .unwrap_or_else(|_| {
+                    .unwrap_or_else(|payload| {
+                        let what = payload
+                            .downcast_ref::<&str>()
+                            .map(|m| m.to_string())
+                            .or_else(|| payload.downcast_ref::<String>().cloned())
+                            .unwrap_or_default();
                         Err(RolloutError::Env {
                             env: first + k,
-                            reason: "it panicked while stepping".into(),
+                            reason: format!("it (or acting on it) panicked: {what}"),
                         })
                     });
             let failed = r.is_err();

@@ -250,7 +250,7 @@ fn a_panicking_environment_fails_the_rollout_by_name() {
             .unwrap_err()
             .to_string();
         assert!(
-            e.contains("env 1") && e.contains("panicked"),
+            e.contains("env 1") && e.contains("panicked: env 1 breaks"),
             "{workers} workers: {e}"
         );
         assert!(
