@@ -391,5 +391,13 @@ fn recorded_episodes_replay_on_their_levels_with_their_actions() {
         actions: vec![0],
     };
     assert!(TrainEnv::replaying(make(), levels.clone(), vec![beyond], width).is_err());
-    assert!(TrainEnv::replaying(make(), levels, vec![], width).is_err());
+    assert!(TrainEnv::replaying(make(), levels.clone(), vec![], width).is_err());
+    let empty = PlayedEpisode {
+        level: 0,
+        actions: vec![],
+    };
+    let e = TrainEnv::replaying(make(), levels, vec![empty], width)
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("no recorded episode"), "{e}");
 }
