@@ -588,53 +588,27 @@ fn par_each<T: Send, R: Send>(
         }
         out
     };
-    // One entry per chunk: its first item and its results (`None` when its thread panicked).
-    type Part<R> = (usize, Option<Vec<Result<R, RolloutError>>>);
-    let parts: Vec<Part<R>> = if workers <= 1 || items.len() <= 1 {
-        vec![(0, Some(run(0, items)))]
+    // Each chunk's results, up to and including its first failure (panics are caught per
+    // item, so a thread never ends in one).
+    let parts: Vec<Vec<Result<R, RolloutError>>> = if workers <= 1 || items.len() <= 1 {
+        vec![run(0, items)]
     } else {
         let chunk = items.len().div_ceil(workers);
         std::thread::scope(|s| {
             let handles: Vec<_> = items
                 .chunks_mut(chunk)
                 .enumerate()
-                .map(|(c, part)| (c * chunk, s.spawn(move || run(c * chunk, part))))
+                .map(|(c, part)| s.spawn(move || run(c * chunk, part)))
                 .collect();
             handles
                 .into_iter()
-                .map(|(first, h)| (first, h.join().ok()))
+                .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
                 .collect()
         })
     };
-    let n = items.len();
-    let mut out = Vec::with_capacity(n);
-    let mut first_err = None;
-    for (first, part) in parts {
-        let Some(part) = part else {
-            first_err.get_or_insert(RolloutError::Env {
-                env: first,
-                reason:
-                    "the worker thread of this environment (and the next in its chunk) panicked"
-                        .into(),
-            });
-            continue;
-        };
-        for r in part {
-            match r {
-                Ok(v) => out.push(v),
-                Err(e) => {
-                    first_err.get_or_insert(e);
-                }
-            }
-        }
-    }
-    match first_err {
-        Some(e) => Err(e),
-        None if out.len() == n => Ok(out),
-        None => Err(RolloutError::Config(
-            "a worker stopped before its environments were done".into(),
-        )),
-    }
+    // In order: the first failure by environment index, else every result (no chunk stops
+    // early unless some chunk failed).
+    parts.into_iter().flatten().collect()
 }
 
 /// `agent`'s sampled choice for environment `env`'s observation (one row); an error names
