@@ -362,22 +362,6 @@ fn fill(shared: &Shared) {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn pauses_double_from_the_first_up_to_the_longest() {
-        let ms: Vec<u128> = (1..=12).map(|n| retry_pause(n).as_millis()).collect();
-        assert_eq!(
-            ms,
-            [10, 20, 40, 80, 160, 320, 640, 1280, 2000, 2000, 2000, 2000]
-        );
-        assert_eq!(retry_pause(0), RETRY_FIRST);
-        assert_eq!(retry_pause(u32::MAX), RETRY_MAX);
-    }
-}
-
 fn start_one(shared: &Shared) -> Result<Spare, crate::SandboxError> {
     let spawn = |what| move |source| crate::SandboxError::Spawn { what, source };
     let place = &shared.place;
@@ -444,4 +428,20 @@ fn start_one(shared: &Shared) -> Result<Spare, crate::SandboxError> {
         return Err(e);
     }
     Ok(spare)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pauses_double_from_the_first_up_to_the_longest() {
+        let ms: Vec<u128> = (1..=12).map(|n| retry_pause(n).as_millis()).collect();
+        assert_eq!(
+            ms,
+            [10, 20, 40, 80, 160, 320, 640, 1280, 2000, 2000, 2000, 2000]
+        );
+        assert_eq!(retry_pause(0), RETRY_FIRST);
+        assert_eq!(retry_pause(u32::MAX), RETRY_MAX);
+    }
 }

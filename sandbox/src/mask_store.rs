@@ -98,6 +98,51 @@ pub struct HeldMask {
     _lock: std::fs::File,
 }
 
+/// The check of a held entry against its plan, left for later ([`MaskStore::get_deferred`]).
+#[derive(Debug)]
+pub struct MaskCheck {
+    store: MaskStore,
+    id: String,
+    want: Expected,
+    /// The held entry's device and inode: the entry at the id's path must still be it.
+    held: (u64, u64),
+}
+
+impl MaskCheck {
+    /// The entry is exactly what its plan makes (as [`MaskStore::get_or_build`] checks).
+    /// When it is not, it is moved out of the way at once, so that the next
+    /// [`MaskStore::get_or_build`] builds it again.
+    pub fn holds(&self) -> bool {
+        let t0 = std::time::Instant::now();
+        let path = self.store.dir.join(&self.id);
+        let r = std::fs::symlink_metadata(&path)
+            .map_err(|e| e.to_string())
+            .and_then(|m| {
+                if (m.dev(), m.ino()) != self.held {
+                    Err("replaced since it was opened".to_string())
+                } else if m.is_dir() && trusted(&m, false) {
+                    Ok(())
+                } else {
+                    Err("not owned by this user, or writable by others".to_string())
+                }
+            })
+            .and_then(|()| self.want.matches(&path));
+        tracing::debug!(
+            check_us = t0.elapsed().as_micros() as u64,
+            holds = r.is_ok(),
+            "host mask entry checked"
+        );
+        match r {
+            Ok(()) => true,
+            Err(reason) => {
+                tracing::warn!(entry = %path.display(), %reason, "host mask entry does not match its plan; building it again");
+                self.store.discard_mismatched(&self.id);
+                false
+            }
+        }
+    }
+}
+
 fn flock(f: &std::fs::File, op: libc::c_int) -> std::io::Result<()> {
     // SAFETY: flock on a descriptor this File owns.
     if unsafe { libc::flock(f.as_raw_fd(), op) } == 0 {
@@ -167,6 +212,25 @@ impl MaskStore {
     /// The entry of `plan` (operations relative to `/`), checked against it and held; built
     /// (and the store pruned) when missing or when the entry there does not match.
     pub fn get_or_build(&self, plan: &Recorder) -> Result<HeldMask, MaskStoreError> {
+        self.hold(plan, true).map(|(held, _)| held)
+    }
+
+    /// The entry of `plan`, held (built when missing), with its check against the plan left
+    /// to the caller: [`MaskCheck::holds`], to be run before anything relies on the entry (a
+    /// runtime runs it while the sandbox's init sets up, off the one-shot's path).
+    /// (`None`: it was checked here.)
+    pub fn get_deferred(
+        &self,
+        plan: &Recorder,
+    ) -> Result<(HeldMask, Option<MaskCheck>), MaskStoreError> {
+        self.hold(plan, false)
+    }
+
+    fn hold(
+        &self,
+        plan: &Recorder,
+        check_now: bool,
+    ) -> Result<(HeldMask, Option<MaskCheck>), MaskStoreError> {
         let want = Expected::of(&plan.ops)?;
         let id = mask_id(&plan.ops);
         let path = self.dir.join(&id);
@@ -182,28 +246,34 @@ impl MaskStore {
                 Err(e) => return Err(io("open", &path)(e)),
             };
             flock(&f, libc::LOCK_SH).map_err(io("lock", &path))?;
-            let still_here = match (f.metadata(), std::fs::symlink_metadata(&path)) {
-                (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
-                _ => false,
+            let (still_here, inode) = match (f.metadata(), std::fs::symlink_metadata(&path)) {
+                (Ok(a), Ok(b)) => (a.dev() == b.dev() && a.ino() == b.ino(), (a.dev(), a.ino())),
+                _ => (false, (0, 0)),
             };
             if !still_here {
                 continue;
             }
-            match f
-                .metadata()
-                .map_err(|e| e.to_string())
-                .and_then(|m| {
-                    if trusted(&m, false) {
-                        Ok(())
-                    } else {
-                        Err("not owned by this user, or writable by others".into())
-                    }
-                })
-                .and_then(|()| want.matches(&path))
-            {
+            let trusted_now = f.metadata().map_err(|e| e.to_string()).and_then(|m| {
+                if trusted(&m, false) {
+                    Ok(())
+                } else {
+                    Err("not owned by this user, or writable by others".to_string())
+                }
+            });
+            if trusted_now.is_ok() && !check_now {
+                touch(&f);
+                let check = MaskCheck {
+                    store: self.clone(),
+                    id,
+                    want,
+                    held: inode,
+                };
+                return Ok((HeldMask { path, _lock: f }, Some(check)));
+            }
+            match trusted_now.and_then(|()| want.matches(&path)) {
                 Ok(()) => {
                     touch(&f);
-                    return Ok(HeldMask { path, _lock: f });
+                    return Ok((HeldMask { path, _lock: f }, None));
                 }
                 Err(reason) => {
                     tracing::warn!(entry = %path.display(), %reason, "host mask entry does not match its plan; building it again");

@@ -460,8 +460,16 @@ impl Runtime {
         let t_build = std::time::Instant::now();
         if place == MaskPlace::Store {
             let store = lock(&self.inner.mask_store).clone();
-            let held = store.as_ref().map(|s| s.get_or_build(&plan));
-            let held = match held {
+            // With the walk's checks deferred, so is the entry's (the same rule: both hold
+            // before the sandbox is handed out, and they run while its init sets up).
+            let held = store.as_ref().map(|s| {
+                if deferred.is_some() {
+                    s.get_deferred(&plan)
+                } else {
+                    s.get_or_build(&plan).map(|h| (h, None))
+                }
+            });
+            let (held, entry_check) = match held {
                 Some(Ok(h)) => h,
                 Some(Err(e)) => {
                     // This sandbox fails (its init cannot see a mask made elsewhere now); the
@@ -490,6 +498,7 @@ impl Runtime {
             if let Some(checks) = deferred {
                 return Ok(HostMask::Pending(PendingMask {
                     checks,
+                    entry_check,
                     dir,
                     digest,
                     held,
@@ -693,10 +702,10 @@ impl Runtime {
                 Ok(()) => {
                     // Init sets up (no command can run before this returns) while the host is
                     // checked against the remembered plan.
-                    if !p.checks.holds() {
+                    if !p.holds() {
                         tracing::debug!(
                             sandbox = %sb.name(),
-                            "the host changed since its walk was remembered: made again from a fresh walk"
+                            "the host changed since its walk was remembered, or its mask's entry since it was built: made again"
                         );
                         drop(sb);
                         return self.create_with(cfg, false, spares);
@@ -809,13 +818,22 @@ enum HostMask {
 }
 
 /// A host mask from a remembered plan whose checks have not run yet
-/// (`host_walk::with_host_deferred`): nothing may run on it until they hold; only then is it
-/// cached ([`Runtime::accept_host_mask`]).
+/// (`host_walk::with_host_deferred`), nor, when the store's entry was already there, the
+/// entry's check against that plan (`MaskStore::get_deferred`): nothing may run on it until
+/// they hold; only then is it cached ([`Runtime::accept_host_mask`]).
 struct PendingMask {
     checks: crate::host_walk::Deferred,
+    entry_check: Option<crate::mask_store::MaskCheck>,
     dir: PathBuf,
     digest: String,
     held: crate::mask_store::HeldMask,
+}
+
+impl PendingMask {
+    /// The plan is the one a walk would give now, and the entry is exactly what it makes.
+    fn holds(&self) -> bool {
+        self.checks.holds() && self.entry_check.as_ref().is_none_or(|c| c.holds())
+    }
 }
 
 /// Where a host mask made after an init was cloned is visible to that init.

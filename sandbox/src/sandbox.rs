@@ -403,10 +403,19 @@ impl Sandbox {
         self.cgroup.memory_usage()
     }
 
+    /// SIGKILL to init unless it is reaped already (whether it was sent).
+    fn signal_kill(&self) -> bool {
+        if self.dead {
+            return false;
+        }
+        // SAFETY: kill with integer arguments; the pid is our own child, not yet reaped.
+        unsafe { libc::kill(self.pid, libc::SIGKILL) };
+        true
+    }
+
+    /// Kill init and reap it (a second SIGKILL to a dying process changes nothing).
     fn kill(&mut self) {
-        if !self.dead {
-            // SAFETY: kill with integer arguments; the pid is our own child, not yet reaped.
-            unsafe { libc::kill(self.pid, libc::SIGKILL) };
+        if self.signal_kill() {
             let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(self.pid), None);
             self.dead = true;
         }
@@ -430,15 +439,24 @@ impl Drop for Sandbox {
         // namespace and init's exit waits until they are all gone, so once it is reaped
         // nothing of the sandbox runs (its mounts went with its mount namespace) and the
         // cgroups are empty. (A `Shutdown` request first would cost a round trip for the same
-        // end state.)
+        // end state.) While the kernel tears init's namespaces down (about half a millisecond
+        // here), its directory and record go: nothing of them is init's to use once it is
+        // killed, and a run that crashes now leaves only a dying init to the reaper, as before.
+        let killed = self.signal_kill();
+        let _ = std::fs::remove_dir(&self.dir);
+        let _ = std::fs::remove_file(self.rt.init_record(&self.name));
+        let t_wait = std::time::Instant::now();
         self.kill();
+        let wait_us = if killed {
+            t_wait.elapsed().as_micros() as u64
+        } else {
+            0
+        };
         if let Err(e) = self.cgroup.destroy() {
             tracing::warn!(sandbox = %self.name, error = %e, "cgroup cleanup failed");
         }
-        let _ = std::fs::remove_dir(&self.dir);
-        let _ = std::fs::remove_file(self.rt.init_record(&self.name));
         self.rt.release();
         self.refill_now();
-        tracing::debug!(sandbox = %self.name, us = t0.elapsed().as_micros() as u64, "sandbox removed");
+        tracing::debug!(sandbox = %self.name, wait_us, us = t0.elapsed().as_micros() as u64, "sandbox removed");
     }
 }

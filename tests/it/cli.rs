@@ -17,6 +17,39 @@ fn engine_in(st: &State) -> Command {
     c
 }
 
+/// Every `engine` process starts with one library less: `sandbox/build.rs` links the C
+/// toolchain's unwinder in (`libgcc_eh.a`) where the toolchain has it, so neither the engine
+/// nor this test binary (both link the sandbox crate) loads `libgcc_s.so.1`, and panics
+/// still unwind and are caught.
+#[test]
+fn the_engine_links_its_unwinder_in_and_panics_still_unwind() {
+    let archive = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
+        .arg("-print-file-name=libgcc_eh.a")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    if !std::path::Path::new(&archive).is_absolute()
+        || std::env::var_os("ENVFACTORY_DYNAMIC_LIBGCC").is_some()
+    {
+        eprintln!(
+            "skipped: the toolchain has no libgcc_eh.a (or ENVFACTORY_DYNAMIC_LIBGCC is set)"
+        );
+        return;
+    }
+    let bin = std::fs::read(env!("CARGO_BIN_EXE_engine")).unwrap();
+    let needle = b"libgcc_s.so.1";
+    assert!(
+        !bin.windows(needle.len()).any(|w| w == needle),
+        "the engine names libgcc_s.so.1 (a DT_NEEDED entry)"
+    );
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    assert!(!maps.contains("libgcc_s"), "loaded here: {maps}");
+    let caught = std::panic::catch_unwind(|| panic!("unwinds through the linked-in unwinder"));
+    assert!(caught.is_err());
+    let o = engine().arg("--version").output().unwrap();
+    assert!(o.status.success() && String::from_utf8_lossy(&o.stdout).starts_with("engine "));
+}
+
 #[test]
 fn sandbox_exec_prints_output_and_exits_with_the_command_status() {
     if !is_root() {

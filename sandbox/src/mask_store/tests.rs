@@ -120,7 +120,44 @@ fn a_corrupted_entry_is_never_used() {
         want.matches(&held.path)
             .unwrap_or_else(|e| panic!("{what}: {e}"));
         assert_ne!(ino(&held.path), before, "{what}: built again");
+        drop(held);
+
+        // The same corruption with the check left for later (`get_deferred`, what a runtime
+        // uses while its init sets up): the check fails, and the entry is built again next.
+        corrupt(&s.dir().join(mask_id(&p.ops)));
+        let corrupted = ino(&s.dir().join(mask_id(&p.ops)));
+        let (held, check) = s.get_deferred(&p).unwrap();
+        let check = check.unwrap_or_else(|| panic!("{what}: an entry found comes with its check"));
+        assert!(!check.holds(), "{what}: the deferred check sees it");
+        drop(held);
+        let held = s.get_or_build(&p).unwrap();
+        want.matches(&held.path)
+            .unwrap_or_else(|e| panic!("{what}, deferred: {e}"));
+        assert_ne!(ino(&held.path), corrupted, "{what}, deferred: built again");
     }
+}
+
+/// A deferred check is of the entry that was held: one put in its place afterwards (even a
+/// correct one) fails it, and a held entry left alone passes it.
+#[test]
+fn a_deferred_check_is_of_the_entry_that_was_held() {
+    let Some((_t, s)) = store() else { return };
+    let p = plan("gshadow");
+    drop(s.get_or_build(&p).unwrap());
+    let (held, check) = s.get_deferred(&p).unwrap();
+    let check = check.expect("an entry found comes with its check");
+    assert!(check.holds(), "an untouched entry passes");
+    // Swap in a copy built elsewhere: right contents, another directory.
+    let elsewhere = s.dir().join(".swap");
+    RealSys.mkdir(&elsewhere, 0o755).unwrap();
+    p.rebased(&elsewhere).replay(&mut RealSys).unwrap();
+    let moved = s.dir().join(".trash-swapped");
+    std::fs::rename(&held.path, &moved).unwrap();
+    std::fs::rename(&elsewhere, &held.path).unwrap();
+    assert!(
+        !check.holds(),
+        "a replaced entry fails the check of the held one"
+    );
 }
 
 #[test]

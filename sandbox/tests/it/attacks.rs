@@ -213,6 +213,57 @@ fn an_etc_file_made_private_after_the_walk_was_remembered_is_hidden() {
     assert!(!o.contains("secret") && o.contains("No such file"), "{o}");
 }
 
+/// The host mask store's entry (`sandbox::mask_store`, on `/dev/shm`, shared by runs) is
+/// checked against its plan on every use, also when the runtime leaves that check to run
+/// while the sandbox's init sets up (a remembered walk, as every one-shot has): a whiteout
+/// removed from the entry after it was built must never show the file it hid. The sandbox
+/// made on the tampered entry is dropped before any command runs, and the entry is built
+/// again. (A private store, so that no other test's sandboxes see the tampered entry.)
+#[test]
+fn a_tampered_host_mask_entry_is_never_used_even_when_its_check_is_deferred() {
+    require_root!();
+    let shm = tempfile::Builder::new()
+        .prefix("envfactory-attack-store")
+        .tempdir_in("/dev/shm")
+        .unwrap();
+    let store = shm.path().join("store");
+    let state = runtime().state_dir().to_path_buf();
+    let make = || {
+        let _starting = serial(&RUNTIME_START);
+        sandbox::Runtime::with_mask_store(&state, init_program(), Some(&store)).unwrap()
+    };
+    let probe = "test -e /etc/shadow && echo SHADOW; echo done";
+    let rt = make();
+    let mut sb = rt.create(&small()).unwrap();
+    assert_eq!(out(&sh(&mut sb, probe)), "done\n", "hidden by the mask");
+    let entry =
+        std::path::PathBuf::from(&rt.resolve(&sandbox::RootfsSpec::Host).unwrap().lowers[0]);
+    assert!(
+        entry.starts_with(&store),
+        "the store's entry: {}",
+        entry.display()
+    );
+    drop(sb);
+    drop(rt);
+    // Twice, so that the second runtime's walk is surely a remembered one (its checks and the
+    // entry's are then deferred) unless another test is changing /etc right now.
+    for round in 0..2 {
+        std::fs::remove_file(entry.join("etc/shadow")).unwrap();
+        let rt = make();
+        let mut sb = rt.create(&small()).unwrap();
+        assert_eq!(
+            out(&sh(&mut sb, probe)),
+            "done\n",
+            "round {round}: /etc/shadow stays hidden"
+        );
+        let w = std::fs::symlink_metadata(entry.join("etc/shadow")).unwrap();
+        assert!(
+            std::os::unix::fs::FileTypeExt::is_char_device(&w.file_type()),
+            "round {round}: the entry was built again, with its whiteout"
+        );
+    }
+}
+
 #[test]
 fn mounting_and_loading_modules_are_refused() {
     require_root!();
