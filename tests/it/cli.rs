@@ -17,6 +17,42 @@ fn engine_in(st: &State) -> Command {
     c
 }
 
+/// A one-shot's forked init makes its own network namespace as its first step (its clone
+/// leaves `CLONE_NEWNET` out, `spawn_init::fork_init`): the command sees only its own `lo`,
+/// up, and cannot reach a listener on the host's loopback.
+#[test]
+fn a_one_shots_network_is_its_own_loopback_only() {
+    if !is_root() {
+        return;
+    }
+    let host = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = host.local_addr().unwrap().port();
+    let script = format!(
+        "ls /sys/class/net; cat /sys/class/net/lo/flags; \
+         (echo x > /dev/tcp/127.0.0.1/{port}) 2>/dev/null && echo REACHED || echo refused"
+    );
+    let o = engine()
+        .args(["sandbox", "exec", "--", "bash", "-c", &script])
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(
+        o.status.success(),
+        "{out} {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert_eq!(lines.first(), Some(&"lo"), "only lo: {out}");
+    let flags = u32::from_str_radix(lines[1].trim_start_matches("0x"), 16).unwrap();
+    assert_eq!(flags & 1, 1, "lo is up: {out}");
+    assert_eq!(lines.get(2), Some(&"refused"), "the host's loopback: {out}");
+    host.set_nonblocking(true).unwrap();
+    assert!(
+        host.accept().is_err(),
+        "nothing connected to the host listener"
+    );
+}
+
 /// Every `engine` process starts with one library less: `sandbox/build.rs` links the C
 /// toolchain's unwinder in (`libgcc_eh.a`) where the toolchain has it, so neither the engine
 /// nor this test binary (both link the sandbox crate) loads `libgcc_s.so.1`, and panics

@@ -57,7 +57,7 @@ pub fn main() -> ! {
     crate::spawn_init::close_above_control();
     // SAFETY: the host passes the control socket on fd 3 and nothing else owns it.
     let sock = unsafe { UnixStream::from_raw_fd(CONTROL_FD) };
-    let code = match run(sock) {
+    let code = match run(sock, false) {
         Ok(()) => 0,
         Err(e) => {
             // stderr is /dev/null once set up; this reaches the host's terminal only when the
@@ -78,7 +78,7 @@ pub(crate) fn main_forked() -> ! {
     // A panic (here or in the zygote, forked from here) must never unwind into the host's
     // frames copied below this one: their destructors would remove the host's cgroups,
     // mounts and directories from inside the sandbox.
-    let code = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(sock))) {
+    let code = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(sock, true))) {
         Ok(Ok(())) => 0,
         Ok(Err(e)) => {
             use std::io::Write;
@@ -110,7 +110,18 @@ pub(crate) struct Init {
     buf: Vec<u8>,
 }
 
-fn run(mut sock: UnixStream) -> Result<(), InitError> {
+/// Init's life. With `make_netns` (a forked init: `spawn_init::fork_init` leaves
+/// `CLONE_NEWNET` out of its clone, so that the engine does not wait for a network namespace
+/// to be made), init makes its own network namespace first, while the engine goes on resolving
+/// the root; before it reads any request, so before anything of the sandbox exists. A failure
+/// is the answer to the setup.
+fn run(mut sock: UnixStream, make_netns: bool) -> Result<(), InitError> {
+    let netns = if make_netns {
+        nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)
+            .map_err(os("unshare(CLONE_NEWNET)"))
+    } else {
+        Ok(())
+    };
     // Not dumpable: no /proc/1/mem, no ptrace attach without CAP_SYS_PTRACE.
     // SAFETY: prctl with integer arguments only.
     unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
@@ -168,7 +179,7 @@ fn run(mut sock: UnixStream) -> Result<(), InitError> {
         zygote: None,
         buf: Vec::new(),
     };
-    let reply = match init.setup(prepared) {
+    let reply = match netns.and_then(|()| init.setup(prepared)) {
         Ok(()) => Response::Ok,
         Err(e) => Response::Failed {
             kind: FailureKind::Internal,
