@@ -104,36 +104,50 @@ pub struct MaskCheck {
     store: MaskStore,
     id: String,
     want: Expected,
-    /// The held entry's device and inode: the entry at the id's path must still be it.
+    /// The held entry, opened anew (its own descriptor of the same directory): what is
+    /// checked, whatever its path names by then.
+    dir: std::fs::File,
+    /// Its device and inode: the entry at the id's path must still be it.
     held: (u64, u64),
 }
 
 impl MaskCheck {
-    /// The entry is exactly what its plan makes (as [`MaskStore::get_or_build`] checks).
-    /// When it is not, it is moved out of the way at once, so that the next
-    /// [`MaskStore::get_or_build`] builds it again.
+    /// The held entry is exactly what its plan makes (as [`MaskStore::get_or_build`] checks,
+    /// read through its own descriptor) and its path still names it (the overlay is given
+    /// the path). An entry that does not match is moved out of the way at once, so that the
+    /// next [`MaskStore::get_or_build`] builds it again; one whose path names another entry
+    /// now fails without touching that one (it is someone else's, maybe just built).
     pub fn holds(&self) -> bool {
         let t0 = std::time::Instant::now();
         let path = self.store.dir.join(&self.id);
-        let r = std::fs::symlink_metadata(&path)
-            .map_err(|e| e.to_string())
-            .and_then(|m| {
-                if (m.dev(), m.ino()) != self.held {
-                    Err("replaced since it was opened".to_string())
-                } else if m.is_dir() && trusted(&m, false) {
-                    Ok(())
-                } else {
-                    Err("not owned by this user, or writable by others".to_string())
-                }
-            })
-            .and_then(|()| self.want.matches(&path));
+        let here = std::fs::symlink_metadata(&path).is_ok_and(|m| (m.dev(), m.ino()) == self.held);
+        let r = if here {
+            self.dir
+                .metadata()
+                .map_err(|e| e.to_string())
+                .and_then(|m| {
+                    if m.is_dir() && trusted(&m, false) {
+                        Ok(())
+                    } else {
+                        Err("not owned by this user, or writable by others".to_string())
+                    }
+                })
+                .and_then(|()| reopen(&self.dir).map_err(|e| e.to_string()))
+                .and_then(|d| self.want.matches_dir(d))
+        } else {
+            Ok(())
+        };
         tracing::debug!(
             check_us = t0.elapsed().as_micros() as u64,
-            holds = r.is_ok(),
+            holds = here && r.is_ok(),
             "host mask entry checked"
         );
         match r {
-            Ok(()) => true,
+            Ok(()) if here => true,
+            Ok(()) => {
+                tracing::debug!(entry = %path.display(), "host mask entry replaced since it was held; made again");
+                false
+            }
             Err(reason) => {
                 tracing::warn!(entry = %path.display(), %reason, "host mask entry does not match its plan; building it again");
                 self.store.discard_mismatched(&self.id);
@@ -141,6 +155,19 @@ impl MaskCheck {
             }
         }
     }
+}
+
+/// A new descriptor (its own reading position) of the directory `dir` is open on.
+fn reopen(dir: &std::fs::File) -> std::io::Result<std::fs::File> {
+    use nix::fcntl::OFlag;
+    use std::os::fd::AsFd;
+    crate::sys::openat(
+        dir.as_fd(),
+        c".",
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .map(std::fs::File::from)
 }
 
 fn flock(f: &std::fs::File, op: libc::c_int) -> std::io::Result<()> {
@@ -218,7 +245,7 @@ impl MaskStore {
     /// The entry of `plan`, held (built when missing), with its check against the plan left
     /// to the caller: [`MaskCheck::holds`], to be run before anything relies on the entry (a
     /// runtime runs it while the sandbox's init sets up, off the one-shot's path).
-    /// (`None`: it was checked here.)
+    /// (Always `Some` today: `hold` checks at once only when asked to.)
     pub fn get_deferred(
         &self,
         plan: &Recorder,
@@ -262,10 +289,12 @@ impl MaskStore {
             });
             if trusted_now.is_ok() && !check_now {
                 touch(&f);
+                let dir = reopen(&f).map_err(io("reopen", &path))?;
                 let check = MaskCheck {
                     store: self.clone(),
                     id,
                     want,
+                    dir,
                     held: inode,
                 };
                 return Ok((HeldMask { path, _lock: f }, Some(check)));
@@ -465,6 +494,11 @@ impl Expected {
     /// relative to it.
     fn matches(&self, root: &Path) -> Result<(), String> {
         let dir = open_dir(root).map_err(|e| format!("{}: {e}", root.display()))?;
+        self.matches_dir(dir)
+    }
+
+    /// [`Self::matches`] of the directory `dir` is open on.
+    fn matches_dir(&self, dir: std::fs::File) -> Result<(), String> {
         let top = nix::sys::stat::fstat(dir.as_raw_fd()).map_err(|e| e.to_string())?;
         if top.st_mode & 0o7777 != 0o755 {
             return Err(format!("the root has mode {:o}", top.st_mode));

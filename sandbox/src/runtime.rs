@@ -92,6 +92,8 @@ struct Inner {
     spares_on: std::sync::atomic::AtomicBool,
     /// Whether an init is forked from a single-threaded process ([`Runtime::set_forked_inits`]).
     forked_inits: std::sync::atomic::AtomicBool,
+    /// Host mask store entries checked while an init set up (`PendingMask::entry_check`).
+    deferred_entry_checks: std::sync::atomic::AtomicU64,
     /// Called once, right after the next init is started ([`Runtime::after_next_init_start`]).
     after_init_start: Mutex<Option<Box<dyn FnOnce() + Send>>>,
 }
@@ -182,6 +184,7 @@ impl Runtime {
                 inits,
                 spares_on: std::sync::atomic::AtomicBool::new(true),
                 forked_inits: std::sync::atomic::AtomicBool::new(false),
+                deferred_entry_checks: std::sync::atomic::AtomicU64::new(0),
                 after_init_start: Mutex::new(None),
             }),
         })
@@ -257,6 +260,12 @@ impl Runtime {
     /// goes.
     pub fn set_spare_inits(&self, on: bool) {
         self.inner.spares_on.store(on, Ordering::Relaxed);
+    }
+
+    /// How many creates checked their host mask store entry while their init set up (with
+    /// a remembered walk's checks), not before it started.
+    pub fn deferred_entry_checks(&self) -> u64 {
+        self.inner.deferred_entry_checks.load(Ordering::Relaxed)
     }
 
     /// The host pids of the inits started ahead and waiting now, oldest first.
@@ -702,12 +711,20 @@ impl Runtime {
                 Ok(()) => {
                     // Init sets up (no command can run before this returns) while the host is
                     // checked against the remembered plan.
+                    if p.entry_check.is_some() {
+                        self.inner
+                            .deferred_entry_checks
+                            .fetch_add(1, Ordering::Relaxed);
+                    }
                     if !p.holds() {
                         tracing::debug!(
                             sandbox = %sb.name(),
                             "the host changed since its walk was remembered, or its mask's entry since it was built: made again"
                         );
                         drop(sb);
+                        // Its lock goes before the retry, whose prune can then remove an
+                        // entry moved away as not matching.
+                        drop(p);
                         return self.create_with(cfg, false, spares);
                     }
                     let r = sb.wait_setup();
@@ -818,9 +835,9 @@ enum HostMask {
 }
 
 /// A host mask from a remembered plan whose checks have not run yet
-/// (`host_walk::with_host_deferred`), nor, when the store's entry was already there, the
-/// entry's check against that plan (`MaskStore::get_deferred`): nothing may run on it until
-/// they hold; only then is it cached ([`Runtime::accept_host_mask`]).
+/// (`host_walk::with_host_deferred`), nor the store entry's check against that plan
+/// (`MaskStore::get_deferred`): init may mount it, but no command may run on it until they
+/// hold; only then is it cached ([`Runtime::accept_host_mask`]).
 struct PendingMask {
     checks: crate::host_walk::Deferred,
     entry_check: Option<crate::mask_store::MaskCheck>,

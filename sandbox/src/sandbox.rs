@@ -440,8 +440,11 @@ impl Drop for Sandbox {
         // nothing of the sandbox runs (its mounts went with its mount namespace) and the
         // cgroups are empty. (A `Shutdown` request first would cost a round trip for the same
         // end state.) While the kernel tears init's namespaces down (about half a millisecond
-        // here), its directory and record go: nothing of them is init's to use once it is
-        // killed, and a run that crashes now leaves only a dying init to the reaper, as before.
+        // here), its directory and record go: no process of the sandbox can run any more
+        // (a pending SIGKILL), the directory is empty on this side (init's private tmpfs is
+        // mounted on it in init's namespace only, which the rmdir detaches lazily, as the
+        // namespace's end would), and a run that crashes now leaves only a dying init to the
+        // reaper, as before.
         let killed = self.signal_kill();
         let _ = std::fs::remove_dir(&self.dir);
         let _ = std::fs::remove_file(self.rt.init_record(&self.name));

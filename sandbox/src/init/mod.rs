@@ -114,9 +114,9 @@ pub(crate) struct Init {
 /// `CLONE_NEWNET` out of its clone, so that the engine does not wait for a network namespace
 /// to be made), init makes its own network namespace first, while the engine goes on resolving
 /// the root; before it reads any request, so before anything of the sandbox exists. A failure
-/// is the answer to the setup.
+/// is the answer to the first request (`Prepare` or `Setup`).
 fn run(mut sock: UnixStream, make_netns: bool) -> Result<(), InitError> {
-    let netns = if make_netns {
+    let mut netns = if make_netns {
         nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)
             .map_err(os("unshare(CLONE_NEWNET)"))
     } else {
@@ -141,7 +141,7 @@ fn run(mut sock: UnixStream, make_netns: bool) -> Result<(), InitError> {
     let mut first = read_frame::<Request>(&mut sock, "request")?;
     let mut prepared = None;
     if let Request::Prepare(p) = first {
-        let reply = match prepare(&p) {
+        let reply = match std::mem::replace(&mut netns, Ok(())).and_then(|()| prepare(&p)) {
             Ok(()) => Response::Ok,
             Err(e) => Response::Failed {
                 kind: FailureKind::Internal,

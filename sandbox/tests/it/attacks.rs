@@ -245,9 +245,10 @@ fn a_tampered_host_mask_entry_is_never_used_even_when_its_check_is_deferred() {
     );
     drop(sb);
     drop(rt);
-    // Twice, so that the second runtime's walk is surely a remembered one (its checks and the
-    // entry's are then deferred) unless another test is changing /etc right now.
-    for round in 0..2 {
+    // Until a create took the deferred path (a remembered walk: none while another test has
+    // just changed /etc, so a round that did not waits out the settle window), at least twice.
+    let mut deferred = 0;
+    for round in 0..6 {
         std::fs::remove_file(entry.join("etc/shadow")).unwrap();
         let rt = make();
         let mut sb = rt.create(&small()).unwrap();
@@ -261,7 +262,18 @@ fn a_tampered_host_mask_entry_is_never_used_even_when_its_check_is_deferred() {
             std::os::unix::fs::FileTypeExt::is_char_device(&w.file_type()),
             "round {round}: the entry was built again, with its whiteout"
         );
+        deferred += rt.deferred_entry_checks();
+        if deferred > 0 && round >= 1 {
+            break;
+        }
+        if rt.deferred_entry_checks() == 0 {
+            std::thread::sleep(sandbox::digest_cache::SETTLE);
+        }
     }
+    assert!(
+        deferred > 0,
+        "no create checked the entry while its init set up"
+    );
 }
 
 #[test]
