@@ -152,11 +152,17 @@ fn a_deferred_check_is_of_the_entry_that_was_held() {
     RealSys.mkdir(&elsewhere, 0o755).unwrap();
     p.rebased(&elsewhere).replay(&mut RealSys).unwrap();
     let moved = s.dir().join(".trash-swapped");
+    let swapped_in = ino(&elsewhere);
     std::fs::rename(&held.path, &moved).unwrap();
     std::fs::rename(&elsewhere, &held.path).unwrap();
     assert!(
         !check.holds(),
         "a replaced entry fails the check of the held one"
+    );
+    assert_eq!(
+        ino(&held.path),
+        swapped_in,
+        "the entry now at the path is someone else's: left where it is"
     );
 }
 
