@@ -78,8 +78,10 @@ struct Inner {
     /// The store of built host masks (`mask_store.rs`) while it is usable; else the mask is
     /// built on a tmpfs of the run.
     mask_store: Mutex<Option<crate::mask_store::MaskStore>>,
-    /// The store's entry this run's sandboxes use, held (never pruned) while the run lives.
-    mask_held: Mutex<Option<crate::mask_store::HeldMask>>,
+    /// The store's entries this run's sandboxes use, held (never pruned) while the run lives:
+    /// the one cached, and any other that a sandbox made on a pending mask runs on (one
+    /// accepted after another sandbox's: the same entry, or one built again in between).
+    mask_held: Mutex<Vec<crate::mask_store::HeldMask>>,
     /// Whether `<run>/hostmask` is already a shared mount point (see
     /// [`Runtime::share_host_mask_point`]).
     host_mask_point: Mutex<bool>,
@@ -177,7 +179,7 @@ impl Runtime {
                 rootfs: Mutex::new(HashMap::new()),
                 host_mask: Mutex::new(None),
                 mask_store: Mutex::new(mask_store.and_then(crate::mask_store::MaskStore::open)),
-                mask_held: Mutex::new(None),
+                mask_held: Mutex::new(Vec::new()),
                 host_mask_point: Mutex::new(false),
                 seccomp: Mutex::new(None),
                 netns,
@@ -401,9 +403,10 @@ impl Runtime {
         // The order of `resolve_uncached`: the rootfs cache, then the mask.
         let mut cache = lock(&self.inner.rootfs);
         let mut guard = lock(&self.inner.host_mask);
+        // Held either way: this sandbox's overlay reads the entry live.
+        lock(&self.inner.mask_held).push(p.held);
         if guard.is_none() {
             *guard = Some((p.dir, p.digest));
-            *lock(&self.inner.mask_held) = Some(p.held);
             cache.insert(RootfsSpec::Host, rootfs);
         }
     }
@@ -513,7 +516,7 @@ impl Runtime {
                     held,
                 }));
             }
-            *lock(&self.inner.mask_held) = Some(held);
+            lock(&self.inner.mask_held).push(held);
             *guard = Some((dir.clone(), digest.clone()));
             return Ok(HostMask::Ready(dir, digest));
         }
