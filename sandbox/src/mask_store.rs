@@ -85,6 +85,15 @@ fn trusted(m: &std::fs::Metadata, private: bool) -> bool {
     m.uid() == me && m.mode() & others == 0
 }
 
+/// [`trusted`] for an entry, as a check's reason.
+fn entry_trusted(m: &std::fs::Metadata) -> Result<(), String> {
+    if trusted(m, false) {
+        Ok(())
+    } else {
+        Err("not owned by this user, or writable by others".to_string())
+    }
+}
+
 /// A store of built masks (see the module's documentation).
 #[derive(Debug, Clone)]
 pub struct MaskStore {
@@ -105,10 +114,8 @@ pub struct MaskCheck {
     id: String,
     want: Expected,
     /// The held entry, opened anew (its own descriptor of the same directory): what is
-    /// checked, whatever its path names by then.
+    /// checked, whatever its path names by then (which must still be it).
     dir: std::fs::File,
-    /// Its device and inode: the entry at the id's path must still be it.
-    held: (u64, u64),
 }
 
 impl MaskCheck {
@@ -120,18 +127,13 @@ impl MaskCheck {
     pub fn holds(&self) -> bool {
         let t0 = std::time::Instant::now();
         let path = self.store.dir.join(&self.id);
-        let here = std::fs::symlink_metadata(&path).is_ok_and(|m| (m.dev(), m.ino()) == self.held);
+        let held = self.dir.metadata().map_err(|e| e.to_string());
+        let here = match (&held, std::fs::symlink_metadata(&path)) {
+            (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+            _ => false,
+        };
         let r = if here {
-            self.dir
-                .metadata()
-                .map_err(|e| e.to_string())
-                .and_then(|m| {
-                    if m.is_dir() && trusted(&m, false) {
-                        Ok(())
-                    } else {
-                        Err("not owned by this user, or writable by others".to_string())
-                    }
-                })
+            held.and_then(|m| entry_trusted(&m))
                 .and_then(|()| reopen(&self.dir).map_err(|e| e.to_string()))
                 .and_then(|d| self.want.matches_dir(d))
         } else {
@@ -239,75 +241,76 @@ impl MaskStore {
     /// The entry of `plan` (operations relative to `/`), checked against it and held; built
     /// (and the store pruned) when missing or when the entry there does not match.
     pub fn get_or_build(&self, plan: &Recorder) -> Result<HeldMask, MaskStoreError> {
-        self.hold(plan, true).map(|(held, _)| held)
+        let want = Expected::of(&plan.ops)?;
+        self.hold(plan, &want, &mask_id(&plan.ops), true)
     }
 
     /// The entry of `plan`, held (built when missing), with its check against the plan left
     /// to the caller: [`MaskCheck::holds`], to be run before anything relies on the entry (a
     /// runtime runs it while the sandbox's init sets up, off the one-shot's path).
-    /// (Always `Some` today: `hold` checks at once only when asked to.)
-    pub fn get_deferred(
-        &self,
-        plan: &Recorder,
-    ) -> Result<(HeldMask, Option<MaskCheck>), MaskStoreError> {
-        self.hold(plan, false)
+    pub fn get_deferred(&self, plan: &Recorder) -> Result<(HeldMask, MaskCheck), MaskStoreError> {
+        let want = Expected::of(&plan.ops)?;
+        let id = mask_id(&plan.ops);
+        let held = self.hold(plan, &want, &id, false)?;
+        let dir = reopen(&held._lock).map_err(io("reopen", &held.path))?;
+        let check = MaskCheck {
+            store: self.clone(),
+            id,
+            want,
+            dir,
+        };
+        Ok((held, check))
     }
 
+    /// The entry `id` of `plan` (whose paths are `want`), held; checked against `want` when
+    /// `check_now`, else only that it is this user's.
     fn hold(
         &self,
         plan: &Recorder,
+        want: &Expected,
+        id: &str,
         check_now: bool,
-    ) -> Result<(HeldMask, Option<MaskCheck>), MaskStoreError> {
-        let want = Expected::of(&plan.ops)?;
-        let id = mask_id(&plan.ops);
-        let path = self.dir.join(&id);
+    ) -> Result<HeldMask, MaskStoreError> {
+        let path = self.dir.join(id);
         // A few rounds: a concurrent pruner may move an entry away between the open and the
         // lock, and a concurrent builder may publish first.
         for _ in 0..4 {
             let f = match open_dir(&path) {
                 Ok(f) => f,
                 Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
-                    self.build(&id, plan, &want)?;
+                    self.build(id, plan, want)?;
                     continue;
                 }
                 Err(e) => return Err(io("open", &path)(e)),
             };
             flock(&f, libc::LOCK_SH).map_err(io("lock", &path))?;
-            let (still_here, inode) = match (f.metadata(), std::fs::symlink_metadata(&path)) {
-                (Ok(a), Ok(b)) => (a.dev() == b.dev() && a.ino() == b.ino(), (a.dev(), a.ino())),
-                _ => (false, (0, 0)),
+            let still_here = match (f.metadata(), std::fs::symlink_metadata(&path)) {
+                (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+                _ => false,
             };
             if !still_here {
                 continue;
             }
-            let trusted_now = f.metadata().map_err(|e| e.to_string()).and_then(|m| {
-                if trusted(&m, false) {
-                    Ok(())
-                } else {
-                    Err("not owned by this user, or writable by others".to_string())
-                }
-            });
-            if trusted_now.is_ok() && !check_now {
-                touch(&f);
-                let dir = reopen(&f).map_err(io("reopen", &path))?;
-                let check = MaskCheck {
-                    store: self.clone(),
-                    id,
-                    want,
-                    dir,
-                    held: inode,
-                };
-                return Ok((HeldMask { path, _lock: f }, Some(check)));
-            }
-            match trusted_now.and_then(|()| want.matches(&path)) {
+            let checked = f
+                .metadata()
+                .map_err(|e| e.to_string())
+                .and_then(|m| entry_trusted(&m))
+                .and_then(|()| {
+                    if check_now {
+                        want.matches(&path)
+                    } else {
+                        Ok(())
+                    }
+                });
+            match checked {
                 Ok(()) => {
                     touch(&f);
-                    return Ok((HeldMask { path, _lock: f }, None));
+                    return Ok(HeldMask { path, _lock: f });
                 }
                 Err(reason) => {
                     tracing::warn!(entry = %path.display(), %reason, "host mask entry does not match its plan; building it again");
                     drop(f);
-                    self.discard_mismatched(&id);
+                    self.discard_mismatched(id);
                 }
             }
         }

@@ -476,7 +476,7 @@ impl Runtime {
             // before the sandbox is handed out, and they run while its init sets up).
             let held = store.as_ref().map(|s| {
                 if deferred.is_some() {
-                    s.get_deferred(&plan)
+                    s.get_deferred(&plan).map(|(h, c)| (h, Some(c)))
                 } else {
                     s.get_or_build(&plan).map(|h| (h, None))
                 }

@@ -413,11 +413,16 @@ impl Sandbox {
         true
     }
 
-    /// Kill init and reap it (a second SIGKILL to a dying process changes nothing).
+    /// Reap init once it was sent SIGKILL.
+    fn reap_killed(&mut self) {
+        let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(self.pid), None);
+        self.dead = true;
+    }
+
+    /// Kill init and reap it.
     fn kill(&mut self) {
         if self.signal_kill() {
-            let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(self.pid), None);
-            self.dead = true;
+            self.reap_killed();
         }
     }
 }
@@ -449,12 +454,10 @@ impl Drop for Sandbox {
         let _ = std::fs::remove_dir(&self.dir);
         let _ = std::fs::remove_file(self.rt.init_record(&self.name));
         let t_wait = std::time::Instant::now();
-        self.kill();
-        let wait_us = if killed {
-            t_wait.elapsed().as_micros() as u64
-        } else {
-            0
-        };
+        if killed {
+            self.reap_killed();
+        }
+        let wait_us = t_wait.elapsed().as_micros() as u64;
         if let Err(e) = self.cgroup.destroy() {
             tracing::warn!(sandbox = %self.name, error = %e, "cgroup cleanup failed");
         }
