@@ -241,6 +241,9 @@ impl RewardConfig {
 
 /// Commands refused by default (regular expressions): they destroy the sandbox's purpose or
 /// would be catastrophic on a real machine, so an agent learns not to issue them.
+/// How many entries of the cwd an observation lists.
+const LISTING_ENTRIES: u32 = 64;
+
 pub const DEFAULT_DANGEROUS: &[&str] = &[
     // rm -rf / (and /*, --no-preserve-root)
     r"\brm\s+(-[A-Za-z-]+\s+)*(--no-preserve-root\s+)?(-[A-Za-z-]+\s+)*/\*?(\s|;|&|$)",
@@ -816,28 +819,26 @@ impl Env {
         obs.cwd = running.cwd.clone();
         obs.step = self.step;
         obs.max_steps = self.max_steps;
-        obs.listing = match running.sandbox.list_dir(&running.cwd) {
-            Ok(entries) => {
-                let mut v: Vec<String> = entries
-                    .into_iter()
-                    .map(|e| {
-                        if e.stat.kind == sandbox::protocol::FileKind::Dir {
-                            format!("{}/", e.name)
-                        } else {
-                            e.name
-                        }
-                    })
-                    .collect();
-                v.sort();
-                v.truncate(64);
-                v
-            }
-            Err(e) if e.is_infrastructure() => return Err(RunningError::from(e).into()),
-            Err(_) => Vec::new(), // the agent removed its cwd: an empty listing says so
-        };
-        let h = running.sandbox.health().map_err(RunningError::from)?;
+        // One request for the listing and the disk usage (see [`sandbox::protocol::Overview`]).
+        let seen = running
+            .sandbox
+            .overview(&running.cwd, LISTING_ENTRIES)
+            .map_err(RunningError::from)?;
+        // A cwd the agent removed (or made unreadable): an empty listing says so.
+        obs.listing = seen
+            .entries
+            .unwrap_or_default()
+            .into_iter()
+            .map(|e| {
+                if e.dir {
+                    format!("{}/", e.name)
+                } else {
+                    e.name
+                }
+            })
+            .collect();
         obs.disk = Disk {
-            used_bytes: h.upper_bytes,
+            used_bytes: seen.upper_bytes,
             size_bytes: running
                 .instance
                 .runtime

@@ -9,9 +9,17 @@
 //! - `reset`: a new episode of the same instance (incremental reset + start steps);
 //! - `exec_sh_true`: `sh -c true` in the same kind of sandbox, first command of an episode
 //!   (the floor of one step); `host_sh_true`: the same forked on the host (baseline);
+//! - `env_step_true`: a whole `Env::step` of the command `true` in a live episode, and
+//!   `exec_warm_true`: `true` sent straight to the same sandbox between those steps: the
+//!   difference is what the Env adds to every step (verdict, listing, disk usage);
 //! - `throughput`: for each agent and worker count, steps per second over all workers,
 //!   episodes, successes, and infrastructure failures. Agents: `raw-exec` (the random agent's
-//!   commands sent straight to the sandbox, no Env: the ceiling), `random`, `oracle`.
+//!   commands sent straight to the sandbox, no Env: the ceiling), `random`, `oracle` (the
+//!   free-text oracle), `catalogue` (the catalogue oracle: a solving agent's episodes, short,
+//!   as a trained policy's are); `reset_ms_per_episode` and `step_ms` split each worker's
+//!   time between `Env::reset` and the steps (summed over workers). `raw-exec` and `random`
+//!   are measured in `rounds` alternating rounds (which goes first alternates too) and
+//!   summed; `random_vs_raw` gives, per worker count, their ratio and each round's.
 
 use super::{ms, Summary};
 use crate::env::{Env, EnvConfig};
@@ -50,6 +58,12 @@ pub struct Throughput {
     pub infra_failures: u64,
     pub seconds: f64,
     pub steps_per_s: f64,
+    /// Milliseconds per episode spent in `Env::reset` (sandbox reset, start steps, the start
+    /// state's verdict and observation), summed over workers; 0 for `raw-exec`.
+    pub reset_ms_per_episode: f64,
+    /// Milliseconds per step spent in `Env::step` and the agent (command, verdict,
+    /// observation), summed over workers; for `raw-exec` the commands alone.
+    pub step_ms: f64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -61,9 +75,25 @@ pub struct EnvBenchReport {
     pub setup: Summary,
     pub reset: Summary,
     pub exec_sh_true: Summary,
+    /// A whole `Env::step` of the command `true` in a live episode (the command, the verdict
+    /// and the observation's reads); minus `exec_warm_true`, what the Env adds to a step.
+    pub env_step_true: Summary,
+    /// `true` sent straight to the same sandbox between those steps (no Env).
+    pub exec_warm_true: Summary,
     /// `sh -c true` forked by this process on the host, measured in the same run.
     pub host_sh_true: Summary,
     pub throughput: Vec<Throughput>,
+    /// Per worker count: the random agent's steps/s over the raw-exec ceiling's, both summed
+    /// over the alternating rounds, and each round's own ratio.
+    pub random_vs_raw: Vec<RoundsRatio>,
+}
+
+/// A ratio of two throughputs measured in alternating rounds.
+#[derive(Debug, Clone, Serialize)]
+pub struct RoundsRatio {
+    pub workers: usize,
+    pub ratio: f64,
+    pub per_round: Vec<f64>,
 }
 
 /// Options of the benchmark.
@@ -73,6 +103,8 @@ pub struct EnvBenchOpts {
     pub iterations: usize,
     pub workers: Vec<usize>,
     pub seconds: f64,
+    /// Rounds the raw-exec and random measurements alternate in.
+    pub rounds: usize,
 }
 
 pub fn run(rt: &Runtime, cache: &Cache, o: &EnvBenchOpts) -> Result<EnvBenchReport, BenchEnvError> {
@@ -130,6 +162,31 @@ pub fn run(rt: &Runtime, cache: &Cache, o: &EnvBenchOpts) -> Result<EnvBenchRepo
             exec.push(ms(t));
         }
     }
+    // One Env's steps of `true` against the same command sent straight to its sandbox,
+    // interleaved (an episode's verifier, listing and disk usage are the difference).
+    let (mut env_step, mut exec_warm) = (Vec::new(), Vec::new());
+    {
+        let plan = plans
+            .first()
+            .cloned()
+            .unwrap_or_else(|| Plan::for_task(&o.task, 1_000, vec![]));
+        let mut env = Env::new(rt.clone(), cache.clone(), EnvConfig::default())?;
+        env.reset(&plan)?;
+        let action = crate::env::Action::Command("true".into());
+        for _ in 0..(10 * o.iterations).clamp(50, 200) {
+            let t = Instant::now();
+            let s = env.step(&action)?;
+            env_step.push(ms(t));
+            let t = Instant::now();
+            if let Some(r) = env.running() {
+                r.run("true", Duration::from_secs(5))?;
+            }
+            exec_warm.push(ms(t));
+            if s.terminated || s.truncated {
+                env.reset(&plan)?;
+            }
+        }
+    }
     let mut host = Vec::new();
     for _ in 0..50 {
         let t = Instant::now();
@@ -142,11 +199,40 @@ pub fn run(rt: &Runtime, cache: &Cache, o: &EnvBenchOpts) -> Result<EnvBenchRepo
             host.push(ms(t));
         }
     }
+    // The ceiling and the random agent in alternating rounds (which goes first alternates
+    // too), each total the sum of its rounds.
     let mut throughput = Vec::new();
+    let mut random_vs_raw = Vec::new();
+    let rounds = o.rounds.max(1);
+    let slice = o.seconds / rounds as f64;
+    let mut randoms = Vec::new();
     for &w in &o.workers {
-        throughput.push(measure_raw(rt, cache, &o.task, w, o.seconds)?);
+        let (mut raw, mut random): (Option<Throughput>, Option<Throughput>) = (None, None);
+        let mut per_round = Vec::new();
+        for r in 0..rounds {
+            let (a, b) = if r % 2 == 0 {
+                let a = measure_raw(rt, cache, &o.task, w, slice)?;
+                (a, measure(rt, cache, &o.task, "random", w, slice)?)
+            } else {
+                let b = measure(rt, cache, &o.task, "random", w, slice)?;
+                (measure_raw(rt, cache, &o.task, w, slice)?, b)
+            };
+            per_round.push(b.steps_per_s / a.steps_per_s.max(f64::MIN_POSITIVE));
+            raw = Some(raw.map_or(a.clone(), |t| t.plus(&a)));
+            random = Some(random.map_or(b.clone(), |t| t.plus(&b)));
+        }
+        if let (Some(a), Some(b)) = (raw, random) {
+            random_vs_raw.push(RoundsRatio {
+                workers: w,
+                ratio: b.steps_per_s / a.steps_per_s.max(f64::MIN_POSITIVE),
+                per_round,
+            });
+            throughput.push(a);
+            randoms.push(b);
+        }
     }
-    for agent in ["random", "oracle"] {
+    throughput.extend(randoms);
+    for agent in ["oracle", "catalogue"] {
         for &w in &o.workers {
             throughput.push(measure(rt, cache, &o.task, agent, w, o.seconds)?);
         }
@@ -159,13 +245,53 @@ pub fn run(rt: &Runtime, cache: &Cache, o: &EnvBenchOpts) -> Result<EnvBenchRepo
         setup: Summary::of(setup),
         reset: Summary::of(reset),
         exec_sh_true: Summary::of(exec),
+        env_step_true: Summary::of(env_step),
+        exec_warm_true: Summary::of(exec_warm),
         host_sh_true: Summary::of(host),
         throughput,
+        random_vs_raw,
     })
 }
 
-/// Counts of one worker: steps, episodes, successes, infrastructure failures.
-type Counts = (u64, u64, u64, u64);
+impl Throughput {
+    /// Two measurements of the same agent and workers as one.
+    fn plus(&self, o: &Throughput) -> Throughput {
+        let (episodes, steps) = (self.episodes + o.episodes, self.steps + o.steps);
+        let seconds = self.seconds + o.seconds;
+        let weighted = |a: f64, na: u64, b: f64, nb: u64| {
+            (a * na as f64 + b * nb as f64) / (na + nb).max(1) as f64
+        };
+        Throughput {
+            agent: self.agent.clone(),
+            workers: self.workers,
+            steps,
+            episodes,
+            successes: self.successes + o.successes,
+            infra_failures: self.infra_failures + o.infra_failures,
+            seconds,
+            steps_per_s: steps as f64 / seconds.max(f64::MIN_POSITIVE),
+            reset_ms_per_episode: weighted(
+                self.reset_ms_per_episode,
+                self.episodes,
+                o.reset_ms_per_episode,
+                o.episodes,
+            ),
+            step_ms: weighted(self.step_ms, self.steps, o.step_ms, o.steps),
+        }
+    }
+}
+
+/// Counts of one worker: steps, episodes, successes, infrastructure failures, and seconds
+/// spent in resets and in steps.
+#[derive(Debug, Default, Clone, Copy)]
+struct Counts {
+    steps: u64,
+    episodes: u64,
+    successes: u64,
+    infra: u64,
+    reset_s: f64,
+    step_s: f64,
+}
 
 /// Run `work(worker)` on `workers` threads and sum their counts into a throughput figure.
 fn on_workers(
@@ -190,15 +316,22 @@ fn on_workers(
         infra_failures: 0,
         seconds,
         steps_per_s: 0.0,
+        reset_ms_per_episode: 0.0,
+        step_ms: 0.0,
     };
+    let (mut reset_s, mut step_s) = (0.0, 0.0);
     for r in results {
-        let (s, e, w, i) = r?;
-        t.steps += s;
-        t.episodes += e;
-        t.successes += w;
-        t.infra_failures += i;
+        let c = r?;
+        t.steps += c.steps;
+        t.episodes += c.episodes;
+        t.successes += c.successes;
+        t.infra_failures += c.infra;
+        reset_s += c.reset_s;
+        step_s += c.step_s;
     }
     t.steps_per_s = t.steps as f64 / seconds;
+    t.reset_ms_per_episode = 1e3 * reset_s / t.episodes.max(1) as f64;
+    t.step_ms = 1e3 * step_s / t.steps.max(1) as f64;
     Ok(t)
 }
 
@@ -222,17 +355,19 @@ fn measure_raw(
             .clone()
             .ok_or(crate::env::EnvError::NoTask)?;
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(w as u64);
-        let mut steps = 0u64;
+        let mut c = Counts::default();
         let t0 = Instant::now();
         while t0.elapsed() < deadline {
             let a = &setup.actions[rng.gen_range(0..setup.actions.len().max(1))];
+            let t = Instant::now();
             running.run(a, Duration::from_secs(10))?;
-            steps += 1;
-            if steps.is_multiple_of(u64::from(setup.max_steps.max(1))) {
+            c.step_s += t.elapsed().as_secs_f64();
+            c.steps += 1;
+            if c.steps.is_multiple_of(u64::from(setup.max_steps.max(1))) {
                 running.restart()?;
             }
         }
-        Ok((steps, 0, 0, 0))
+        Ok(c)
     })
 }
 
@@ -249,24 +384,28 @@ fn measure(
     on_workers(agent, workers, seconds, |w| {
         let mut env = Env::new(rt.clone(), cache.clone(), EnvConfig::default())?;
         let plan = Plan::for_task(task, 1 + w as u64, vec![]);
-        let mut agent: Box<dyn crate::agents::Agent> = if agent == "oracle" {
-            Box::new(crate::agents::Oracle::default())
-        } else {
-            Box::new(crate::agents::Random::new(w as u64))
+        let mut agent: Box<dyn crate::agents::Agent> = match agent {
+            "oracle" => Box::new(crate::agents::Oracle::default()),
+            "catalogue" => Box::new(crate::agents::CatalogueOracle::default()),
+            _ => Box::new(crate::agents::Random::new(w as u64)),
         };
         // Warm: the instance synthesized and its sandbox created.
         env.reset(&plan)?;
-        let (mut steps, mut episodes, mut wins, mut infra) = (0, 0, 0, 0);
+        let mut c = Counts::default();
         let t0 = Instant::now();
         while t0.elapsed() < deadline {
+            let t = Instant::now();
             let first = env.reset(&plan)?;
-            episodes += 1;
+            let t_play = Instant::now();
+            c.reset_s += (t_play - t).as_secs_f64();
+            c.episodes += 1;
             let p = crate::episode::play(&mut env, &first, agent.as_mut(), &mut |_, _| {})?;
-            steps += u64::from(p.steps);
-            wins += u64::from(p.success);
-            infra += u64::from(p.infra);
+            c.step_s += t_play.elapsed().as_secs_f64();
+            c.steps += u64::from(p.steps);
+            c.successes += u64::from(p.success);
+            c.infra += u64::from(p.infra);
         }
-        Ok((steps, episodes, wins, infra))
+        Ok(c)
     })
 }
 
@@ -288,12 +427,25 @@ pub fn render(r: &EnvBenchReport) -> String {
     row(&mut s, "setup (sandbox + start)", &r.setup, "ms");
     row(&mut s, "reset (next episode)", &r.reset, "ms");
     row(&mut s, "exec sh -c true (floor)", &r.exec_sh_true, "ms");
+    row(&mut s, "env step `true`", &r.env_step_true, "ms");
+    row(&mut s, "  its exec alone", &r.exec_warm_true, "ms");
     row(&mut s, "host sh -c true (baseline)", &r.host_sh_true, "ms");
     for t in &r.throughput {
         let _ = writeln!(
             s,
-            "{:<7} agent, {} worker(s): {:>7.0} steps/s  ({} steps, {} episodes, {} solved, {} infra failures)",
-            t.agent, t.workers, t.steps_per_s, t.steps, t.episodes, t.successes, t.infra_failures
+            "{:<9} agent, {} worker(s): {:>7.0} steps/s  ({} steps, {} episodes, {} solved, {} infra failures; reset {:.2} ms/episode, step {:.2} ms)",
+            t.agent, t.workers, t.steps_per_s, t.steps, t.episodes, t.successes, t.infra_failures,
+            t.reset_ms_per_episode, t.step_ms
+        );
+    }
+    for r in &r.random_vs_raw {
+        let rounds: Vec<String> = r.per_round.iter().map(|x| format!("{x:.3}")).collect();
+        let _ = writeln!(
+            s,
+            "random / raw-exec, {} worker(s): {:.3} (alternating rounds: {})",
+            r.workers,
+            r.ratio,
+            rounds.join(", ")
         );
     }
     s

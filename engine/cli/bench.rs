@@ -18,6 +18,10 @@ pub enum BenchCmd {
         /// Seconds of each throughput measurement.
         #[arg(long, default_value = "5", value_parser = super::seconds)]
         seconds: f64,
+        /// Rounds the raw-exec and random measurements alternate in (each `seconds / rounds`
+        /// long), so that a machine that slows down or speeds up weighs on both alike.
+        #[arg(long, default_value = "4", value_parser = super::count::<100>)]
+        rounds: usize,
         #[arg(long)]
         json: bool,
     },
@@ -196,6 +200,7 @@ pub fn run(cmd: BenchCmd) -> anyhow::Result<i32> {
             iterations,
             workers,
             seconds,
+            rounds,
             json,
         } => {
             let rt = super::sandbox::runtime()?;
@@ -204,6 +209,7 @@ pub fn run(cmd: BenchCmd) -> anyhow::Result<i32> {
                 iterations,
                 workers,
                 seconds,
+                rounds,
             };
             let report = engine::bench::env::run(&rt, &super::sandbox::cache()?, &opts)?;
             if json {

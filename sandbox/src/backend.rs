@@ -1,7 +1,9 @@
 //! The backend seam: the native backend ([`Runtime`]) and, with the `docker` feature, the
 //! Docker backend (`docker::DockerBackend`) implement it.
 
-use crate::protocol::{DirEntry, ExecRequest, ExecResult, FileStat, Health};
+use crate::protocol::{
+    DirEntry, ExecRequest, ExecResult, FileKind, FileStat, Health, Named, Overview,
+};
 use crate::{Runtime, Sandbox, SandboxConfig, SandboxError};
 
 /// One live sandbox, whatever runs it.
@@ -18,6 +20,30 @@ pub trait SandboxOps: Send {
     fn write_file(&mut self, path: &str, data: &[u8], mode: u32) -> Result<(), SandboxError>;
     fn stat(&mut self, path: &str) -> Result<FileStat, SandboxError>;
     fn list_dir(&mut self, path: &str) -> Result<Vec<DirEntry>, SandboxError>;
+    /// A directory's first `max_entries` names and kinds and the disk usage; by default a
+    /// [`Self::list_dir`] and a [`Self::health`] (the native backend asks init once).
+    fn overview(&mut self, path: &str, max_entries: u32) -> Result<Overview, SandboxError> {
+        let entries = match self.list_dir(path) {
+            Ok(d) => {
+                let mut v: Vec<Named> = d
+                    .into_iter()
+                    .map(|e| Named {
+                        dir: e.stat.kind == FileKind::Dir,
+                        name: e.name,
+                    })
+                    .collect();
+                Named::sort_shown(&mut v);
+                v.truncate(max_entries as usize);
+                Some(v)
+            }
+            Err(e) if e.is_infrastructure() => return Err(e),
+            Err(_) => None,
+        };
+        Ok(Overview {
+            entries,
+            upper_bytes: self.health()?.upper_bytes,
+        })
+    }
     fn kill_all(&mut self) -> Result<(), SandboxError>;
     fn reset(&mut self) -> Result<(), SandboxError>;
     fn snapshot(&mut self) -> Result<u32, SandboxError>;
@@ -112,6 +138,9 @@ impl SandboxOps for Sandbox {
     }
     fn list_dir(&mut self, path: &str) -> Result<Vec<DirEntry>, SandboxError> {
         Sandbox::list_dir(self, path)
+    }
+    fn overview(&mut self, path: &str, max_entries: u32) -> Result<Overview, SandboxError> {
+        Sandbox::overview(self, path, max_entries)
     }
     fn kill_all(&mut self) -> Result<(), SandboxError> {
         Sandbox::kill_all(self)

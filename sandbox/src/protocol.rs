@@ -170,6 +170,38 @@ pub struct DirEntry {
     pub stat: FileStat,
 }
 
+/// A directory entry as an observation shows it: its name, and whether it is a directory (a
+/// symlink to one is not), from the directory's own entry type (no `lstat` per entry).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Named {
+    pub name: String,
+    pub dir: bool,
+}
+
+impl Named {
+    /// Sort entries in the order an observation shows them: by name, a directory's with a `/`
+    /// after it (`a-b` before `a/`).
+    pub fn sort_shown(entries: &mut [Named]) {
+        fn shown(e: &Named) -> impl Iterator<Item = u8> + '_ {
+            e.name.bytes().chain(e.dir.then_some(b'/'))
+        }
+        entries.sort_by(|a, b| shown(a).cmp(shown(b)));
+    }
+}
+
+/// What an environment's observation reads of a sandbox, in one request ([`Request::Overview`]):
+/// a directory's entries and the episode's disk usage.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Overview {
+    /// The first `max_entries` entries (`.` and `..` left out) in the order an observation
+    /// shows them: by name, a directory's with a `/` after it. `None` when the
+    /// directory cannot be listed (gone, not a directory, not readable): the agent's doing,
+    /// not the sandbox failing.
+    pub entries: Option<Vec<Named>>,
+    /// As [`Health::upper_bytes`]: bytes in use on the episode's writable tmpfs.
+    pub upper_bytes: u64,
+}
+
 /// Health report of init.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Health {
@@ -260,6 +292,11 @@ pub enum Request {
     ListDir {
         path: String,
     },
+    /// A directory's first `max_entries` names and kinds and the disk usage ([`Overview`]).
+    Overview {
+        path: String,
+        max_entries: u32,
+    },
     /// Kill every process but init.
     KillAll,
     /// Kill every process but init and revert the filesystem to the base layers.
@@ -318,6 +355,7 @@ pub enum Response {
     Dir(Vec<DirEntry>),
     Snapshot(u32),
     Health(Health),
+    Overview(Overview),
     Failed {
         kind: FailureKind,
         message: String,

@@ -7,7 +7,7 @@ use crate::error::SandboxError;
 use crate::layers::Rootfs;
 use crate::protocol::{
     read_frame, write_frame, DirEntry, ExecRequest, ExecResult, FailureKind, FileStat, Health,
-    ProtocolError, Request, Response, SetupPlan, Termination,
+    Overview, ProtocolError, Request, Response, SetupPlan, Termination,
 };
 use crate::runtime::Runtime;
 use crate::seccomp::CompiledSeccomp;
@@ -365,6 +365,19 @@ impl Sandbox {
         match self.call(Request::ListDir { path: path.into() }, CONTROL_TIMEOUT)? {
             Response::Dir(d) => Ok(d),
             other => Err(unexpected("list_dir", other)),
+        }
+    }
+
+    /// What an observation reads, in one request: the first `max_entries` entries of `path`
+    /// by name with their kinds, and the episode's disk usage ([`Overview`]).
+    pub fn overview(&mut self, path: &str, max_entries: u32) -> Result<Overview, SandboxError> {
+        let req = Request::Overview {
+            path: path.into(),
+            max_entries,
+        };
+        match self.call(req, CONTROL_TIMEOUT)? {
+            Response::Overview(o) => Ok(o),
+            other => Err(unexpected("overview", other)),
         }
     }
 

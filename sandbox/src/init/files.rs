@@ -5,7 +5,7 @@
 //! outside the sandbox.
 
 use super::Init;
-use crate::protocol::{DirEntry, FailureKind, FileKind, FileStat, Response};
+use crate::protocol::{DirEntry, FailureKind, FileKind, FileStat, Named, Overview, Response};
 use nix::errno::Errno;
 use nix::fcntl::OFlag;
 use nix::sys::stat::{FileStat as RawStat, SFlag};
@@ -162,6 +162,18 @@ impl Init {
             Err(e) => failed(path, e),
         }
     }
+
+    /// [`Overview`]: the directory's first `max` names and kinds, and the upper layer's usage.
+    pub(super) fn overview(&mut self, path: &str, max: u32) -> Response {
+        let upper_bytes = self.upper_usage().0;
+        match self.root() {
+            Ok(root) => Response::Overview(Overview {
+                entries: names_in_root(root, path, max as usize),
+                upper_bytes,
+            }),
+            Err(e) => failed(path, e),
+        }
+    }
 }
 
 /// Read a regular file (up to `max` bytes) under `root`; with `nofollow` a final symlink is
@@ -301,6 +313,41 @@ pub(crate) fn list_in_root(root: &OwnedFd, path: &str) -> Response {
         Ok(Response::Dir(out))
     })();
     r.unwrap_or_else(|e| failed(path, e))
+}
+
+/// The first `max` entries of directory `path` under `root`, each with whether it is a
+/// directory, in the order an observation shows them (by name, a directory's with a `/` after
+/// it); `None` when it cannot be listed. The kind comes from the entry's own type
+/// (`d_type`); only an entry whose filesystem gives none is `lstat`ed.
+pub(crate) fn names_in_root(root: &OwnedFd, path: &str, max: usize) -> Option<Vec<Named>> {
+    if !path.starts_with('/') {
+        return None;
+    }
+    let fd = open_in_root(root, path, OFlag::O_RDONLY | OFlag::O_DIRECTORY, 0).ok()?;
+    let probe = nix::unistd::dup(fd.as_raw_fd()).ok()?;
+    // SAFETY: dup returned a fresh descriptor.
+    let probe = unsafe { OwnedFd::from_raw_fd(probe) };
+    let mut dir = nix::dir::Dir::from_fd(fd.as_raw_fd()).ok()?;
+    std::mem::forget(fd); // Dir owns it now
+    let mut out = Vec::new();
+    for e in dir.iter() {
+        let Ok(e) = e else { return None };
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name == "." || name == ".." {
+            continue;
+        }
+        let dir = match e.file_type() {
+            Some(t) => t == nix::dir::Type::Directory,
+            None => match lstat_at(&probe, &name) {
+                Ok(st) => st.kind == FileKind::Dir,
+                Err(_) => continue, // gone meanwhile, as `list_in_root` leaves it out
+            },
+        };
+        out.push(Named { name, dir });
+    }
+    Named::sort_shown(&mut out);
+    out.truncate(max);
+    Some(out)
 }
 
 #[cfg(test)]

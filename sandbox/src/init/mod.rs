@@ -423,6 +423,7 @@ impl Init {
             Request::WriteFile { path, data, mode } => self.write_file(&path, &data, mode),
             Request::Stat { path } => self.stat(&path),
             Request::ListDir { path } => self.list_dir(&path),
+            Request::Overview { path, max_entries } => self.overview(&path, max_entries),
             Request::KillAll => {
                 self.kill_all();
                 Response::Ok
@@ -558,19 +559,8 @@ impl Init {
                     .count()
             })
             .unwrap_or(1);
-        // The kernel's own accounting of the two writable filesystems: blocks and inodes.
-        let usage = |p: &std::path::Path| {
-            nix::sys::statvfs::statvfs(p)
-                .map(|s| {
-                    (
-                        (s.blocks() - s.blocks_free()) * s.fragment_size(),
-                        s.files().saturating_sub(s.files_free()),
-                    )
-                })
-                .unwrap_or((0, 0))
-        };
-        let (upper_bytes, upper_inodes) = usage(&self.layout.rw());
-        let (shm_bytes, shm_inodes) = usage(&self.layout.root().join("dev/shm"));
+        let (upper_bytes, upper_inodes) = self.upper_usage();
+        let (shm_bytes, shm_inodes) = fs_usage(&self.layout.root().join("dev/shm"));
         Health {
             pid_in_sandbox: std::process::id(),
             // Neither init nor the zygote count.
@@ -590,9 +580,26 @@ impl Init {
 }
 
 impl Init {
+    /// Bytes and inodes in use on the episode's writable tmpfs.
+    fn upper_usage(&self) -> (u64, u64) {
+        fs_usage(&self.layout.rw())
+    }
+
     fn zygote_alive(&self) -> bool {
         self.zygote
             .as_ref()
             .is_some_and(|z| self.layout.proc().join(z.pid.to_string()).exists())
     }
+}
+
+/// The kernel's own accounting of a filesystem: bytes and inodes in use (0 where it cannot say).
+fn fs_usage(p: &std::path::Path) -> (u64, u64) {
+    nix::sys::statvfs::statvfs(p)
+        .map(|s| {
+            (
+                (s.blocks() - s.blocks_free()) * s.fragment_size(),
+                s.files().saturating_sub(s.files_free()),
+            )
+        })
+        .unwrap_or((0, 0))
 }

@@ -203,6 +203,131 @@ fn file_requests_work_without_forking_and_stay_inside_the_root() {
 }
 
 #[test]
+fn an_overview_lists_what_list_dir_lists_in_shown_order_with_the_disk_usage() {
+    use sandbox::backend::SandboxOps;
+    use sandbox::protocol::{FileKind, Named};
+    require_root!();
+    let rt = runtime();
+    let mut sb = rt.create(&config()).unwrap();
+    // Names that sort differently once a directory's `/` is shown (`a-b` before `a/`), a
+    // symlink to a directory (not one itself), a FIFO, and more entries than are asked for.
+    assert!(sh(
+        &mut sb,
+        "mkdir -p /root/ov/a /root/ov/a.d && cd /root/ov && touch a-b 'sp ace' && \
+         ln -s a l && mkfifo p && for i in $(seq 70); do : > f$i; done"
+    )
+    .success());
+    let mut expected: Vec<Named> = sb
+        .list_dir("/root/ov")
+        .unwrap()
+        .into_iter()
+        .map(|e| Named {
+            dir: e.stat.kind == FileKind::Dir,
+            name: e.name,
+        })
+        .collect();
+    Named::sort_shown(&mut expected);
+    let shown = |v: &[Named]| -> Vec<String> {
+        v.iter()
+            .map(|e| format!("{}{}", e.name, if e.dir { "/" } else { "" }))
+            .collect()
+    };
+    let mut sorted = shown(&expected);
+    sorted.sort();
+    assert_eq!(shown(&expected), sorted, "the order an observation shows");
+    assert_eq!(&shown(&expected)[..4], ["a-b", "a.d/", "a/", "f1"]);
+    for max in [0u32, 3, 64, 1000] {
+        let o = sb.overview("/root/ov", max).unwrap();
+        let want = &expected[..expected.len().min(max as usize)];
+        assert_eq!(o.entries.as_deref(), Some(want), "max {max}");
+        // The same through the backend seam's default (list_dir + health).
+        let d = SandboxOps::overview(&mut DefaultOverview(&mut sb), "/root/ov", max).unwrap();
+        assert_eq!(d, o, "max {max}: the default agrees");
+    }
+    assert!(expected.iter().any(|e| e.name == "l" && !e.dir));
+    // The disk usage is the health report's, and follows what the agent writes.
+    let before = sb.overview("/", 0).unwrap().upper_bytes;
+    assert_eq!(before, sb.health().unwrap().upper_bytes);
+    assert!(sh(&mut sb, "head -c 1048576 /dev/zero > /root/big").success());
+    let after = sb.overview("/", 0).unwrap().upper_bytes;
+    assert!(after >= before + 1_000_000, "{before} -> {after}");
+    // What cannot be listed is no listing, not a failure of the sandbox: a missing directory,
+    // a file, a relative path; a symlink out of the root resolves inside it.
+    for path in ["/root/nope", "/root/ov/a-b", "root/ov"] {
+        let o = sb.overview(path, 64).unwrap();
+        assert_eq!(o.entries, None, "{path}");
+        assert_eq!(o.upper_bytes, after);
+    }
+    assert!(sh(&mut sb, "ln -s ../../../../../../../root/ov /root/up").success());
+    assert_eq!(
+        sb.overview("/root/up", 1000).unwrap().entries.as_deref(),
+        Some(&expected[..])
+    );
+}
+
+/// A sandbox seen only through [`SandboxOps`]' provided `overview` (list_dir + health).
+struct DefaultOverview<'a>(&'a mut sandbox::Sandbox);
+
+impl sandbox::backend::SandboxOps for DefaultOverview<'_> {
+    fn exec(&mut self, r: &ExecRequest) -> Result<sandbox::ExecResult, sandbox::SandboxError> {
+        self.0.exec(r)
+    }
+    fn read_file(&mut self, p: &str, m: u64) -> Result<(Vec<u8>, bool), sandbox::SandboxError> {
+        self.0.read_file(p, m)
+    }
+    fn read_file_nofollow(
+        &mut self,
+        p: &str,
+        m: u64,
+    ) -> Result<(Vec<u8>, bool), sandbox::SandboxError> {
+        self.0.read_file_nofollow(p, m)
+    }
+    fn write_file(&mut self, p: &str, d: &[u8], m: u32) -> Result<(), sandbox::SandboxError> {
+        self.0.write_file(p, d, m)
+    }
+    fn stat(&mut self, p: &str) -> Result<sandbox::protocol::FileStat, sandbox::SandboxError> {
+        self.0.stat(p)
+    }
+    fn list_dir(
+        &mut self,
+        p: &str,
+    ) -> Result<Vec<sandbox::protocol::DirEntry>, sandbox::SandboxError> {
+        self.0.list_dir(p)
+    }
+    fn kill_all(&mut self) -> Result<(), sandbox::SandboxError> {
+        self.0.kill_all()
+    }
+    fn reset(&mut self) -> Result<(), sandbox::SandboxError> {
+        self.0.reset()
+    }
+    fn snapshot(&mut self) -> Result<u32, sandbox::SandboxError> {
+        self.0.snapshot()
+    }
+    fn rollback(&mut self, n: u32) -> Result<(), sandbox::SandboxError> {
+        self.0.rollback(n)
+    }
+    fn health(&mut self) -> Result<sandbox::protocol::Health, sandbox::SandboxError> {
+        self.0.health()
+    }
+    fn is_alive(&self) -> bool {
+        !self.0.is_dead()
+    }
+    fn pids_usage(&self) -> (u64, Option<u64>) {
+        self.0.pids_usage()
+    }
+    fn init_pid(&self) -> i32 {
+        self.0.init_pid()
+    }
+    fn export_diff(
+        &self,
+        dst: &std::path::Path,
+        max: u64,
+    ) -> Result<Option<u64>, sandbox::SandboxError> {
+        self.0.export_diff(dst, max).map(Some)
+    }
+}
+
+#[test]
 fn commands_that_cannot_start_get_clear_errors() {
     require_root!();
     let rt = runtime();
