@@ -239,11 +239,11 @@ impl RewardConfig {
     }
 }
 
-/// Commands refused by default (regular expressions): they destroy the sandbox's purpose or
-/// would be catastrophic on a real machine, so an agent learns not to issue them.
 /// How many entries of the cwd an observation lists.
 const LISTING_ENTRIES: u32 = 64;
 
+/// Commands refused by default (regular expressions): they destroy the sandbox's purpose or
+/// would be catastrophic on a real machine, so an agent learns not to issue them.
 pub const DEFAULT_DANGEROUS: &[&str] = &[
     // rm -rf / (and /*, --no-preserve-root)
     r"\brm\s+(-[A-Za-z-]+\s+)*(--no-preserve-root\s+)?(-[A-Za-z-]+\s+)*/\*?(\s|;|&|$)",
@@ -830,7 +830,7 @@ impl Env {
             .unwrap_or_default()
             .into_iter()
             .map(|e| {
-                if e.dir {
+                if e.is_dir {
                     format!("{}/", e.name)
                 } else {
                     e.name

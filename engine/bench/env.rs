@@ -18,8 +18,10 @@
 //!   free-text oracle), `catalogue` (the catalogue oracle: a solving agent's episodes, short,
 //!   as a trained policy's are); `reset_ms_per_episode` and `step_ms` split each worker's
 //!   time between `Env::reset` and the steps (summed over workers). `raw-exec` and `random`
-//!   are measured in `rounds` alternating rounds (which goes first alternates too) and
-//!   summed; `random_vs_raw` gives, per worker count, their ratio and each round's.
+//!   are measured in `rounds` alternating rounds (rounded up to an even count; which goes
+//!   first alternates too) and summed; `random_vs_raw` gives, per worker count, their ratio
+//!   and each round's. Steps/s are each worker's steps over the time it really ran (an
+//!   episode or command that started before the deadline ends after it), summed.
 
 use super::{ms, Summary};
 use crate::env::{Env, EnvConfig};
@@ -56,6 +58,7 @@ pub struct Throughput {
     pub episodes: u64,
     pub successes: u64,
     pub infra_failures: u64,
+    /// Seconds the workers really ran, their mean.
     pub seconds: f64,
     pub steps_per_s: f64,
     /// Milliseconds per episode spent in `Env::reset` (sandbox reset, start steps, the start
@@ -177,11 +180,11 @@ pub fn run(rt: &Runtime, cache: &Cache, o: &EnvBenchOpts) -> Result<EnvBenchRepo
             let t = Instant::now();
             let s = env.step(&action)?;
             env_step.push(ms(t));
-            let t = Instant::now();
             if let Some(r) = env.running() {
+                let t = Instant::now();
                 r.run("true", Duration::from_secs(5))?;
+                exec_warm.push(ms(t));
             }
-            exec_warm.push(ms(t));
             if s.terminated || s.truncated {
                 env.reset(&plan)?;
             }
@@ -203,7 +206,8 @@ pub fn run(rt: &Runtime, cache: &Cache, o: &EnvBenchOpts) -> Result<EnvBenchRepo
     // too), each total the sum of its rounds.
     let mut throughput = Vec::new();
     let mut random_vs_raw = Vec::new();
-    let rounds = o.rounds.max(1);
+    // An even count, so that each goes first as often as the other.
+    let rounds = o.rounds.max(1).next_multiple_of(2);
     let slice = o.seconds / rounds as f64;
     let mut randoms = Vec::new();
     for &w in &o.workers {
@@ -269,7 +273,9 @@ impl Throughput {
             successes: self.successes + o.successes,
             infra_failures: self.infra_failures + o.infra_failures,
             seconds,
-            steps_per_s: steps as f64 / seconds.max(f64::MIN_POSITIVE),
+            // Each side's rate weighted by the time it ran.
+            steps_per_s: (self.steps_per_s * self.seconds + o.steps_per_s * o.seconds)
+                / seconds.max(f64::MIN_POSITIVE),
             reset_ms_per_episode: weighted(
                 self.reset_ms_per_episode,
                 self.episodes,
@@ -291,6 +297,8 @@ struct Counts {
     infra: u64,
     reset_s: f64,
     step_s: f64,
+    /// Seconds the worker really ran (its last episode or command ends after the deadline).
+    elapsed_s: f64,
 }
 
 /// Run `work(worker)` on `workers` threads and sum their counts into a throughput figure.
@@ -319,7 +327,7 @@ fn on_workers(
         reset_ms_per_episode: 0.0,
         step_ms: 0.0,
     };
-    let (mut reset_s, mut step_s) = (0.0, 0.0);
+    let (mut reset_s, mut step_s, mut elapsed_s) = (0.0, 0.0, 0.0);
     for r in results {
         let c = r?;
         t.steps += c.steps;
@@ -328,8 +336,11 @@ fn on_workers(
         t.infra_failures += c.infra;
         reset_s += c.reset_s;
         step_s += c.step_s;
+        elapsed_s += c.elapsed_s;
+        // Each worker's own rate over the time it really ran.
+        t.steps_per_s += c.steps as f64 / c.elapsed_s.max(seconds).max(f64::MIN_POSITIVE);
     }
-    t.steps_per_s = t.steps as f64 / seconds;
+    t.seconds = elapsed_s / workers.max(1) as f64;
     t.reset_ms_per_episode = 1e3 * reset_s / t.episodes.max(1) as f64;
     t.step_ms = 1e3 * step_s / t.steps.max(1) as f64;
     Ok(t)
@@ -367,6 +378,7 @@ fn measure_raw(
                 running.restart()?;
             }
         }
+        c.elapsed_s = t0.elapsed().as_secs_f64();
         Ok(c)
     })
 }
@@ -405,6 +417,7 @@ fn measure(
             c.successes += u64::from(p.success);
             c.infra += u64::from(p.infra);
         }
+        c.elapsed_s = t0.elapsed().as_secs_f64();
         Ok(c)
     })
 }
@@ -438,13 +451,13 @@ pub fn render(r: &EnvBenchReport) -> String {
             t.reset_ms_per_episode, t.step_ms
         );
     }
-    for r in &r.random_vs_raw {
-        let rounds: Vec<String> = r.per_round.iter().map(|x| format!("{x:.3}")).collect();
+    for q in &r.random_vs_raw {
+        let rounds: Vec<String> = q.per_round.iter().map(|x| format!("{x:.3}")).collect();
         let _ = writeln!(
             s,
             "random / raw-exec, {} worker(s): {:.3} (alternating rounds: {})",
-            r.workers,
-            r.ratio,
+            q.workers,
+            q.ratio,
             rounds.join(", ")
         );
     }

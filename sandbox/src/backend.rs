@@ -2,7 +2,7 @@
 //! Docker backend (`docker::DockerBackend`) implement it.
 
 use crate::protocol::{
-    DirEntry, ExecRequest, ExecResult, FileKind, FileStat, Health, Named, Overview,
+    DirEntry, ExecRequest, ExecResult, FileKind, FileStat, Health, Overview, ShownEntry,
 };
 use crate::{Runtime, Sandbox, SandboxConfig, SandboxError};
 
@@ -25,14 +25,14 @@ pub trait SandboxOps: Send {
     fn overview(&mut self, path: &str, max_entries: u32) -> Result<Overview, SandboxError> {
         let entries = match self.list_dir(path) {
             Ok(d) => {
-                let mut v: Vec<Named> = d
+                let mut v: Vec<ShownEntry> = d
                     .into_iter()
-                    .map(|e| Named {
-                        dir: e.stat.kind == FileKind::Dir,
+                    .map(|e| ShownEntry {
+                        is_dir: e.stat.kind == FileKind::Dir,
                         name: e.name,
                     })
                     .collect();
-                Named::sort_shown(&mut v);
+                ShownEntry::sort_shown(&mut v);
                 v.truncate(max_entries as usize);
                 Some(v)
             }

@@ -173,19 +173,24 @@ pub struct DirEntry {
 /// A directory entry as an observation shows it: its name, and whether it is a directory (a
 /// symlink to one is not), from the directory's own entry type (no `lstat` per entry).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Named {
+pub struct ShownEntry {
     pub name: String,
-    pub dir: bool,
+    pub is_dir: bool,
 }
 
-impl Named {
-    /// Sort entries in the order an observation shows them: by name, a directory's with a `/`
-    /// after it (`a-b` before `a/`).
-    pub fn sort_shown(entries: &mut [Named]) {
-        fn shown(e: &Named) -> impl Iterator<Item = u8> + '_ {
-            e.name.bytes().chain(e.dir.then_some(b'/'))
+impl ShownEntry {
+    /// The order an observation shows entries in: by name, a directory's with a `/` after it
+    /// (`a-b` before `a/`).
+    pub fn shown_cmp(&self, o: &Self) -> std::cmp::Ordering {
+        fn shown(e: &ShownEntry) -> impl Iterator<Item = u8> + '_ {
+            e.name.bytes().chain(e.is_dir.then_some(b'/'))
         }
-        entries.sort_by(|a, b| shown(a).cmp(shown(b)));
+        shown(self).cmp(shown(o))
+    }
+
+    /// Sort entries in the order an observation shows them ([`Self::shown_cmp`]).
+    pub fn sort_shown(entries: &mut [ShownEntry]) {
+        entries.sort_by(|a, b| a.shown_cmp(b));
     }
 }
 
@@ -195,9 +200,10 @@ impl Named {
 pub struct Overview {
     /// The first `max_entries` entries (`.` and `..` left out) in the order an observation
     /// shows them: by name, a directory's with a `/` after it. `None` when the
-    /// directory cannot be listed (gone, not a directory, not readable): the agent's doing,
-    /// not the sandbox failing.
-    pub entries: Option<Vec<Named>>,
+    /// directory cannot be listed because of what the agent did (gone, not a directory, not
+    /// readable, a bad path); a failure of init itself fails the whole request. Names that are
+    /// not UTF-8 are left out, as `list_dir` leaves them out.
+    pub entries: Option<Vec<ShownEntry>>,
     /// As [`Health::upper_bytes`]: bytes in use on the episode's writable tmpfs.
     pub upper_bytes: u64,
 }

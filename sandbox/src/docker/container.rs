@@ -9,7 +9,7 @@ use super::backend::Spec;
 use super::{exec, host, Client, DockerError};
 use crate::backend::SandboxOps;
 use crate::init::files;
-use crate::protocol::{DirEntry, ExecRequest, ExecResult, FileStat, Health, Response};
+use crate::protocol::{DirEntry, ExecRequest, ExecResult, FileStat, Health, Overview, Response};
 use crate::SandboxError;
 use bollard::query_parameters::{
     CommitContainerOptions, InspectContainerOptions, RemoveContainerOptions, RemoveImageOptions,
@@ -27,6 +27,9 @@ pub struct DockerSandbox {
     root: Option<OwnedFd>,
     /// Images committed by [`SandboxOps::snapshot`], by number; removed at reset and drop.
     snapshots: Vec<String>,
+    /// The container's writable layer on this host (the daemon's `UpperDir`), asked once per
+    /// container: `Some(None)` when the daemon names none.
+    upper_dir: Option<Option<std::path::PathBuf>>,
     dead: bool,
 }
 
@@ -52,6 +55,7 @@ impl DockerSandbox {
             keep_pid: 0,
             root: None,
             snapshots: Vec::new(),
+            upper_dir: None,
             dead: true,
         };
         sb.recreate(&image)?;
@@ -99,6 +103,7 @@ impl DockerSandbox {
 
     fn remove_container(&mut self) {
         self.root = None;
+        self.upper_dir = None;
         if self.id.is_empty() {
             return;
         }
@@ -152,6 +157,20 @@ impl DockerSandbox {
             Response::Failed { kind, message } => Err(SandboxError::Request { kind, message }),
             r => Ok(r),
         }
+    }
+
+    /// The container's writable layer, from the daemon the first time it is asked.
+    fn upper_dir(&mut self) -> Result<Option<std::path::PathBuf>, DockerError> {
+        if let Some(u) = &self.upper_dir {
+            return Ok(u.clone());
+        }
+        let info = self.container_info(false)?;
+        let upper = info
+            .graph_driver
+            .as_ref()
+            .and_then(|g| g.data.get("UpperDir").map(std::path::PathBuf::from));
+        self.upper_dir = Some(upper.clone());
+        Ok(upper)
     }
 
     fn container_info(
@@ -283,16 +302,27 @@ impl SandboxOps for DockerSandbox {
         Ok(self.recreate(&image)?)
     }
 
+    /// The listing from this host, as the other file requests; the usage by a walk of the
+    /// container's writable layer (no daemon request after the container's first).
+    fn overview(&mut self, path: &str, max_entries: u32) -> Result<Overview, SandboxError> {
+        self.alive_or_dead()?;
+        let root = self.root.as_ref().ok_or(SandboxError::Dead)?;
+        let entries = files::names_in_root(root, path, max_entries as usize).map_err(|e| {
+            SandboxError::Request {
+                kind: crate::protocol::FailureKind::Internal,
+                message: format!("{path}: {}", e.desc()),
+            }
+        })?;
+        let upper_bytes = self.upper_dir()?.map_or(0, |u| host::usage(&u).0);
+        Ok(Overview {
+            entries,
+            upper_bytes,
+        })
+    }
+
     fn health(&mut self) -> Result<Health, SandboxError> {
         self.alive_or_dead()?;
-        let info = self.container_info(false)?;
-        let upper = info
-            .graph_driver
-            .as_ref()
-            .and_then(|g| g.data.get("UpperDir").cloned());
-        let (upper_bytes, upper_inodes) = upper
-            .as_deref()
-            .map_or((0, 0), |u| host::usage(std::path::Path::new(u)));
+        let (upper_bytes, upper_inodes) = self.upper_dir()?.map_or((0, 0), |u| host::usage(&u));
         let (shm_bytes, shm_inodes) =
             host::fs_used(&format!("/proc/{}/root/dev/shm", self.init_pid));
         let processes = host::others(self.init_pid, self.keep_pid).len() as u32;

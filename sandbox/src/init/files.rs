@@ -5,7 +5,7 @@
 //! outside the sandbox.
 
 use super::Init;
-use crate::protocol::{DirEntry, FailureKind, FileKind, FileStat, Named, Overview, Response};
+use crate::protocol::{DirEntry, FailureKind, FileKind, FileStat, Overview, Response, ShownEntry};
 use nix::errno::Errno;
 use nix::fcntl::OFlag;
 use nix::sys::stat::{FileStat as RawStat, SFlag};
@@ -166,9 +166,12 @@ impl Init {
     /// [`Overview`]: the directory's first `max` names and kinds, and the upper layer's usage.
     pub(super) fn overview(&mut self, path: &str, max: u32) -> Response {
         let upper_bytes = self.upper_usage().0;
-        match self.root() {
-            Ok(root) => Response::Overview(Overview {
-                entries: names_in_root(root, path, max as usize),
+        match self
+            .root()
+            .and_then(|root| names_in_root(root, path, max as usize))
+        {
+            Ok(entries) => Response::Overview(Overview {
+                entries,
                 upper_bytes,
             }),
             Err(e) => failed(path, e),
@@ -296,8 +299,8 @@ pub(crate) fn list_in_root(root: &OwnedFd, path: &str) -> Response {
         let probe = nix::unistd::dup(fd.as_raw_fd())?;
         // SAFETY: dup returned a fresh descriptor.
         let probe = unsafe { OwnedFd::from_raw_fd(probe) };
-        let mut dir = nix::dir::Dir::from_fd(fd.as_raw_fd())?;
-        std::mem::forget(fd); // Dir owns it now
+        // `Dir` owns the descriptor from here (and closes it itself when `fdopendir` fails).
+        let mut dir = nix::dir::Dir::from(fd)?;
         let mut out = Vec::new();
         for e in dir.iter() {
             let e = e?;
@@ -317,37 +320,84 @@ pub(crate) fn list_in_root(root: &OwnedFd, path: &str) -> Response {
 
 /// The first `max` entries of directory `path` under `root`, each with whether it is a
 /// directory, in the order an observation shows them (by name, a directory's with a `/` after
-/// it); `None` when it cannot be listed. The kind comes from the entry's own type
-/// (`d_type`); only an entry whose filesystem gives none is `lstat`ed.
-pub(crate) fn names_in_root(root: &OwnedFd, path: &str, max: usize) -> Option<Vec<Named>> {
+/// it); `Ok(None)` when the agent made it unlistable (gone, not a directory, not readable, a
+/// bad path), `Err` when init itself failed (descriptors, memory, I/O). The kind comes from
+/// the entry's own type (`d_type`); only an entry whose filesystem gives none is `lstat`ed.
+/// As in [`list_in_root`], a name that is not UTF-8 is left out. At most `max` entries are
+/// held at a time, whatever the directory's size.
+pub(crate) fn names_in_root(
+    root: &OwnedFd,
+    path: &str,
+    max: usize,
+) -> Result<Option<Vec<ShownEntry>>, Errno> {
+    let agents = |e: Errno| match failed(path, e) {
+        Response::Failed {
+            kind: FailureKind::Internal,
+            ..
+        } => Err(e),
+        _ => Ok(None),
+    };
     if !path.starts_with('/') {
-        return None;
+        return agents(Errno::EINVAL);
     }
-    let fd = open_in_root(root, path, OFlag::O_RDONLY | OFlag::O_DIRECTORY, 0).ok()?;
-    let probe = nix::unistd::dup(fd.as_raw_fd()).ok()?;
-    // SAFETY: dup returned a fresh descriptor.
-    let probe = unsafe { OwnedFd::from_raw_fd(probe) };
-    let mut dir = nix::dir::Dir::from_fd(fd.as_raw_fd()).ok()?;
-    std::mem::forget(fd); // Dir owns it now
-    let mut out = Vec::new();
+    let fd = match open_in_root(root, path, OFlag::O_RDONLY | OFlag::O_DIRECTORY, 0) {
+        Ok(fd) => fd,
+        Err(e) => return agents(e),
+    };
+    // `Dir` owns the descriptor from here (and closes it itself when `fdopendir` fails).
+    let mut dir = nix::dir::Dir::from(fd)?;
+    let dirfd = dir.as_raw_fd();
+    // The `max` first entries in shown order, the last of them on top.
+    let mut kept: std::collections::BinaryHeap<Shown> = std::collections::BinaryHeap::new();
     for e in dir.iter() {
-        let Ok(e) = e else { return None };
-        let name = e.file_name().to_string_lossy().into_owned();
+        let e = e?;
+        let Ok(name) = e.file_name().to_str() else {
+            continue;
+        };
         if name == "." || name == ".." {
             continue;
         }
-        let dir = match e.file_type() {
+        let is_dir = match e.file_type() {
             Some(t) => t == nix::dir::Type::Directory,
-            None => match lstat_at(&probe, &name) {
-                Ok(st) => st.kind == FileKind::Dir,
+            None => match nix::sys::stat::fstatat(
+                Some(dirfd),
+                name,
+                nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+            ) {
+                Ok(st) => SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT == SFlag::S_IFDIR,
                 Err(_) => continue, // gone meanwhile, as `list_in_root` leaves it out
             },
         };
-        out.push(Named { name, dir });
+        let entry = Shown(ShownEntry {
+            name: name.to_string(),
+            is_dir,
+        });
+        if kept.len() < max {
+            kept.push(entry);
+        } else if kept.peek().is_some_and(|last| entry < *last) {
+            kept.pop();
+            kept.push(entry);
+        }
     }
-    Named::sort_shown(&mut out);
-    out.truncate(max);
-    Some(out)
+    let mut out: Vec<ShownEntry> = kept.into_iter().map(|s| s.0).collect();
+    ShownEntry::sort_shown(&mut out);
+    Ok(Some(out))
+}
+
+/// An entry ordered as [`ShownEntry::sort_shown`] orders them.
+#[derive(PartialEq, Eq)]
+struct Shown(ShownEntry);
+
+impl Ord for Shown {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        self.0.shown_cmp(&o.0)
+    }
+}
+
+impl PartialOrd for Shown {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
 }
 
 #[cfg(test)]

@@ -597,7 +597,7 @@ fn fs_usage(p: &std::path::Path) -> (u64, u64) {
     nix::sys::statvfs::statvfs(p)
         .map(|s| {
             (
-                (s.blocks() - s.blocks_free()) * s.fragment_size(),
+                s.blocks().saturating_sub(s.blocks_free()) * s.fragment_size(),
                 s.files().saturating_sub(s.files_free()),
             )
         })

@@ -238,6 +238,27 @@ fn files_are_served_inside_the_container_root() {
     assert_eq!((st.kind, st.mode, st.size), (FileKind::File, 0o640, 5));
     let listed = sb.list_dir("/root").unwrap();
     assert_eq!((listed.len(), listed[0].name.as_str()), (1, "note"));
+    // An observation's overview: the same listing from this host, the writable layer's usage
+    // (the daemon is asked for its path once per container), and no listing where none can be.
+    let o = sb.overview("/root", 64).unwrap();
+    assert_eq!(
+        o.entries,
+        Some(vec![sandbox::protocol::ShownEntry {
+            name: "note".into(),
+            is_dir: false
+        }])
+    );
+    assert_eq!(o.upper_bytes, sb.health().unwrap().upper_bytes);
+    sh(&mut sb, "head -c 1048576 /dev/zero > /root/big");
+    let grown = sb.overview("/root/big", 64).unwrap();
+    assert_eq!(grown.entries, None, "a file is no directory to list");
+    assert!(
+        grown.upper_bytes >= o.upper_bytes + 1_000_000,
+        "{} -> {}",
+        o.upper_bytes,
+        grown.upper_bytes
+    );
+    sh(&mut sb, "rm /root/big");
     // A symlink planted inside resolves inside: the host's file is never read.
     std::fs::write("/tmp/envfactory-docker-host-secret", b"host").unwrap();
     sh(

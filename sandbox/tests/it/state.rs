@@ -205,31 +205,39 @@ fn file_requests_work_without_forking_and_stay_inside_the_root() {
 #[test]
 fn an_overview_lists_what_list_dir_lists_in_shown_order_with_the_disk_usage() {
     use sandbox::backend::SandboxOps;
-    use sandbox::protocol::{FileKind, Named};
+    use sandbox::protocol::{FileKind, ShownEntry};
     require_root!();
     let rt = runtime();
     let mut sb = rt.create(&config()).unwrap();
     // Names that sort differently once a directory's `/` is shown (`a-b` before `a/`), a
     // symlink to a directory (not one itself), a FIFO, and more entries than are asked for.
+    // A name that is not UTF-8 is left out, as list_dir leaves it out.
     assert!(sh(
         &mut sb,
         "mkdir -p /root/ov/a /root/ov/a.d && cd /root/ov && touch a-b 'sp ace' && \
-         ln -s a l && mkfifo p && for i in $(seq 70); do : > f$i; done"
+         ln -s a l && mkfifo p && touch \"$(printf 'x\\377')\" && \
+         for i in $(seq 70); do : > f$i; done"
     )
     .success());
-    let mut expected: Vec<Named> = sb
+    assert_eq!(
+        out(&sh(&mut sb, "ls /root/ov | wc -l")).trim(),
+        "77",
+        "the names are there"
+    );
+    let mut expected: Vec<ShownEntry> = sb
         .list_dir("/root/ov")
         .unwrap()
         .into_iter()
-        .map(|e| Named {
-            dir: e.stat.kind == FileKind::Dir,
+        .map(|e| ShownEntry {
+            is_dir: e.stat.kind == FileKind::Dir,
             name: e.name,
         })
         .collect();
-    Named::sort_shown(&mut expected);
-    let shown = |v: &[Named]| -> Vec<String> {
+    ShownEntry::sort_shown(&mut expected);
+    assert_eq!(expected.len(), 76, "all but the name that is not UTF-8");
+    let shown = |v: &[ShownEntry]| -> Vec<String> {
         v.iter()
-            .map(|e| format!("{}{}", e.name, if e.dir { "/" } else { "" }))
+            .map(|e| format!("{}{}", e.name, if e.is_dir { "/" } else { "" }))
             .collect()
     };
     let mut sorted = shown(&expected);
@@ -244,7 +252,7 @@ fn an_overview_lists_what_list_dir_lists_in_shown_order_with_the_disk_usage() {
         let d = SandboxOps::overview(&mut DefaultOverview(&mut sb), "/root/ov", max).unwrap();
         assert_eq!(d, o, "max {max}: the default agrees");
     }
-    assert!(expected.iter().any(|e| e.name == "l" && !e.dir));
+    assert!(expected.iter().any(|e| e.name == "l" && !e.is_dir));
     // The disk usage is the health report's, and follows what the agent writes.
     let before = sb.overview("/", 0).unwrap().upper_bytes;
     assert_eq!(before, sb.health().unwrap().upper_bytes);
@@ -253,16 +261,26 @@ fn an_overview_lists_what_list_dir_lists_in_shown_order_with_the_disk_usage() {
     assert!(after >= before + 1_000_000, "{before} -> {after}");
     // What cannot be listed is no listing, not a failure of the sandbox: a missing directory,
     // a file, a relative path; a symlink out of the root resolves inside it.
-    for path in ["/root/nope", "/root/ov/a-b", "root/ov"] {
+    for path in ["/root/nope", "/root/ov/a-b", "root/ov", "/root/ov/p"] {
         let o = sb.overview(path, 64).unwrap();
         assert_eq!(o.entries, None, "{path}");
         assert_eq!(o.upper_bytes, after);
     }
-    assert!(sh(&mut sb, "ln -s ../../../../../../../root/ov /root/up").success());
-    assert_eq!(
-        sb.overview("/root/up", 1000).unwrap().entries.as_deref(),
-        Some(&expected[..])
-    );
+    assert!(sh(
+        &mut sb,
+        "ln -s ../../../../../../../root/ov /root/up && ln -s /root/ov /root/abs"
+    )
+    .success());
+    for link in ["/root/up", "/root/abs"] {
+        assert_eq!(
+            sb.overview(link, 1000).unwrap().entries.as_deref(),
+            Some(&expected[..]),
+            "{link}"
+        );
+    }
+    // The root itself.
+    let top = sb.overview("/", 1000).unwrap().entries.unwrap();
+    assert!(top.iter().any(|e| e.name == "root" && e.is_dir), "{top:?}");
 }
 
 /// A sandbox seen only through [`SandboxOps`]' provided `overview` (list_dir + health).
