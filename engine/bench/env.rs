@@ -58,7 +58,7 @@ pub struct Throughput {
     pub episodes: u64,
     pub successes: u64,
     pub infra_failures: u64,
-    /// Seconds the workers really ran, their mean.
+    /// Seconds the workers really ran, their mean (summed over the rounds of a combined row).
     pub seconds: f64,
     pub steps_per_s: f64,
     /// Milliseconds per episode spent in `Env::reset` (sandbox reset, start steps, the start

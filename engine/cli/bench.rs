@@ -18,8 +18,9 @@ pub enum BenchCmd {
         /// Seconds of each throughput measurement.
         #[arg(long, default_value = "5", value_parser = super::seconds)]
         seconds: f64,
-        /// Rounds the raw-exec and random measurements alternate in (each `seconds / rounds`
-        /// long), so that a machine that slows down or speeds up weighs on both alike.
+        /// Rounds the raw-exec and random measurements alternate in (rounded up to an even
+        /// count, each `seconds / rounds` long), so that a machine that slows down or speeds
+        /// up weighs on both alike.
         #[arg(long, default_value = "4", value_parser = super::count::<100>)]
         rounds: usize,
         #[arg(long)]

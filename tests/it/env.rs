@@ -315,6 +315,20 @@ fn a_vanished_cwd_or_late_stderr_is_the_agents_problem_not_infrastructure() {
     let s = e.step(&cmd("pwd")).unwrap();
     assert_eq!(s.observation.stdout.trim(), "/tmp");
     assert_eq!(s.observation.cwd, "/tmp");
+    // Hack trial: a working directory longer than the kernel takes (a `PWD` the agent sets, or
+    // a deep enough `cd`) must not end the episode as the environment's failure (no reward,
+    // masked: a way out of any episode). It is the agent's bad path: no listing.
+    let long = format!("/{}", "a".repeat(5000));
+    let s = e.step(&cmd(&format!("export PWD={long}"))).unwrap();
+    assert!(!s.info.infra_failure, "{:?}", s.info);
+    assert!(!s.terminated && !s.truncated);
+    assert!(
+        s.observation.listing.is_empty(),
+        "{:?}",
+        s.observation.listing
+    );
+    let s = e.step(&cmd("pwd")).unwrap();
+    assert!(!s.info.infra_failure, "{:?}", s.info);
 }
 
 #[test]

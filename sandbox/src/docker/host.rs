@@ -202,8 +202,8 @@ pub(crate) fn usage(dir: &Path) -> (u64, u64) {
 pub(crate) fn fs_used(path: &str) -> (u64, u64) {
     match nix::sys::statfs::statfs(path) {
         Ok(s) => (
-            (s.blocks() - s.blocks_free()) * s.block_size() as u64,
-            s.files() - s.files_free(),
+            s.blocks().saturating_sub(s.blocks_free()) * s.block_size() as u64,
+            s.files().saturating_sub(s.files_free()),
         ),
         Err(_) => (0, 0),
     }

@@ -18,9 +18,13 @@ fn failed(path: &str, e: Errno) -> Response {
         // not there any more, as when the open itself comes too late (ENOENT).
         Errno::ENOENT | Errno::ENOTDIR | Errno::ESRCH => FailureKind::NotFound,
         Errno::EACCES | Errno::EPERM | Errno::EROFS => FailureKind::Denied,
-        Errno::EINVAL | Errno::EISDIR | Errno::ELOOP | Errno::EXDEV | Errno::ENXIO => {
-            FailureKind::Invalid
-        }
+        // ENAMETOOLONG: always the caller's path (an agent's cwd can be made that long).
+        Errno::EINVAL
+        | Errno::EISDIR
+        | Errno::ELOOP
+        | Errno::EXDEV
+        | Errno::ENXIO
+        | Errno::ENAMETOOLONG => FailureKind::Invalid,
         _ => FailureKind::Internal,
     };
     Response::Failed {
@@ -166,15 +170,20 @@ impl Init {
     /// [`Overview`]: the directory's first `max` names and kinds, and the upper layer's usage.
     pub(super) fn overview(&mut self, path: &str, max: u32) -> Response {
         let upper_bytes = self.upper_usage().0;
-        match self
-            .root()
-            .and_then(|root| names_in_root(root, path, max as usize))
-        {
+        let root = match self.root() {
+            Ok(root) => root,
+            Err(e) => return failed(path, e),
+        };
+        match names_in_root(root, path, max as usize) {
             Ok(entries) => Response::Overview(Overview {
                 entries,
                 upper_bytes,
             }),
-            Err(e) => failed(path, e),
+            // What is left after the agent's errnos is init's own failure.
+            Err(e) => Response::Failed {
+                kind: FailureKind::Internal,
+                message: format!("{path}: {}", e.desc()),
+            },
         }
     }
 }
@@ -321,7 +330,8 @@ pub(crate) fn list_in_root(root: &OwnedFd, path: &str) -> Response {
 /// The first `max` entries of directory `path` under `root`, each with whether it is a
 /// directory, in the order an observation shows them (by name, a directory's with a `/` after
 /// it); `Ok(None)` when the agent made it unlistable (gone, not a directory, not readable, a
-/// bad path), `Err` when init itself failed (descriptors, memory, I/O). The kind comes from
+/// bad path), `Err` when init itself failed opening it (descriptors, memory, I/O; an error
+/// while reading the entries ends nix's iterator early, as in [`list_in_root`]). The kind comes from
 /// the entry's own type (`d_type`); only an entry whose filesystem gives none is `lstat`ed.
 /// As in [`list_in_root`], a name that is not UTF-8 is left out. At most `max` entries are
 /// held at a time, whatever the directory's size.
