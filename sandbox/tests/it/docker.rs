@@ -297,6 +297,16 @@ fn reset_snapshot_rollback_and_kill_all() {
     require_root!();
     let d = require_docker!();
     let mut sb = container(d);
+    // The writable layer's usage follows the container the handle has now (its path is asked
+    // of the daemon once per container): 1 MiB written after a rollback or a reset shows.
+    let grows = |sb: &mut DockerSandbox| {
+        let before = sb.overview("/", 0).unwrap().upper_bytes;
+        sh(sb, "head -c 1048576 /dev/zero > /root/mib");
+        let after = sb.overview("/", 0).unwrap().upper_bytes;
+        sh(sb, "rm /root/mib");
+        assert!(after >= before + 1_000_000, "{before} -> {after}");
+    };
+    grows(&mut sb);
     sh(&mut sb, "echo 1 > /root/a");
     let snap = sb.snapshot().unwrap();
     sh(
@@ -312,7 +322,9 @@ fn reset_snapshot_rollback_and_kill_all() {
         stdout(&sh(&mut sb, "cat /root/a; test -e /usr/bin/ls && echo ls")),
         "1\nls"
     );
+    grows(&mut sb);
     sb.reset().unwrap();
+    grows(&mut sb);
     let r = sh(&mut sb, "cat /root/a");
     assert!(!r.success(), "the reset container still has the file");
     assert!(sb.rollback(snap).is_err(), "snapshots die with the reset");
