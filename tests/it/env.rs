@@ -327,8 +327,11 @@ fn a_vanished_cwd_or_late_stderr_is_the_agents_problem_not_infrastructure() {
         "{:?}",
         s.observation.listing
     );
+    // The next command cannot start there: the agent's failed step, and the cwd is / again.
     let s = e.step(&cmd("pwd")).unwrap();
     assert!(!s.info.infra_failure, "{:?}", s.info);
+    assert_eq!(s.observation.exit_code, Some(127));
+    assert_eq!(s.observation.cwd, "/");
 }
 
 #[test]

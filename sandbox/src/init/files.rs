@@ -18,13 +18,9 @@ fn failed(path: &str, e: Errno) -> Response {
         // not there any more, as when the open itself comes too late (ENOENT).
         Errno::ENOENT | Errno::ENOTDIR | Errno::ESRCH => FailureKind::NotFound,
         Errno::EACCES | Errno::EPERM | Errno::EROFS => FailureKind::Denied,
-        // ENAMETOOLONG: always the caller's path (an agent's cwd can be made that long).
-        Errno::EINVAL
-        | Errno::EISDIR
-        | Errno::ELOOP
-        | Errno::EXDEV
-        | Errno::ENXIO
-        | Errno::ENAMETOOLONG => FailureKind::Invalid,
+        Errno::EINVAL | Errno::EISDIR | Errno::ELOOP | Errno::EXDEV | Errno::ENXIO => {
+            FailureKind::Invalid
+        }
         _ => FailureKind::Internal,
     };
     Response::Failed {
@@ -341,6 +337,10 @@ pub(crate) fn names_in_root(
     max: usize,
 ) -> Result<Option<Vec<ShownEntry>>, Errno> {
     let agents = |e: Errno| match failed(path, e) {
+        // A cwd longer than the kernel takes is one the agent made (its `PWD`): no listing.
+        // (Other requests keep ENAMETOOLONG as init's failure: a path a verifier builds past
+        // PATH_MAX, which the kernel still resolves link by link, must never read as absent.)
+        _ if e == Errno::ENAMETOOLONG => Ok(None),
         Response::Failed {
             kind: FailureKind::Internal,
             ..
