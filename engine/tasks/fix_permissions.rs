@@ -692,9 +692,26 @@ pub(crate) mod system {
         }
     }
 
-    /// The canonical path of `path` in the sandbox, or `None` when it does not resolve.
+    /// The longest path one lookup takes (`PATH_MAX` less its NUL).
+    const PATH_MAX: usize = 4095;
+
+    /// The canonical path of `path` in the sandbox, or `None` when it does not resolve. A
+    /// canonical path longer than one lookup takes (links whose targets chain past
+    /// `PATH_MAX`, which the kernel still resolves link by link) is neither absent (a lookup
+    /// would skip a `PATH` entry the shell uses) nor the sandbox's failure: the check cannot
+    /// tell, and fails.
     pub fn canonical(probe: &mut dyn Probe, path: &str) -> Result<Option<String>, ProbeError> {
         walk(path, |p| {
+            if p.len() > PATH_MAX {
+                return Err(ProbeError::Sandbox(sandbox::SandboxError::Request {
+                    kind: sandbox::protocol::FailureKind::Invalid,
+                    message: format!(
+                        "{}...: a path of {} bytes through symlinks, longer than one lookup takes",
+                        p.chars().take(64).collect::<String>(),
+                        p.len()
+                    ),
+                }));
+            }
             Ok(probe.stat(p)?.map(|st| match (st.kind, st.symlink_target) {
                 (FileKind::Symlink, Some(t)) => Node::Link(t),
                 (FileKind::Dir, _) => Node::Dir,
@@ -950,6 +967,13 @@ pub(crate) mod system {
             }
             fn stat(&mut self, path: &str) -> Result<Option<FileStat>, ProbeError> {
                 self.asked += 1;
+                // As init answers a path longer than the kernel takes in one lookup.
+                if path.len() > 4095 {
+                    return Err(ProbeError::Sandbox(sandbox::SandboxError::Request {
+                        kind: sandbox::protocol::FailureKind::Internal,
+                        message: format!("{path}: File name too long"),
+                    }));
+                }
                 Ok(self.nodes.get(path).cloned())
             }
             fn list(&mut self, _: &str) -> Result<Option<Vec<DirEntry>>, ProbeError> {
@@ -966,6 +990,51 @@ pub(crate) mod system {
             ) -> Result<Option<Vec<u8>>, ProbeError> {
                 Ok(None)
             }
+        }
+
+        /// Hack trial: `/usr/local/bin` made a link into a directory deeper than `PATH_MAX`
+        /// (each link's target shorter), holding a fake `mv`. The shell runs it; the lookup
+        /// must neither skip that entry (and find the system's `mv` next) nor end the step as
+        /// the sandbox's failure.
+        #[test]
+        fn a_path_entry_deeper_than_one_lookup_fails_the_check_not_the_sandbox() {
+            let node = |kind, link: Option<String>| FileStat {
+                kind,
+                mode: 0o755,
+                uid: 0,
+                gid: 0,
+                size: 0,
+                mtime_ns: 0,
+                symlink_target: link,
+            };
+            let leak = |s: String| -> &'static str { Box::leak(s.into_boxed_str()) };
+            let comps: Vec<String> = (0..17)
+                .map(|i| format!("{i:02}{}", "d".repeat(248)))
+                .collect();
+            let mut nodes = std::collections::BTreeMap::new();
+            for d in ["/usr", "/usr/local", "/usr/bin", "/deep"] {
+                nodes.insert(d, node(FileKind::Dir, None));
+            }
+            nodes.insert("/usr/bin/mv", node(FileKind::File, None));
+            let mut dir = "/deep".to_string();
+            for c in &comps {
+                dir = format!("{dir}/{c}");
+                nodes.insert(leak(dir.clone()), node(FileKind::Dir, None));
+            }
+            nodes.insert(leak(format!("{dir}/mv")), node(FileKind::File, None));
+            let half = format!("/deep/{}", comps[..8].join("/"));
+            nodes.insert(
+                leak(format!("{half}/l")),
+                node(FileKind::Symlink, Some(comps[8..].join("/"))),
+            );
+            nodes.insert(
+                "/usr/local/bin",
+                node(FileKind::Symlink, Some(format!("{half}/l"))),
+            );
+            assert!(dir.len() > 4095 && half.len() + 2 < 4095);
+            let mut tree = Tree { nodes, asked: 0 };
+            let e = find(&mut tree, "mv", "/usr/local/bin:/usr/bin").unwrap_err();
+            assert!(!e.is_infrastructure(), "{e}");
         }
 
         #[test]
