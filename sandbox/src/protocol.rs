@@ -171,7 +171,8 @@ pub struct DirEntry {
 }
 
 /// A directory entry as an observation shows it: its name, and whether it is a directory (a
-/// symlink to one is not), from the directory's own entry type (no `lstat` per entry).
+/// symlink to one is not), from the directory's own entry type (an `lstat` only where the
+/// filesystem gives none).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ShownEntry {
     pub name: String,

@@ -369,7 +369,8 @@ impl Sandbox {
     }
 
     /// What an observation reads, in one request: the first `max_entries` entries of `path`
-    /// by name with their kinds, and the episode's disk usage ([`Overview`]).
+    /// in the order an observation shows them, with their kinds, and the episode's disk usage
+    /// ([`Overview`]).
     pub fn overview(&mut self, path: &str, max_entries: u32) -> Result<Overview, SandboxError> {
         let req = Request::Overview {
             path: path.into(),
