@@ -18,6 +18,10 @@ pub enum ProbeError {
     Netns(std::io::Error),
     #[error("probe thread panicked")]
     Thread,
+    /// A path the verifier built (following symlinks itself) that is longer than one lookup
+    /// takes: it can tell neither what is there nor that nothing is, so its check fails.
+    #[error("{prefix}...: a path of {len} bytes through symlinks, longer than one lookup takes")]
+    PathTooLong { prefix: String, len: usize },
 }
 
 impl ProbeError {
@@ -27,6 +31,7 @@ impl ProbeError {
         match self {
             Self::Sandbox(e) => e.is_infrastructure(),
             Self::Netns(_) | Self::Thread => true,
+            Self::PathTooLong { .. } => false,
         }
     }
 }

@@ -210,25 +210,25 @@ pub fn run(rt: &Runtime, cache: &Cache, o: &EnvBenchOpts) -> Result<EnvBenchRepo
     let rounds = o.rounds.max(1).next_multiple_of(2);
     let slice = o.seconds / rounds as f64;
     let mut randoms = Vec::new();
+    let ratio =
+        |b: &Throughput, a: &Throughput| b.steps_per_s / a.steps_per_s.max(f64::MIN_POSITIVE);
+    let sum = |v: Vec<Throughput>| v.into_iter().reduce(|a, b| a.plus(&b));
     for &w in &o.workers {
-        let (mut raw, mut random): (Option<Throughput>, Option<Throughput>) = (None, None);
-        let mut per_round = Vec::new();
+        let (mut raws, mut rands) = (Vec::new(), Vec::new());
         for r in 0..rounds {
-            let (a, b) = if r % 2 == 0 {
-                let a = measure_raw(rt, cache, &o.task, w, slice)?;
-                (a, measure(rt, cache, &o.task, "random", w, slice)?)
+            if r % 2 == 0 {
+                raws.push(measure_raw(rt, cache, &o.task, w, slice)?);
+                rands.push(measure(rt, cache, &o.task, "random", w, slice)?);
             } else {
-                let b = measure(rt, cache, &o.task, "random", w, slice)?;
-                (measure_raw(rt, cache, &o.task, w, slice)?, b)
-            };
-            per_round.push(b.steps_per_s / a.steps_per_s.max(f64::MIN_POSITIVE));
-            raw = Some(raw.map_or(a.clone(), |t| t.plus(&a)));
-            random = Some(random.map_or(b.clone(), |t| t.plus(&b)));
+                rands.push(measure(rt, cache, &o.task, "random", w, slice)?);
+                raws.push(measure_raw(rt, cache, &o.task, w, slice)?);
+            }
         }
-        if let (Some(a), Some(b)) = (raw, random) {
+        let per_round = rands.iter().zip(&raws).map(|(b, a)| ratio(b, a)).collect();
+        if let (Some(a), Some(b)) = (sum(raws), sum(rands)) {
             random_vs_raw.push(RoundsRatio {
                 workers: w,
-                ratio: b.steps_per_s / a.steps_per_s.max(f64::MIN_POSITIVE),
+                ratio: ratio(&b, &a),
                 per_round,
             });
             throughput.push(a);
@@ -338,7 +338,7 @@ fn on_workers(
         step_s += c.step_s;
         elapsed_s += c.elapsed_s;
         // Each worker's own rate over the time it really ran.
-        t.steps_per_s += c.steps as f64 / c.elapsed_s.max(seconds).max(f64::MIN_POSITIVE);
+        t.steps_per_s += c.steps as f64 / c.elapsed_s.max(f64::MIN_POSITIVE);
     }
     t.seconds = elapsed_s / workers.max(1) as f64;
     t.reset_ms_per_episode = 1e3 * reset_s / t.episodes.max(1) as f64;

@@ -703,14 +703,10 @@ pub(crate) mod system {
     pub fn canonical(probe: &mut dyn Probe, path: &str) -> Result<Option<String>, ProbeError> {
         walk(path, |p| {
             if p.len() > PATH_MAX {
-                return Err(ProbeError::Sandbox(sandbox::SandboxError::Request {
-                    kind: sandbox::protocol::FailureKind::Invalid,
-                    message: format!(
-                        "{}...: a path of {} bytes through symlinks, longer than one lookup takes",
-                        p.chars().take(64).collect::<String>(),
-                        p.len()
-                    ),
-                }));
+                return Err(ProbeError::PathTooLong {
+                    prefix: p.chars().take(64).collect(),
+                    len: p.len(),
+                });
             }
             Ok(probe.stat(p)?.map(|st| match (st.kind, st.symlink_target) {
                 (FileKind::Symlink, Some(t)) => Node::Link(t),
@@ -968,7 +964,7 @@ pub(crate) mod system {
             fn stat(&mut self, path: &str) -> Result<Option<FileStat>, ProbeError> {
                 self.asked += 1;
                 // As init answers a path longer than the kernel takes in one lookup.
-                if path.len() > 4095 {
+                if path.len() > PATH_MAX {
                     return Err(ProbeError::Sandbox(sandbox::SandboxError::Request {
                         kind: sandbox::protocol::FailureKind::Internal,
                         message: format!("{path}: File name too long"),
@@ -1031,7 +1027,7 @@ pub(crate) mod system {
                 "/usr/local/bin",
                 node(FileKind::Symlink, Some(format!("{half}/l"))),
             );
-            assert!(dir.len() > 4095 && half.len() + 2 < 4095);
+            assert!(dir.len() > PATH_MAX && half.len() + 2 < PATH_MAX);
             let mut tree = Tree { nodes, asked: 0 };
             let e = find(&mut tree, "mv", "/usr/local/bin:/usr/bin").unwrap_err();
             assert!(!e.is_infrastructure(), "{e}");

@@ -306,18 +306,13 @@ impl SandboxOps for DockerSandbox {
     /// container's writable layer (no daemon request after the container's first).
     fn overview(&mut self, path: &str, max_entries: u32) -> Result<Overview, SandboxError> {
         self.alive_or_dead()?;
-        let root = self.root.as_ref().ok_or(SandboxError::Dead)?;
-        let entries = files::names_in_root(root, path, max_entries as usize).map_err(|e| {
-            SandboxError::Request {
-                kind: crate::protocol::FailureKind::Internal,
-                message: format!("{path}: {}", e.desc()),
-            }
-        })?;
         let upper_bytes = self.upper_dir()?.map_or(0, |u| host::usage(&u).0);
-        Ok(Overview {
-            entries,
-            upper_bytes,
-        })
+        match self
+            .file_request(|root| files::overview_in_root(root, path, max_entries, upper_bytes))?
+        {
+            Response::Overview(o) => Ok(o),
+            other => Err(unexpected("overview", other)),
+        }
     }
 
     fn health(&mut self) -> Result<Health, SandboxError> {

@@ -13,7 +13,16 @@ use std::ffi::CString;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 fn failed(path: &str, e: Errno) -> Response {
-    let kind = match e {
+    Response::Failed {
+        kind: failure_kind(e),
+        message: format!("{path}: {}", e.desc()),
+    }
+}
+
+/// Whose failure an errno of a file request is: the agent's state (`NotFound`, `Denied`,
+/// `Invalid`) or init's own (`Internal`).
+fn failure_kind(e: Errno) -> FailureKind {
+    match e {
         // ESRCH: a process that exited between the open and the read of its /proc file is
         // not there any more, as when the open itself comes too late (ENOENT).
         Errno::ENOENT | Errno::ENOTDIR | Errno::ESRCH => FailureKind::NotFound,
@@ -22,10 +31,6 @@ fn failed(path: &str, e: Errno) -> Response {
             FailureKind::Invalid
         }
         _ => FailureKind::Internal,
-    };
-    Response::Failed {
-        kind,
-        message: format!("{path}: {}", e.desc()),
     }
 }
 
@@ -165,21 +170,10 @@ impl Init {
 
     /// [`Overview`]: the directory's first `max` names and kinds, and the upper layer's usage.
     pub(super) fn overview(&mut self, path: &str, max: u32) -> Response {
-        let upper_bytes = self.upper_usage().0;
-        let root = match self.root() {
-            Ok(root) => root,
-            Err(e) => return failed(path, e),
-        };
-        match names_in_root(root, path, max as usize) {
-            Ok(entries) => Response::Overview(Overview {
-                entries,
-                upper_bytes,
-            }),
-            // What is left after the agent's errnos is init's own failure.
-            Err(e) => Response::Failed {
-                kind: FailureKind::Internal,
-                message: format!("{path}: {}", e.desc()),
-            },
+        let upper_bytes = super::fs_usage(&self.layout.rw()).0;
+        match self.root() {
+            Ok(root) => overview_in_root(root, path, max, upper_bytes),
+            Err(e) => failed(path, e),
         }
     }
 }
@@ -331,20 +325,13 @@ pub(crate) fn list_in_root(root: &OwnedFd, path: &str) -> Response {
 /// the entry's own type (`d_type`); only an entry whose filesystem gives none is `lstat`ed.
 /// As in [`list_in_root`], a name that is not UTF-8 is left out. At most `max` entries are
 /// held at a time, whatever the directory's size.
-pub(crate) fn names_in_root(
-    root: &OwnedFd,
-    path: &str,
-    max: usize,
-) -> Result<Option<Vec<ShownEntry>>, Errno> {
-    let agents = |e: Errno| match failed(path, e) {
+fn names_in_root(root: &OwnedFd, path: &str, max: usize) -> Result<Option<Vec<ShownEntry>>, Errno> {
+    let agents = |e: Errno| match e {
         // A cwd longer than the kernel takes is one the agent made (its `PWD`): no listing.
         // (Other requests keep ENAMETOOLONG as init's failure: a path a verifier builds past
         // PATH_MAX, which the kernel still resolves link by link, must never read as absent.)
-        _ if e == Errno::ENAMETOOLONG => Ok(None),
-        Response::Failed {
-            kind: FailureKind::Internal,
-            ..
-        } => Err(e),
+        Errno::ENAMETOOLONG => Ok(None),
+        e if failure_kind(e) == FailureKind::Internal => Err(e),
         _ => Ok(None),
     };
     if !path.starts_with('/') {
@@ -392,6 +379,22 @@ pub(crate) fn names_in_root(
     let mut out: Vec<ShownEntry> = kept.into_iter().map(|s| s.0).collect();
     ShownEntry::sort_shown(&mut out);
     Ok(Some(out))
+}
+
+/// [`Overview`] of directory `path` under `root` with the caller's disk usage; an error left
+/// after the agent's errnos is init's own failure (`Internal`). Also used by other backends
+/// over their own root directory.
+pub(crate) fn overview_in_root(root: &OwnedFd, path: &str, max: u32, upper_bytes: u64) -> Response {
+    match names_in_root(root, path, max as usize) {
+        Ok(entries) => Response::Overview(Overview {
+            entries,
+            upper_bytes,
+        }),
+        Err(e) => Response::Failed {
+            kind: FailureKind::Internal,
+            message: format!("{path}: {}", e.desc()),
+        },
+    }
 }
 
 /// An entry ordered as [`ShownEntry::sort_shown`] orders them.

@@ -559,7 +559,7 @@ impl Init {
                     .count()
             })
             .unwrap_or(1);
-        let (upper_bytes, upper_inodes) = self.upper_usage();
+        let (upper_bytes, upper_inodes) = fs_usage(&self.layout.rw());
         let (shm_bytes, shm_inodes) = fs_usage(&self.layout.root().join("dev/shm"));
         Health {
             pid_in_sandbox: std::process::id(),
@@ -580,11 +580,6 @@ impl Init {
 }
 
 impl Init {
-    /// Bytes and inodes in use on the episode's writable tmpfs.
-    fn upper_usage(&self) -> (u64, u64) {
-        fs_usage(&self.layout.rw())
-    }
-
     fn zygote_alive(&self) -> bool {
         self.zygote
             .as_ref()
@@ -593,7 +588,7 @@ impl Init {
 }
 
 /// The kernel's own accounting of a filesystem: bytes and inodes in use (0 where it cannot say).
-fn fs_usage(p: &std::path::Path) -> (u64, u64) {
+pub(super) fn fs_usage(p: &std::path::Path) -> (u64, u64) {
     nix::sys::statvfs::statvfs(p)
         .map(|s| {
             (
