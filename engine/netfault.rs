@@ -168,40 +168,53 @@ struct Shared {
 fn accept_loop(listener: TcpListener, shared: Arc<Shared>, counter: Arc<AtomicU64>) {
     let mut conns: Vec<JoinHandle<()>> = Vec::new();
     while !shared.stop.load(Ordering::SeqCst) {
-        match listener.accept() {
-            Ok((client, _)) => {
-                let n = counter.fetch_add(1, Ordering::SeqCst);
-                conns.retain(|h| !h.is_finished());
-                if conns.len() >= MAX_CONNECTIONS {
-                    tracing::warn!(conn = n, "fault proxy: too many connections, closing");
-                    continue;
-                }
-                let sh = shared.clone();
-                // Spawned from this thread, the connection thread is in the sandbox's
-                // network namespace too (a new thread copies its creator's namespaces).
-                match std::thread::Builder::new()
-                    .name(format!("proxy-conn-{n}"))
-                    .spawn(move || connection(client, n, &sh))
-                {
-                    Ok(h) => conns.push(h),
-                    Err(e) => tracing::warn!(conn = n, error = %e, "fault proxy: no thread"),
-                }
-            }
-            Err(e) if e.kind() == ErrorKind::WouldBlock || e.kind() == ErrorKind::Interrupted => {
-                let mut fds = [nix::poll::PollFd::new(
-                    listener.as_fd(),
-                    nix::poll::PollFlags::POLLIN,
-                )];
-                let _ = nix::poll::poll(&mut fds, TICK.as_millis() as u16);
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "fault proxy: accept failed");
-                std::thread::sleep(TICK);
-            }
+        let Some(client) = accept_within(&listener, TICK, "fault proxy") else {
+            continue;
+        };
+        let n = counter.fetch_add(1, Ordering::SeqCst);
+        conns.retain(|h| !h.is_finished());
+        if conns.len() >= MAX_CONNECTIONS {
+            tracing::warn!(conn = n, "fault proxy: too many connections, closing");
+            continue;
+        }
+        let sh = shared.clone();
+        // Spawned from this thread, the connection thread is in the sandbox's
+        // network namespace too (a new thread copies its creator's namespaces).
+        match std::thread::Builder::new()
+            .name(format!("proxy-conn-{n}"))
+            .spawn(move || connection(client, n, &sh))
+        {
+            Ok(h) => conns.push(h),
+            Err(e) => tracing::warn!(conn = n, error = %e, "fault proxy: no thread"),
         }
     }
     for h in conns {
         let _ = h.join();
+    }
+}
+
+/// Accept a connection on a non-blocking listener, or wait up to `tick` for one (`None`); an
+/// accept that fails for another reason is logged (as `who`'s) and waited out.
+pub(crate) fn accept_within(
+    listener: &TcpListener,
+    tick: Duration,
+    who: &str,
+) -> Option<TcpStream> {
+    match listener.accept() {
+        Ok((client, _)) => Some(client),
+        Err(e) if e.kind() == ErrorKind::WouldBlock || e.kind() == ErrorKind::Interrupted => {
+            let mut fds = [nix::poll::PollFd::new(
+                listener.as_fd(),
+                nix::poll::PollFlags::POLLIN,
+            )];
+            let _ = nix::poll::poll(&mut fds, tick.as_millis() as u16);
+            None
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, who, "accept failed");
+            std::thread::sleep(tick);
+            None
+        }
     }
 }
 

@@ -37,7 +37,7 @@ pub fn run(
     store: &harbor::LayerStore,
     docker: &dyn DynBackend,
     dirs: &[PathBuf],
-    base: Option<&RootfsSpec>,
+    build: &harbor::BuildOptions,
     iterations: usize,
 ) -> Result<Report, HarborError> {
     let mut report = Report {
@@ -63,7 +63,7 @@ pub fn run(
                 continue;
             }
         };
-        let img = harbor::build_image(rt, store, &task, &df, base)?;
+        let img = harbor::build_image(rt, store, &task, &df, build)?;
         if !matches!(img.rootfs, RootfsSpec::Docker(_)) {
             report.skipped.push((
                 task.name.clone(),

@@ -80,6 +80,8 @@ pub enum BenchCmd {
         /// The rootfs every `FROM` resolves to (else the image of that name in the daemon).
         #[arg(long)]
         base: Option<String>,
+        #[command(flatten)]
+        net: super::harbor::BuildNetOpts,
         #[arg(long)]
         json: bool,
     },
@@ -109,14 +111,15 @@ pub fn run(cmd: BenchCmd) -> anyhow::Result<i32> {
             dirs,
             iterations,
             base,
+            net,
             json,
         } => {
-            let base = super::harbor::base_opt(base.as_deref())?;
+            let build = super::harbor::build_options(base.as_deref(), &net)?;
             let rt = super::sandbox::runtime()?;
             let docker = super::sandbox::docker_backend()?;
             let store = engine::harbor::LayerStore::open(rt.state_dir())?;
             let report =
-                engine::bench::harbor::run(&rt, &store, &docker, &dirs, base.as_ref(), iterations)?;
+                engine::bench::harbor::run(&rt, &store, &docker, &dirs, &build, iterations)?;
             if json {
                 outln!("{}", serde_json::to_string(&report)?);
             } else {

@@ -47,6 +47,8 @@ pub struct Opts {
     /// the local Docker image of that name, else `host` for a Debian-family base.
     #[arg(long)]
     base: Option<String>,
+    #[command(flatten)]
+    net: BuildNetOpts,
     /// A perturbation of the factory's catalogue on the task's image: `NAME` or
     /// `NAME:key=value,...` (repeatable; `engine perturb list`).
     #[arg(long = "perturb", value_name = "SPEC")]
@@ -62,6 +64,37 @@ pub struct Opts {
     /// The seed the template's space is sampled with (and the faults synthesized with).
     #[arg(long, default_value = "1")]
     seed: u64,
+}
+
+/// How a task's `RUN` steps reach the network (docs/harbor.md, "The build network").
+#[derive(clap::Args)]
+pub struct BuildNetOpts {
+    /// A host a `RUN` step may reach besides the default package registries: `HOST` (ports
+    /// 80 and 443) or `HOST:PORT` (repeatable).
+    #[arg(long = "registry", value_name = "HOST[:PORT]", value_parser = parse_registry)]
+    registry: Vec<harbor::Registry>,
+    /// `RUN` steps get no network at all (not even the package registries).
+    #[arg(long, conflicts_with = "registry")]
+    offline_build: bool,
+}
+
+fn parse_registry(s: &str) -> Result<harbor::Registry, String> {
+    s.parse()
+}
+
+/// `--base` and the build network, as build options (a usage error names a bad `--base`).
+pub fn build_options(
+    base: Option<&str>,
+    net: &BuildNetOpts,
+) -> anyhow::Result<harbor::BuildOptions> {
+    Ok(harbor::BuildOptions {
+        base: base_opt(base)?,
+        network: if net.offline_build {
+            harbor::BuildNetwork::Offline
+        } else {
+            harbor::BuildNetwork::with(&net.registry)
+        },
+    })
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -119,7 +152,7 @@ fn print(o: &Outcome, json: bool) -> anyhow::Result<()> {
 }
 
 fn each(dirs: &[PathBuf], opts: &Opts, agent: &Agent, json: bool) -> anyhow::Result<i32> {
-    let base = base_opt(opts.base.as_deref())?;
+    let build = build_options(opts.base.as_deref(), &opts.net)?;
     let mut perturb = Vec::new();
     for s in &opts.perturb {
         perturb.push(
@@ -154,16 +187,7 @@ fn each(dirs: &[PathBuf], opts: &Opts, agent: &Agent, json: bool) -> anyhow::Res
     };
     let mut failed = false;
     for d in &dirs {
-        let o = harbor::check_task(
-            &rt,
-            backend,
-            &store,
-            d,
-            base.as_ref(),
-            agent,
-            &perturb,
-            opts.seed,
-        )?;
+        let o = harbor::check_task(&rt, backend, &store, d, &build, agent, &perturb, opts.seed)?;
         failed |= !o.passed && !o.skipped;
         print(&o, json)?;
     }

@@ -39,7 +39,7 @@ fn harbor(t: &Template, dir: &Path, seed: u64, count: u64, json: bool) -> anyhow
             file: task.dockerfile.clone(),
             source,
         })?;
-    let img = harbor::build_image(&rt, &store, &task, &df, None)?;
+    let img = harbor::build_image(&rt, &store, &task, &df, &harbor::BuildOptions::default())?;
     let mut instances = Vec::new();
     for s in seed..seed.saturating_add(count) {
         let plan = t.sample(s);

@@ -1,11 +1,12 @@
 //! A task's Dockerfile built into read-only layers: each `RUN`, `COPY`/`ADD` and `WORKDIR`
-//! runs in a build sandbox (offline, like every sandbox) over the base and the layers before
-//! it, and its diff becomes a layer of the store, named by its cache key: the base's digest,
+//! runs in a build sandbox over the base and the layers before it (a `RUN` reaches the
+//! package registries through the build network, `registries.rs`, and nothing else), and its diff becomes a layer of the store, named by its cache key: the base's digest,
 //! the instruction and everything before it (and the content of what `COPY` reads). A layer
 //! is published by rename only after its step succeeded: no half-built layer is ever used,
 //! and a failed step leaves every earlier layer in place.
 
 use super::dockerfile::{Dockerfile, Source, Step};
+use super::registries::{BuildNetwork, RegistryProxy};
 use super::{sbx_err, HarborError, Task};
 use sandbox::{ExecRequest, RootfsSpec, Runtime, SandboxConfig};
 use sha2::{Digest, Sha256};
@@ -35,6 +36,25 @@ pub struct Image {
     pub runtime: crate::instance::RuntimeSettings,
     /// The perturbations applied, in words.
     pub applied: Vec<String>,
+}
+
+/// How a task's image is built.
+#[derive(Debug, Clone, Default)]
+pub struct BuildOptions {
+    /// The rootfs every `FROM` resolves to (`--base`); `None`: [`resolve_from`]'s order.
+    pub base: Option<RootfsSpec>,
+    /// How `RUN` steps reach the network (default: the package registries only).
+    pub network: BuildNetwork,
+}
+
+impl BuildOptions {
+    /// Every `FROM` on `base`, the default network.
+    pub fn on(base: RootfsSpec) -> Self {
+        Self {
+            base: Some(base),
+            ..Self::default()
+        }
+    }
 }
 
 /// The store of built layers: `<state>/harbor-layers`, its own tmpfs (overlayfs refuses a
@@ -365,9 +385,9 @@ pub fn build_image(
     store: &LayerStore,
     task: &Task,
     df: &Dockerfile,
-    base: Option<&RootfsSpec>,
+    opts: &BuildOptions,
 ) -> Result<Image, HarborError> {
-    let (rootfs, base_note) = resolve_from(rt, task, df, base)?;
+    let (rootfs, base_note) = resolve_from(rt, task, df, opts.base.as_ref())?;
     let resolved = rt
         .resolve(&rootfs)
         .map_err(sbx_err(format!("rootfs {rootfs}")))?;
@@ -469,11 +489,27 @@ pub fn build_image(
             )?),
             None => None,
         };
+        // A `RUN` reaches the registries through a proxy in its sandbox's network namespace.
+        let proxy = match (&opts.network, &ins.step) {
+            (BuildNetwork::Registries(allowed), Step::Run { .. }) => Some(
+                RegistryProxy::start(sbx.init_pid(), allowed).map_err(|source| {
+                    HarborError::BuildNetwork {
+                        file: task.dockerfile.clone(),
+                        line: ins.line,
+                        source,
+                    }
+                })?,
+            ),
+            _ => None,
+        };
         let run = |sbx: &mut sandbox::Sandbox, cmd: String, user| -> Result<(), HarborError> {
             let mut req = ExecRequest::shell(cmd);
             req.cwd = "/".into();
             req.timeout_ms = 3_600_000;
             req.user = user;
+            if let Some(p) = &proxy {
+                req.env = Some(merge_env(&cfg.env, &p.env()));
+            }
             let r = sbx
                 .exec(&req)
                 .map_err(sbx_err(format!("line {}", ins.line)))?;
@@ -483,8 +519,20 @@ pub fn build_image(
             let err = String::from_utf8_lossy(&r.stderr);
             let tail: Vec<&str> = err.lines().rev().take(3).collect();
             let tail: Vec<&str> = tail.into_iter().rev().collect();
+            let refused = proxy
+                .as_ref()
+                .map(RegistryProxy::refused)
+                .unwrap_or_default();
+            let network = if refused.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    " (the build network refused {}: not a registry it may reach; --registry HOST[:PORT] adds one)",
+                    refused.join(", ")
+                )
+            };
             Err(fail(format!(
-                "the step failed (exit {}): {}",
+                "the step failed (exit {}): {}{network}",
                 r.exit_code(),
                 crate::text::cut(&tail.join(" | "))
             )))
@@ -528,6 +576,7 @@ pub fn build_image(
             }
         }
         sbx.kill_all().map_err(sbx_err("stopping the build step"))?;
+        drop(proxy);
         let tmp = store.dir.join(format!(".tmp-{key}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&tmp);
         if let Err(e) = sbx.export_diff(&tmp, cfg.disk_bytes) {

@@ -746,7 +746,7 @@ pub fn check_task(
     backend: &dyn DynBackend,
     store: &super::LayerStore,
     dir: &std::path::Path,
-    base: Option<&sandbox::RootfsSpec>,
+    build: &super::BuildOptions,
     agent: &Agent,
     perturb: &[crate::instance::PerturbationChoice],
     seed: u64,
@@ -802,7 +802,7 @@ pub fn check_task(
         o.reward = f64::NAN;
         o
     };
-    let img = match super::build_image(rt, store, &task, &df, base) {
+    let img = match super::build_image(rt, store, &task, &df, build) {
         Ok(i) => i,
         Err(e) if !e.is_bad_input() => return Ok(infra(e)),
         Err(e) => return Err(e),

@@ -8,12 +8,14 @@ pub mod build;
 pub mod dockerfile;
 pub mod episode;
 pub mod perturb;
+pub mod registries;
 pub mod task;
 mod verifier;
 
-pub use build::{build_image, Image, LayerStore};
+pub use build::{build_image, BuildOptions, Image, LayerStore};
 pub use episode::{check_task, run_episode, Agent, Outcome};
 pub use perturb::perturb_image;
+pub use registries::{BuildNetwork, Registry};
 pub use task::{load, Layout, Oracle, Task};
 pub use verifier::{IMAGE_PYTHONPATH, SAFE_PATH_SITECUSTOMIZE};
 
@@ -41,6 +43,13 @@ pub enum HarborError {
         line: usize,
         reason: String,
     },
+    /// The build network (`registries.rs`) did not start for a build step.
+    #[error("{}: line {line}: starting the build network: {source}", file.display())]
+    BuildNetwork {
+        file: PathBuf,
+        line: usize,
+        source: std::io::Error,
+    },
     #[error("{}: {source}", path.display())]
     Io {
         path: PathBuf,
@@ -66,7 +75,10 @@ impl HarborError {
     pub fn is_bad_input(&self) -> bool {
         !matches!(
             self,
-            Self::Io { .. } | Self::Sandbox { .. } | Self::Infrastructure { .. }
+            Self::Io { .. }
+                | Self::Sandbox { .. }
+                | Self::Infrastructure { .. }
+                | Self::BuildNetwork { .. }
         )
     }
 

@@ -4,11 +4,17 @@
 //! private `dockerd` the same tasks on the Docker backend.
 
 use crate::common;
-use engine::harbor::{self, Agent, LayerStore};
+use engine::harbor::{self, Agent, BuildOptions, LayerStore};
 use sandbox::RootfsSpec;
 use std::path::{Path, PathBuf};
 
+mod build_network;
 mod python;
+
+/// Every `FROM` on the host rootfs, the default build network.
+fn on_host() -> BuildOptions {
+    BuildOptions::on(RootfsSpec::Host)
+}
 
 fn fixture(rel: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -49,7 +55,7 @@ fn task_folders_of_both_layouts_pass_fail_or_skip_as_their_oracles_deserve() {
     require_root!();
     let rt = common::runtime();
     let s = Store::new();
-    let host = RootfsSpec::Host;
+    let host = on_host();
     // (folder, passed, skipped, a part of the reason)
     let expect: &[(&str, bool, bool, &str)] = &[
         ("harbor/hello-file", true, false, "reward.txt: 1"),
@@ -91,7 +97,7 @@ fn task_folders_of_both_layouts_pass_fail_or_skip_as_their_oracles_deserve() {
             &rt,
             &s.store,
             &fixture(dir),
-            Some(&host),
+            &host,
             &Agent::Oracle,
             &[],
             1,
@@ -109,7 +115,7 @@ fn task_folders_of_both_layouts_pass_fail_or_skip_as_their_oracles_deserve() {
         &rt,
         &s.store,
         &fixture("harbor/user-glob-uvx"),
-        Some(&host),
+        &host,
         &Agent::Oracle,
         &[],
         1,
@@ -132,7 +138,7 @@ fn task_folders_of_both_layouts_pass_fail_or_skip_as_their_oracles_deserve() {
             &rt,
             &s.store,
             &fixture(dir),
-            Some(&host),
+            &host,
             &Agent::Nothing,
             &[],
             1,
@@ -205,9 +211,9 @@ fn layers_are_cached_and_a_failed_step_publishes_nothing() {
     let task = harbor::load(&dir).unwrap();
     let df =
         harbor::dockerfile::parse(&std::fs::read_to_string(&task.dockerfile).unwrap()).unwrap();
-    let first = harbor::build_image(&rt, &s.store, &task, &df, Some(&RootfsSpec::Host)).unwrap();
+    let first = harbor::build_image(&rt, &s.store, &task, &df, &on_host()).unwrap();
     assert_eq!((first.built, first.cached), (3, 0), "WORKDIR, COPY, RUN");
-    let again = harbor::build_image(&rt, &s.store, &task, &df, Some(&RootfsSpec::Host)).unwrap();
+    let again = harbor::build_image(&rt, &s.store, &task, &df, &on_host()).unwrap();
     assert_eq!((again.built, again.cached), (0, 3));
     assert_eq!(again.layers, first.layers);
     let before = s.entries();
@@ -215,7 +221,7 @@ fn layers_are_cached_and_a_failed_step_publishes_nothing() {
     let text = std::fs::read_to_string(&task.dockerfile).unwrap() + "RUN echo broken >&2; exit 3\n";
     std::fs::write(&task.dockerfile, &text).unwrap();
     let df = harbor::dockerfile::parse(&text).unwrap();
-    let e = harbor::build_image(&rt, &s.store, &task, &df, Some(&RootfsSpec::Host))
+    let e = harbor::build_image(&rt, &s.store, &task, &df, &on_host())
         .unwrap_err()
         .to_string();
     let line = text.lines().count();
@@ -232,7 +238,7 @@ fn layers_are_cached_and_a_failed_step_publishes_nothing() {
     );
     // A base that is nowhere: the error names the Dockerfile and the FROM line.
     let missing = harbor::dockerfile::parse("# base\nFROM no-such-image:1\nRUN true\n").unwrap();
-    let e = harbor::build_image(&rt, &s.store, &task, &missing, None)
+    let e = harbor::build_image(&rt, &s.store, &task, &missing, &BuildOptions::default())
         .unwrap_err()
         .to_string();
     assert!(
@@ -244,7 +250,7 @@ fn layers_are_cached_and_a_failed_step_publishes_nothing() {
         .replace("chmod 644", "chmod 640")
         .replace("RUN echo broken >&2; exit 3\n", "");
     let df = harbor::dockerfile::parse(&text).unwrap();
-    let third = harbor::build_image(&rt, &s.store, &task, &df, Some(&RootfsSpec::Host)).unwrap();
+    let third = harbor::build_image(&rt, &s.store, &task, &df, &on_host()).unwrap();
     assert_eq!((third.built, third.cached), (1, 2));
 }
 
@@ -313,7 +319,7 @@ fn the_same_tasks_run_on_the_docker_backend() {
         &s.store,
         &docker,
         &[fixture("harbor/hello-file")],
-        None,
+        &BuildOptions::default(),
         1,
     )
     .unwrap();
@@ -329,7 +335,7 @@ fn the_same_tasks_run_on_the_docker_backend() {
                 backend,
                 &s.store,
                 &fixture(task),
-                None,
+                &BuildOptions::default(),
                 &Agent::Oracle,
                 &[],
                 1,
@@ -410,7 +416,7 @@ fn the_factorys_perturbations_apply_to_task_folders() {
     let rt = common::runtime();
     let s = Store::new();
     let dir = fixture("harbor/hello-file");
-    let host = Some(&RootfsSpec::Host);
+    let host = &on_host();
     let spec = engine::perturb::parse_spec("tool-missing:tool=tr").unwrap();
     let o = harbor::check_task(&rt, &rt, &s.store, &dir, host, &Agent::Oracle, &[spec], 1).unwrap();
     assert_eq!(o.reward, 0.0, "the oracle needs tr: {o:?}");
@@ -428,7 +434,7 @@ fn scripted(s: &Store, rt: &sandbox::Runtime, dir: &Path, cmds: &[String]) -> ha
         rt,
         &s.store,
         dir,
-        Some(&RootfsSpec::Host),
+        &on_host(),
         &Agent::Commands(cmds.to_vec()),
         &[],
         1,
@@ -948,7 +954,7 @@ fn perturbation_start_steps_run_again_for_the_tests() {
     // Unperturbed, the same tests see no zombie.
     for (perturb, reward) in [(zombies, 1.0), (vec![], 0.0)] {
         let agent = Agent::Commands(vec!["true".into()]);
-        let host = Some(&RootfsSpec::Host);
+        let host = &on_host();
         let o = harbor::check_task(&rt, &rt, &s.store, &dir, host, &agent, &perturb, 1).unwrap();
         assert_eq!(o.reward, reward, "{o:?}");
     }
@@ -1016,7 +1022,7 @@ fn host_side_failures_are_masked_not_scored() {
     let s = Store::new();
     let dir = fixture("harbor/reward-trick");
     let honest = Agent::Commands(vec!["touch /app/done".into()]);
-    let host = Some(&RootfsSpec::Host);
+    let host = &on_host();
     let run = |b: &dyn sandbox::DynBackend| {
         harbor::check_task(&rt, b, &s.store, &dir, host, &honest, &[], 1).unwrap()
     };

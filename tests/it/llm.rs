@@ -573,13 +573,12 @@ fn a_model_solves_a_harbor_task_folder_judged_by_its_own_tests() {
     let store = engine::harbor::LayerStore::open(state.path()).unwrap();
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/harbor/harbor/hello-file");
-    let host = sandbox::RootfsSpec::Host;
+    let host = engine::harbor::BuildOptions::on(sandbox::RootfsSpec::Host);
     let run = |script: fn(usize) -> Answer| {
         let server = FakeChat::start(script);
         let agent = LlmAgent::new(&server.config()).unwrap();
         let agent = engine::harbor::Agent::Llm(Arc::new(Mutex::new(agent)), 5);
-        let o = engine::harbor::check_task(&rt, &rt, &store, &dir, Some(&host), &agent, &[], 1)
-            .unwrap();
+        let o = engine::harbor::check_task(&rt, &rt, &store, &dir, &host, &agent, &[], 1).unwrap();
         (o, server.seen())
     };
     let (o, seen) = run(|n| match n {
