@@ -130,10 +130,26 @@ impl LayerStore {
 
 /// Names that stand for a Debian or Ubuntu base: without a local image of that name, `FROM`
 /// takes the `host` rootfs (this host's Debian system, read-only) instead.
-fn is_debian_family(image: &str) -> bool {
+/// An image name's repository: `python` of `docker.io/library/python:3.11-slim`.
+fn repository(image: &str) -> &str {
     let name = image.rsplit('/').next().unwrap_or(image);
-    let repo = name.split([':', '@']).next().unwrap_or(name);
-    ["debian", "ubuntu", "python", "buildpack-deps"].contains(&repo)
+    name.split([':', '@']).next().unwrap_or(name)
+}
+
+fn is_debian_family(image: &str) -> bool {
+    ["debian", "ubuntu", "python", "buildpack-deps"].contains(&repository(image))
+}
+
+/// What build steps get on top of the image's environment when `FROM` was substituted: a
+/// `python` image's pip installs into its own `/usr/local`, where the host's Debian Python
+/// is marked externally managed (PEP 668) and refuses, so on the `host` base its steps set
+/// `PIP_BREAK_SYSTEM_PACKAGES=1` (pip then installs into `/usr/local`, as in that image).
+fn substitution_env(rootfs: &RootfsSpec, from: &str) -> Vec<(String, String)> {
+    if *rootfs == RootfsSpec::Host && repository(from) == "python" {
+        vec![("PIP_BREAK_SYSTEM_PACKAGES".into(), "1".into())]
+    } else {
+        Vec::new()
+    }
 }
 
 /// Where `FROM image` comes from: `base` when given, else the local Docker daemon's image of
@@ -387,12 +403,18 @@ pub fn build_image(
     df: &Dockerfile,
     opts: &BuildOptions,
 ) -> Result<Image, HarborError> {
-    let (rootfs, base_note) = resolve_from(rt, task, df, opts.base.as_ref())?;
+    let (rootfs, mut base_note) = resolve_from(rt, task, df, opts.base.as_ref())?;
+    let step_env = substitution_env(&rootfs, &df.from);
+    if !step_env.is_empty() {
+        base_note += "; pip installs into /usr/local as in that image (PIP_BREAK_SYSTEM_PACKAGES=1 in build steps)";
+    }
     let resolved = rt
         .resolve(&rootfs)
         .map_err(sbx_err(format!("rootfs {rootfs}")))?;
+    // What a substitution adds to the steps' environment changes what they build.
+    let substituted: String = step_env.iter().map(|(k, v)| format!("\n{k}={v}")).collect();
     let mut key = hex::encode(Sha256::digest(
-        format!("envfactory-harbor-v1\n{}", resolved.digest).as_bytes(),
+        format!("envfactory-harbor-v1\n{}{substituted}", resolved.digest).as_bytes(),
     ));
     let mut img = Image {
         rootfs: rootfs.clone(),
@@ -507,8 +529,10 @@ pub fn build_image(
             req.cwd = "/".into();
             req.timeout_ms = 3_600_000;
             req.user = user;
-            if let Some(p) = &proxy {
-                req.env = Some(merge_env(&cfg.env, &p.env()));
+            let mut over = step_env.clone();
+            over.extend(proxy.as_ref().map(RegistryProxy::env).unwrap_or_default());
+            if !over.is_empty() {
+                req.env = Some(merge_env(&cfg.env, &over));
             }
             let r = sbx
                 .exec(&req)
@@ -526,10 +550,7 @@ pub fn build_image(
             let network = if refused.is_empty() {
                 String::new()
             } else {
-                format!(
-                    " (the build network refused {}: not a registry it may reach; --registry HOST[:PORT] adds one)",
-                    refused.join(", ")
-                )
+                format!(" (the build network refused {})", refused.join(", "))
             };
             Err(fail(format!(
                 "the step failed (exit {}): {}{network}",

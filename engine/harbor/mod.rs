@@ -48,7 +48,7 @@ pub enum HarborError {
     BuildNetwork {
         file: PathBuf,
         line: usize,
-        source: std::io::Error,
+        source: registries::RegistryError,
     },
     #[error("{}: {source}", path.display())]
     Io {

@@ -12,15 +12,21 @@
 //! the host:
 //! - `CONNECT host:port` (TLS: pip, npm, cargo, `https://` apt sources): a tunnel, when the
 //!   host is allowed and the port is 443 (or the port the allowance names);
-//! - an absolute-form `http://host[:port]/path` request (apt's `http://` sources): sent on as
-//!   an origin-form request with its `Host` header set to that host, `Connection: close`, and
-//!   no proxy headers, when the host is allowed and the port is 80 (or the one named).
+//! - an absolute-form `GET` or `HEAD` of `http://host[:port]/path` without a body (apt's
+//!   `http://` sources): sent on as an origin-form request with its `Host` header set to
+//!   that host, `Connection: close`, and no proxy headers, when the host is allowed and the
+//!   port is 80 (or the one named). Only that one request reaches the origin: what the client
+//!   sends after its head (a pipelined request, smuggled bytes) is read and dropped, and a
+//!   head with a bare CR or LF, a control byte, a folded line or another version than
+//!   HTTP/1.0 or 1.1 is refused (400).
 //!
 //! Names are resolved by the engine. A name (not an IP literal) that resolves to a loopback,
-//! unspecified, link-local or multicast address is refused: an allowed name cannot be turned
-//! into a way to the host's own services. What an allowed registry serves is not inspected
-//! (the TLS inside a tunnel is the step's own), so the allowance is by destination, not by
-//! content. Agent episodes never get the proxy: their sandboxes are offline.
+//! private, shared (100.64/10), unique-local, unspecified, link-local or multicast address is
+//! refused: an allowed name cannot be turned into a way to this host's services or its
+//! network. What an allowed registry serves is not inspected (the TLS inside a tunnel is the
+//! step's own), so the allowance is by destination: a registry behind a shared CDN can be
+//! asked for another site of that CDN inside its tunnel (domain fronting). Agent episodes
+//! never get the proxy: their sandboxes are offline.
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
@@ -50,8 +56,24 @@ const MAX_CONNECTIONS: usize = 64;
 const TICK: Duration = Duration::from_millis(50);
 /// A connection with no byte in either direction for this long is closed.
 const IDLE: Duration = Duration::from_secs(120);
-/// How long connecting to a registry may take.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long connecting to one address of a registry may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// The most refusals kept for the step's error.
+const MAX_REFUSALS: usize = 16;
+
+/// Errors of starting the build proxy.
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    #[error("opening {path}: {source}")]
+    Namespace {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("listening in the build sandbox's network namespace: {0}")]
+    Bind(std::io::Error),
+    #[error("starting the proxy's threads: {0}")]
+    Thread(std::io::Error),
+}
 /// Largest chunk forwarded at once.
 const CHUNK: usize = 32 << 10;
 
@@ -145,33 +167,30 @@ impl BuildNetwork {
         }
         Self::Registries(all)
     }
-
-    /// In words, for reports.
-    pub fn describe(&self) -> String {
-        match self {
-            Self::Offline => "offline".into(),
-            Self::Registries(r) => {
-                let names: Vec<String> = r.iter().map(ToString::to_string).collect();
-                format!("registries only ({})", names.join(", "))
-            }
-        }
-    }
 }
 
 /// What every thread of one proxy shares.
 struct Shared {
     stop: AtomicBool,
     allowed: Vec<Registry>,
-    /// `host:port` of every request refused, in order (for the step's error).
+    /// The requests refused (`host:port` and why), each once, at most [`MAX_REFUSALS`]
+    /// (for the step's error).
     refused: Mutex<Vec<String>>,
 }
 
 impl Shared {
-    fn refuse(&self, host: &str, port: u16) {
-        self.refused
+    fn refuse(&self, what: String) {
+        let mut v = self
+            .refused
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .push(format!("{host}:{port}"));
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if v.len() < MAX_REFUSALS && !v.contains(&what) {
+            v.push(what);
+        }
+    }
+
+    fn stopped(&self) -> bool {
+        self.stop.load(Ordering::SeqCst)
     }
 }
 
@@ -185,10 +204,10 @@ pub struct RegistryProxy {
 impl RegistryProxy {
     /// Start a proxy listening on `127.0.0.1` in the network namespace of the sandbox whose
     /// init is `init_pid`, connecting out from the calling thread's namespace.
-    pub fn start(init_pid: i32, allowed: &[Registry]) -> std::io::Result<Self> {
-        let ns_path = format!("/proc/{init_pid}/ns/net");
-        let ns = std::fs::File::open(&ns_path)
-            .map_err(|e| std::io::Error::new(e.kind(), format!("opening {ns_path}: {e}")))?;
+    pub fn start(init_pid: i32, allowed: &[Registry]) -> Result<Self, RegistryError> {
+        let path = format!("/proc/{init_pid}/ns/net");
+        let ns = std::fs::File::open(&path)
+            .map_err(|source| RegistryError::Namespace { path, source })?;
         // `setns` changes only the calling thread: a thread of its own joins the sandbox's
         // namespace, binds, and ends; the socket keeps the namespace it was made in.
         let listener = std::thread::Builder::new()
@@ -199,10 +218,14 @@ impl RegistryProxy {
                 let l = TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))?;
                 l.set_nonblocking(true)?;
                 Ok(l)
-            })?
+            })
+            .map_err(RegistryError::Thread)?
             .join()
-            .map_err(|_| std::io::Error::other("the proxy's binding thread panicked"))??;
-        let port = listener.local_addr()?.port();
+            .map_err(|_| {
+                RegistryError::Thread(std::io::Error::other("the binding thread panicked"))
+            })?
+            .map_err(RegistryError::Bind)?;
+        let port = listener.local_addr().map_err(RegistryError::Bind)?.port();
         let shared = Arc::new(Shared {
             stop: AtomicBool::new(false),
             allowed: allowed.to_vec(),
@@ -211,18 +234,14 @@ impl RegistryProxy {
         let sh = shared.clone();
         let accept = std::thread::Builder::new()
             .name("registry-proxy".into())
-            .spawn(move || accept_loop(listener, sh))?;
+            .spawn(move || accept_loop(listener, sh))
+            .map_err(RegistryError::Thread)?;
         tracing::debug!(port, init_pid, "build proxy started");
         Ok(Self {
             shared,
             accept: Some(accept),
             port,
         })
-    }
-
-    /// The port it listens on, on the sandbox's `127.0.0.1`.
-    pub fn port(&self) -> u16 {
-        self.port
     }
 
     /// The environment a build step gets: the proxy for HTTP and HTTPS, and never for the
@@ -239,20 +258,13 @@ impl RegistryProxy {
         v
     }
 
-    /// The `host:port`s refused so far (each once, in order).
+    /// The requests refused so far (`host:port`, why), each once, in order.
     pub fn refused(&self) -> Vec<String> {
-        let v = self
-            .shared
+        self.shared
             .refused
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let mut out: Vec<String> = Vec::new();
-        for r in v.iter() {
-            if !out.contains(r) {
-                out.push(r.clone());
-            }
-        }
-        out
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 }
 
@@ -275,7 +287,17 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
         };
         conns.retain(|h| !h.is_finished());
         if conns.len() >= MAX_CONNECTIONS {
-            tracing::warn!("build proxy: too many connections, closing one");
+            tracing::warn!(
+                connections = conns.len(),
+                max = MAX_CONNECTIONS,
+                "build proxy: too many connections, refusing one"
+            );
+            let mut client = client;
+            respond(
+                &mut client,
+                "503 Service Unavailable",
+                "envfactory build proxy: too many connections\n",
+            );
             continue;
         }
         let sh = shared.clone();
@@ -297,7 +319,7 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
 pub(crate) enum Request {
     /// `CONNECT host:port`.
     Connect { host: String, port: u16 },
-    /// An absolute-form `http://` request, with the head to send to the origin.
+    /// An absolute-form `http://` `GET` or `HEAD`, with the head to send to the origin.
     Forward {
         host: String,
         port: u16,
@@ -309,7 +331,19 @@ pub(crate) enum Request {
 /// refused (400).
 pub(crate) fn parse_head(head: &[u8]) -> Result<Request, String> {
     let text = std::str::from_utf8(head).map_err(|_| "a request head that is not UTF-8")?;
-    let mut lines = text.split("\r\n");
+    let body = text
+        .strip_suffix("\r\n\r\n")
+        .ok_or("a request head that does not end in an empty line")?;
+    // Every line ends in CRLF: a bare CR or LF, or another control byte, is a line the
+    // origin might split where we do not (request smuggling).
+    if body
+        .bytes()
+        .any(|b| (b < 0x20 && b != b'\t' && b != b'\r' && b != b'\n') || b == 0x7f)
+        || body.split("\r\n").any(|l| l.contains(['\r', '\n']))
+    {
+        return Err("a control byte, or a bare CR or LF, in the request head".into());
+    }
+    let mut lines = body.split("\r\n");
     let first = lines.next().unwrap_or_default();
     let mut parts = first.split(' ');
     let (Some(method), Some(target), Some(version), None) =
@@ -317,21 +351,30 @@ pub(crate) fn parse_head(head: &[u8]) -> Result<Request, String> {
     else {
         return Err(format!("a malformed request line {first:?}"));
     };
-    if !version.starts_with("HTTP/1.") {
+    if version != "HTTP/1.1" && version != "HTTP/1.0" {
         return Err(format!("an unsupported version {version:?}"));
     }
     if method == "CONNECT" {
         let (host, port) = split_authority(target, None)?;
         return Ok(Request::Connect { host, port });
     }
-    let Some(rest) = target.strip_prefix("http://") else {
+    if method != "GET" && method != "HEAD" {
         return Err(format!(
-            "{method} {target}: only CONNECT and absolute http:// requests go through the build proxy"
+            "{method}: only CONNECT, GET and HEAD go through the build proxy"
+        ));
+    }
+    let scheme = target
+        .get(..7)
+        .filter(|p| p.eq_ignore_ascii_case("http://"));
+    let Some(rest) = scheme.map(|p| &target[p.len()..]) else {
+        return Err(format!(
+            "{method} {target}: only absolute http:// requests (and CONNECT) go through the build proxy"
         ));
     };
-    let (authority, path) = match rest.find('/') {
-        Some(i) => (&rest[..i], &rest[i..]),
-        None => (rest, "/"),
+    let (authority, path) = match rest.find(['/', '?']) {
+        Some(i) if rest[i..].starts_with('?') => (&rest[..i], format!("/{}", &rest[i..])),
+        Some(i) => (&rest[..i], rest[i..].to_string()),
+        None => (rest, "/".to_string()),
     };
     if authority.contains('@') {
         return Err("credentials in the URL".into());
@@ -347,14 +390,33 @@ pub(crate) fn parse_head(head: &[u8]) -> Result<Request, String> {
         }
     );
     for line in lines {
-        if line.is_empty() {
-            continue;
+        if line.starts_with([' ', '\t']) {
+            return Err("a folded header line".into());
         }
-        let name = line.split(':').next().unwrap_or_default().trim();
-        let drop = ["host", "connection", "proxy-connection", "keep-alive"]
-            .iter()
-            .any(|h| name.eq_ignore_ascii_case(h))
-            || name.to_ascii_lowercase().starts_with("proxy-");
+        let Some((name, _)) = line.split_once(':') else {
+            return Err(format!("a header line without a colon {line:?}"));
+        };
+        let name = name.to_ascii_lowercase();
+        if !name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+            || name.is_empty()
+        {
+            return Err(format!("a bad header name {name:?}"));
+        }
+        if name == "content-length" || name == "transfer-encoding" || name == "expect" {
+            return Err(format!("a {method} with a body ({name})"));
+        }
+        let drop = [
+            "host",
+            "connection",
+            "keep-alive",
+            "upgrade",
+            "te",
+            "trailer",
+        ]
+        .contains(&name.as_str())
+            || name.starts_with("proxy-");
         if !drop {
             out += line;
             out += "\r\n";
@@ -392,7 +454,7 @@ fn split_authority(a: &str, default: Option<u16>) -> Result<(String, u16), Strin
 }
 
 /// Whether `host:port` may be reached by a request of this kind (`tls`: a tunnel).
-pub(crate) fn allowed(allowed: &[Registry], host: &str, port: u16, tls: bool) -> bool {
+pub(crate) fn is_allowed(allowed: &[Registry], host: &str, port: u16, tls: bool) -> bool {
     allowed.iter().any(|r| {
         r.host == host
             && match r.port {
@@ -402,52 +464,69 @@ pub(crate) fn allowed(allowed: &[Registry], host: &str, port: u16, tls: bool) ->
     })
 }
 
-/// Whether an address is one a registry's name must never resolve to.
-fn internal(ip: IpAddr) -> bool {
+/// Whether an address is this host's, its network's, or no single host's: what a registry's
+/// name must never resolve to.
+fn is_local_or_private(ip: IpAddr) -> bool {
     match ip {
         IpAddr::V4(v) => {
+            let [a, b, ..] = v.octets();
             v.is_loopback()
+                || v.is_private()
                 || v.is_unspecified()
                 || v.is_link_local()
                 || v.is_multicast()
                 || v.is_broadcast()
+                || (a == 100 && (64..128).contains(&b)) // shared address space (CGNAT)
+                || a == 0
         }
         IpAddr::V6(v) => {
+            let first = v.segments()[0];
             v.is_loopback()
                 || v.is_unspecified()
                 || v.is_multicast()
-                || (v.segments()[0] & 0xffc0) == 0xfe80
-                || v.to_ipv4_mapped().is_some_and(|m| internal(IpAddr::V4(m)))
+                || (first & 0xffc0) == 0xfe80 // link-local
+                || (first & 0xfe00) == 0xfc00 // unique local
+                || first == 0x0064 // NAT64 (64:ff9b::/96)
+                || v.to_ipv4_mapped()
+                    .is_some_and(|m| is_local_or_private(IpAddr::V4(m)))
         }
     }
 }
 
-/// Connect to an allowed registry from the engine's namespace.
-fn connect(host: &str, port: u16) -> std::io::Result<TcpStream> {
+/// Why a connection to an allowed registry was not made.
+enum ConnectError {
+    /// The name resolves to an address of this host or its network.
+    Local(String),
+    Io(std::io::Error),
+}
+
+/// Connect to an allowed registry from the engine's namespace (each address in turn, until
+/// the proxy stops).
+fn connect(host: &str, port: u16, shared: &Shared) -> Result<TcpStream, ConnectError> {
     let literal = host.parse::<IpAddr>().is_ok();
-    let addrs: Vec<SocketAddr> = (host, port).to_socket_addrs()?.collect();
-    if addrs.is_empty() {
-        return Err(std::io::Error::new(
-            ErrorKind::NotFound,
-            format!("{host} has no address"),
-        ));
-    }
+    let addrs: Vec<SocketAddr> = (host, port)
+        .to_socket_addrs()
+        .map_err(ConnectError::Io)?
+        .collect();
     if !literal {
-        if let Some(a) = addrs.iter().find(|a| internal(a.ip())) {
-            return Err(std::io::Error::new(
-                ErrorKind::PermissionDenied,
-                format!("{host} resolves to {}, an address of this host", a.ip()),
-            ));
+        if let Some(a) = addrs.iter().find(|a| is_local_or_private(a.ip())) {
+            return Err(ConnectError::Local(format!(
+                "resolves to {}, an address of this host or its network",
+                a.ip()
+            )));
         }
     }
-    let mut last = None;
+    let mut last = std::io::Error::new(ErrorKind::NotFound, format!("{host} has no address"));
     for a in &addrs {
+        if shared.stopped() {
+            break;
+        }
         match TcpStream::connect_timeout(a, CONNECT_TIMEOUT) {
             Ok(s) => return Ok(s),
-            Err(e) => last = Some(e),
+            Err(e) => last = e,
         }
     }
-    Err(last.unwrap_or_else(|| std::io::Error::from(ErrorKind::NotFound)))
+    Err(ConnectError::Io(last))
 }
 
 fn respond(client: &mut TcpStream, status: &str, body: &str) {
@@ -455,27 +534,31 @@ fn respond(client: &mut TcpStream, status: &str, body: &str) {
         "HTTP/1.1 {status}\r\nContent-Type: text/plain\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     );
-    let _ = client.write_all(msg.as_bytes());
+    let _ = write_all(client, msg.as_bytes(), &|| false);
 }
 
-/// Read a request head: the bytes up to the blank line, and what came after it.
-fn read_head(client: &mut TcpStream, shared: &Shared) -> Option<(Vec<u8>, Vec<u8>)> {
+/// Read a request head: the bytes up to the blank line, and what came after it; `Err` the
+/// status and reason when there is none to read.
+fn read_head(client: &mut TcpStream, shared: &Shared) -> Result<(Vec<u8>, Vec<u8>), &'static str> {
     let mut buf = Vec::new();
     let mut chunk = [0u8; 4096];
     let start = Instant::now();
     loop {
         if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
             let rest = buf.split_off(i + 4);
-            return Some((buf, rest));
+            return Ok((buf, rest));
         }
-        if buf.len() > MAX_HEAD || start.elapsed() > IDLE || shared.stop.load(Ordering::SeqCst) {
-            return None;
+        if buf.len() > MAX_HEAD {
+            return Err("431 Request Header Fields Too Large");
+        }
+        if start.elapsed() > IDLE || shared.stopped() {
+            return Err("408 Request Timeout");
         }
         match client.read(&mut chunk) {
-            Ok(0) => return None,
+            Ok(0) => return Err(""),
             Ok(n) => buf.extend_from_slice(&chunk[..n]),
             Err(e) if timed_out(&e) => {}
-            Err(_) => return None,
+            Err(_) => return Err(""),
         }
     }
 }
@@ -487,15 +570,49 @@ fn timed_out(e: &std::io::Error) -> bool {
     )
 }
 
+/// Write all of `data`, giving up when `give_up` says so between timed-out writes (the
+/// sockets have write timeouts: a peer that never reads cannot hold a thread forever).
+fn write_all(
+    to: &mut TcpStream,
+    mut data: &[u8],
+    give_up: &dyn Fn() -> bool,
+) -> std::io::Result<()> {
+    let _ = to.set_write_timeout(Some(TICK));
+    let start = Instant::now();
+    while !data.is_empty() {
+        match to.write(data) {
+            Ok(0) => return Err(ErrorKind::WriteZero.into()),
+            Ok(n) => data = &data[n..],
+            Err(e) if timed_out(&e) => {
+                if give_up() || start.elapsed() > IDLE {
+                    return Err(ErrorKind::TimedOut.into());
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
 fn serve(mut client: TcpStream, shared: &Shared) {
     let _ = client.set_nonblocking(false);
     let _ = client.set_read_timeout(Some(TICK));
-    let Some((head, rest)) = read_head(&mut client, shared) else {
-        return;
+    let (head, rest) = match read_head(&mut client, shared) {
+        Ok(h) => h,
+        Err("") => return,
+        Err(status) => {
+            respond(
+                &mut client,
+                status,
+                "envfactory build proxy: no request head\n",
+            );
+            return;
+        }
     };
     let req = match parse_head(&head) {
         Ok(r) => r,
         Err(why) => {
+            tracing::info!(reason = %why, "build proxy: a bad request");
             respond(
                 &mut client,
                 "400 Bad Request",
@@ -508,13 +625,16 @@ fn serve(mut client: TcpStream, shared: &Shared) {
         Request::Connect { host, port } => (host.clone(), *port, true),
         Request::Forward { host, port, .. } => (host.clone(), *port, false),
     };
-    if !allowed(&shared.allowed, &host, port, tls) {
+    if !is_allowed(&shared.allowed, &host, port, tls) {
         tracing::info!(
             host,
             port,
+            tls,
             "build proxy: not a registry this build may reach"
         );
-        shared.refuse(&host, port);
+        shared.refuse(format!(
+            "{host}:{port} (not a registry it may reach; --registry HOST[:PORT] adds one)"
+        ));
         respond(
             &mut client,
             "403 Forbidden",
@@ -524,13 +644,20 @@ fn serve(mut client: TcpStream, shared: &Shared) {
         );
         return;
     }
-    let mut upstream = match connect(&host, port) {
+    let mut upstream = match connect(&host, port, shared) {
         Ok(s) => s,
-        Err(e) => {
+        Err(ConnectError::Local(why)) => {
+            tracing::info!(host, port, reason = %why, "build proxy: refused by address");
+            shared.refuse(format!("{host}:{port} ({why})"));
+            respond(
+                &mut client,
+                "403 Forbidden",
+                &format!("envfactory build proxy: {host}:{port} {why}\n"),
+            );
+            return;
+        }
+        Err(ConnectError::Io(e)) => {
             tracing::info!(host, port, error = %e, "build proxy: cannot connect");
-            if e.kind() == ErrorKind::PermissionDenied {
-                shared.refuse(&host, port);
-            }
             respond(
                 &mut client,
                 "502 Bad Gateway",
@@ -539,65 +666,86 @@ fn serve(mut client: TcpStream, shared: &Shared) {
             return;
         }
     };
-    let sent = match &req {
-        Request::Connect { .. } => client
-            .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
-            .and_then(|()| upstream.write_all(&rest)),
-        Request::Forward { head, .. } => upstream
-            .write_all(head)
-            .and_then(|()| upstream.write_all(&rest)),
-    };
-    if sent.is_err() {
-        return;
+    let stop = || shared.stopped();
+    match &req {
+        Request::Connect { .. } => {
+            let sent = write_all(
+                &mut client,
+                b"HTTP/1.1 200 Connection established\r\n\r\n",
+                &stop,
+            )
+            .and_then(|()| write_all(&mut upstream, &rest, &stop));
+            if sent.is_ok() {
+                pipe(client, upstream, shared, true);
+            }
+        }
+        Request::Forward { head, .. } => {
+            // One request only: what the client sent after its head never reaches the
+            // origin.
+            if write_all(&mut upstream, head, &stop).is_ok() {
+                pipe(client, upstream, shared, false);
+            }
+        }
     }
-    pipe(client, upstream, shared);
 }
 
-/// Forward both ways until both sides are done, either side is idle for [`IDLE`], or the
-/// proxy stops.
-fn pipe(a: TcpStream, b: TcpStream, shared: &Shared) {
-    let _ = b.set_read_timeout(Some(TICK));
+/// Forward the upstream's bytes to the client, and the client's to the upstream when
+/// `both` (else they are read and dropped), until both sides are done, either is idle for
+/// [`IDLE`], or the proxy stops.
+fn pipe(client: TcpStream, upstream: TcpStream, shared: &Shared, both: bool) {
+    let _ = upstream.set_read_timeout(Some(TICK));
     let last = Mutex::new(Instant::now());
-    let (Ok(a2), Ok(b2)) = (a.try_clone(), b.try_clone()) else {
+    let (Ok(c2), Ok(u2)) = (client.try_clone(), upstream.try_clone()) else {
         return;
     };
     std::thread::scope(|s| {
-        s.spawn(|| one_way(b2, a2, shared, &last));
-        one_way(a, b, shared, &last);
+        s.spawn(|| one_way(u2, Some(c2), shared, &last));
+        one_way(client, both.then_some(upstream), shared, &last);
     });
 }
 
-fn one_way(mut from: TcpStream, mut to: TcpStream, shared: &Shared, last: &Mutex<Instant>) {
+/// Copy `from` to `to` (or drop what `from` sends when `to` is `None`).
+fn one_way(mut from: TcpStream, mut to: Option<TcpStream>, shared: &Shared, last: &Mutex<Instant>) {
     let mut buf = vec![0u8; CHUNK];
+    let touch = || {
+        *last
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Instant::now()
+    };
+    let idle = || {
+        last.lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .elapsed()
+            > IDLE
+    };
+    let give_up = || shared.stopped() || idle();
     loop {
-        if shared.stop.load(Ordering::SeqCst) {
+        if shared.stopped() {
             break;
         }
         match from.read(&mut buf) {
             Ok(0) => break,
             Ok(n) => {
-                *last
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner) = Instant::now();
-                if to.write_all(&buf[..n]).is_err() {
-                    break;
+                touch();
+                if let Some(to) = to.as_mut() {
+                    if write_all(to, &buf[..n], &give_up).is_err() {
+                        break;
+                    }
                 }
             }
             Err(e) if timed_out(&e) => {
-                let idle = last
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .elapsed();
-                if idle > IDLE {
+                if idle() {
                     break;
                 }
             }
             Err(_) => break,
         }
     }
-    // The other direction ends too once its peer sees the end.
-    let _ = to.shutdown(Shutdown::Write);
-    if shared.stop.load(Ordering::SeqCst) {
+    // The other direction ends too once its peer sees the end (or, stopping, at once).
+    if let Some(to) = to {
+        let _ = to.shutdown(Shutdown::Write);
+    }
+    if shared.stopped() || idle() {
         let _ = from.shutdown(Shutdown::Both);
     }
 }
@@ -669,26 +817,73 @@ mod tests {
             "pypi.org".parse().unwrap(),
             "127.0.0.2:8080".parse().unwrap(),
         ];
-        assert!(allowed(&reg, "pypi.org", 443, true));
-        assert!(allowed(&reg, "pypi.org", 80, false));
-        assert!(!allowed(&reg, "pypi.org", 80, true), "a tunnel to port 80");
-        assert!(!allowed(&reg, "pypi.org", 22, true));
+        assert!(is_allowed(&reg, "pypi.org", 443, true));
+        assert!(is_allowed(&reg, "pypi.org", 80, false));
         assert!(
-            !allowed(&reg, "evil.pypi.org", 443, true),
+            !is_allowed(&reg, "pypi.org", 80, true),
+            "a tunnel to port 80"
+        );
+        assert!(!is_allowed(&reg, "pypi.org", 22, true));
+        assert!(
+            !is_allowed(&reg, "evil.pypi.org", 443, true),
             "no suffix match"
         );
-        assert!(allowed(&reg, "127.0.0.2", 8080, false));
-        assert!(allowed(&reg, "127.0.0.2", 8080, true));
-        assert!(!allowed(&reg, "127.0.0.2", 80, false));
-        assert!(internal("127.0.0.1".parse().unwrap()));
-        assert!(internal("::ffff:127.0.0.1".parse().unwrap()));
-        assert!(internal("169.254.169.254".parse().unwrap()));
-        assert!(!internal("151.101.2.132".parse().unwrap()));
+        assert!(is_allowed(&reg, "127.0.0.2", 8080, false));
+        assert!(is_allowed(&reg, "127.0.0.2", 8080, true));
+        assert!(!is_allowed(&reg, "127.0.0.2", 80, false));
+        assert!(is_local_or_private("127.0.0.1".parse().unwrap()));
+        assert!(is_local_or_private("::ffff:127.0.0.1".parse().unwrap()));
+        assert!(is_local_or_private("169.254.169.254".parse().unwrap()));
+        assert!(!is_local_or_private("151.101.2.132".parse().unwrap()));
     }
 
     #[test]
     fn a_name_that_resolves_to_this_host_is_refused() {
-        let e = connect("localhost", 9).unwrap_err();
-        assert_eq!(e.kind(), ErrorKind::PermissionDenied, "{e}");
+        let shared = Shared {
+            stop: AtomicBool::new(false),
+            allowed: Vec::new(),
+            refused: Mutex::new(Vec::new()),
+        };
+        assert!(matches!(
+            connect("localhost", 9, &shared),
+            Err(ConnectError::Local(_))
+        ));
+        for ip in [
+            "10.1.2.3",
+            "192.168.0.1",
+            "172.16.5.5",
+            "100.64.0.1",
+            "fd00:ec2::254",
+            "64:ff9b::a00:1",
+        ] {
+            assert!(is_local_or_private(ip.parse().unwrap()), "{ip}");
+        }
+    }
+
+    #[test]
+    fn heads_that_could_smuggle_a_second_request_are_refused() {
+        for bad in [
+            &b"GET http://pypi.org/ HTTP/1.1\r\nX: a\n\nGET /x HTTP/1.1\nHost: evil.example\r\n\r\n"[..],
+            b"GET http://pypi.org/ HTTP/1.1\nHost: evil\r\n\r\n",
+            b"GET http://pypi.org/ HTTP/1.1\r\nX: a\rb\r\n\r\n",
+            b"GET http://pypi.org/ HTTP/1.1\r\nX: a\r\n folded\r\n\r\n",
+            b"GET http://pypi.org/ HTTP/1.1\r\nno colon\r\n\r\n",
+            b"POST http://pypi.org/ HTTP/1.1\r\nContent-Length: 5\r\n\r\n",
+            b"GET http://pypi.org/ HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n",
+            b"GET http://pypi.org/ HTTP/1.1\r\nContent-Length: 0\r\n\r\n",
+            b"GET http://pypi.org/ HTTP/1.1\r\nX: \x00\r\n\r\n",
+            b"GET http://pypi.org/ HTTP/1.1\r\n",
+        ] {
+            assert!(parse_head(bad).is_err(), "{}", String::from_utf8_lossy(bad));
+        }
+        // A capital scheme and a query without a path are fine.
+        let Request::Forward { head, .. } =
+            parse_head(b"HEAD HTTP://pypi.org?q=1 HTTP/1.1\r\n\r\n").unwrap()
+        else {
+            panic!()
+        };
+        assert!(String::from_utf8(head)
+            .unwrap()
+            .starts_with("HEAD /?q=1 HTTP/1.1\r\nHost: pypi.org\r\n"));
     }
 }
