@@ -207,7 +207,10 @@ pub(crate) fn accept_within(
                 listener.as_fd(),
                 nix::poll::PollFlags::POLLIN,
             )];
-            let _ = nix::poll::poll(&mut fds, tick.as_millis() as u16);
+            let _ = nix::poll::poll(
+                &mut fds,
+                u16::try_from(tick.as_millis()).unwrap_or(u16::MAX),
+            );
             None
         }
         Err(e) => {

@@ -128,14 +128,14 @@ impl LayerStore {
     }
 }
 
-/// Names that stand for a Debian or Ubuntu base: without a local image of that name, `FROM`
-/// takes the `host` rootfs (this host's Debian system, read-only) instead.
 /// An image name's repository: `python` of `docker.io/library/python:3.11-slim`.
 fn repository(image: &str) -> &str {
     let name = image.rsplit('/').next().unwrap_or(image);
     name.split([':', '@']).next().unwrap_or(name)
 }
 
+/// Names that stand for a Debian or Ubuntu base: without a local image of that name, `FROM`
+/// takes the `host` rootfs (this host's Debian system, read-only) instead.
 fn is_debian_family(image: &str) -> bool {
     ["debian", "ubuntu", "python", "buildpack-deps"].contains(&repository(image))
 }
@@ -411,10 +411,16 @@ pub fn build_image(
     let resolved = rt
         .resolve(&rootfs)
         .map_err(sbx_err(format!("rootfs {rootfs}")))?;
-    // What a substitution adds to the steps' environment changes what they build.
+    // What a substitution adds to the steps' environment, and the network they reach,
+    // change what they build (v2: the network entered the key).
     let substituted: String = step_env.iter().map(|(k, v)| format!("\n{k}={v}")).collect();
     let mut key = hex::encode(Sha256::digest(
-        format!("envfactory-harbor-v1\n{}{substituted}", resolved.digest).as_bytes(),
+        format!(
+            "envfactory-harbor-v2\n{}\nnetwork {}{substituted}",
+            resolved.digest,
+            opts.network.cache_key()
+        )
+        .as_bytes(),
     ));
     let mut img = Image {
         rootfs: rootfs.clone(),

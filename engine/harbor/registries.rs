@@ -28,6 +28,7 @@
 //! asked for another site of that CDN inside its tunnel (domain fronting). Agent episodes
 //! never get the proxy: their sandboxes are offline.
 
+use crate::text::cut;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -69,10 +70,10 @@ pub enum RegistryError {
         path: String,
         source: std::io::Error,
     },
-    #[error("listening in the build sandbox's network namespace: {0}")]
-    Bind(std::io::Error),
-    #[error("starting the proxy's threads: {0}")]
-    Thread(std::io::Error),
+    #[error("listening in the build sandbox's network namespace: {source}")]
+    Bind { source: std::io::Error },
+    #[error("starting the proxy's threads: {source}")]
+    Thread { source: std::io::Error },
 }
 /// Largest chunk forwarded at once.
 const CHUNK: usize = 32 << 10;
@@ -83,6 +84,9 @@ pub struct Registry {
     /// Lower case, without a trailing dot.
     pub host: String,
     pub port: Option<u16>,
+    /// Named by the user (`--registry`, parsed): its name may resolve to an address of this
+    /// host's network (a mirror, a private index); the defaults' names may not.
+    pub any_address: bool,
 }
 
 impl std::str::FromStr for Registry {
@@ -101,18 +105,16 @@ impl std::str::FromStr for Registry {
             None => (s, None),
         };
         let host = normal_host(host);
-        let ok = !host.is_empty()
-            && host.len() <= 253
-            && host
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-')
-            && !host.starts_with(['.', '-']);
-        if !ok {
+        if !valid_host(&host) {
             return Err(format!(
                 "{s:?}: a registry is a host name or an IPv4 address, optionally with :PORT"
             ));
         }
-        Ok(Self { host, port })
+        Ok(Self {
+            host,
+            port,
+            any_address: true,
+        })
     }
 }
 
@@ -127,6 +129,15 @@ impl std::fmt::Display for Registry {
 
 fn normal_host(h: &str) -> String {
     h.trim_end_matches('.').to_ascii_lowercase()
+}
+
+/// A host name or IPv4 address as the proxy takes one (at most 253 characters).
+fn valid_host(h: &str) -> bool {
+    !h.is_empty()
+        && h.len() <= 253
+        && h.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-')
+        && !h.starts_with(['.', '-'])
 }
 
 /// How build steps reach the network.
@@ -147,6 +158,7 @@ impl Default for BuildNetwork {
                 .map(|h| Registry {
                     host: (*h).to_string(),
                     port: None,
+                    any_address: false,
                 })
                 .collect(),
         )
@@ -154,18 +166,38 @@ impl Default for BuildNetwork {
 }
 
 impl BuildNetwork {
-    /// The default registries and `more`.
+    /// The default registries and `more` (a default named again takes the user's terms).
     pub fn with(more: &[Registry]) -> Self {
         let mut all = match Self::default() {
             Self::Registries(r) => r,
             Self::Offline => Vec::new(),
         };
         for r in more {
-            if !all.contains(r) {
-                all.push(r.clone());
+            match all
+                .iter_mut()
+                .find(|a| a.host == r.host && a.port == r.port)
+            {
+                Some(a) => a.any_address |= r.any_address,
+                None => all.push(r.clone()),
             }
         }
         Self::Registries(all)
+    }
+
+    /// What the layers' cache key holds of it: a layer built with one network is not taken
+    /// for a build with another (`--offline-build` must show whether a task builds offline).
+    pub fn cache_key(&self) -> String {
+        match self {
+            Self::Offline => "offline".into(),
+            Self::Registries(r) => {
+                let mut names: Vec<String> = r
+                    .iter()
+                    .map(|r| format!("{r}{}", if r.any_address { "+any" } else { "" }))
+                    .collect();
+                names.sort();
+                format!("registries {}", names.join(" "))
+            }
+        }
     }
 }
 
@@ -219,13 +251,16 @@ impl RegistryProxy {
                 l.set_nonblocking(true)?;
                 Ok(l)
             })
-            .map_err(RegistryError::Thread)?
+            .map_err(|source| RegistryError::Thread { source })?
             .join()
-            .map_err(|_| {
-                RegistryError::Thread(std::io::Error::other("the binding thread panicked"))
+            .map_err(|_| RegistryError::Thread {
+                source: std::io::Error::other("the binding thread panicked"),
             })?
-            .map_err(RegistryError::Bind)?;
-        let port = listener.local_addr().map_err(RegistryError::Bind)?.port();
+            .map_err(|source| RegistryError::Bind { source })?;
+        let port = listener
+            .local_addr()
+            .map_err(|source| RegistryError::Bind { source })?
+            .port();
         let shared = Arc::new(Shared {
             stop: AtomicBool::new(false),
             allowed: allowed.to_vec(),
@@ -235,7 +270,7 @@ impl RegistryProxy {
         let accept = std::thread::Builder::new()
             .name("registry-proxy".into())
             .spawn(move || accept_loop(listener, sh))
-            .map_err(RegistryError::Thread)?;
+            .map_err(|source| RegistryError::Thread { source })?;
         tracing::debug!(port, init_pid, "build proxy started");
         Ok(Self {
             shared,
@@ -297,6 +332,7 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
                 &mut client,
                 "503 Service Unavailable",
                 "envfactory build proxy: too many connections\n",
+                &shared,
             );
             continue;
         }
@@ -349,10 +385,10 @@ pub(crate) fn parse_head(head: &[u8]) -> Result<Request, String> {
     let (Some(method), Some(target), Some(version), None) =
         (parts.next(), parts.next(), parts.next(), parts.next())
     else {
-        return Err(format!("a malformed request line {first:?}"));
+        return Err(format!("a malformed request line {:?}", cut(first)));
     };
     if version != "HTTP/1.1" && version != "HTTP/1.0" {
-        return Err(format!("an unsupported version {version:?}"));
+        return Err(format!("an unsupported version {:?}", cut(version)));
     }
     if method == "CONNECT" {
         let (host, port) = split_authority(target, None)?;
@@ -360,7 +396,8 @@ pub(crate) fn parse_head(head: &[u8]) -> Result<Request, String> {
     }
     if method != "GET" && method != "HEAD" {
         return Err(format!(
-            "{method}: only CONNECT, GET and HEAD go through the build proxy"
+            "{}: only CONNECT, GET and HEAD go through the build proxy",
+            cut(method)
         ));
     }
     let scheme = target
@@ -368,7 +405,9 @@ pub(crate) fn parse_head(head: &[u8]) -> Result<Request, String> {
         .filter(|p| p.eq_ignore_ascii_case("http://"));
     let Some(rest) = scheme.map(|p| &target[p.len()..]) else {
         return Err(format!(
-            "{method} {target}: only absolute http:// requests (and CONNECT) go through the build proxy"
+            "{} {}: only absolute http:// requests (and CONNECT) go through the build proxy",
+            cut(method),
+            cut(target)
         ));
     };
     let (authority, path) = match rest.find(['/', '?']) {
@@ -394,7 +433,7 @@ pub(crate) fn parse_head(head: &[u8]) -> Result<Request, String> {
             return Err("a folded header line".into());
         }
         let Some((name, _)) = line.split_once(':') else {
-            return Err(format!("a header line without a colon {line:?}"));
+            return Err(format!("a header line without a colon {:?}", cut(line)));
         };
         let name = name.to_ascii_lowercase();
         if !name
@@ -402,7 +441,7 @@ pub(crate) fn parse_head(head: &[u8]) -> Result<Request, String> {
             .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
             || name.is_empty()
         {
-            return Err(format!("a bad header name {name:?}"));
+            return Err(format!("a bad header name {:?}", cut(&name)));
         }
         if name == "content-length" || name == "transfer-encoding" || name == "expect" {
             return Err(format!("a {method} with a body ({name})"));
@@ -443,19 +482,20 @@ fn split_authority(a: &str, default: Option<u16>) -> Result<(String, u16), Strin
         None => (a, default.ok_or_else(|| format!("no port in {a:?}"))?),
     };
     let host = normal_host(host);
-    if host.is_empty()
-        || !host
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-')
-    {
-        return Err(format!("a bad host in {a:?}"));
+    if !valid_host(&host) {
+        return Err(format!("a bad host in {:?}", cut(a)));
     }
     Ok((host, port))
 }
 
-/// Whether `host:port` may be reached by a request of this kind (`tls`: a tunnel).
-pub(crate) fn is_allowed(allowed: &[Registry], host: &str, port: u16, tls: bool) -> bool {
-    allowed.iter().any(|r| {
+/// The allowance that lets a request of this kind (`tls`: a tunnel) reach `host:port`.
+pub(crate) fn allowance<'a>(
+    allowed: &'a [Registry],
+    host: &str,
+    port: u16,
+    tls: bool,
+) -> Option<&'a Registry> {
+    allowed.iter().find(|r| {
         r.host == host
             && match r.port {
                 Some(p) => p == port,
@@ -501,9 +541,14 @@ enum ConnectError {
 }
 
 /// Connect to an allowed registry from the engine's namespace (each address in turn, until
-/// the proxy stops).
-fn connect(host: &str, port: u16, shared: &Shared) -> Result<TcpStream, ConnectError> {
-    let literal = host.parse::<IpAddr>().is_ok();
+/// the proxy stops); a name must not resolve to this host's network unless `any_address`.
+fn connect(
+    host: &str,
+    port: u16,
+    any_address: bool,
+    shared: &Shared,
+) -> Result<TcpStream, ConnectError> {
+    let literal = any_address || host.parse::<IpAddr>().is_ok();
     let addrs: Vec<SocketAddr> = (host, port)
         .to_socket_addrs()
         .map_err(ConnectError::Io)?
@@ -529,12 +574,12 @@ fn connect(host: &str, port: u16, shared: &Shared) -> Result<TcpStream, ConnectE
     Err(ConnectError::Io(last))
 }
 
-fn respond(client: &mut TcpStream, status: &str, body: &str) {
+fn respond(client: &mut TcpStream, status: &str, body: &str, shared: &Shared) {
     let msg = format!(
         "HTTP/1.1 {status}\r\nContent-Type: text/plain\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     );
-    let _ = write_all(client, msg.as_bytes(), &|| false);
+    let _ = write_all(client, msg.as_bytes(), &|| shared.stopped());
 }
 
 /// Read a request head: the bytes up to the blank line, and what came after it; `Err` the
@@ -605,6 +650,7 @@ fn serve(mut client: TcpStream, shared: &Shared) {
                 &mut client,
                 status,
                 "envfactory build proxy: no request head\n",
+                shared,
             );
             return;
         }
@@ -613,10 +659,12 @@ fn serve(mut client: TcpStream, shared: &Shared) {
         Ok(r) => r,
         Err(why) => {
             tracing::info!(reason = %why, "build proxy: a bad request");
+            shared.refuse(format!("a request ({why})"));
             respond(
                 &mut client,
                 "400 Bad Request",
                 &format!("envfactory build proxy: {why}\n"),
+                shared,
             );
             return;
         }
@@ -625,7 +673,7 @@ fn serve(mut client: TcpStream, shared: &Shared) {
         Request::Connect { host, port } => (host.clone(), *port, true),
         Request::Forward { host, port, .. } => (host.clone(), *port, false),
     };
-    if !is_allowed(&shared.allowed, &host, port, tls) {
+    let Some(allowance) = allowance(&shared.allowed, &host, port, tls) else {
         tracing::info!(
             host,
             port,
@@ -640,11 +688,10 @@ fn serve(mut client: TcpStream, shared: &Shared) {
             "403 Forbidden",
             &format!(
                 "envfactory build proxy: {host}:{port} is not a package registry this build may reach (--registry adds one)\n"
-            ),
-        );
+            ), shared);
         return;
-    }
-    let mut upstream = match connect(&host, port, shared) {
+    };
+    let mut upstream = match connect(&host, port, allowance.any_address, shared) {
         Ok(s) => s,
         Err(ConnectError::Local(why)) => {
             tracing::info!(host, port, reason = %why, "build proxy: refused by address");
@@ -653,6 +700,7 @@ fn serve(mut client: TcpStream, shared: &Shared) {
                 &mut client,
                 "403 Forbidden",
                 &format!("envfactory build proxy: {host}:{port} {why}\n"),
+                shared,
             );
             return;
         }
@@ -662,6 +710,7 @@ fn serve(mut client: TcpStream, shared: &Shared) {
                 &mut client,
                 "502 Bad Gateway",
                 &format!("envfactory build proxy: {host}:{port}: {e}\n"),
+                shared,
             );
             return;
         }
@@ -817,24 +866,36 @@ mod tests {
             "pypi.org".parse().unwrap(),
             "127.0.0.2:8080".parse().unwrap(),
         ];
-        assert!(is_allowed(&reg, "pypi.org", 443, true));
-        assert!(is_allowed(&reg, "pypi.org", 80, false));
-        assert!(
-            !is_allowed(&reg, "pypi.org", 80, true),
-            "a tunnel to port 80"
-        );
-        assert!(!is_allowed(&reg, "pypi.org", 22, true));
-        assert!(
-            !is_allowed(&reg, "evil.pypi.org", 443, true),
-            "no suffix match"
-        );
-        assert!(is_allowed(&reg, "127.0.0.2", 8080, false));
-        assert!(is_allowed(&reg, "127.0.0.2", 8080, true));
-        assert!(!is_allowed(&reg, "127.0.0.2", 80, false));
+        let ok = |h: &str, p: u16, tls: bool| allowance(&reg, h, p, tls).is_some();
+        assert!(ok("pypi.org", 443, true));
+        assert!(ok("pypi.org", 80, false));
+        assert!(!ok("pypi.org", 80, true), "a tunnel to port 80");
+        assert!(!ok("pypi.org", 22, true));
+        assert!(!ok("evil.pypi.org", 443, true), "no suffix match");
+        assert!(ok("127.0.0.2", 8080, false));
+        assert!(ok("127.0.0.2", 8080, true));
+        assert!(!ok("127.0.0.2", 80, false));
         assert!(is_local_or_private("127.0.0.1".parse().unwrap()));
         assert!(is_local_or_private("::ffff:127.0.0.1".parse().unwrap()));
         assert!(is_local_or_private("169.254.169.254".parse().unwrap()));
         assert!(!is_local_or_private("151.101.2.132".parse().unwrap()));
+        // What the user names may resolve anywhere; the defaults may not.
+        assert!(reg[0].any_address);
+        let BuildNetwork::Registries(defaults) = BuildNetwork::default() else {
+            panic!()
+        };
+        assert!(defaults.iter().all(|r| !r.any_address));
+        assert_ne!(
+            BuildNetwork::default().cache_key(),
+            BuildNetwork::Offline.cache_key()
+        );
+        assert_ne!(
+            BuildNetwork::default().cache_key(),
+            BuildNetwork::with(&reg).cache_key()
+        );
+        let long = format!("{}.org", "a".repeat(300));
+        assert!(long.parse::<Registry>().is_err());
+        assert!(parse_head(format!("CONNECT {long}:443 HTTP/1.1\r\n\r\n").as_bytes()).is_err());
     }
 
     #[test]
@@ -845,7 +906,7 @@ mod tests {
             refused: Mutex::new(Vec::new()),
         };
         assert!(matches!(
-            connect("localhost", 9, &shared),
+            connect("localhost", 9, false, &shared),
             Err(ConnectError::Local(_))
         ));
         for ip in [

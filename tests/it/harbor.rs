@@ -1181,7 +1181,7 @@ fn a_python_base_on_the_host_lets_pip_install_as_that_image_does() {
         let task = harbor::load(&dir).unwrap();
         std::fs::write(&task.dockerfile, &text).unwrap();
         let df = harbor::dockerfile::parse(&text).unwrap();
-        harbor::build_image(&rt, &s.store, &task, &df, &BuildOptions::default())
+        harbor::build_image(&rt, &s.store, &task, &df, &on_host())
     };
     let img = build("python:3.11-slim").unwrap_or_else(|e| panic!("{e}"));
     assert!(
