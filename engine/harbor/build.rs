@@ -1,7 +1,9 @@
 //! A task's Dockerfile built into read-only layers: each `RUN`, `COPY`/`ADD` and `WORKDIR`
 //! runs in a build sandbox over the base and the layers before it (a `RUN` reaches the
-//! package registries through the build network, `registries.rs`, and nothing else), and its diff becomes a layer of the store, named by its cache key: the base's digest,
-//! the instruction and everything before it (and the content of what `COPY` reads). A layer
+//! package registries through the build network, `registries.rs`, and nothing else), and
+//! its diff becomes a layer of the store, named by its cache key: the base's digest, the
+//! build network, the instruction and everything before it (and the content of what `COPY`
+//! reads). A layer
 //! is published by rename only after its step succeeded: no half-built layer is ever used,
 //! and a failed step leaves every earlier layer in place.
 
@@ -530,16 +532,16 @@ pub fn build_image(
             ),
             _ => None,
         };
+        // The step's environment: the image's, and the substitution's and the proxy's.
+        let mut over = step_env.clone();
+        over.extend(proxy.as_ref().map(RegistryProxy::env).unwrap_or_default());
+        let env = (!over.is_empty()).then(|| merge_env(&cfg.env, &over));
         let run = |sbx: &mut sandbox::Sandbox, cmd: String, user| -> Result<(), HarborError> {
             let mut req = ExecRequest::shell(cmd);
             req.cwd = "/".into();
             req.timeout_ms = 3_600_000;
             req.user = user;
-            let mut over = step_env.clone();
-            over.extend(proxy.as_ref().map(RegistryProxy::env).unwrap_or_default());
-            if !over.is_empty() {
-                req.env = Some(merge_env(&cfg.env, &over));
-            }
+            req.env.clone_from(&env);
             let r = sbx
                 .exec(&req)
                 .map_err(sbx_err(format!("line {}", ins.line)))?;

@@ -61,6 +61,8 @@ const IDLE: Duration = Duration::from_secs(120);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// The most refusals kept for the step's error.
 const MAX_REFUSALS: usize = 16;
+/// Largest chunk forwarded at once.
+const CHUNK: usize = 32 << 10;
 
 /// Errors of starting the build proxy.
 #[derive(Debug, thiserror::Error)]
@@ -75,8 +77,6 @@ pub enum RegistryError {
     #[error("starting the proxy's threads: {source}")]
     Thread { source: std::io::Error },
 }
-/// Largest chunk forwarded at once.
-const CHUNK: usize = 32 << 10;
 
 /// A host a build step may reach: `host` (ports 80 and 443) or `host:port` (that port).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -93,23 +93,9 @@ impl std::str::FromStr for Registry {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, String> {
-        let (host, port) = match s.rsplit_once(':') {
-            Some((h, p)) => {
-                let port: u16 = p
-                    .parse()
-                    .ok()
-                    .filter(|p| *p != 0)
-                    .ok_or_else(|| format!("{s:?}: the port must be 1-65535"))?;
-                (h, Some(port))
-            }
-            None => (s, None),
-        };
-        let host = normal_host(host);
-        if !valid_host(&host) {
-            return Err(format!(
-                "{s:?}: a registry is a host name or an IPv4 address, optionally with :PORT"
-            ));
-        }
+        let (host, port) = split_authority(s).map_err(|why| {
+            format!("{why}: a registry is a host name or an IPv4 address, optionally with :PORT")
+        })?;
         Ok(Self {
             host,
             port,
@@ -211,6 +197,14 @@ struct Shared {
 }
 
 impl Shared {
+    fn new(allowed: &[Registry]) -> Self {
+        Self {
+            stop: AtomicBool::new(false),
+            allowed: allowed.to_vec(),
+            refused: Mutex::new(Vec::new()),
+        }
+    }
+
     fn refuse(&self, what: String) {
         let mut v = self
             .refused
@@ -261,11 +255,7 @@ impl RegistryProxy {
             .local_addr()
             .map_err(|source| RegistryError::Bind { source })?
             .port();
-        let shared = Arc::new(Shared {
-            stop: AtomicBool::new(false),
-            allowed: allowed.to_vec(),
-            refused: Mutex::new(Vec::new()),
-        });
+        let shared = Arc::new(Shared::new(allowed));
         let sh = shared.clone();
         let accept = std::thread::Builder::new()
             .name("registry-proxy".into())
@@ -391,7 +381,8 @@ pub(crate) fn parse_head(head: &[u8]) -> Result<Request, String> {
         return Err(format!("an unsupported version {:?}", cut(version)));
     }
     if method == "CONNECT" {
-        let (host, port) = split_authority(target, None)?;
+        let (host, port) = split_authority(target)?;
+        let port = port.ok_or_else(|| format!("no port in {:?}", cut(target)))?;
         return Ok(Request::Connect { host, port });
     }
     if method != "GET" && method != "HEAD" {
@@ -418,7 +409,8 @@ pub(crate) fn parse_head(head: &[u8]) -> Result<Request, String> {
     if authority.contains('@') {
         return Err("credentials in the URL".into());
     }
-    let (host, port) = split_authority(authority, Some(80))?;
+    let (host, port) = split_authority(authority)?;
+    let port = port.unwrap_or(80);
     let mut out = format!("{method} {path} {version}\r\n");
     out += &format!(
         "Host: {}\r\n",
@@ -469,17 +461,20 @@ pub(crate) fn parse_head(head: &[u8]) -> Result<Request, String> {
     })
 }
 
-/// `host:port` (the port may be left out where `default` is given).
-fn split_authority(a: &str, default: Option<u16>) -> Result<(String, u16), String> {
+/// `host[:port]`: the host normalised (lower case, no trailing dot) and checked, the port
+/// 1-65535 when given.
+fn split_authority(a: &str) -> Result<(String, Option<u16>), String> {
     let (host, port) = match a.rsplit_once(':') {
         Some((h, p)) => (
             h,
-            p.parse::<u16>()
-                .ok()
-                .filter(|p| *p != 0)
-                .ok_or_else(|| format!("a bad port in {a:?}"))?,
+            Some(
+                p.parse::<u16>()
+                    .ok()
+                    .filter(|p| *p != 0)
+                    .ok_or_else(|| format!("a bad port in {:?}", cut(a)))?,
+            ),
         ),
-        None => (a, default.ok_or_else(|| format!("no port in {a:?}"))?),
+        None => (a, None),
     };
     let host = normal_host(host);
     if !valid_host(&host) {
@@ -900,11 +895,7 @@ mod tests {
 
     #[test]
     fn a_name_that_resolves_to_this_host_is_refused() {
-        let shared = Shared {
-            stop: AtomicBool::new(false),
-            allowed: Vec::new(),
-            refused: Mutex::new(Vec::new()),
-        };
+        let shared = Shared::new(&[]);
         assert!(matches!(
             connect("localhost", 9, false, &shared),
             Err(ConnectError::Local(_))

@@ -159,6 +159,17 @@ fn with_run(
     (t, task, df)
 }
 
+/// A Python client in the task's build context, named `name`: `body` runs with `s`, a socket
+/// connected to the build proxy of the step that runs it.
+fn write_client(task: &harbor::Task, name: &str, body: &str) {
+    let script = format!(
+        "import os, socket\n\
+         port = int(os.environ['http_proxy'].rsplit(':', 1)[1])\n\
+         s = socket.create_connection(('127.0.0.1', port))\n{body}"
+    );
+    std::fs::write(task.context.join(name), script).unwrap();
+}
+
 fn options(network: BuildNetwork) -> BuildOptions {
     BuildOptions {
         network,
@@ -240,13 +251,11 @@ fn run_steps_reach_the_allowed_registries_and_nothing_else() {
     // Hack trial: a second request pipelined (or smuggled) behind an allowed one, with another
     // Host, never reaches the origin.
     let (_t, task, df) = with_run("COPY smuggle.py /tmp/\nRUN python3 /tmp/smuggle.py");
-    std::fs::write(
-        task.context.join("smuggle.py"),
-        format!(
-            "import os, socket\n\
-             port = int(os.environ['http_proxy'].rsplit(':', 1)[1])\n\
-             s = socket.create_connection(('127.0.0.1', port))\n\
-             s.sendall(b'GET {url}/first HTTP/1.1\\r\\nHost: 127.0.0.2\\r\\n\\r\\n'\n\
+    write_client(
+        &task,
+        "smuggle.py",
+        &format!(
+            "s.sendall(b'GET {url}/first HTTP/1.1\\r\\nHost: 127.0.0.2\\r\\n\\r\\n'\n\
              \x20         b'GET /smuggled HTTP/1.1\\r\\nHost: evil.example\\r\\n\\r\\n')\n\
              got = b''\n\
              while True:\n\
@@ -255,8 +264,7 @@ fn run_steps_reach_the_allowed_registries_and_nothing_else() {
              \x20   got += b\n\
              assert b'package /first' in got, got\n"
         ),
-    )
-    .unwrap();
+    );
     harbor::build_image(&rt, &s.store, &task, &df, &allowed).unwrap_or_else(|e| panic!("{e}"));
     let seen = reg.seen();
     assert!(
@@ -272,13 +280,11 @@ fn run_steps_reach_the_allowed_registries_and_nothing_else() {
         "COPY hold.py /tmp/\nRUN setsid python3 /tmp/hold.py </dev/null >/dev/null 2>&1 & \
          until [ -e /tmp/held ]; do sleep 0.05; done; exit 1",
     );
-    std::fs::write(
-        task.context.join("hold.py"),
-        format!(
-            "import os, socket\n\
-             port = int(os.environ['http_proxy'].rsplit(':', 1)[1])\n\
-             s = socket.create_connection(('127.0.0.1', port))\n\
-             s.sendall(b'CONNECT 127.0.0.2:{} HTTP/1.1\\r\\n\\r\\n')\n\
+    write_client(
+        &task,
+        "hold.py",
+        &format!(
+            "s.sendall(b'CONNECT 127.0.0.2:{} HTTP/1.1\\r\\n\\r\\n')\n\
              s.recv(100)\n\
              s.sendall(b'GET /hold HTTP/1.1\\r\\n\\r\\n')\n\
              open('/tmp/held', 'w').close()\n\
@@ -286,8 +292,7 @@ fn run_steps_reach_the_allowed_registries_and_nothing_else() {
              \x20   s.sendall(b'x' * 65536)\n",
             reg.port
         ),
-    )
-    .unwrap();
+    );
     let (tx, rx) = std::sync::mpsc::channel();
     let (rt2, store2, opts2) = (rt.clone(), s.store.clone(), allowed.clone());
     // Not scoped, and no panic on a timeout: either would wait for the stuck build forever.
