@@ -19,7 +19,8 @@ pub struct InstanceOpts {
     /// docs/environments.md for the catalogue).
     #[arg(long = "perturb", value_name = "SPEC")]
     pub perturb: Vec<String>,
-    /// Base root filesystem: `host`, a directory, `oci:PATH` or `docker:IMAGE`.
+    /// Base root filesystem: `host`, a directory, `oci:PATH`, `docker:IMAGE` or
+    /// `debootstrap:SUITE`.
     #[arg(long, default_value = "host")]
     pub base: String,
     /// Where episodes run: `native` sandboxes, or `docker` containers of the daemon of

@@ -43,8 +43,10 @@ pub enum HarborCmd {
 
 #[derive(clap::Args)]
 pub struct Opts {
-    /// The rootfs every `FROM` resolves to (`host`, `oci:PATH`, `docker:IMAGE`); default:
-    /// the local Docker image of that name, else `host` for a Debian-family base.
+    /// The rootfs every `FROM` resolves to (`host`, `oci:PATH`, `docker:IMAGE`,
+    /// `debootstrap:SUITE`); default: the local Docker image of that name, else for
+    /// `debian:SUITE` of another suite than the host's that suite made with debootstrap,
+    /// else `host` for a Debian-family base.
     #[arg(long)]
     base: Option<String>,
     #[command(flatten)]

@@ -17,8 +17,9 @@ pub const EXIT_TIMEOUT: i32 = 124;
 /// Sandbox options as given on the command line.
 #[derive(Debug, Clone, clap::Args)]
 pub struct SandboxOpts {
-    /// Root filesystem: `host`, a directory, `oci:PATH` (OCI layout or docker-save tarball) or
-    /// `docker:IMAGE` (an image of the local Docker daemon, exported once).
+    /// Root filesystem: `host`, a directory, `oci:PATH` (OCI layout or docker-save tarball),
+    /// `docker:IMAGE` (an image of the local Docker daemon, exported once) or
+    /// `debootstrap:SUITE` (a Debian suite's minimal system, made once from the archive).
     #[arg(long, default_value = "host")]
     pub rootfs: String,
     /// Memory limit (cgroup), e.g. 256M.

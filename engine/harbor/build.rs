@@ -10,6 +10,7 @@
 use super::dockerfile::{Dockerfile, Source, Step};
 use super::registries::{BuildNetwork, RegistryProxy};
 use super::{sbx_err, HarborError, Task};
+use sandbox::debootstrap::{self, Suite};
 use sandbox::{ExecRequest, RootfsSpec, Runtime, SandboxConfig};
 use sha2::{Digest, Sha256};
 use std::os::unix::fs::PermissionsExt;
@@ -154,35 +155,98 @@ fn substitution_env(rootfs: &RootfsSpec, from: &str) -> Vec<(String, String)> {
     }
 }
 
+/// The Debian suite a `debian` image's name stands for (`debian:trixie-slim`, `debian:13`,
+/// `debian` alone is `latest`, that is `stable`); `None` for other images and other tags.
+fn debian_suite(image: &str) -> Option<Suite> {
+    if repository(image) != "debian" {
+        return None;
+    }
+    let name = image.split('@').next().unwrap_or(image);
+    let last = name.rsplit('/').next().unwrap_or(name);
+    let tag = last.split_once(':').map_or("latest", |(_, t)| t);
+    Suite::of_debian_tag(tag)
+}
+
+/// How `FROM debian:SUITE` is taken without a local image of that name: the suite
+/// debootstrapped (`Ok`), or this host's system, with the reason (`Err`).
+fn debian_base(rt: &Runtime, suite: &Suite, network: &BuildNetwork) -> Result<(), String> {
+    let host = debootstrap::host_suite();
+    if host.as_ref() == Some(suite) {
+        return Err(format!(
+            "this host's own Debian suite; `--base debootstrap:{suite}` for that image's minimal system"
+        ));
+    }
+    let instead = host.map_or_else(
+        || "this host's system instead".to_string(),
+        |h| format!("this host's Debian {h} instead"),
+    );
+    if matches!(debootstrap::cached(rt.state_dir(), suite), Ok(Some(_))) {
+        return Ok(());
+    }
+    if *network == BuildNetwork::Offline {
+        return Err(format!(
+            "no local image, and an offline build makes no Debian {suite}: {instead}"
+        ));
+    }
+    if !debootstrap::installed() {
+        return Err(format!(
+            "no local image, and debootstrap is not installed to make Debian {suite}: {instead}"
+        ));
+    }
+    Ok(())
+}
+
 /// Where `FROM image` comes from: `base` when given, else the local Docker daemon's image of
-/// that name, else `host` for a Debian-family name; else an error naming the line.
+/// that name, else for `debian:SUITE` that suite made with debootstrap (once; this host's
+/// system when it is the host's own suite, the build is offline or debootstrap is missing),
+/// else `host` for another Debian-family name; else an error naming the line.
 pub fn resolve_from(
     rt: &Runtime,
     task: &Task,
     df: &Dockerfile,
-    base: Option<&RootfsSpec>,
+    opts: &BuildOptions,
 ) -> Result<(RootfsSpec, String), HarborError> {
-    if let Some(b) = base {
+    if let Some(b) = &opts.base {
         return Ok((b.clone(), format!("FROM {} -> {b} (--base)", df.from)));
     }
+    let failed = |e: &dyn std::fmt::Display| HarborError::Build {
+        file: task.dockerfile.clone(),
+        line: df.from_line,
+        reason: format!("FROM {}: {e}", df.from),
+    };
     let spec = RootfsSpec::Docker(df.from.clone());
     match rt.resolve(&spec) {
         Ok(_) => Ok((spec, format!("FROM {} -> docker:{}", df.from, df.from))),
         Err(e) if is_debian_family(&df.from) => {
-            tracing::debug!(image = %df.from, error = %e, "no local image: the host rootfs");
-            Ok((
-                RootfsSpec::Host,
-                format!(
-                    "FROM {} -> host (no local image of that name; a Debian-family base)",
-                    df.from
-                ),
-            ))
+            tracing::debug!(image = %df.from, error = %e, "no local image");
+            let Some(suite) = debian_suite(&df.from) else {
+                return Ok((
+                    RootfsSpec::Host,
+                    format!(
+                        "FROM {} -> host (no local image of that name; a Debian-family base)",
+                        df.from
+                    ),
+                ));
+            };
+            match debian_base(rt, &suite, &opts.network) {
+                Ok(()) => {
+                    let spec = RootfsSpec::Debootstrap(suite.clone());
+                    rt.resolve(&spec).map_err(|e| failed(&e))?;
+                    Ok((
+                        spec,
+                        format!(
+                            "FROM {} -> debootstrap:{suite} (no local image; Debian {suite}'s minimal system, made once)",
+                            df.from
+                        ),
+                    ))
+                }
+                Err(why) => Ok((
+                    RootfsSpec::Host,
+                    format!("FROM {} -> host ({why})", df.from),
+                )),
+            }
         }
-        Err(e) => Err(HarborError::Build {
-            file: task.dockerfile.clone(),
-            line: df.from_line,
-            reason: format!("FROM {}: {e}", df.from),
-        }),
+        Err(e) => Err(failed(&e)),
     }
 }
 
@@ -405,7 +469,7 @@ pub fn build_image(
     df: &Dockerfile,
     opts: &BuildOptions,
 ) -> Result<Image, HarborError> {
-    let (rootfs, mut base_note) = resolve_from(rt, task, df, opts.base.as_ref())?;
+    let (rootfs, mut base_note) = resolve_from(rt, task, df, opts)?;
     let step_env = substitution_env(&rootfs, &df.from);
     if !step_env.is_empty() {
         base_note += "; pip installs into /usr/local as in that image (PIP_BREAK_SYSTEM_PACKAGES=1 in build steps)";
@@ -665,5 +729,19 @@ mod tests {
         assert!(is_debian_family("debian:bookworm-slim"));
         assert!(is_debian_family("docker.io/library/ubuntu:24.04"));
         assert!(!is_debian_family("alpine:3.19"));
+        let suite = |image: &str| debian_suite(image).map(|s| s.name().to_string());
+        assert_eq!(suite("debian:trixie-slim").as_deref(), Some("trixie"));
+        assert_eq!(
+            suite("docker.io/library/debian:13").as_deref(),
+            Some("trixie")
+        );
+        assert_eq!(suite("debian").as_deref(), Some("stable"));
+        assert_eq!(
+            suite("debian:bookworm@sha256:abc").as_deref(),
+            Some("bookworm")
+        );
+        assert_eq!(suite("debian:bookworm-backports"), None);
+        assert_eq!(suite("ubuntu:24.04"), None);
+        assert_eq!(suite("python:3.12-trixie"), None);
     }
 }

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 /// Errors of root filesystem resolution.
 #[derive(Debug, thiserror::Error)]
 pub enum LayerError {
-    #[error("unknown rootfs `{}`: expected `host`, `oci:PATH` (an OCI layout or docker-save tarball), `docker:IMAGE` (an image of the local Docker daemon) or an existing directory", crate::text_pos::cut(.0))]
+    #[error("unknown rootfs `{}`: expected `host`, `oci:PATH` (an OCI layout or docker-save tarball), `docker:IMAGE` (an image of the local Docker daemon), `debootstrap:SUITE` (a Debian suite, built once) or an existing directory", crate::text_pos::cut(.0))]
     UnknownRootfs(String),
     #[error("rootfs directory {path}: {reason}")]
     BadDirectory { path: PathBuf, reason: String },
@@ -34,6 +34,11 @@ pub enum LayerError {
     },
     #[error("{0}")]
     MaskStore(#[from] crate::mask_store::MaskStoreError),
+    #[error("rootfs `debootstrap:{suite}`: {source}")]
+    Debootstrap {
+        suite: String,
+        source: Box<crate::debootstrap::DebootstrapError>,
+    },
     #[error("image {path}: {source}")]
     Oci {
         path: PathBuf,
@@ -49,6 +54,8 @@ pub enum RootfsSpec {
     Oci(PathBuf),
     /// An image of the local Docker daemon (a name, tag or id), exported into the layer store.
     Docker(String),
+    /// A Debian suite made with `debootstrap --variant=minbase` once, then used in place.
+    Debootstrap(crate::debootstrap::Suite),
 }
 
 impl std::str::FromStr for RootfsSpec {
@@ -62,6 +69,14 @@ impl std::str::FromStr for RootfsSpec {
                 return Err(LayerError::UnknownRootfs(s.to_string()));
             }
             return Ok(Self::Docker(image.to_string()));
+        }
+        if let Some(suite) = s.strip_prefix("debootstrap:") {
+            return crate::debootstrap::Suite::parse(suite)
+                .map(Self::Debootstrap)
+                .map_err(|source| LayerError::Debootstrap {
+                    suite: suite.to_string(),
+                    source: Box::new(source),
+                });
         }
         if let Some(p) = s.strip_prefix("oci:") {
             return Ok(Self::Oci(PathBuf::from(p)));
@@ -81,6 +96,7 @@ impl std::fmt::Display for RootfsSpec {
             Self::Dir(p) => write!(f, "{}", p.display()),
             Self::Oci(p) => write!(f, "oci:{}", p.display()),
             Self::Docker(image) => write!(f, "docker:{image}"),
+            Self::Debootstrap(suite) => write!(f, "debootstrap:{suite}"),
         }
     }
 }
@@ -506,6 +522,16 @@ mod tests {
         assert_eq!(
             "/".parse::<RootfsSpec>().unwrap(),
             RootfsSpec::Dir("/".into())
+        );
+        assert_eq!(
+            "debootstrap:13".parse::<RootfsSpec>().unwrap().to_string(),
+            "debootstrap:trixie"
+        );
+        let err = "debootstrap:buster".parse::<RootfsSpec>().unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("rootfs `debootstrap:buster`: `buster` is not a Debian suite"),
+            "{err}"
         );
         let err = "debian:12".parse::<RootfsSpec>().unwrap_err();
         assert!(

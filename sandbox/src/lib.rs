@@ -10,6 +10,7 @@ pub mod backend;
 pub mod caps;
 pub mod cgroup;
 pub mod config;
+pub mod debootstrap;
 pub mod digest_cache;
 pub mod docker;
 #[cfg(all(feature = "testing", feature = "docker"))]

@@ -172,7 +172,7 @@ fn reopen(dir: &std::fs::File) -> std::io::Result<std::fs::File> {
     .map(std::fs::File::from)
 }
 
-fn flock(f: &std::fs::File, op: libc::c_int) -> std::io::Result<()> {
+pub(crate) fn flock(f: &std::fs::File, op: libc::c_int) -> std::io::Result<()> {
     // SAFETY: flock on a descriptor this File owns.
     if unsafe { libc::flock(f.as_raw_fd(), op) } == 0 {
         Ok(())

@@ -393,6 +393,19 @@ impl Runtime {
                 })?;
                 store_rootfs(&store, &layers)
             }
+            RootfsSpec::Debootstrap(suite) => {
+                let built =
+                    crate::debootstrap::ensure(&self.inner.state, suite).map_err(|source| {
+                        LayerError::Debootstrap {
+                            suite: suite.to_string(),
+                            source: Box::new(source),
+                        }
+                    })?;
+                Rootfs {
+                    lowers: vec![built.rootfs.to_string_lossy().into_owned()],
+                    digest: built.digest,
+                }
+            }
         };
         cache.insert(spec.clone(), r.clone());
         Ok((r, None))

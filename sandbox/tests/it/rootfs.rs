@@ -275,3 +275,226 @@ fn the_host_mask_from_the_store_hides_what_a_mask_built_in_the_run_hides() {
         "the run's mask is unmounted and removed"
     );
 }
+
+/// `debootstrap:SUITE` with a stand-in for debootstrap (the real one, from the Debian archive,
+/// is `harbor::base::from_debian_of_another_suite_is_that_suite_made_with_debootstrap`): a
+/// failed build and one past its time limit leave nothing that is used and no process; a
+/// finished one is tidied as the images are, published once, built once, and runs.
+#[test]
+fn a_debootstrapped_suite_is_used_only_once_finished_and_built_once() {
+    use sandbox::debootstrap::{Debootstrap, DebootstrapError, Suite};
+    require_root!();
+    let t = tempfile::tempdir().unwrap();
+    let state = t.path().join("state");
+    let fake = t.path().join("fake-debootstrap");
+    let token = format!("fake-sleeper-{}", std::process::id());
+    let mut copies = String::new();
+    for (host, inside) in FILES {
+        copies.push_str(&format!(
+            "mkdir -p \"$4/$(dirname {inside})\"; cp {host} \"$4/{inside}\"\n"
+        ));
+    }
+    std::fs::write(
+        &fake,
+        format!(
+            "#!/bin/bash\nset -e\ndir={dir}\n\
+             [ \"$1 $2 $4\" = '--force-check-gpg --variant=minbase trixie' ] || {{ echo \"bad arguments: $*\"; exit 9; }}\n\
+             set -- \"$1\" \"$2\" \"$3\" \"$5\" \"$6\"\n\
+             case \"$(cat $dir/mode)\" in\n\
+             fail) mkdir -p \"$4/usr\"; echo \"E: Couldn't download packages: from $5\"; exit 1;;\n\
+             hang) (exec -a {token} sleep 1000) & wait; exit 0;;\n\
+             esac\n\
+             echo run >> $dir/runs\n{copies}\
+             mkdir -p \"$4/etc\" \"$4/var/lib/apt/lists/partial\" \"$4/root\"\n\
+             echo 13.99 > \"$4/etc/debian_version\"\n\
+             echo pkgs > \"$4/var/lib/apt/lists/deb.debian.org_Packages\"\n\
+             echo 'nameserver 10.1.2.3' > \"$4/etc/resolv.conf\"\n",
+            dir = t.path().display(),
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let mode = |m: &str| std::fs::write(t.path().join("mode"), m).unwrap();
+    let db = Debootstrap {
+        program: fake.clone(),
+        mirror: "http://mirror.invalid/debian".into(),
+        timeout: std::time::Duration::from_secs(3),
+    };
+    let trixie = Suite::parse("13").unwrap();
+    let dir = state.join("debootstrap");
+    let nothing_used = |what: &str| {
+        assert!(
+            sandbox::debootstrap::cached(&state, &trixie)
+                .unwrap()
+                .is_none(),
+            "{what}"
+        );
+        let left: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| !n.ends_with(".lock") && !n.ends_with(".log"))
+            .collect();
+        assert!(left.is_empty(), "{what} left {left:?}");
+    };
+
+    mode("fail");
+    let e = db.ensure(&state, &trixie).unwrap_err();
+    assert!(matches!(e, DebootstrapError::Failed { .. }), "{e}");
+    let text = e.to_string();
+    assert!(
+        text.contains("debootstrap of `trixie` from http://mirror.invalid/debian failed")
+            && text.contains("E: Couldn't download packages: from http://mirror.invalid/debian"),
+        "{text}"
+    );
+    nothing_used("a failed build");
+
+    mode("hang");
+    let e = db.ensure(&state, &trixie).unwrap_err();
+    assert!(matches!(e, DebootstrapError::TimedOut { .. }), "{e}");
+    nothing_used("a stopped build");
+    let sleeper_alive = || {
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .filter_map(Result::ok)
+            .any(|p| {
+                std::fs::read(p.path().join("cmdline"))
+                    .is_ok_and(|c| c.starts_with(token.as_bytes()))
+            })
+    };
+    assert!(
+        eventually(5, || !sleeper_alive()),
+        "a process of the stopped build is still running"
+    );
+
+    // What a killed build left is removed, never used.
+    std::fs::create_dir_all(dir.join("trixie-amd64.partial/rootfs/etc")).unwrap();
+    std::fs::write(dir.join("trixie-amd64.partial/digest"), "sha256-forged\n").unwrap();
+    assert!(sandbox::debootstrap::cached(&state, &trixie)
+        .unwrap()
+        .is_none());
+    mode("ok");
+    let built = db.ensure(&state, &trixie).unwrap();
+    assert!(!dir.join("trixie-amd64.partial").exists());
+    assert!(built.digest.starts_with("sha256-") && built.digest != "sha256-forged");
+    let root = &built.rootfs;
+    assert_eq!(
+        std::fs::read_to_string(root.join("etc/debian_version")).unwrap(),
+        "13.99\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(root.join("etc/resolv.conf")).unwrap(),
+        ""
+    );
+    let lists: Vec<_> = std::fs::read_dir(root.join("var/lib/apt/lists"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(
+        lists,
+        ["partial"],
+        "package lists are left out, as in the images"
+    );
+    let again = db.ensure(&state, &trixie).unwrap();
+    assert_eq!(again.digest, built.digest);
+    assert_eq!(
+        std::fs::read_to_string(t.path().join("runs")).unwrap(),
+        "run\n",
+        "built once"
+    );
+
+    // The runtime takes it by its spec from the same state directory, built already.
+    let rt = Runtime::new(&state, init_program()).unwrap();
+    let mut sb = rt
+        .create(&minimal_config("debootstrap:trixie".parse().unwrap()))
+        .unwrap();
+    assert_eq!(sb.rootfs_digest(), built.digest);
+    let r = sh(
+        &mut sb,
+        "cat /etc/debian_version; echo x > /etc/debian_version; cat /etc/debian_version",
+    );
+    assert_eq!(
+        out(&r),
+        "13.99\nx\n",
+        "{}",
+        String::from_utf8_lossy(&r.stderr)
+    );
+    drop(sb);
+    drop(rt);
+    assert_eq!(
+        std::fs::read_to_string(root.join("etc/debian_version")).unwrap(),
+        "13.99\n",
+        "used in place, read-only"
+    );
+}
+
+/// Hack trial: a mirror (or anyone between it and us) that serves an index without a valid
+/// signature gets nothing installed: an unsigned `Release` and one with a forged signature
+/// both fail the build, and nothing of it is used.
+#[test]
+fn a_mirror_serving_unsigned_or_forged_indexes_gets_nothing_installed() {
+    use sandbox::debootstrap::{Debootstrap, DebootstrapError, Suite};
+    use std::io::{Read, Write};
+    require_root!();
+    let mut db = Debootstrap::from_env()
+        .unwrap_or_else(|e| panic!("this test runs the real debootstrap: {e}"));
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let forged = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (f, s) = (forged.clone(), stop.clone());
+    let server = std::thread::spawn(move || {
+        while !s.load(std::sync::atomic::Ordering::Relaxed) {
+            let Ok((mut c, _)) = listener.accept() else {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+                continue;
+            };
+            c.set_nonblocking(false).unwrap();
+            let mut head = [0u8; 4096];
+            let n = c.read(&mut head).unwrap_or(0);
+            let line = String::from_utf8_lossy(&head[..n]);
+            let path = line.split_whitespace().nth(1).unwrap_or("");
+            let body: Option<&str> = if path.ends_with("/dists/trixie/Release") {
+                Some("Origin: Debian\nSuite: stable\nCodename: trixie\nArchitectures: amd64\nComponents: main\nSHA256:\n")
+            } else if path.ends_with("/dists/trixie/Release.gpg")
+                && f.load(std::sync::atomic::Ordering::Relaxed)
+            {
+                Some("-----BEGIN PGP SIGNATURE-----\n\niQIzBAABCgAdFiEEforgedforgedforged\n=abcd\n-----END PGP SIGNATURE-----\n")
+            } else {
+                None
+            };
+            let reply = match body {
+                Some(b) => format!(
+                    "HTTP/1.0 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{b}",
+                    b.len()
+                ),
+                None => "HTTP/1.0 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                    .into(),
+            };
+            let _ = c.write_all(reply.as_bytes());
+        }
+    });
+    let t = tempfile::tempdir().unwrap();
+    let state = t.path().join("state");
+    db.mirror = format!("http://127.0.0.1:{port}/debian");
+    db.timeout = std::time::Duration::from_secs(120);
+    let trixie = Suite::parse("trixie").unwrap();
+    for (forge, expect) in [
+        (false, "Failed getting release signature file"),
+        (true, "Error executing gpgv to check Release signature"),
+    ] {
+        forged.store(forge, std::sync::atomic::Ordering::Relaxed);
+        let e = db.ensure(&state, &trixie).unwrap_err();
+        assert!(
+            matches!(e, DebootstrapError::Failed { .. }) && e.to_string().contains(expect),
+            "forged {forge}: {e}"
+        );
+        assert!(sandbox::debootstrap::cached(&state, &trixie)
+            .unwrap()
+            .is_none());
+        assert!(!state.join("debootstrap/trixie-amd64.partial").exists());
+        assert!(!state.join("debootstrap/trixie-amd64").exists());
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    server.join().unwrap();
+}

@@ -1,8 +1,11 @@
-//! How `FROM` is taken on the `host` base: a `python` image's pip installs as in that image.
+//! How `FROM` is taken without a local image: a `python` image's pip on the `host` base
+//! installs as in that image; `debian:SUITE` of another suite is that suite, made with
+//! debootstrap from the Debian archive.
 
 use super::{copy_fixture, on_host, Store};
 use crate::common;
-use engine::harbor;
+use engine::harbor::{self, Agent, BuildNetwork, BuildOptions};
+use sandbox::debootstrap::{self, Suite};
 
 /// `FROM python:*` on the `host` base: pip installs into `/usr/local` in build steps as it
 /// does in that image (the host's Debian Python is externally managed, PEP 668), and only
@@ -60,4 +63,81 @@ fn a_python_base_on_the_host_lets_pip_install_as_that_image_does() {
     );
     let e = build("debian:bookworm").unwrap_err().to_string();
     assert!(e.contains("line 3: the step failed"), "{e}");
+}
+
+/// `FROM debian:SUITE` of a suite other than this host's, with no local image: that suite's
+/// minimal system made with debootstrap from the Debian archive (once per state directory),
+/// its build steps and the task's oracle and tests run on it. Offline, a suite made before is
+/// still taken; the host's own suite stays the `host` base.
+#[test]
+fn from_debian_of_another_suite_is_that_suite_made_with_debootstrap() {
+    require_root!();
+    let rt = common::runtime();
+    let s = Store::new();
+    let t = copy_fixture("harbor/hello-file");
+    let dir = t.path().join("task");
+    let dockerfile = dir.join("environment/Dockerfile");
+    let original = std::fs::read_to_string(&dockerfile).unwrap();
+    let set_from = |from: &str| {
+        let text = original.replace("FROM debian:bookworm", &format!("FROM {from}"))
+            + "RUN cat /etc/debian_version > /etc/built-on && ! command -v python3\n";
+        std::fs::write(&dockerfile, text).unwrap();
+    };
+    let try_check = |opts: &BuildOptions| {
+        harbor::check_task(&rt, &rt, &s.store, &dir, opts, &Agent::Oracle, &[], 1)
+    };
+    let check = |opts: &BuildOptions| try_check(opts).unwrap_or_else(|e| panic!("{e}"));
+    set_from("debian:trixie-slim");
+    let o = check(&BuildOptions::default());
+    assert!(
+        o.base
+            .starts_with("FROM debian:trixie-slim -> debootstrap:trixie (no local image"),
+        "{}",
+        o.base
+    );
+    assert!(o.passed, "the oracle and the tests on trixie: {o:?}");
+    let trixie = Suite::parse("trixie").unwrap();
+    let made = debootstrap::cached(rt.state_dir(), &trixie)
+        .unwrap()
+        .expect("trixie made once");
+    let version = std::fs::read_to_string(made.rootfs.join("etc/debian_version")).unwrap();
+    assert!(version.starts_with("13."), "{version}");
+    // The step ran on it: its layer holds trixie's version, and no python3 was there.
+    let task = harbor::load(&dir).unwrap();
+    let df = harbor::dockerfile::parse(&std::fs::read_to_string(&dockerfile).unwrap()).unwrap();
+    let img = harbor::build_image(&rt, &s.store, &task, &df, &BuildOptions::default()).unwrap();
+    assert_eq!(img.built, 0, "every layer cached");
+    assert_eq!(
+        std::fs::read_to_string(img.layers[0].join("etc/built-on")).unwrap(),
+        version
+    );
+    // Offline: the suite made before is taken (not made again).
+    let digest_file = made.rootfs.parent().unwrap().join("digest");
+    let when = std::fs::metadata(&digest_file).unwrap().modified().unwrap();
+    let offline = BuildOptions {
+        network: BuildNetwork::Offline,
+        ..BuildOptions::default()
+    };
+    let o = check(&offline);
+    assert!(o.base.contains("-> debootstrap:trixie"), "{}", o.base);
+    assert!(o.passed, "{o:?}");
+    assert_eq!(
+        std::fs::metadata(&digest_file).unwrap().modified().unwrap(),
+        when
+    );
+    // The host's own suite is the host (which has python3: the step fails there).
+    if let Some(host) = debootstrap::host_suite() {
+        set_from(&format!("debian:{host}"));
+        let e = try_check(&BuildOptions::default()).unwrap_err().to_string();
+        assert!(e.contains("line 11: the step failed"), "{e}");
+        let task = harbor::load(&dir).unwrap();
+        let df = harbor::dockerfile::parse(&std::fs::read_to_string(&dockerfile).unwrap()).unwrap();
+        let (spec, note) =
+            harbor::build::resolve_from(&rt, &task, &df, &BuildOptions::default()).unwrap();
+        assert_eq!(spec, sandbox::RootfsSpec::Host);
+        assert!(
+            note.contains("-> host (this host's own Debian suite"),
+            "{note}"
+        );
+    }
 }
