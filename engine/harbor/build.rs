@@ -180,7 +180,8 @@ fn debian_base(rt: &Runtime, suite: &Suite, network: &BuildNetwork) -> Result<()
         || "this host's system instead".to_string(),
         |h| format!("this host's Debian {h} instead"),
     );
-    if matches!(debootstrap::cached(rt.state_dir(), suite), Ok(Some(_))) {
+    // Made before (or unreadable: resolving it then names the error).
+    if !matches!(debootstrap::cached(rt.state_dir(), suite), Ok(None)) {
         return Ok(());
     }
     if *network == BuildNetwork::Offline {
@@ -188,9 +189,9 @@ fn debian_base(rt: &Runtime, suite: &Suite, network: &BuildNetwork) -> Result<()
             "no local image, and an offline build makes no Debian {suite}: {instead}"
         ));
     }
-    if !debootstrap::installed() {
+    if let Some(e) = debootstrap::unavailable() {
         return Err(format!(
-            "no local image, and debootstrap is not installed to make Debian {suite}: {instead}"
+            "no local image, and Debian {suite} cannot be made here ({e}): {instead}"
         ));
     }
     Ok(())

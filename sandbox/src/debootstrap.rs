@@ -13,13 +13,21 @@
 //! scripts run chrooted into the new system, as any Debian install runs them.
 
 use std::io::{Read, Seek};
+use std::os::fd::AsRawFd;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// Where the packages come from unless `ENVFACTORY_DEBIAN_MIRROR` names another mirror.
-pub const DEFAULT_MIRROR: &str = "http://deb.debian.org/debian";
+/// Where the packages come from unless `ENVFACTORY_DEBIAN_MIRROR` names another mirror (HTTPS:
+/// the signature proves the packages are Debian's, not that the index is current, and a
+/// plain-HTTP path could replay an old, validly signed one).
+pub const DEFAULT_MIRROR: &str = "https://deb.debian.org/debian";
+/// What the made system's `sources.list` names when it was made from [`DEFAULT_MIRROR`]: the
+/// `debian` images' own source (their minimal system has no CA certificates for HTTPS).
+const IMAGE_SOURCE: &str = "http://deb.debian.org/debian";
+/// Debian's archive keyring, which `--force-check-gpg` needs.
+const KEYRING: &str = "/usr/share/keyrings/debian-archive-keyring.gpg";
 /// Overrides [`DEFAULT_MIRROR`] (an `http://` or `https://` URL of a Debian mirror).
 pub const MIRROR_ENV: &str = "ENVFACTORY_DEBIAN_MIRROR";
 /// Overrides the program run (default `debootstrap`, looked up on `PATH`).
@@ -48,11 +56,13 @@ pub enum DebootstrapError {
     BadMirror(String),
     #[error("this machine's architecture `{0}` has no Debian name known here")]
     Arch(&'static str),
-    #[error("cannot start `{program}` ({source}); install it with `apt-get install debootstrap`")]
+    #[error("cannot start `{program}` ({source}); a Debian suite is made with debootstrap, util-linux's unshare, gpgv and debian-archive-keyring")]
     NotInstalled {
         program: String,
         source: std::io::Error,
     },
+    #[error("state directory {0}: a path with characters other than letters, digits and `/._+-` cannot be handed to debootstrap (its shell would read them) or to overlayfs")]
+    BadStatePath(PathBuf),
     #[error("{what} {path}: {source}")]
     Io {
         what: &'static str,
@@ -73,12 +83,14 @@ pub enum DebootstrapError {
         mirror: String,
         limit: Duration,
     },
-    #[error("the debootstrapped `{suite}` in {path}: {reason}")]
+    #[error("the debootstrapped `{suite}` in {path}: {source}")]
     Digest {
         suite: String,
         path: PathBuf,
-        reason: String,
+        source: Box<crate::layers::LayerError>,
     },
+    #[error("the debootstrapped `{suite}`: {path} is a symbolic link or under one; not followed")]
+    Link { suite: String, path: PathBuf },
 }
 
 fn io(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> DebootstrapError {
@@ -218,6 +230,7 @@ pub fn cached(state: &Path, suite: &Suite) -> Result<Option<Built>, DebootstrapE
 
 fn read_built(done: &Path) -> Result<Option<Built>, DebootstrapError> {
     match std::fs::read_to_string(done.join("digest")) {
+        Ok(_) if !done.join("rootfs").is_dir() => Ok(None),
         Ok(digest) => Ok(Some(Built {
             rootfs: done.join("rootfs"),
             digest: digest.trim().to_string(),
@@ -247,10 +260,17 @@ impl Debootstrap {
     /// a 20-minute limit.
     pub fn from_env() -> Result<Self, DebootstrapError> {
         let name = std::env::var(PROGRAM_ENV).unwrap_or_else(|_| "debootstrap".into());
-        let program = find_program(&name).ok_or_else(|| DebootstrapError::NotInstalled {
-            program: name,
+        let missing = |program: String| DebootstrapError::NotInstalled {
+            program,
             source: std::io::Error::from(std::io::ErrorKind::NotFound),
-        })?;
+        };
+        let program = find_program(&name).ok_or_else(|| missing(name))?;
+        for tool in ["unshare", "gpgv"] {
+            find_program(tool).ok_or_else(|| missing(tool.into()))?;
+        }
+        if !Path::new(KEYRING).is_file() {
+            return Err(missing(KEYRING.into()));
+        }
         Ok(Self {
             program,
             mirror: mirror()?,
@@ -263,6 +283,15 @@ impl Debootstrap {
         let paths = Paths::of(state, suite)?;
         if let Some(b) = read_built(&paths.done)? {
             return Ok(b);
+        }
+        let plain = |b: u8| b.is_ascii_alphanumeric() || b"/._+-".contains(&b);
+        if !state
+            .as_os_str()
+            .as_encoded_bytes()
+            .iter()
+            .all(|b| plain(*b))
+        {
+            return Err(DebootstrapError::BadStatePath(state.to_path_buf()));
         }
         let dir = paths.lock.parent().unwrap_or(state);
         std::fs::create_dir_all(dir).map_err(io("creating", dir))?;
@@ -278,13 +307,16 @@ impl Debootstrap {
             return Ok(b);
         }
         let started = Instant::now();
+        // Under the lock, nothing but a finished build is kept: what a killed build left, and
+        // a published directory without its digest or root (removed by hand, half).
         remove_partial(&paths.partial)?;
-        let built = self.build(suite, &paths);
+        remove_partial(&paths.done)?;
+        let built = self.build(suite, &paths, &lock);
         if built.is_err() {
             let _ = remove_partial(&paths.partial);
         }
         let digest = built?;
-        std::fs::rename(&paths.partial, &paths.done).map_err(io("publishing", &paths.done))?;
+        publish(&paths.partial, &paths.done)?;
         tracing::info!(suite = %suite, mirror = %self.mirror, seconds = started.elapsed().as_secs_f64(), digest = %digest, "debootstrapped");
         Ok(Built {
             rootfs: paths.done.join("rootfs"),
@@ -294,7 +326,12 @@ impl Debootstrap {
 
     /// Run debootstrap into `partial/rootfs`, tidy what it leaves as the images do, and write the
     /// digest (last: a directory with a digest is a finished build).
-    fn build(&self, suite: &Suite, paths: &Paths) -> Result<String, DebootstrapError> {
+    fn build(
+        &self,
+        suite: &Suite,
+        paths: &Paths,
+        lock: &std::fs::File,
+    ) -> Result<String, DebootstrapError> {
         let mirror = self.mirror.as_str();
         let partial = &paths.partial;
         let root = partial.join("rootfs");
@@ -309,12 +346,15 @@ impl Debootstrap {
             .map_err(io("creating", log_path))?;
         let out = log.try_clone().map_err(io("opening", log_path))?;
         let mut cmd = Command::new("unshare");
-        // Its own mount namespace (what it mounts in the new system goes with it) and PID
-        // namespace (every process it starts dies with it, `--kill-child` when it is killed).
+        // Its own mount namespace (what it mounts in the new system goes with it), PID
+        // namespace (every process it starts dies with it, `--kill-child` when it is killed),
+        // UTS and IPC namespaces (a package script that sets a host name sets its own).
         cmd.args([
             "--mount",
             "--propagation",
             "private",
+            "--uts",
+            "--ipc",
             "--pid",
             "--fork",
             "--kill-child",
@@ -330,13 +370,30 @@ impl Debootstrap {
         .arg(mirror);
         // An older debootstrap knows no script for a newer suite: sid's fits every current one.
         let scripts = Path::new("/usr/share/debootstrap/scripts");
-        if scripts.is_dir() && !scripts.join(suite.name()).exists() {
+        let system = self.program.file_name().is_some_and(|n| n == "debootstrap");
+        if system && scripts.is_dir() && !scripts.join(suite.name()).exists() {
             cmd.arg(scripts.join("sid"));
         }
+        let lock_fd = lock.as_raw_fd();
         cmd.stdin(Stdio::null())
             .stdout(out)
             .stderr(log.try_clone().map_err(io("opening", log_path))?)
             .process_group(0);
+        // SAFETY: only async-signal-safe calls (prctl, fcntl) between fork and exec. The build
+        // dies with the thread that waits for it (an engine stopped by a signal or a crash
+        // takes it along: `unshare --kill-child` then ends the namespace), and every process
+        // of it holds the suite's lock (the lock's descriptor is inherited, not closed at
+        // exec), so no other build starts while one of them still writes.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0
+                    || libc::fcntl(lock_fd, libc::F_SETFD, 0) != 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
         tracing::info!(suite = %suite, mirror, root = %root.display(), "debootstrap: building the suite once");
         let mut child = cmd
             .spawn()
@@ -381,16 +438,31 @@ impl Debootstrap {
                 tail,
             });
         }
-        tidy(&root)?;
+        tidy(suite, &root, (mirror == DEFAULT_MIRROR).then_some(mirror))?;
         let digest = digest(suite, mirror, &root).map_err(|e| DebootstrapError::Digest {
             suite: suite.to_string(),
             path: root.clone(),
-            reason: e.to_string(),
+            source: Box::new(e),
         })?;
         let digest_path = partial.join("digest");
         std::fs::write(&digest_path, format!("{digest}\n")).map_err(io("writing", &digest_path))?;
         Ok(digest)
     }
+}
+
+/// Flush the build (once published it is trusted) and rename it into place, never over
+/// another.
+fn publish(partial: &Path, done: &Path) -> Result<(), DebootstrapError> {
+    let dir = std::fs::File::open(partial).map_err(io("opening", partial))?;
+    nix::unistd::syncfs(dir.as_raw_fd()).map_err(|e| io("flushing", partial)(e.into()))?;
+    nix::fcntl::renameat2(
+        None,
+        partial,
+        None,
+        done,
+        nix::fcntl::RenameFlags::RENAME_NOREPLACE,
+    )
+    .map_err(|e| io("publishing", done)(e.into()))
 }
 
 fn remove_partial(partial: &Path) -> Result<(), DebootstrapError> {
@@ -401,9 +473,9 @@ fn remove_partial(partial: &Path) -> Result<(), DebootstrapError> {
     }
 }
 
-/// Whether the program builds run ([`PROGRAM_ENV`], else `debootstrap`) is there.
-pub fn installed() -> bool {
-    find_program(&std::env::var(PROGRAM_ENV).unwrap_or_else(|_| "debootstrap".into())).is_some()
+/// Why a suite cannot be made here (a tool or the keyring missing, a bad mirror), if it can't.
+pub fn unavailable() -> Option<DebootstrapError> {
+    Debootstrap::from_env().err()
 }
 
 /// A program by path, or its executable file on `PATH`.
@@ -436,13 +508,35 @@ fn tail_of(f: &mut std::fs::File) -> String {
 }
 
 /// What the `debian` images leave out: the downloaded packages and package lists (a build
-/// step runs `apt-get update` first, as it must there), and this host's name and resolver.
-fn tidy(root: &Path) -> Result<(), DebootstrapError> {
+/// step runs `apt-get update` first, as it must there), and this host's name and resolver;
+/// made from the default mirror, the image's own `sources.list` (`http://deb.debian.org`).
+/// Never through a symbolic link the packages made: a path under one is refused.
+fn tidy(suite: &Suite, root: &Path, image_source: Option<&str>) -> Result<(), DebootstrapError> {
+    let inside = |rel: &str| -> Result<PathBuf, DebootstrapError> {
+        let mut p = root.to_path_buf();
+        for part in Path::new(rel)
+            .parent()
+            .into_iter()
+            .flat_map(Path::components)
+        {
+            p.push(part);
+            if std::fs::symlink_metadata(&p).is_ok_and(|m| m.file_type().is_symlink()) {
+                return Err(DebootstrapError::Link {
+                    suite: suite.to_string(),
+                    path: p,
+                });
+            }
+        }
+        Ok(root.join(rel))
+    };
     for (dir, keep) in [
-        ("var/cache/apt/archives", &["partial", "lock"][..]),
-        ("var/lib/apt/lists", &["partial", "lock"][..]),
+        ("var/cache/apt/archives/x", &["partial", "lock"][..]),
+        ("var/lib/apt/lists/x", &["partial", "lock"][..]),
     ] {
-        let dir = root.join(dir);
+        let dir = inside(dir)?
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_default();
         let Ok(entries) = std::fs::read_dir(&dir) else {
             continue;
         };
@@ -459,9 +553,15 @@ fn tidy(root: &Path) -> Result<(), DebootstrapError> {
             r.map_err(io("removing", &p))?;
         }
     }
+    let sources = inside("etc/apt/sources.list")?;
+    if let (Some(mirror), Ok(text)) = (image_source, std::fs::read_to_string(&sources)) {
+        let _ = std::fs::remove_file(&sources);
+        std::fs::write(&sources, text.replace(mirror, IMAGE_SOURCE))
+            .map_err(io("writing", &sources))?;
+    }
     for (file, text) in [("etc/resolv.conf", ""), ("etc/hostname", "localhost\n")] {
-        let p = root.join(file);
-        // Never through a link the packages made: the file itself is replaced.
+        let p = inside(file)?;
+        // The file itself is replaced (a link there is removed, not followed).
         let _ = std::fs::remove_file(&p);
         std::fs::write(&p, text).map_err(io("writing", &p))?;
     }

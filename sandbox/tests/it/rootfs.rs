@@ -278,11 +278,13 @@ fn the_host_mask_from_the_store_hides_what_a_mask_built_in_the_run_hides() {
 
 /// `debootstrap:SUITE` with a stand-in for debootstrap (the real one, from the Debian archive,
 /// is `harbor::base::from_debian_of_another_suite_is_that_suite_made_with_debootstrap`): a
-/// failed build and one past its time limit leave nothing that is used and no process; a
-/// finished one is tidied as the images are, published once, built once, and runs.
+/// failed build and one past its time limit leave nothing that is used, no mount and no
+/// process (the stand-in's sleeper has left the build's process group: only the PID namespace
+/// ends it); a finished one is tidied as the images are, published once, made once by two
+/// builders at a time, and runs.
 #[test]
 fn a_debootstrapped_suite_is_used_only_once_finished_and_built_once() {
-    use sandbox::debootstrap::{Debootstrap, DebootstrapError, Suite};
+    use sandbox::debootstrap::{arch, Debootstrap, DebootstrapError, Suite};
     require_root!();
     let t = tempfile::tempdir().unwrap();
     let state = t.path().join("state");
@@ -301,14 +303,15 @@ fn a_debootstrapped_suite_is_used_only_once_finished_and_built_once() {
              [ \"$1 $2 $4\" = '--force-check-gpg --variant=minbase trixie' ] || {{ echo \"bad arguments: $*\"; exit 9; }}\n\
              set -- \"$1\" \"$2\" \"$3\" \"$5\" \"$6\"\n\
              case \"$(cat $dir/mode)\" in\n\
-             fail) mkdir -p \"$4/usr\"; echo \"E: Couldn't download packages: from $5\"; exit 1;;\n\
-             hang) (exec -a {token} sleep 1000) & wait; exit 0;;\n\
+             fail) mkdir -p \"$4/proc\"; mount -t tmpfs fake-proc \"$4/proc\"; echo \"E: Couldn't download packages: from $5\"; exit 1;;\n\
+             hang) setsid bash -c 'exec -a {token} sleep 1000' & wait; exit 0;;\n\
              esac\n\
-             echo run >> $dir/runs\n{copies}\
-             mkdir -p \"$4/etc\" \"$4/var/lib/apt/lists/partial\" \"$4/root\"\n\
+             echo run >> $dir/runs\nsleep 0.3\n{copies}\
+             mkdir -p \"$4/etc/apt\" \"$4/var/lib/apt/lists/partial\" \"$4/root\"\n\
              echo 13.99 > \"$4/etc/debian_version\"\n\
              echo pkgs > \"$4/var/lib/apt/lists/deb.debian.org_Packages\"\n\
-             echo 'nameserver 10.1.2.3' > \"$4/etc/resolv.conf\"\n",
+             echo 'nameserver 10.1.2.3' > \"$4/etc/resolv.conf\"\n\
+             echo \"deb $5 trixie main\" > \"$4/etc/apt/sources.list\"\n",
             dir = t.path().display(),
         ),
     )
@@ -322,6 +325,7 @@ fn a_debootstrapped_suite_is_used_only_once_finished_and_built_once() {
     };
     let trixie = Suite::parse("13").unwrap();
     let dir = state.join("debootstrap");
+    let name = format!("trixie-{}", arch().unwrap());
     let nothing_used = |what: &str| {
         assert!(
             sandbox::debootstrap::cached(&state, &trixie)
@@ -335,6 +339,11 @@ fn a_debootstrapped_suite_is_used_only_once_finished_and_built_once() {
             .filter(|n| !n.ends_with(".lock") && !n.ends_with(".log"))
             .collect();
         assert!(left.is_empty(), "{what} left {left:?}");
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        assert!(
+            !mounts.contains(&state.display().to_string()),
+            "{what} left a mount: {mounts}"
+        );
     };
 
     mode("fail");
@@ -366,15 +375,33 @@ fn a_debootstrapped_suite_is_used_only_once_finished_and_built_once() {
         "a process of the stopped build is still running"
     );
 
-    // What a killed build left is removed, never used.
-    std::fs::create_dir_all(dir.join("trixie-amd64.partial/rootfs/etc")).unwrap();
-    std::fs::write(dir.join("trixie-amd64.partial/digest"), "sha256-forged\n").unwrap();
+    // What a killed build left is removed, never used; so is a published directory that
+    // lost its digest.
+    std::fs::create_dir_all(dir.join(format!("{name}.partial/rootfs/etc"))).unwrap();
+    std::fs::write(
+        dir.join(format!("{name}.partial/digest")),
+        "sha256-forged\n",
+    )
+    .unwrap();
+    std::fs::create_dir_all(dir.join(format!("{name}/rootfs/etc"))).unwrap();
     assert!(sandbox::debootstrap::cached(&state, &trixie)
         .unwrap()
         .is_none());
     mode("ok");
-    let built = db.ensure(&state, &trixie).unwrap();
-    assert!(!dir.join("trixie-amd64.partial").exists());
+    // Two builders at once: one makes it, the other waits and takes it.
+    let (a, b) = std::thread::scope(|s| {
+        let a = s.spawn(|| db.ensure(&state, &trixie));
+        let b = s.spawn(|| db.ensure(&state, &trixie));
+        (a.join().unwrap().unwrap(), b.join().unwrap().unwrap())
+    });
+    assert_eq!(a.digest, b.digest);
+    assert_eq!(
+        std::fs::read_to_string(t.path().join("runs")).unwrap(),
+        "run\n",
+        "made once"
+    );
+    let built = a;
+    assert!(!dir.join(format!("{name}.partial")).exists());
     assert!(built.digest.starts_with("sha256-") && built.digest != "sha256-forged");
     let root = &built.rootfs;
     assert_eq!(
@@ -384,6 +411,11 @@ fn a_debootstrapped_suite_is_used_only_once_finished_and_built_once() {
     assert_eq!(
         std::fs::read_to_string(root.join("etc/resolv.conf")).unwrap(),
         ""
+    );
+    assert_eq!(
+        std::fs::read_to_string(root.join("etc/apt/sources.list")).unwrap(),
+        "deb http://mirror.invalid/debian trixie main\n",
+        "a mirror of the user's own is kept"
     );
     let lists: Vec<_> = std::fs::read_dir(root.join("var/lib/apt/lists"))
         .unwrap()
@@ -398,8 +430,7 @@ fn a_debootstrapped_suite_is_used_only_once_finished_and_built_once() {
     assert_eq!(again.digest, built.digest);
     assert_eq!(
         std::fs::read_to_string(t.path().join("runs")).unwrap(),
-        "run\n",
-        "built once"
+        "run\n"
     );
 
     // The runtime takes it by its spec from the same state directory, built already.
@@ -427,74 +458,138 @@ fn a_debootstrapped_suite_is_used_only_once_finished_and_built_once() {
     );
 }
 
+/// A loopback mirror for the hack trial below: `Release` without a signature, and a forged
+/// `Release.gpg` when `forged` is set; stopped when dropped (by a panic too).
+struct FakeMirror {
+    port: u16,
+    forged: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl FakeMirror {
+    fn start() -> Self {
+        use std::io::{Read, Write};
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let forged = std::sync::Arc::new(AtomicBool::new(false));
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let (f, s) = (forged.clone(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            while !s.load(Ordering::Relaxed) {
+                let Ok((mut c, _)) = listener.accept() else {
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                    continue;
+                };
+                c.set_nonblocking(false).unwrap();
+                let mut head = [0u8; 4096];
+                let n = c.read(&mut head).unwrap_or(0);
+                let line = String::from_utf8_lossy(&head[..n]);
+                let path = line.split_whitespace().nth(1).unwrap_or("");
+                let body: Option<&str> = if path.ends_with("/dists/trixie/Release") {
+                    Some("Origin: Debian\nSuite: stable\nCodename: trixie\nArchitectures: amd64\nComponents: main\nSHA256:\n")
+                } else if path.ends_with("/dists/trixie/Release.gpg") && f.load(Ordering::Relaxed) {
+                    Some("-----BEGIN PGP SIGNATURE-----\n\niQIzBAABCgAdFiEEforgedforgedforged\n=abcd\n-----END PGP SIGNATURE-----\n")
+                } else {
+                    None
+                };
+                let reply = match body {
+                    Some(b) => format!(
+                        "HTTP/1.0 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{b}",
+                        b.len()
+                    ),
+                    None => {
+                        "HTTP/1.0 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                            .into()
+                    }
+                };
+                let _ = c.write_all(reply.as_bytes());
+            }
+        });
+        Self {
+            port,
+            forged,
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for FakeMirror {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
 /// Hack trial: a mirror (or anyone between it and us) that serves an index without a valid
-/// signature gets nothing installed: an unsigned `Release` and one with a forged signature
-/// both fail the build, and nothing of it is used.
+/// signature gets nothing installed: an unsigned `Release`, one with a forged signature, and
+/// an unsigned one on a machine without Debian's keyring (hidden in the build's own mount
+/// namespace; without `--force-check-gpg` debootstrap would go on unchecked) all fail the
+/// build, and nothing of it is used.
 #[test]
 fn a_mirror_serving_unsigned_or_forged_indexes_gets_nothing_installed() {
-    use sandbox::debootstrap::{Debootstrap, DebootstrapError, Suite};
-    use std::io::{Read, Write};
+    use sandbox::debootstrap::{arch, Debootstrap, DebootstrapError, Suite};
     require_root!();
     let mut db = Debootstrap::from_env()
         .unwrap_or_else(|e| panic!("this test runs the real debootstrap: {e}"));
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.set_nonblocking(true).unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let forged = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let (f, s) = (forged.clone(), stop.clone());
-    let server = std::thread::spawn(move || {
-        while !s.load(std::sync::atomic::Ordering::Relaxed) {
-            let Ok((mut c, _)) = listener.accept() else {
-                std::thread::sleep(std::time::Duration::from_millis(10));
-                continue;
-            };
-            c.set_nonblocking(false).unwrap();
-            let mut head = [0u8; 4096];
-            let n = c.read(&mut head).unwrap_or(0);
-            let line = String::from_utf8_lossy(&head[..n]);
-            let path = line.split_whitespace().nth(1).unwrap_or("");
-            let body: Option<&str> = if path.ends_with("/dists/trixie/Release") {
-                Some("Origin: Debian\nSuite: stable\nCodename: trixie\nArchitectures: amd64\nComponents: main\nSHA256:\n")
-            } else if path.ends_with("/dists/trixie/Release.gpg")
-                && f.load(std::sync::atomic::Ordering::Relaxed)
-            {
-                Some("-----BEGIN PGP SIGNATURE-----\n\niQIzBAABCgAdFiEEforgedforgedforged\n=abcd\n-----END PGP SIGNATURE-----\n")
-            } else {
-                None
-            };
-            let reply = match body {
-                Some(b) => format!(
-                    "HTTP/1.0 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{b}",
-                    b.len()
-                ),
-                None => "HTTP/1.0 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-                    .into(),
-            };
-            let _ = c.write_all(reply.as_bytes());
-        }
-    });
+    let mirror = FakeMirror::start();
     let t = tempfile::tempdir().unwrap();
+    let no_keyring = t.path().join("debootstrap-without-keyring");
+    std::fs::write(
+        &no_keyring,
+        format!(
+            "#!/bin/sh\nmount -t tmpfs none /usr/share/keyrings && exec {} \"$@\"\n",
+            db.program.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        &no_keyring,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
     let state = t.path().join("state");
-    db.mirror = format!("http://127.0.0.1:{port}/debian");
+    let real = db.program.clone();
+    db.mirror = format!("http://127.0.0.1:{}/debian", mirror.port);
     db.timeout = std::time::Duration::from_secs(120);
     let trixie = Suite::parse("trixie").unwrap();
-    for (forge, expect) in [
-        (false, "Failed getting release signature file"),
-        (true, "Error executing gpgv to check Release signature"),
+    let name = format!("trixie-{}", arch().unwrap());
+    for (program, forge, expect) in [
+        (&real, false, "Failed getting release signature file"),
+        (
+            &real,
+            true,
+            "Error executing gpgv to check Release signature",
+        ),
+        (
+            &no_keyring,
+            false,
+            "Keyring-based check was requested; aborting",
+        ),
     ] {
-        forged.store(forge, std::sync::atomic::Ordering::Relaxed);
+        db.program = program.clone();
+        mirror
+            .forged
+            .store(forge, std::sync::atomic::Ordering::Relaxed);
         let e = db.ensure(&state, &trixie).unwrap_err();
         assert!(
             matches!(e, DebootstrapError::Failed { .. }) && e.to_string().contains(expect),
-            "forged {forge}: {e}"
+            "{} forged {forge}: {e}",
+            program.display()
         );
         assert!(sandbox::debootstrap::cached(&state, &trixie)
             .unwrap()
             .is_none());
-        assert!(!state.join("debootstrap/trixie-amd64.partial").exists());
-        assert!(!state.join("debootstrap/trixie-amd64").exists());
+        assert!(!state.join(format!("debootstrap/{name}.partial")).exists());
+        assert!(!state.join(format!("debootstrap/{name}")).exists());
     }
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    server.join().unwrap();
+    assert!(
+        std::path::Path::new("/usr/share/keyrings/debian-archive-keyring.gpg").is_file(),
+        "the host's keyring was hidden only inside the build"
+    );
 }

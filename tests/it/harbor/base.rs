@@ -66,13 +66,15 @@ fn a_python_base_on_the_host_lets_pip_install_as_that_image_does() {
 }
 
 /// `FROM debian:SUITE` of a suite other than this host's, with no local image: that suite's
-/// minimal system made with debootstrap from the Debian archive (once per state directory),
-/// its build steps and the task's oracle and tests run on it. Offline, a suite made before is
-/// still taken; the host's own suite stays the `host` base.
+/// minimal system made with debootstrap from the Debian archive (once per state directory:
+/// this test's own, so every run makes it, about half a minute), its build steps and the
+/// task's oracle and tests run on it. Offline, a suite made before is still taken; the host's
+/// own suite stays the `host` base.
 #[test]
 fn from_debian_of_another_suite_is_that_suite_made_with_debootstrap() {
     require_root!();
-    let rt = common::runtime();
+    let state = common::TempState::new();
+    let rt = sandbox::Runtime::new(state.path(), common::init_program()).unwrap();
     let s = Store::new();
     let t = copy_fixture("harbor/hello-file");
     let dir = t.path().join("task");
@@ -102,6 +104,12 @@ fn from_debian_of_another_suite_is_that_suite_made_with_debootstrap() {
         .expect("trixie made once");
     let version = std::fs::read_to_string(made.rootfs.join("etc/debian_version")).unwrap();
     assert!(version.starts_with("13."), "{version}");
+    // Made over HTTPS; its apt reads the images' own source.
+    let sources = std::fs::read_to_string(made.rootfs.join("etc/apt/sources.list")).unwrap();
+    assert_eq!(
+        sources.trim(),
+        "deb http://deb.debian.org/debian trixie main"
+    );
     // The step ran on it: its layer holds trixie's version, and no python3 was there.
     let task = harbor::load(&dir).unwrap();
     let df = harbor::dockerfile::parse(&std::fs::read_to_string(&dockerfile).unwrap()).unwrap();
