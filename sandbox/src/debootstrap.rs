@@ -508,7 +508,8 @@ fn tail_of(f: &mut std::fs::File) -> String {
 }
 
 /// What the `debian` images leave out: the downloaded packages and package lists (a build
-/// step runs `apt-get update` first, as it must there), and this host's name and resolver;
+/// step runs `apt-get update` first, as it must there), the contents of `/dev`, and this
+/// host's name and resolver;
 /// made from the default mirror, the image's own `sources.list` (`http://deb.debian.org`).
 /// Never through a symbolic link the packages made: a path under one is refused.
 fn tidy(suite: &Suite, root: &Path, image_source: Option<&str>) -> Result<(), DebootstrapError> {
@@ -532,6 +533,9 @@ fn tidy(suite: &Suite, root: &Path, image_source: Option<&str>) -> Result<(), De
     for (dir, keep) in [
         ("var/cache/apt/archives/x", &["partial", "lock"][..]),
         ("var/lib/apt/lists/x", &["partial", "lock"][..]),
+        // Device nodes and links debootstrap made: a sandbox (and a container) mounts its
+        // own /dev there, and an image layer may not hold devices.
+        ("dev/x", &[][..]),
     ] {
         let dir = inside(dir)?
             .parent()

@@ -311,7 +311,8 @@ fn a_debootstrapped_suite_is_used_only_once_finished_and_built_once() {
              echo 13.99 > \"$4/etc/debian_version\"\n\
              echo pkgs > \"$4/var/lib/apt/lists/deb.debian.org_Packages\"\n\
              echo 'nameserver 10.1.2.3' > \"$4/etc/resolv.conf\"\n\
-             echo \"deb $5 trixie main\" > \"$4/etc/apt/sources.list\"\n",
+             echo \"deb $5 trixie main\" > \"$4/etc/apt/sources.list\"\n\
+             mkdir -p \"$4/dev/pts\"; mknod \"$4/dev/null\" c 1 3; ln -s /proc/self/fd \"$4/dev/fd\"\n",
             dir = t.path().display(),
         ),
     )
