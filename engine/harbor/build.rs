@@ -180,9 +180,15 @@ fn debian_base(rt: &Runtime, suite: &Suite, network: &BuildNetwork) -> Result<()
         || "this host's system instead".to_string(),
         |h| format!("this host's Debian {h} instead"),
     );
-    // Made before (or unreadable: resolving it then names the error).
-    if !matches!(debootstrap::cached(rt.state_dir(), suite), Ok(None)) {
-        return Ok(());
+    match debootstrap::cached(rt.state_dir(), suite) {
+        Ok(None) => {}
+        Err(e @ debootstrap::DebootstrapError::Arch(_)) => {
+            return Err(format!(
+                "no local image, and Debian {suite} cannot be made here ({e}): {instead}"
+            ))
+        }
+        // Made before (or unreadable: resolving it then names the error).
+        _ => return Ok(()),
     }
     if *network == BuildNetwork::Offline {
         return Err(format!(

@@ -28,6 +28,8 @@ pub const DEFAULT_MIRROR: &str = "https://deb.debian.org/debian";
 const IMAGE_SOURCE: &str = "http://deb.debian.org/debian";
 /// Debian's archive keyring, which `--force-check-gpg` needs.
 const KEYRING: &str = "/usr/share/keyrings/debian-archive-keyring.gpg";
+/// The CA certificates wget checks an HTTPS mirror with (Debian's `ca-certificates`).
+const CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
 /// Overrides [`DEFAULT_MIRROR`] (an `http://` or `https://` URL of a Debian mirror).
 pub const MIRROR_ENV: &str = "ENVFACTORY_DEBIAN_MIRROR";
 /// Overrides the program run (default `debootstrap`, looked up on `PATH`).
@@ -56,7 +58,7 @@ pub enum DebootstrapError {
     BadMirror(String),
     #[error("this machine's architecture `{0}` has no Debian name known here")]
     Arch(&'static str),
-    #[error("cannot start `{program}` ({source}); a Debian suite is made with debootstrap, util-linux's unshare, gpgv and debian-archive-keyring")]
+    #[error("cannot start `{program}` ({source}); a Debian suite is made with debootstrap, wget, util-linux's unshare, gpgv, debian-archive-keyring and (for an HTTPS mirror) ca-certificates")]
     NotInstalled {
         program: String,
         source: std::io::Error,
@@ -243,6 +245,10 @@ fn read_built(done: &Path) -> Result<Option<Built>, DebootstrapError> {
 /// The suite, built now (from [`mirror`], by [`PROGRAM_ENV`] or `debootstrap`) if it was not
 /// before.
 pub fn ensure(state: &Path, suite: &Suite) -> Result<Built, DebootstrapError> {
+    // A suite made before needs none of the tools.
+    if let Some(b) = cached(state, suite)? {
+        return Ok(b);
+    }
     Debootstrap::from_env()?.ensure(state, suite)
 }
 
@@ -264,16 +270,23 @@ impl Debootstrap {
             program,
             source: std::io::Error::from(std::io::ErrorKind::NotFound),
         };
+        arch()?;
         let program = find_program(&name).ok_or_else(|| missing(name))?;
-        for tool in ["unshare", "gpgv"] {
+        // debootstrap downloads with wget; HTTPS needs the CA certificates.
+        for tool in ["unshare", "gpgv", "wget"] {
             find_program(tool).ok_or_else(|| missing(tool.into()))?;
         }
-        if !Path::new(KEYRING).is_file() {
-            return Err(missing(KEYRING.into()));
+        let mirror = mirror()?;
+        let mut files = vec![KEYRING];
+        if mirror.starts_with("https://") {
+            files.push(CA_BUNDLE);
+        }
+        if let Some(f) = files.into_iter().find(|f| !Path::new(f).is_file()) {
+            return Err(missing(f.into()));
         }
         Ok(Self {
             program,
-            mirror: mirror()?,
+            mirror,
             timeout: TIMEOUT,
         })
     }
@@ -375,6 +388,7 @@ impl Debootstrap {
             cmd.arg(scripts.join("sid"));
         }
         let lock_fd = lock.as_raw_fd();
+        let parent = std::process::id() as libc::pid_t;
         cmd.stdin(Stdio::null())
             .stdout(out)
             .stderr(log.try_clone().map_err(io("opening", log_path))?)
@@ -391,6 +405,10 @@ impl Debootstrap {
                 {
                     return Err(std::io::Error::last_os_error());
                 }
+                // The engine died before the death signal was asked for: nothing would come.
+                if libc::getppid() != parent {
+                    return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+                }
                 Ok(())
             });
         }
@@ -402,23 +420,27 @@ impl Debootstrap {
                 source,
             })?;
         let started = Instant::now();
+        let stop = |child: &mut std::process::Child| {
+            // SAFETY: signalling the process group this build started (its own group).
+            unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
+            let _ = child.wait();
+        };
         let status = loop {
-            match child
-                .try_wait()
-                .map_err(io("waiting for debootstrap in", partial))?
-            {
-                Some(st) => break st,
-                None if started.elapsed() > self.timeout => {
-                    // SAFETY: signalling the process group this build started (its own group).
-                    unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
-                    let _ = child.wait();
+            match child.try_wait() {
+                Ok(Some(st)) => break st,
+                Ok(None) if started.elapsed() > self.timeout => {
+                    stop(&mut child);
                     return Err(DebootstrapError::TimedOut {
                         suite: suite.to_string(),
                         mirror: mirror.into(),
                         limit: self.timeout,
                     });
                 }
-                None => std::thread::sleep(Duration::from_millis(50)),
+                Ok(None) => std::thread::sleep(Duration::from_millis(50)),
+                Err(e) => {
+                    stop(&mut child);
+                    return Err(io("waiting for debootstrap in", partial)(e));
+                }
             }
         };
         if !status.success() {
@@ -455,14 +477,19 @@ impl Debootstrap {
 fn publish(partial: &Path, done: &Path) -> Result<(), DebootstrapError> {
     let dir = std::fs::File::open(partial).map_err(io("opening", partial))?;
     nix::unistd::syncfs(dir.as_raw_fd()).map_err(|e| io("flushing", partial)(e.into()))?;
-    nix::fcntl::renameat2(
+    match nix::fcntl::renameat2(
         None,
         partial,
         None,
         done,
         nix::fcntl::RenameFlags::RENAME_NOREPLACE,
-    )
-    .map_err(|e| io("publishing", done)(e.into()))
+    ) {
+        // A filesystem without RENAME_NOREPLACE (NFS, some FUSE): the lock is held and no
+        // suite is there (removed under it), so a plain rename replaces nothing.
+        Err(nix::errno::Errno::EINVAL) => std::fs::rename(partial, done),
+        r => r.map_err(std::io::Error::from),
+    }
+    .map_err(io("publishing", done))
 }
 
 fn remove_partial(partial: &Path) -> Result<(), DebootstrapError> {
@@ -558,6 +585,13 @@ fn tidy(suite: &Suite, root: &Path, image_source: Option<&str>) -> Result<(), De
         }
     }
     let sources = inside("etc/apt/sources.list")?;
+    let link = std::fs::symlink_metadata(&sources).is_ok_and(|m| m.file_type().is_symlink());
+    if image_source.is_some() && link {
+        return Err(DebootstrapError::Link {
+            suite: suite.to_string(),
+            path: sources,
+        });
+    }
     if let (Some(mirror), Ok(text)) = (image_source, std::fs::read_to_string(&sources)) {
         let _ = std::fs::remove_file(&sources);
         std::fs::write(&sources, text.replace(mirror, IMAGE_SOURCE))

@@ -59,6 +59,28 @@ pub fn out(r: &ExecResult) -> String {
 
 /// A fresh runtime over the default state directory ([`crate::state::default_state_dir`])
 /// with `init` as PID 1; dropping it removes what it created.
+/// The host files of a minimal runnable root (x86-64 Debian paths): dash as `/bin/sh`, cat, and
+/// the loader and libc they need, as (host path, path in the root).
+pub const MINIMAL_ROOT: &[(&str, &str)] = &[
+    ("/bin/dash", "bin/sh"),
+    ("/usr/bin/cat", "bin/cat"),
+    (
+        "/lib/x86_64-linux-gnu/libc.so.6",
+        "lib/x86_64-linux-gnu/libc.so.6",
+    ),
+    ("/lib64/ld-linux-x86-64.so.2", "lib64/ld-linux-x86-64.so.2"),
+];
+
+/// Shell lines that copy [`MINIMAL_ROOT`] under the directory in `$VAR` (`var` names it).
+pub fn minimal_root_copies(var: &str) -> String {
+    MINIMAL_ROOT
+        .iter()
+        .map(|(host, inside)| {
+            format!("mkdir -p \"${var}/$(dirname {inside})\"; cp {host} \"${var}/{inside}\"\n")
+        })
+        .collect()
+}
+
 pub fn runtime_with(init: InitProgram) -> Runtime {
     Runtime::new(&crate::state::default_state_dir(), init)
         .unwrap_or_else(|e| panic!("starting a sandbox runtime: {e}"))

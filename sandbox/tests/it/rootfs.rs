@@ -1,19 +1,10 @@
-//! Sandboxes on every root filesystem source: a directory and a `docker save` image.
+//! Sandboxes on every root filesystem source: a directory, a `docker save` image and a Debian
+//! suite made with debootstrap.
 use crate::common::*;
+use sandbox::testing::MINIMAL_ROOT as FILES;
 use sandbox::{RootfsSpec, Runtime};
 use sha2::Digest;
 use std::path::Path;
-
-/// The files of a minimal runnable root: dash, cat and the loader and libc they need.
-const FILES: &[(&str, &str)] = &[
-    ("/bin/dash", "bin/sh"),
-    ("/usr/bin/cat", "bin/cat"),
-    (
-        "/lib/x86_64-linux-gnu/libc.so.6",
-        "lib/x86_64-linux-gnu/libc.so.6",
-    ),
-    ("/lib64/ld-linux-x86-64.so.2", "lib64/ld-linux-x86-64.so.2"),
-];
 
 fn add(b: &mut tar::Builder<Vec<u8>>, path: &str, data: &[u8], mode: u32, kind: tar::EntryType) {
     let mut h = tar::Header::new_gnu();
@@ -290,12 +281,7 @@ fn a_debootstrapped_suite_is_used_only_once_finished_and_built_once() {
     let state = t.path().join("state");
     let fake = t.path().join("fake-debootstrap");
     let token = format!("fake-sleeper-{}", std::process::id());
-    let mut copies = String::new();
-    for (host, inside) in FILES {
-        copies.push_str(&format!(
-            "mkdir -p \"$4/$(dirname {inside})\"; cp {host} \"$4/{inside}\"\n"
-        ));
-    }
+    let copies = sandbox::testing::minimal_root_copies("4");
     std::fs::write(
         &fake,
         format!(

@@ -1,0 +1,114 @@
+//! `--rootfs debootstrap:SUITE` as a user runs it and stops it: a build whose engine is killed
+//! (SIGKILL: nothing of the engine runs after it) ends with it, leaving no process of the
+//! build, and the next engine makes the suite (the lock is free) and runs on it.
+
+use crate::common;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Processes whose command line starts with `token` (the stand-in's sleepers, which only this
+/// test starts); killed by pid when dropped, so a failed test leaves none.
+struct Sleepers(String);
+
+impl Sleepers {
+    fn pids(&self) -> Vec<i32> {
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .filter_map(Result::ok)
+            .filter_map(|p| {
+                let pid = p.file_name().to_str()?.parse::<i32>().ok()?;
+                let cmd = std::fs::read(p.path().join("cmdline")).ok()?;
+                cmd.starts_with(self.0.as_bytes()).then_some(pid)
+            })
+            .collect()
+    }
+}
+
+impl Drop for Sleepers {
+    fn drop(&mut self) {
+        for pid in self.pids() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+}
+
+#[test]
+fn a_build_dies_with_its_engine_and_the_next_engine_makes_the_suite() {
+    require_root!();
+    let state = common::TempState::new();
+    let t = tempfile::tempdir().unwrap();
+    let sleepers = Sleepers(format!("ef-debootstrap-sleeper-{}", std::process::id()));
+    let fake = t.path().join("debootstrap");
+    let copies = sandbox::testing::minimal_root_copies("4");
+    // debootstrap's arguments after `--force-check-gpg --variant=minbase --arch=A`: SUITE
+    // TARGET MIRROR; `hang` leaves a sleeper outside the build's process group.
+    std::fs::write(
+        &fake,
+        format!(
+            "#!/bin/bash\nset -e\nshift 3\n\
+             if [ \"$(cat {dir}/mode)\" = hang ]; then\n\
+             setsid bash -c 'exec -a {token} sleep 1000' & wait; exit 0\nfi\n\
+             set -- x x x \"$2\"\n{copies}mkdir -p \"$4/etc\" \"$4/root\" \"$4/tmp\"; echo 13.99 > \"$4/etc/debian_version\"\n",
+            dir = t.path().display(),
+            token = sleepers.0,
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let mode = |m: &str| std::fs::write(t.path().join("mode"), m).unwrap();
+    let engine = || {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_engine"));
+        c.env("ENVFACTORY_STATE", state.path())
+            .env("ENVFACTORY_DEBOOTSTRAP", &fake)
+            .env("ENVFACTORY_DEBIAN_MIRROR", "http://mirror.invalid/debian")
+            .args(["sandbox", "exec", "--rootfs", "debootstrap:trixie", "--"])
+            .args(["/bin/sh", "-c", "cat /etc/debian_version"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        c
+    };
+
+    mode("hang");
+    let mut first = engine().spawn().unwrap();
+    let started = Instant::now();
+    while sleepers.pids().is_empty() {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the stand-in never started: {:?}",
+            first.try_wait()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    first.kill().unwrap();
+    first.wait().unwrap();
+    assert!(
+        sandbox::testing::eventually(10, || sleepers.pids().is_empty()),
+        "the build outlived its engine: {:?}",
+        sleepers.pids()
+    );
+
+    mode("ok");
+    let mut second = engine().spawn().unwrap();
+    let started = Instant::now();
+    let status = loop {
+        if let Some(st) = second.try_wait().unwrap() {
+            break st;
+        }
+        if started.elapsed() > Duration::from_secs(60) {
+            let _ = second.kill();
+            panic!("the next build waited past 60 s (the suite's lock still held?)");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let o = second.wait_with_output().unwrap();
+    assert!(
+        status.success(),
+        "{status}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "13.99\n");
+}
