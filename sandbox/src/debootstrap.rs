@@ -3,14 +3,16 @@
 //! Debian archive into `<state>/debootstrap/SUITE-ARCH/`, then used in place as a read-only
 //! layer, as a directory rootfs is.
 //!
-//! A build holds a lock per suite (another process waits for it and then finds it built),
-//! runs in `SUITE-ARCH.partial/` and becomes the suite's directory by one rename, after its
-//! digest is written: a build that failed, was stopped or timed out is never used, and the
-//! next one removes what it left. `debootstrap` runs as root on the host, in a mount and PID
-//! namespace of its own (the `/proc` and `/sys` it mounts in the new system, and every process
-//! it starts, end with it); what it installs is checked against the Debian archive's keyring
-//! (the `Release` file's signature and every package's hash), and the packages' maintainer
-//! scripts run chrooted into the new system, as any Debian install runs them.
+//! A build holds a lock per suite, as does every process it starts (another builder waits,
+//! then finds it made), runs in `SUITE-ARCH.partial/` and becomes the suite's directory by one
+//! rename, after it is flushed and its digest written: a build that failed, was stopped or
+//! timed out is never used, and the next one removes what it left. `debootstrap` runs as root
+//! on the host, in mount, UTS, IPC and PID namespaces of its own, and dies with the engine
+//! (the `/proc` and `/sys` it mounts in the new system, and every process it starts, end with
+//! it); what it installs is checked against the Debian archive's keyring (the `Release`
+//! file's signature and every package's hash), and the packages' maintainer scripts run
+//! chrooted into the new system, as any Debian install runs them. docs/sandbox.md has the
+//! rest.
 
 use std::io::{Read, Seek};
 use std::os::fd::AsRawFd;
@@ -58,7 +60,7 @@ pub enum DebootstrapError {
     BadMirror(String),
     #[error("this machine's architecture `{0}` has no Debian name known here")]
     Arch(&'static str),
-    #[error("cannot start `{program}` ({source}); a Debian suite is made with debootstrap, wget, util-linux's unshare, gpgv, debian-archive-keyring and (for an HTTPS mirror) ca-certificates")]
+    #[error("`{program}` is missing ({source}); a Debian suite is made with debootstrap, wget, util-linux's unshare, gpgv, debian-archive-keyring and (for an HTTPS mirror) ca-certificates")]
     NotInstalled {
         program: String,
         source: std::io::Error,
@@ -393,7 +395,7 @@ impl Debootstrap {
             .stdout(out)
             .stderr(log.try_clone().map_err(io("opening", log_path))?)
             .process_group(0);
-        // SAFETY: only async-signal-safe calls (prctl, fcntl) between fork and exec. The build
+        // SAFETY: only async-signal-safe calls (prctl, fcntl, getppid) between fork and exec. The build
         // dies with the thread that waits for it (an engine stopped by a signal or a crash
         // takes it along: `unshare --kill-child` then ends the namespace), and every process
         // of it holds the suite's lock (the lock's descriptor is inherited, not closed at
@@ -486,7 +488,9 @@ fn publish(partial: &Path, done: &Path) -> Result<(), DebootstrapError> {
     ) {
         // A filesystem without RENAME_NOREPLACE (NFS, some FUSE): the lock is held and no
         // suite is there (removed under it), so a plain rename replaces nothing.
-        Err(nix::errno::Errno::EINVAL) => std::fs::rename(partial, done),
+        Err(nix::errno::Errno::EINVAL | nix::errno::Errno::ENOSYS) => {
+            std::fs::rename(partial, done)
+        }
         r => r.map_err(std::io::Error::from),
     }
     .map_err(io("publishing", done))

@@ -57,8 +57,6 @@ pub fn out(r: &ExecResult) -> String {
     String::from_utf8_lossy(&r.stdout).into_owned()
 }
 
-/// A fresh runtime over the default state directory ([`crate::state::default_state_dir`])
-/// with `init` as PID 1; dropping it removes what it created.
 /// The host files of a minimal runnable root (x86-64 Debian paths): dash as `/bin/sh`, cat, and
 /// the loader and libc they need, as (host path, path in the root).
 pub const MINIMAL_ROOT: &[(&str, &str)] = &[
@@ -81,6 +79,8 @@ pub fn minimal_root_copies(var: &str) -> String {
         .collect()
 }
 
+/// A fresh runtime over the default state directory ([`crate::state::default_state_dir`])
+/// with `init` as PID 1; dropping it removes what it created.
 pub fn runtime_with(init: InitProgram) -> Runtime {
     Runtime::new(&crate::state::default_state_dir(), init)
         .unwrap_or_else(|e| panic!("starting a sandbox runtime: {e}"))

@@ -24,6 +24,16 @@ impl Sleepers {
     }
 }
 
+/// An engine process, killed and reaped when dropped (a failed assertion leaves none).
+struct Engine(std::process::Child);
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 impl Drop for Sleepers {
     fn drop(&mut self) {
         for pid in self.pids() {
@@ -59,32 +69,36 @@ fn a_build_dies_with_its_engine_and_the_next_engine_makes_the_suite() {
     .unwrap();
     std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let mode = |m: &str| std::fs::write(t.path().join("mode"), m).unwrap();
+    // Output into files (a pipe nobody reads while the test polls could stall the engine).
+    let (stdout, stderr) = (t.path().join("stdout"), t.path().join("stderr"));
+    let read = |p: &std::path::Path| std::fs::read_to_string(p).unwrap_or_default();
     let engine = || {
         let mut c = Command::new(env!("CARGO_BIN_EXE_engine"));
         c.env("ENVFACTORY_STATE", state.path())
             .env("ENVFACTORY_DEBOOTSTRAP", &fake)
             .env("ENVFACTORY_DEBIAN_MIRROR", "http://mirror.invalid/debian")
+            .env_remove("ENVFACTORY_LOG")
             .args(["sandbox", "exec", "--rootfs", "debootstrap:trixie", "--"])
             .args(["/bin/sh", "-c", "cat /etc/debian_version"])
             .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        c
+            .stdout(std::fs::File::create(&stdout).unwrap())
+            .stderr(std::fs::File::create(&stderr).unwrap());
+        Engine(c.spawn().unwrap())
     };
 
     mode("hang");
-    let mut first = engine().spawn().unwrap();
+    let mut first = engine();
     let started = Instant::now();
     while sleepers.pids().is_empty() {
+        let exited = first.0.try_wait().unwrap();
         assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "the stand-in never started: {:?}",
-            first.try_wait()
+            exited.is_none() && started.elapsed() < Duration::from_secs(30),
+            "the stand-in never started ({exited:?}): {}",
+            read(&stderr)
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    first.kill().unwrap();
-    first.wait().unwrap();
+    drop(first); // SIGKILL: nothing of the engine runs after it
     assert!(
         sandbox::testing::eventually(10, || sleepers.pids().is_empty()),
         "the build outlived its engine: {:?}",
@@ -92,23 +106,19 @@ fn a_build_dies_with_its_engine_and_the_next_engine_makes_the_suite() {
     );
 
     mode("ok");
-    let mut second = engine().spawn().unwrap();
+    let mut second = engine();
     let started = Instant::now();
     let status = loop {
-        if let Some(st) = second.try_wait().unwrap() {
+        if let Some(st) = second.0.try_wait().unwrap() {
             break st;
         }
-        if started.elapsed() > Duration::from_secs(60) {
-            let _ = second.kill();
-            panic!("the next build waited past 60 s (the suite's lock still held?)");
-        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the next build waited past 60 s (the suite's lock still held?): {}",
+            read(&stderr)
+        );
         std::thread::sleep(Duration::from_millis(20));
     };
-    let o = second.wait_with_output().unwrap();
-    assert!(
-        status.success(),
-        "{status}: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    assert_eq!(String::from_utf8_lossy(&o.stdout), "13.99\n");
+    assert!(status.success(), "{status}: {}", read(&stderr));
+    assert_eq!(read(&stdout), "13.99\n");
 }
