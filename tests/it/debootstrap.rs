@@ -1,6 +1,7 @@
 //! `--rootfs debootstrap:SUITE` as a user runs it and stops it: a build whose engine is killed
 //! (SIGKILL: nothing of the engine runs after it) ends with it, leaving no process of the
-//! build, and the next engine makes the suite (the lock is free) and runs on it.
+//! build, and the next engine makes the suite (the lock is free) and runs on it; and the
+//! factory's tasks on a Debian suite made from the archive.
 
 use crate::common;
 use std::process::{Command, Stdio};
@@ -121,4 +122,73 @@ fn a_build_dies_with_its_engine_and_the_next_engine_makes_the_suite() {
     };
     assert!(status.success(), "{status}: {}", read(&stderr));
     assert_eq!(read(&stdout), "13.99\n");
+}
+
+/// The factory's own tasks on another Debian than the host's: on `debootstrap:trixie` (made
+/// from the archive in this test's state directory), every task's scripted oracle solves a
+/// seeded instance, judged by its verifier, as on the `host` base.
+#[test]
+fn every_task_is_solved_by_its_oracle_on_a_debootstrapped_suite() {
+    require_root!();
+    let state = common::TempState::new();
+    let made = std::process::Command::new(env!("CARGO_BIN_EXE_engine"))
+        .env("ENVFACTORY_STATE", state.path())
+        .args(["sandbox", "exec", "--rootfs", "debootstrap:trixie", "--"])
+        .args(["/bin/sh", "-c", "cat /etc/debian_version"])
+        .output()
+        .unwrap();
+    assert!(
+        made.status.success() && String::from_utf8_lossy(&made.stdout).starts_with("13."),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    // An episode's commands run on trixie there, and on this host's own system without it.
+    let acts = state.path().join("actions.txt");
+    std::fs::write(&acts, "grep -q '^13[.]' /etc/debian_version\n").unwrap();
+    let first_exit = |base: &[&str]| {
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_engine"))
+            .env("ENVFACTORY_STATE", state.path())
+            .args([
+                "episode",
+                "--task",
+                "archive-logs",
+                "--json",
+                "--actions-file",
+            ])
+            .arg(&acts)
+            .args(base)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&o.stdout);
+        let first: serde_json::Value =
+            serde_json::from_str(text.lines().next().unwrap_or("{}")).unwrap();
+        first["exit"].clone()
+    };
+    assert_eq!(first_exit(&["--base", "debootstrap:trixie"]), 0);
+    if sandbox::debootstrap::host_suite().is_some_and(|s| s.name() != "trixie") {
+        assert_eq!(first_exit(&[]), 1);
+    }
+    for task in engine::tasks::names() {
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_engine"))
+            .env("ENVFACTORY_STATE", state.path())
+            .args(["episode", "--task", task, "--seed", "3"])
+            .args([
+                "--base",
+                "debootstrap:trixie",
+                "--agent",
+                "oracle",
+                "--json",
+            ])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&o.stdout);
+        let last: serde_json::Value =
+            serde_json::from_str(text.lines().last().unwrap_or("{}")).unwrap();
+        assert_eq!(
+            last["success"],
+            true,
+            "{task}: {text} {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
 }
