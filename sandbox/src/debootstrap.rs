@@ -540,17 +540,14 @@ fn tail_of(f: &mut std::fs::File) -> String {
 
 /// What the `debian` images leave out: the downloaded packages and package lists (a build
 /// step runs `apt-get update` first, as it must there), the contents of `/dev`, and this
-/// host's name and resolver;
-/// made from the default mirror, the image's own `sources.list` (`http://deb.debian.org`).
-/// Never through a symbolic link the packages made: a path under one is refused.
+/// host's name and resolver; made from the default mirror, the image's own `sources.list`
+/// (`http://deb.debian.org`). Never through a symbolic link the packages made: a directory
+/// that is one or lies under one is refused.
 fn tidy(suite: &Suite, root: &Path, image_source: Option<&str>) -> Result<(), DebootstrapError> {
-    let inside = |rel: &str| -> Result<PathBuf, DebootstrapError> {
+    // `rel` under the root, each of its components checked not to be a link.
+    let dir = |rel: &str| -> Result<PathBuf, DebootstrapError> {
         let mut p = root.to_path_buf();
-        for part in Path::new(rel)
-            .parent()
-            .into_iter()
-            .flat_map(Path::components)
-        {
+        for part in Path::new(rel).components() {
             p.push(part);
             if std::fs::symlink_metadata(&p).is_ok_and(|m| m.file_type().is_symlink()) {
                 return Err(DebootstrapError::Link {
@@ -559,20 +556,16 @@ fn tidy(suite: &Suite, root: &Path, image_source: Option<&str>) -> Result<(), De
                 });
             }
         }
-        Ok(root.join(rel))
+        Ok(p)
     };
-    for (dir, keep) in [
-        ("var/cache/apt/archives/x", &["partial", "lock"][..]),
-        ("var/lib/apt/lists/x", &["partial", "lock"][..]),
+    for (rel, keep) in [
+        ("var/cache/apt/archives", &["partial", "lock"][..]),
+        ("var/lib/apt/lists", &["partial", "lock"][..]),
         // Device nodes and links debootstrap made: a sandbox (and a container) mounts its
         // own /dev there, and an image layer may not hold devices.
-        ("dev/x", &[][..]),
+        ("dev", &[][..]),
     ] {
-        let dir = inside(dir)?
-            .parent()
-            .map(Path::to_path_buf)
-            .unwrap_or_default();
-        let Ok(entries) = std::fs::read_dir(&dir) else {
+        let Ok(entries) = std::fs::read_dir(dir(rel)?) else {
             continue;
         };
         for e in entries.filter_map(Result::ok) {
@@ -588,21 +581,23 @@ fn tidy(suite: &Suite, root: &Path, image_source: Option<&str>) -> Result<(), De
             r.map_err(io("removing", &p))?;
         }
     }
-    let sources = inside("etc/apt/sources.list")?;
-    let link = std::fs::symlink_metadata(&sources).is_ok_and(|m| m.file_type().is_symlink());
-    if image_source.is_some() && link {
-        return Err(DebootstrapError::Link {
-            suite: suite.to_string(),
-            path: sources,
-        });
+    if let Some(mirror) = image_source {
+        let sources = dir("etc/apt")?.join("sources.list");
+        if std::fs::symlink_metadata(&sources).is_ok_and(|m| m.file_type().is_symlink()) {
+            return Err(DebootstrapError::Link {
+                suite: suite.to_string(),
+                path: sources,
+            });
+        }
+        if let Ok(text) = std::fs::read_to_string(&sources) {
+            let _ = std::fs::remove_file(&sources);
+            std::fs::write(&sources, text.replace(mirror, IMAGE_SOURCE))
+                .map_err(io("writing", &sources))?;
+        }
     }
-    if let (Some(mirror), Ok(text)) = (image_source, std::fs::read_to_string(&sources)) {
-        let _ = std::fs::remove_file(&sources);
-        std::fs::write(&sources, text.replace(mirror, IMAGE_SOURCE))
-            .map_err(io("writing", &sources))?;
-    }
-    for (file, text) in [("etc/resolv.conf", ""), ("etc/hostname", "localhost\n")] {
-        let p = inside(file)?;
+    let etc = dir("etc")?;
+    for (file, text) in [("resolv.conf", ""), ("hostname", "localhost\n")] {
+        let p = etc.join(file);
         // The file itself is replaced (a link there is removed, not followed).
         let _ = std::fs::remove_file(&p);
         std::fs::write(&p, text).map_err(io("writing", &p))?;

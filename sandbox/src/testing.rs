@@ -79,6 +79,22 @@ pub fn minimal_root_copies(var: &str) -> String {
         .collect()
 }
 
+/// The pids of the host's processes whose command line starts with `prefix` (a test's own
+/// marked processes, `exec -a MARK ...`).
+pub fn pids_with_cmdline_prefix(prefix: &str) -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .filter_map(|p| {
+                    let pid = p.file_name().to_str()?.parse::<i32>().ok()?;
+                    let cmd = std::fs::read(p.path().join("cmdline")).ok()?;
+                    cmd.starts_with(prefix.as_bytes()).then_some(pid)
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// A fresh runtime over the default state directory ([`crate::state::default_state_dir`])
 /// with `init` as PID 1; dropping it removes what it created.
 pub fn runtime_with(init: InitProgram) -> Runtime {

@@ -13,16 +13,15 @@ struct Sleepers(String);
 
 impl Sleepers {
     fn pids(&self) -> Vec<i32> {
-        std::fs::read_dir("/proc")
-            .unwrap()
-            .filter_map(Result::ok)
-            .filter_map(|p| {
-                let pid = p.file_name().to_str()?.parse::<i32>().ok()?;
-                let cmd = std::fs::read(p.path().join("cmdline")).ok()?;
-                cmd.starts_with(self.0.as_bytes()).then_some(pid)
-            })
-            .collect()
+        sandbox::testing::pids_with_cmdline_prefix(&self.0)
     }
+}
+
+/// `engine` over the state directory `state`.
+fn engine_in(state: &std::path::Path) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_engine"));
+    c.env("ENVFACTORY_STATE", state);
+    c
 }
 
 /// An engine process, killed and reaped when dropped (a failed assertion leaves none).
@@ -74,9 +73,8 @@ fn a_build_dies_with_its_engine_and_the_next_engine_makes_the_suite() {
     let (stdout, stderr) = (t.path().join("stdout"), t.path().join("stderr"));
     let read = |p: &std::path::Path| std::fs::read_to_string(p).unwrap_or_default();
     let engine = || {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_engine"));
-        c.env("ENVFACTORY_STATE", state.path())
-            .env("ENVFACTORY_DEBOOTSTRAP", &fake)
+        let mut c = engine_in(state.path());
+        c.env("ENVFACTORY_DEBOOTSTRAP", &fake)
             .env("ENVFACTORY_DEBIAN_MIRROR", "http://mirror.invalid/debian")
             .env_remove("ENVFACTORY_LOG")
             .args(["sandbox", "exec", "--rootfs", "debootstrap:trixie", "--"])
@@ -131,8 +129,7 @@ fn a_build_dies_with_its_engine_and_the_next_engine_makes_the_suite() {
 fn every_task_is_solved_by_its_oracle_on_a_debootstrapped_suite() {
     require_root!();
     let state = common::TempState::new();
-    let made = std::process::Command::new(env!("CARGO_BIN_EXE_engine"))
-        .env("ENVFACTORY_STATE", state.path())
+    let made = engine_in(state.path())
         .args(["sandbox", "exec", "--rootfs", "debootstrap:trixie", "--"])
         .args(["/bin/sh", "-c", "cat /etc/debian_version"])
         .output()
@@ -146,8 +143,7 @@ fn every_task_is_solved_by_its_oracle_on_a_debootstrapped_suite() {
     let acts = state.path().join("actions.txt");
     std::fs::write(&acts, "grep -q '^13[.]' /etc/debian_version\n").unwrap();
     let first_exit = |base: &[&str]| {
-        let o = std::process::Command::new(env!("CARGO_BIN_EXE_engine"))
-            .env("ENVFACTORY_STATE", state.path())
+        let o = engine_in(state.path())
             .args([
                 "episode",
                 "--task",
@@ -169,8 +165,7 @@ fn every_task_is_solved_by_its_oracle_on_a_debootstrapped_suite() {
         assert_eq!(first_exit(&[]), 1);
     }
     for task in engine::tasks::names() {
-        let o = std::process::Command::new(env!("CARGO_BIN_EXE_engine"))
-            .env("ENVFACTORY_STATE", state.path())
+        let o = engine_in(state.path())
             .args(["episode", "--task", task, "--seed", "3"])
             .args([
                 "--base",

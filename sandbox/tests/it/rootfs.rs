@@ -348,17 +348,9 @@ fn a_debootstrapped_suite_is_used_only_once_finished_and_built_once() {
     let e = db.ensure(&state, &trixie).unwrap_err();
     assert!(matches!(e, DebootstrapError::TimedOut { .. }), "{e}");
     nothing_used("a stopped build");
-    let sleeper_alive = || {
-        std::fs::read_dir("/proc")
-            .unwrap()
-            .filter_map(Result::ok)
-            .any(|p| {
-                std::fs::read(p.path().join("cmdline"))
-                    .is_ok_and(|c| c.starts_with(token.as_bytes()))
-            })
-    };
     assert!(
-        eventually(5, || !sleeper_alive()),
+        eventually(5, || sandbox::testing::pids_with_cmdline_prefix(&token)
+            .is_empty()),
         "a process of the stopped build is still running"
     );
 
