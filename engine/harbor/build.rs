@@ -144,15 +144,24 @@ fn is_debian_family(image: &str) -> bool {
 }
 
 /// What build steps get on top of the image's environment when `FROM` was substituted: a
-/// `python` image's pip installs into its own `/usr/local`, where the host's Debian Python
-/// is marked externally managed (PEP 668) and refuses, so on the `host` base its steps set
-/// `PIP_BREAK_SYSTEM_PACKAGES=1` (pip then installs into `/usr/local`, as in that image).
+/// `python` image's pip installs into its own `/usr/local`, where a Debian Python (the
+/// host's, or a debootstrapped suite's) is marked externally managed (PEP 668) and refuses,
+/// so its steps set `PIP_BREAK_SYSTEM_PACKAGES=1` (pip then installs into `/usr/local`, as
+/// in that image).
 fn substitution_env(rootfs: &RootfsSpec, from: &str) -> Vec<(String, String)> {
-    if *rootfs == RootfsSpec::Host && repository(from) == "python" {
+    let debian = matches!(rootfs, RootfsSpec::Host | RootfsSpec::Debootstrap(_));
+    if debian && repository(from) == "python" {
         vec![("PIP_BREAK_SYSTEM_PACKAGES".into(), "1".into())]
     } else {
         Vec::new()
     }
+}
+
+/// An image name's tag (`latest` when it has none; a digest is dropped).
+fn tag(image: &str) -> &str {
+    let name = image.split('@').next().unwrap_or(image);
+    let last = name.rsplit('/').next().unwrap_or(name);
+    last.split_once(':').map_or("latest", |(_, t)| t)
 }
 
 /// The Debian suite a `debian` image's name stands for (`debian:trixie-slim`, `debian:13`,
@@ -161,10 +170,119 @@ fn debian_suite(image: &str) -> Option<Suite> {
     if repository(image) != "debian" {
         return None;
     }
-    let name = image.split('@').next().unwrap_or(image);
-    let last = name.rsplit('/').next().unwrap_or(name);
-    let tag = last.split_once(':').map_or("latest", |(_, t)| t);
-    Suite::of_debian_tag(tag)
+    Suite::of_debian_tag(tag(image))
+}
+
+/// The Debian suites whose `python3` is a CPython minor version: `FROM python:3.13` without a
+/// local image is trixie with its own `python3`.
+const DEBIAN_PYTHONS: &[(&str, &str)] = &[
+    ("3.9", "bullseye"),
+    ("3.11", "bookworm"),
+    ("3.13", "trixie"),
+];
+
+/// The Debian suite the `python` images are built on when their tag names none (Docker
+/// Hub's default since August 2025).
+const PYTHON_IMAGES_SUITE: &str = "trixie";
+
+/// What a `python` image has that a minimal Debian system lacks, from the suite's own archive,
+/// and pytest: the runner the offline shims call where a test script would download one
+/// (`docs/harbor.md`, "Offline operation"), as the `host` base brings it.
+const PYTHON_PACKAGES: &str = "python3 python3-pip python3-venv python-is-python3 python3-pytest";
+
+/// What `FROM python:TAG` stands for without a local image: a Debian suite and the Python the
+/// tag asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct PythonBase {
+    suite: Suite,
+    /// `3.13` of `python:3.13.1-slim`; `None` for `python:slim`, `python:3`, `latest`.
+    asked: Option<String>,
+    /// Whether the suite's `python3` is the version asked for (known for [`DEBIAN_PYTHONS`]).
+    matches: bool,
+}
+
+/// The [`PythonBase`] of a `python` image's name (tags as Docker Hub names them: `3.13`,
+/// `3.13.1-slim`, `3.12-slim-bookworm`, `3-bookworm`, `slim`, `latest`): the suite whose
+/// `python3` is the minor version asked for; for a version no suite has, the suite the tag
+/// names, else the images' own default. `None` for other images and for the images that are
+/// not Debian (`alpine`, `windowsservercore`, ...).
+fn python_base(image: &str) -> Option<PythonBase> {
+    if repository(image) != "python" {
+        return None;
+    }
+    let mut asked = None;
+    let mut named = None;
+    for (i, part) in tag(image).split('-').enumerate() {
+        if i == 0 && part.starts_with(|c: char| c.is_ascii_digit()) {
+            let mut numbers = part.split('.');
+            let major = numbers
+                .next()
+                .filter(|m| m.bytes().all(|b| b.is_ascii_digit()))?;
+            asked = match numbers.next() {
+                // `3.14.0rc1`: the minor version is what selects the suite.
+                Some(minor) => {
+                    let digits: String = minor.chars().take_while(char::is_ascii_digit).collect();
+                    (!digits.is_empty()).then(|| format!("{major}.{digits}"))
+                }
+                None => None,
+            };
+        } else if part == "slim" || part == "latest" {
+        } else if part.bytes().all(|b| b.is_ascii_lowercase()) {
+            // A codename (`bookworm`); any other word is a variant that is not Debian.
+            named = Some(Suite::parse(part).ok()?);
+        } else {
+            return None;
+        }
+    }
+    let by_version = asked.as_deref().and_then(|v| {
+        DEBIAN_PYTHONS
+            .iter()
+            .find(|(version, _)| *version == v)
+            .and_then(|(_, suite)| Suite::parse(suite).ok())
+    });
+    let matches = by_version.is_some();
+    let suite = match (by_version, named) {
+        (Some(s), _) | (None, Some(s)) => s,
+        (None, None) => Suite::parse(PYTHON_IMAGES_SUITE).ok()?,
+    };
+    Some(PythonBase {
+        suite,
+        asked,
+        matches,
+    })
+}
+
+impl PythonBase {
+    /// The step that makes the suite's minimal system the image: its `python3`, pip, venv,
+    /// `python` and pytest, from the suite's archive through the build network.
+    fn step(line: usize) -> super::dockerfile::Instruction {
+        let script = format!(
+            "apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y \
+             --no-install-recommends {PYTHON_PACKAGES} && rm -rf /var/lib/apt/lists/*"
+        );
+        super::dockerfile::Instruction {
+            line,
+            text: format!("RUN {script}"),
+            step: Step::Run { script },
+        }
+    }
+
+    /// How the Python compares with the one asked for, in words.
+    fn version_note(&self) -> String {
+        match (&self.asked, self.matches) {
+            (Some(v), true) => format!("Python {v} as asked"),
+            (Some(v), false) => format!(
+                "Python {v} is in no Debian suite ({}): {}'s python3 instead",
+                DEBIAN_PYTHONS
+                    .iter()
+                    .map(|(v, s)| format!("{v} {s}"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                self.suite
+            ),
+            (None, _) => format!("{}'s python3", self.suite),
+        }
+    }
 }
 
 /// How `FROM debian:SUITE` is taken without a local image of that name: the suite
@@ -200,8 +318,10 @@ fn debian_base(rt: &Runtime, suite: &Suite, network: &BuildNetwork) -> Result<()
 }
 
 /// Where `FROM image` comes from: `base` when given, else the local Docker daemon's image of
-/// that name, else for `debian:SUITE` that suite made with debootstrap (once; this host's
-/// system when it is the host's own suite, the build is offline or debootstrap is missing),
+/// that name, else for `debian:SUITE` that suite made with debootstrap, and for `python:TAG`
+/// the suite of [`python_base`] (its Python installed by [`build_image`]'s first step) (once;
+/// this host's system when it is the host's own suite, the build is offline or debootstrap
+/// is missing),
 /// else `host` for another Debian-family name; else an error naming the line.
 pub fn resolve_from(
     rt: &Runtime,
@@ -222,7 +342,9 @@ pub fn resolve_from(
         Ok(_) => Ok((spec, format!("FROM {} -> docker:{}", df.from, df.from))),
         Err(e) if is_debian_family(&df.from) => {
             tracing::debug!(image = %df.from, error = %e, "no local image");
-            let Some(suite) = debian_suite(&df.from) else {
+            let python = python_base(&df.from);
+            let suite = debian_suite(&df.from).or_else(|| python.as_ref().map(|p| p.suite.clone()));
+            let Some(suite) = suite else {
                 return Ok((
                     RootfsSpec::Host,
                     format!(
@@ -232,6 +354,15 @@ pub fn resolve_from(
                 ));
             };
             match debian_base(rt, &suite, &opts.network) {
+                // The suite's python3 comes from its archive, which an offline build lacks
+                // (and its layers are keyed by the network: an online build's are not taken).
+                Ok(()) if python.is_some() && opts.network == BuildNetwork::Offline => Ok((
+                    RootfsSpec::Host,
+                    format!(
+                        "FROM {} -> host (no local image, and an offline build cannot install Debian {suite}'s python3: this host's system instead)",
+                        df.from
+                    ),
+                )),
                 Ok(()) => {
                     let spec = RootfsSpec::Debootstrap(suite.clone());
                     rt.resolve(&spec).map_err(|e| failed(&e))?;
@@ -464,6 +595,43 @@ pub fn merge_env(base: &[String], over: &[(String, String)]) -> Vec<String> {
     out
 }
 
+/// The cache key of the base: the rootfs's digest, the build network and what a substitution
+/// adds to the steps' environment (these change what the steps build; v2: the network entered
+/// the key).
+fn base_key(
+    rt: &Runtime,
+    rootfs: &RootfsSpec,
+    from: &str,
+    network: &BuildNetwork,
+) -> Result<(sandbox::layers::Rootfs, String), HarborError> {
+    let resolved = rt
+        .resolve(rootfs)
+        .map_err(sbx_err(format!("rootfs {rootfs}")))?;
+    let substituted: String = substitution_env(rootfs, from)
+        .iter()
+        .map(|(k, v)| format!("\n{k}={v}"))
+        .collect();
+    let key = hex::encode(Sha256::digest(
+        format!(
+            "envfactory-harbor-v2\n{}\nnetwork {}{substituted}",
+            resolved.digest,
+            network.cache_key()
+        )
+        .as_bytes(),
+    ));
+    Ok((resolved, key))
+}
+
+/// The cache key of a step's layer: the key of everything before it and the instruction (a
+/// `COPY` adds what it copies before the key is taken).
+fn step_hasher(before: &str, text: &str) -> Sha256 {
+    let mut h = Sha256::new();
+    h.update(before.as_bytes());
+    h.update(b"\n");
+    h.update(text.as_bytes());
+    h
+}
+
 /// Build (or find in the store) a task's image.
 pub fn build_image(
     rt: &Runtime,
@@ -473,24 +641,25 @@ pub fn build_image(
     opts: &BuildOptions,
 ) -> Result<Image, HarborError> {
     let (rootfs, mut base_note) = resolve_from(rt, task, df, opts)?;
+    // A `python` image made of a Debian suite: that suite's Python is its first step (a
+    // layer like any other, shared by every task on the same suite and network).
+    let python = match (&rootfs, python_base(&df.from)) {
+        (RootfsSpec::Debootstrap(suite), Some(p)) => {
+            let version = if p.suite == *suite {
+                p.version_note()
+            } else {
+                format!("{suite}'s python3")
+            };
+            base_note += &format!("; with its python3, pip, venv and pytest ({version})");
+            Some(PythonBase::step(df.from_line))
+        }
+        _ => None,
+    };
+    let (resolved, mut key) = base_key(rt, &rootfs, &df.from, &opts.network)?;
     let step_env = substitution_env(&rootfs, &df.from);
     if !step_env.is_empty() {
         base_note += "; pip installs into /usr/local as in that image (PIP_BREAK_SYSTEM_PACKAGES=1 in build steps)";
     }
-    let resolved = rt
-        .resolve(&rootfs)
-        .map_err(sbx_err(format!("rootfs {rootfs}")))?;
-    // What a substitution adds to the steps' environment, and the network they reach,
-    // change what they build (v2: the network entered the key).
-    let substituted: String = step_env.iter().map(|(k, v)| format!("\n{k}={v}")).collect();
-    let mut key = hex::encode(Sha256::digest(
-        format!(
-            "envfactory-harbor-v2\n{}\nnetwork {}{substituted}",
-            resolved.digest,
-            opts.network.cache_key()
-        )
-        .as_bytes(),
-    ));
     let mut img = Image {
         rootfs: rootfs.clone(),
         layers: Vec::new(),
@@ -505,11 +674,8 @@ pub fn build_image(
         applied: Vec::new(),
     };
     let mut user_spec: Option<(String, usize)> = None;
-    for ins in &df.steps {
-        let mut h = Sha256::new();
-        h.update(key.as_bytes());
-        h.update(b"\n");
-        h.update(ins.text.as_bytes());
+    for ins in python.iter().chain(&df.steps) {
+        let mut h = step_hasher(&key, &ins.text);
         let mut copy = None;
         let script: Option<String> = match &ins.step {
             Step::Run { script } => Some(script.clone()),
@@ -572,10 +738,19 @@ pub fn build_image(
         let mut sbx = rt
             .create(&cfg)
             .map_err(sbx_err(format!("build sandbox for line {}", ins.line)))?;
+        // The Python step is not in the file: its failure names the `FROM` it serves.
+        let serves = if python.as_ref().is_some_and(|p| std::ptr::eq(p, ins)) {
+            format!(
+                "FROM {}: installing {PYTHON_PACKAGES} from {rootfs}'s archive: ",
+                df.from
+            )
+        } else {
+            String::new()
+        };
         let fail = |reason: String| HarborError::Build {
             file: task.dockerfile.clone(),
             line: ins.line,
-            reason,
+            reason: format!("{serves}{reason}"),
         };
         let user = match &user_spec {
             Some((u, l)) => Some(resolve_user(
@@ -746,5 +921,51 @@ mod tests {
         assert_eq!(suite("debian:bookworm-backports"), None);
         assert_eq!(suite("ubuntu:24.04"), None);
         assert_eq!(suite("python:3.12-trixie"), None);
+    }
+
+    #[test]
+    fn python_tags_take_the_suite_with_their_python() {
+        let base = |image: &str| {
+            python_base(image).map(|p| (p.suite.name().to_string(), p.asked, p.matches))
+        };
+        let is = |suite: &str, asked: Option<&str>, matches: bool| {
+            Some((suite.to_string(), asked.map(str::to_string), matches))
+        };
+        assert_eq!(base("python:3.13-slim"), is("trixie", Some("3.13"), true));
+        assert_eq!(base("python:3.13.1"), is("trixie", Some("3.13"), true));
+        assert_eq!(
+            base("docker.io/library/python:3.11-slim-bookworm@sha256:ab"),
+            is("bookworm", Some("3.11"), true)
+        );
+        assert_eq!(
+            base("python:3.9-bullseye"),
+            is("bullseye", Some("3.9"), true)
+        );
+        // The version decides over the suite the tag names: its tests run with that Python.
+        assert_eq!(
+            base("python:3.11-slim-trixie"),
+            is("bookworm", Some("3.11"), true)
+        );
+        // A version no suite has: the suite the tag names, else the images' default.
+        assert_eq!(
+            base("python:3.12-slim-bookworm"),
+            is("bookworm", Some("3.12"), false)
+        );
+        assert_eq!(
+            base("python:3.14.0rc1-slim"),
+            is("trixie", Some("3.14"), false)
+        );
+        assert_eq!(base("python:3-slim"), is("trixie", None, false));
+        assert_eq!(base("python"), is("trixie", None, false));
+        assert_eq!(base("python:slim-bookworm"), is("bookworm", None, false));
+        // Not Debian, not a suite, not python.
+        assert_eq!(base("python:3.12-alpine3.20"), None);
+        assert_eq!(base("python:3.12-windowsservercore-ltsc2022"), None);
+        assert_eq!(base("python:3.12-slim-jessie"), None);
+        assert_eq!(base("debian:trixie"), None);
+        assert!(python_base("python:3.12-slim")
+            .unwrap()
+            .version_note()
+            .contains("Python 3.12 is in no Debian suite"));
     }
 }

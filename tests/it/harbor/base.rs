@@ -1,23 +1,15 @@
 //! How `FROM` is taken without a local image: a `python` image's pip on the `host` base
 //! installs as in that image; `debian:SUITE` of another suite is that suite, made with
-//! debootstrap from the Debian archive.
+//! debootstrap from the Debian archive, and `python:3.X` the suite with that Python.
 
 use super::{copy_fixture, on_host, Store};
 use crate::common;
 use engine::harbor::{self, Agent, BuildNetwork, BuildOptions};
 use sandbox::debootstrap::{self, Suite};
 
-/// `FROM python:*` on the `host` base: pip installs into `/usr/local` in build steps as it
-/// does in that image (the host's Debian Python is externally managed, PEP 668), and only
-/// there: `FROM debian:*` keeps Debian's refusal, as the real image would.
-#[test]
-fn a_python_base_on_the_host_lets_pip_install_as_that_image_does() {
-    require_root!();
-    let rt = common::runtime();
-    let s = Store::new();
-    let t = copy_fixture("harbor/hello-file");
-    let dir = t.path().join("task");
-    // A wheel in the build context (installed with --no-index: no network needed).
+/// A wheel of `fakepkg` (`VALUE = 42`) in a task's build context, installed by its steps with
+/// `--no-index` (no network needed).
+fn put_wheel(task: &std::path::Path) {
     let made = std::process::Command::new("/usr/bin/python3")
         .arg("-c")
         .arg(
@@ -29,16 +21,30 @@ fn a_python_base_on_the_host_lets_pip_install_as_that_image_does() {
              z.writestr(d + 'WHEEL', 'Wheel-Version: 1.0\\nGenerator: test\\nRoot-Is-Purelib: true\\nTag: py3-none-any\\n')\n\
              z.writestr(d + 'RECORD', '')\n",
         )
-        .arg(dir.join("environment/fakepkg-1.0-py3-none-any.whl"))
+        .arg(task.join("environment/fakepkg-1.0-py3-none-any.whl"))
         .status()
         .unwrap();
     assert!(made.success());
+}
+
+/// What a step installs the wheel with, and checks it is there.
+const PIP_INSTALL: &str = "python3 -m pip install --no-index /tmp/fakepkg-1.0-py3-none-any.whl \
+     && python3 -c 'import fakepkg; assert fakepkg.VALUE == 42'";
+
+/// `FROM python:*` on the `host` base: pip installs into `/usr/local` in build steps as it
+/// does in that image (the host's Debian Python is externally managed, PEP 668), and only
+/// there: `FROM debian:*` keeps Debian's refusal, as the real image would.
+#[test]
+fn a_python_base_on_the_host_lets_pip_install_as_that_image_does() {
+    require_root!();
+    let rt = common::runtime();
+    let s = Store::new();
+    let t = copy_fixture("harbor/hello-file");
+    let dir = t.path().join("task");
+    put_wheel(&dir);
     let build = |from: &str| {
-        let text = format!(
-            "FROM {from}\nCOPY fakepkg-1.0-py3-none-any.whl /tmp/\n\
-             RUN python3 -m pip install --no-index /tmp/fakepkg-1.0-py3-none-any.whl \
-             && python3 -c 'import fakepkg; assert fakepkg.VALUE == 42'\n"
-        );
+        let text =
+            format!("FROM {from}\nCOPY fakepkg-1.0-py3-none-any.whl /tmp/\nRUN {PIP_INSTALL}\n");
         let task = harbor::load(&dir).unwrap();
         std::fs::write(&task.dockerfile, &text).unwrap();
         let df = harbor::dockerfile::parse(&text).unwrap();
@@ -69,7 +75,8 @@ fn a_python_base_on_the_host_lets_pip_install_as_that_image_does() {
 /// minimal system made with debootstrap from the Debian archive (once per state directory:
 /// this test's own, so every run makes it, about half a minute), its build steps and the
 /// task's oracle and tests run on it. Offline, a suite made before is still taken; the host's
-/// own suite stays the `host` base.
+/// own suite stays the `host` base. `python:3.13-slim` is trixie with its Python (installed
+/// from trixie's archive by a step before the file's), which an offline build cannot install.
 #[test]
 fn from_debian_of_another_suite_is_that_suite_made_with_debootstrap() {
     require_root!();
@@ -132,6 +139,46 @@ fn from_debian_of_another_suite_is_that_suite_made_with_debootstrap() {
     assert_eq!(
         std::fs::metadata(&digest_file).unwrap().modified().unwrap(),
         when
+    );
+    // `FROM python:3.13-slim` is trixie too, with its python3, pip, venv, `python` and pytest
+    // from trixie's archive (a step of its own, before the file's), pip installing as in that
+    // image.
+    put_wheel(&dir);
+    let python_file = original.replace("FROM debian:bookworm", "FROM python:3.13-slim")
+        + &format!(
+            "COPY fakepkg-1.0-py3-none-any.whl /tmp/\nRUN {PIP_INSTALL} \
+             && python --version > /etc/python-version && python3 -m venv /tmp/venv \
+             && python3 -m pytest --version\n"
+        );
+    std::fs::write(&dockerfile, &python_file).unwrap();
+    let o = check(&BuildOptions::default());
+    assert!(
+        o.base
+            .starts_with("FROM python:3.13-slim -> debootstrap:trixie (no local image")
+            && o.base
+                .contains("with its python3, pip, venv and pytest (Python 3.13 as asked)")
+            && o.base.contains("PIP_BREAK_SYSTEM_PACKAGES=1"),
+        "{}",
+        o.base
+    );
+    assert!(
+        o.passed,
+        "the oracle and the tests on trixie's Python: {o:?}"
+    );
+    let task = harbor::load(&dir).unwrap();
+    let df = harbor::dockerfile::parse(&python_file).unwrap();
+    let img = harbor::build_image(&rt, &s.store, &task, &df, &BuildOptions::default()).unwrap();
+    assert_eq!(img.built, 0, "every layer cached");
+    let python = std::fs::read_to_string(img.layers[0].join("etc/python-version")).unwrap();
+    assert!(python.starts_with("Python 3.13."), "{python}");
+    // Offline, trixie's Python cannot be installed: the host (as before there was any).
+    let (spec, note) = harbor::build::resolve_from(&rt, &task, &df, &offline).unwrap();
+    assert_eq!(spec, sandbox::RootfsSpec::Host);
+    assert!(
+        note.contains(
+            "-> host (no local image, and an offline build cannot install Debian trixie's python3"
+        ),
+        "{note}"
     );
     // The host's own suite is the host (which has python3: the step fails there).
     if let Some(host) = debootstrap::host_suite() {
