@@ -199,13 +199,23 @@ struct PythonBase {
     asked: Option<String>,
     /// Whether the suite's `python3` is the version asked for (known for [`DEBIAN_PYTHONS`]).
     matches: bool,
+    /// The suite the tag names (`-bookworm`), when it is one made here.
+    named: Option<Suite>,
+}
+
+/// A version's `(major, minor)`: `3.13` is `(3, 13)`.
+fn minor_version(v: &str) -> Option<(u32, u32)> {
+    let (major, minor) = v.split_once('.')?;
+    Some((major.parse().ok()?, minor.parse().ok()?))
 }
 
 /// The [`PythonBase`] of a `python` image's name (tags as Docker Hub names them: `3.13`,
-/// `3.13.1-slim`, `3.12-slim-bookworm`, `3-bookworm`, `slim`, `latest`): the suite whose
-/// `python3` is the minor version asked for; for a version no suite has, the suite the tag
-/// names, else the images' own default. `None` for other images and for the images that are
-/// not Debian (`alpine`, `windowsservercore`, ...).
+/// `3.13.1-slim`, `3.12-slim-bookworm`, `3-bookworm`, `3.14-rc-slim`, `slim`, `latest`): the
+/// suite whose `python3` is the minor version asked for; for a version no suite ships, the
+/// suite the tag names, else the oldest suite with a newer Python (the one that breaks the
+/// fewest programs written for the version asked), else the images' own default. `None` for
+/// other images and for the variants that are not Debian (`alpine`, `windowsservercore`,
+/// `nanoserver`). Other words (`buster`: a suite not made here) name nothing.
 fn python_base(image: &str) -> Option<PythonBase> {
     if repository(image) != "python" {
         return None;
@@ -213,42 +223,41 @@ fn python_base(image: &str) -> Option<PythonBase> {
     let mut asked = None;
     let mut named = None;
     for (i, part) in tag(image).split('-').enumerate() {
-        if i == 0 && part.starts_with(|c: char| c.is_ascii_digit()) {
-            let mut numbers = part.split('.');
-            let major = numbers
-                .next()
-                .filter(|m| m.bytes().all(|b| b.is_ascii_digit()))?;
-            asked = match numbers.next() {
-                // `3.14.0rc1`: the minor version is what selects the suite.
-                Some(minor) => {
-                    let digits: String = minor.chars().take_while(char::is_ascii_digit).collect();
-                    (!digits.is_empty()).then(|| format!("{major}.{digits}"))
-                }
-                None => None,
-            };
-        } else if part == "slim" || part == "latest" {
-        } else if part.bytes().all(|b| b.is_ascii_lowercase()) {
-            // A codename (`bookworm`); any other word is a variant that is not Debian.
-            named = Some(Suite::parse(part).ok()?);
-        } else {
+        if ["alpine", "windowsservercore", "nanoserver"]
+            .iter()
+            .any(|v| part.starts_with(v))
+        {
             return None;
         }
+        if i == 0 && part.starts_with(|c: char| c.is_ascii_digit()) {
+            let mut numbers = part.split('.');
+            let major = numbers.next().unwrap_or_default();
+            // `3.14.0rc1`: the minor version is what selects the suite.
+            asked = numbers.next().and_then(|minor| {
+                let digits: String = minor.chars().take_while(char::is_ascii_digit).collect();
+                (!digits.is_empty()).then(|| format!("{major}.{digits}"))
+            });
+        } else if part.bytes().all(|b| b.is_ascii_lowercase()) {
+            named = named.or_else(|| Suite::parse(part).ok());
+        }
     }
-    let by_version = asked.as_deref().and_then(|v| {
-        DEBIAN_PYTHONS
-            .iter()
-            .find(|(version, _)| *version == v)
-            .and_then(|(_, suite)| Suite::parse(suite).ok())
-    });
-    let matches = by_version.is_some();
-    let suite = match (by_version, named) {
-        (Some(s), _) | (None, Some(s)) => s,
-        (None, None) => Suite::parse(PYTHON_IMAGES_SUITE).ok()?,
+    let suites = DEBIAN_PYTHONS
+        .iter()
+        .filter_map(|(v, s)| Some((minor_version(v)?, Suite::parse(s).ok()?)));
+    let wanted = asked.as_deref().and_then(minor_version);
+    let exact = suites.clone().find(|(v, _)| Some(*v) == wanted);
+    let matches = exact.is_some();
+    let newer = suites.clone().find(|(v, _)| wanted.is_some_and(|w| *v > w));
+    let suite = match (exact, &named, newer) {
+        (Some((_, s)), _, _) | (None, None, Some((_, s))) => s,
+        (None, Some(s), _) => s.clone(),
+        (None, None, None) => Suite::parse(PYTHON_IMAGES_SUITE).ok()?,
     };
     Some(PythonBase {
         suite,
         asked,
         matches,
+        named,
     })
 }
 
@@ -269,7 +278,7 @@ impl PythonBase {
 
     /// How the Python compares with the one asked for, in words.
     fn version_note(&self) -> String {
-        match (&self.asked, self.matches) {
+        let version = match (&self.asked, self.matches) {
             (Some(v), true) => format!("Python {v} as asked"),
             (Some(v), false) => format!(
                 "Python {v} is in no Debian suite ({}): {}'s python3 instead",
@@ -281,6 +290,12 @@ impl PythonBase {
                 self.suite
             ),
             (None, _) => format!("{}'s python3", self.suite),
+        };
+        match &self.named {
+            Some(n) if *n != self.suite => {
+                format!("{version}; the tag's {n} has another Python")
+            }
+            _ => version,
         }
     }
 }
@@ -319,10 +334,10 @@ fn debian_base(rt: &Runtime, suite: &Suite, network: &BuildNetwork) -> Result<()
 
 /// Where `FROM image` comes from: `base` when given, else the local Docker daemon's image of
 /// that name, else for `debian:SUITE` that suite made with debootstrap, and for `python:TAG`
-/// the suite of [`python_base`] (its Python installed by [`build_image`]'s first step) (once;
-/// this host's system when it is the host's own suite, the build is offline or debootstrap
-/// is missing),
-/// else `host` for another Debian-family name; else an error naming the line.
+/// the suite of [`python_base`], whose Python [`build_image`]'s first step installs (made
+/// once; this host's system when it is the host's own suite, the build is offline or
+/// debootstrap is missing), else `host` for another Debian-family name; else an error naming
+/// the line.
 pub fn resolve_from(
     rt: &Runtime,
     task: &Task,
@@ -565,6 +580,52 @@ fn resolve_user(
     Ok((uid, gid))
 }
 
+/// What the host trusts for TLS: build steps on a debootstrapped suite see it in place of the
+/// suite's bundle, as steps on the `host` base do (a registry behind a TLS-intercepting
+/// egress, whose CA the host holds, is then reachable from both).
+const HOST_CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
+
+/// A layer holding only the host's CA bundle at its usual path, for build steps on a
+/// debootstrapped suite (`None` on other bases, or where the host has no bundle): topmost in
+/// their sandbox, never in the image (a step's diff is its own upper directory). Made once per
+/// bundle content in the store.
+fn host_trust_layer(
+    store: &LayerStore,
+    rootfs: &RootfsSpec,
+) -> Result<Option<PathBuf>, HarborError> {
+    if !matches!(rootfs, RootfsSpec::Debootstrap(_)) {
+        return Ok(None);
+    }
+    let Ok(bundle) = std::fs::read(HOST_CA_BUNDLE) else {
+        return Ok(None);
+    };
+    let digest = hex::encode(&Sha256::digest(&bundle)[..16]);
+    let layer = store.dir.join(format!(".host-trust-{digest}"));
+    if layer.is_dir() {
+        return Ok(Some(layer));
+    }
+    let tmp = store
+        .dir
+        .join(format!(".tmp-host-trust-{digest}-{}", std::process::id()));
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| HarborError::Io { path, source }
+    };
+    let file = tmp.join(HOST_CA_BUNDLE.trim_start_matches('/'));
+    let dir = file.parent().unwrap_or(&tmp);
+    std::fs::create_dir_all(dir).map_err(io(dir))?;
+    std::fs::write(&file, &bundle).map_err(io(&file))?;
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).map_err(io(&file))?;
+    if std::fs::rename(&tmp, &layer).is_err() {
+        // Another build made it first: theirs holds the same bytes.
+        let _ = std::fs::remove_dir_all(&tmp);
+        if !layer.is_dir() {
+            return Err(io(&layer)(std::io::Error::other("could not be published")));
+        }
+    }
+    Ok(Some(layer))
+}
+
 /// The configuration of a build sandbox: the base, the layers so far, generous limits.
 fn build_config(
     rootfs: &RootfsSpec,
@@ -642,9 +703,20 @@ pub fn build_image(
 ) -> Result<Image, HarborError> {
     let (rootfs, mut base_note) = resolve_from(rt, task, df, opts)?;
     // A `python` image made of a Debian suite: that suite's Python is its first step (a
-    // layer like any other, shared by every task on the same suite and network).
-    let python = match (&rootfs, python_base(&df.from)) {
+    // layer like any other, shared by every `python` task on the same suite and network).
+    let python_step = match (&rootfs, python_base(&df.from)) {
         (RootfsSpec::Debootstrap(suite), Some(p)) => {
+            // Only `--base` gets here offline (`resolve_from` takes the host then).
+            if opts.network == BuildNetwork::Offline {
+                return Err(HarborError::Build {
+                    file: task.dockerfile.clone(),
+                    line: df.from_line,
+                    reason: format!(
+                        "FROM {}: an offline build cannot install Debian {suite}'s python3 on {rootfs}; build online, or on --base host",
+                        df.from
+                    ),
+                });
+            }
             let version = if p.suite == *suite {
                 p.version_note()
             } else {
@@ -656,6 +728,7 @@ pub fn build_image(
         _ => None,
     };
     let (resolved, mut key) = base_key(rt, &rootfs, &df.from, &opts.network)?;
+    let trust = host_trust_layer(store, &rootfs)?;
     let step_env = substitution_env(&rootfs, &df.from);
     if !step_env.is_empty() {
         base_note += "; pip installs into /usr/local as in that image (PIP_BREAK_SYSTEM_PACKAGES=1 in build steps)";
@@ -674,7 +747,7 @@ pub fn build_image(
         applied: Vec::new(),
     };
     let mut user_spec: Option<(String, usize)> = None;
-    for ins in python.iter().chain(&df.steps) {
+    for ins in python_step.iter().chain(&df.steps) {
         let mut h = step_hasher(&key, &ins.text);
         let mut copy = None;
         let script: Option<String> = match &ins.step {
@@ -734,14 +807,15 @@ pub fn build_image(
             img.layers.insert(0, layer);
             continue;
         }
-        let cfg = build_config(&rootfs, &img.layers, &img.env);
+        let below: Vec<PathBuf> = trust.iter().chain(&img.layers).cloned().collect();
+        let cfg = build_config(&rootfs, &below, &img.env);
         let mut sbx = rt
             .create(&cfg)
             .map_err(sbx_err(format!("build sandbox for line {}", ins.line)))?;
         // The Python step is not in the file: its failure names the `FROM` it serves.
-        let serves = if python.as_ref().is_some_and(|p| std::ptr::eq(p, ins)) {
+        let serves = if python_step.as_ref().is_some_and(|p| std::ptr::eq(p, ins)) {
             format!(
-                "FROM {}: installing {PYTHON_PACKAGES} from {rootfs}'s archive: ",
+                "FROM {}: installing {PYTHON_PACKAGES} from the Debian archive: ",
                 df.from
             )
         } else {
@@ -946,23 +1020,47 @@ mod tests {
             base("python:3.11-slim-trixie"),
             is("bookworm", Some("3.11"), true)
         );
-        // A version no suite has: the suite the tag names, else the images' default.
+        // A version no suite has: the suite the tag names, else the oldest with a newer
+        // Python, else the images' default.
         assert_eq!(
             base("python:3.12-slim-bookworm"),
             is("bookworm", Some("3.12"), false)
+        );
+        assert_eq!(base("python:3.12-slim"), is("trixie", Some("3.12"), false));
+        assert_eq!(base("python:3.10"), is("bookworm", Some("3.10"), false));
+        assert_eq!(
+            base("python:3.8-buster"),
+            is("bullseye", Some("3.8"), false)
         );
         assert_eq!(
             base("python:3.14.0rc1-slim"),
             is("trixie", Some("3.14"), false)
         );
+        assert_eq!(
+            base("python:3.14-rc-slim"),
+            is("trixie", Some("3.14"), false)
+        );
         assert_eq!(base("python:3-slim"), is("trixie", None, false));
         assert_eq!(base("python"), is("trixie", None, false));
         assert_eq!(base("python:slim-bookworm"), is("bookworm", None, false));
-        // Not Debian, not a suite, not python.
+        // A suite not made here names nothing: the version decides.
+        assert_eq!(
+            base("python:3.9-slim-buster"),
+            is("bullseye", Some("3.9"), true)
+        );
+        assert_eq!(
+            base("localhost:5000/python:3.13"),
+            is("trixie", Some("3.13"), true)
+        );
+        // Not Debian, not python.
         assert_eq!(base("python:3.12-alpine3.20"), None);
         assert_eq!(base("python:3.12-windowsservercore-ltsc2022"), None);
-        assert_eq!(base("python:3.12-slim-jessie"), None);
+        assert_eq!(base("python:3.12-nanoserver"), None);
         assert_eq!(base("debian:trixie"), None);
+        assert!(python_base("python:3.13-slim-bookworm")
+            .unwrap()
+            .version_note()
+            .ends_with("Python 3.13 as asked; the tag's bookworm has another Python"));
         assert!(python_base("python:3.12-slim")
             .unwrap()
             .version_note()

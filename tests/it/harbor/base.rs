@@ -89,7 +89,8 @@ fn from_debian_of_another_suite_is_that_suite_made_with_debootstrap() {
     let original = std::fs::read_to_string(&dockerfile).unwrap();
     let set_from = |from: &str| {
         let text = original.replace("FROM debian:bookworm", &format!("FROM {from}"))
-            + "RUN cat /etc/debian_version > /etc/built-on && ! command -v python3\n";
+            + "RUN cat /etc/debian_version > /etc/built-on && ! command -v python3 \
+               && sha256sum /etc/ssl/certs/ca-certificates.crt > /etc/build-ca\n";
         std::fs::write(&dockerfile, text).unwrap();
     };
     let try_check = |opts: &BuildOptions| {
@@ -126,6 +127,29 @@ fn from_debian_of_another_suite_is_that_suite_made_with_debootstrap() {
         std::fs::read_to_string(img.layers[0].join("etc/built-on")).unwrap(),
         version
     );
+    // Its steps trusted what the host trusts for TLS, and the image does not keep the host's
+    // bundle.
+    let host_ca = std::process::Command::new("sha256sum")
+        .arg("/etc/ssl/certs/ca-certificates.crt")
+        .output()
+        .unwrap();
+    assert!(
+        host_ca.status.success(),
+        "the host's CA bundle (.ci/run installs ca-certificates)"
+    );
+    assert_eq!(
+        std::fs::read(img.layers[0].join("etc/build-ca")).unwrap(),
+        host_ca.stdout
+    );
+    assert!(!img.layers[0]
+        .join("etc/ssl/certs/ca-certificates.crt")
+        .exists());
+    // (Not the suite's own: made over HTTPS, trixie has a bundle without the host's additions.)
+    let own = std::fs::read(made.rootfs.join("etc/ssl/certs/ca-certificates.crt")).ok();
+    assert_ne!(
+        own,
+        std::fs::read("/etc/ssl/certs/ca-certificates.crt").ok()
+    );
     // Offline: the suite made before is taken (not made again).
     let digest_file = made.rootfs.parent().unwrap().join("digest");
     let when = std::fs::metadata(&digest_file).unwrap().modified().unwrap();
@@ -142,13 +166,14 @@ fn from_debian_of_another_suite_is_that_suite_made_with_debootstrap() {
     );
     // `FROM python:3.13-slim` is trixie too, with its python3, pip, venv, `python` and pytest
     // from trixie's archive (a step of its own, before the file's), pip installing as in that
-    // image.
+    // image, from a wheel and from PyPI (through the build network, trusting the host's CAs).
     put_wheel(&dir);
     let python_file = original.replace("FROM debian:bookworm", "FROM python:3.13-slim")
         + &format!(
             "COPY fakepkg-1.0-py3-none-any.whl /tmp/\nRUN {PIP_INSTALL} \
              && python --version > /etc/python-version && python3 -m venv /tmp/venv \
-             && python3 -m pytest --version\n"
+             && python3 -m pytest --version && pip install six==1.16.0 \
+             && python3 -c 'import six'\n"
         );
     std::fs::write(&dockerfile, &python_file).unwrap();
     let o = check(&BuildOptions::default());
@@ -171,6 +196,34 @@ fn from_debian_of_another_suite_is_that_suite_made_with_debootstrap() {
     assert_eq!(img.built, 0, "every layer cached");
     let python = std::fs::read_to_string(img.layers[0].join("etc/python-version")).unwrap();
     assert!(python.starts_with("Python 3.13."), "{python}");
+    // `--base debootstrap:trixie` gets the same step (the same layers); offline it cannot,
+    // and says so at the `FROM` line.
+    let on_trixie = |network| BuildOptions {
+        base: Some(sandbox::RootfsSpec::Debootstrap(trixie.clone())),
+        network,
+    };
+    let img = harbor::build_image(
+        &rt,
+        &s.store,
+        &task,
+        &df,
+        &on_trixie(BuildNetwork::default()),
+    )
+    .unwrap();
+    assert_eq!(img.built, 0, "every layer cached");
+    assert!(
+        img.base_note
+            .contains("(--base); with its python3, pip, venv and pytest (Python 3.13 as asked)"),
+        "{}",
+        img.base_note
+    );
+    let e = harbor::build_image(&rt, &s.store, &task, &df, &on_trixie(BuildNetwork::Offline))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("line 1: FROM python:3.13-slim: an offline build cannot install Debian trixie's python3"),
+        "{e}"
+    );
     // Offline, trixie's Python cannot be installed: the host (as before there was any).
     let (spec, note) = harbor::build::resolve_from(&rt, &task, &df, &offline).unwrap();
     assert_eq!(spec, sandbox::RootfsSpec::Host);
