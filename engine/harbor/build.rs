@@ -212,8 +212,9 @@ fn minor_version(v: &str) -> Option<(u32, u32)> {
 /// The [`PythonBase`] of a `python` image's name (tags as Docker Hub names them: `3.13`,
 /// `3.13.1-slim`, `3.12-slim-bookworm`, `3-bookworm`, `3.14-rc-slim`, `slim`, `latest`): the
 /// suite whose `python3` is the minor version asked for; for a version no suite ships, the
-/// suite the tag names, else the oldest suite with a newer Python (the one that breaks the
-/// fewest programs written for the version asked), else the images' own default. `None` for
+/// suite the tag names if its Python is not older, else the oldest suite with a newer Python
+/// of the same major version (the one that breaks the fewest programs written for the version
+/// asked), else the suite the tag names, else the images' own default. `None` for
 /// other images and for the variants that are not Debian (`alpine`, `windowsservercore`,
 /// `nanoserver`). Other words (`buster`: a suite not made here) name nothing.
 fn python_base(image: &str) -> Option<PythonBase> {
@@ -241,18 +242,25 @@ fn python_base(image: &str) -> Option<PythonBase> {
             named = named.or_else(|| Suite::parse(part).ok());
         }
     }
-    let suites = DEBIAN_PYTHONS
+    let suites: Vec<((u32, u32), Suite)> = DEBIAN_PYTHONS
         .iter()
-        .filter_map(|(v, s)| Some((minor_version(v)?, Suite::parse(s).ok()?)));
+        .filter_map(|(v, s)| Some((minor_version(v)?, Suite::parse(s).ok()?)))
+        .collect();
     let wanted = asked.as_deref().and_then(minor_version);
-    let exact = suites.clone().find(|(v, _)| Some(*v) == wanted);
+    let python_of = |suite: &Suite| suites.iter().find(|(_, s)| s == suite).map(|(v, _)| *v);
+    // Not older than asked, in the same major version.
+    let enough = |v: (u32, u32)| wanted.is_none_or(|w| v.0 == w.0 && v >= w);
+    let exact = suites.iter().find(|(v, _)| Some(*v) == wanted);
     let matches = exact.is_some();
-    let newer = suites.clone().find(|(v, _)| wanted.is_some_and(|w| *v > w));
-    let suite = match (exact, &named, newer) {
-        (Some((_, s)), _, _) | (None, None, Some((_, s))) => s,
-        (None, Some(s), _) => s.clone(),
-        (None, None, None) => Suite::parse(PYTHON_IMAGES_SUITE).ok()?,
-    };
+    let suite = exact
+        .map(|(_, s)| s.clone())
+        .or_else(|| named.clone().filter(|n| python_of(n).is_some_and(enough)))
+        .or_else(|| {
+            let newer = suites.iter().find(|(v, _)| wanted.is_some() && enough(*v));
+            newer.map(|(_, s)| s.clone())
+        })
+        .or_else(|| named.clone())
+        .or_else(|| Suite::parse(PYTHON_IMAGES_SUITE).ok())?;
     Some(PythonBase {
         suite,
         asked,
@@ -585,45 +593,77 @@ fn resolve_user(
 /// egress, whose CA the host holds, is then reachable from both).
 const HOST_CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
 
-/// A layer holding only the host's CA bundle at its usual path, for build steps on a
-/// debootstrapped suite (`None` on other bases, or where the host has no bundle): topmost in
-/// their sandbox, never in the image (a step's diff is its own upper directory). Made once per
-/// bundle content in the store.
-fn host_trust_layer(
-    store: &LayerStore,
-    rootfs: &RootfsSpec,
-) -> Result<Option<PathBuf>, HarborError> {
-    if !matches!(rootfs, RootfsSpec::Debootstrap(_)) {
-        return Ok(None);
-    }
-    let Ok(bundle) = std::fs::read(HOST_CA_BUNDLE) else {
-        return Ok(None);
-    };
-    let digest = hex::encode(&Sha256::digest(&bundle)[..16]);
-    let layer = store.dir.join(format!(".host-trust-{digest}"));
-    if layer.is_dir() {
-        return Ok(Some(layer));
-    }
-    let tmp = store
-        .dir
-        .join(format!(".tmp-host-trust-{digest}-{}", std::process::id()));
-    let io = |path: &Path| {
-        let path = path.to_path_buf();
-        move |source| HarborError::Io { path, source }
-    };
-    let file = tmp.join(HOST_CA_BUNDLE.trim_start_matches('/'));
-    let dir = file.parent().unwrap_or(&tmp);
-    std::fs::create_dir_all(dir).map_err(io(dir))?;
-    std::fs::write(&file, &bundle).map_err(io(&file))?;
-    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).map_err(io(&file))?;
-    if std::fs::rename(&tmp, &layer).is_err() {
-        // Another build made it first: theirs holds the same bytes.
+/// The host's CA bundle as a layer of the store holding only that file at its usual path, for
+/// build steps on a debootstrapped suite: topmost in their sandbox (so a step that changes the
+/// suite's bundle does not drop the host's for the next), not in the image.
+struct HostTrust {
+    layer: PathBuf,
+    bundle: Vec<u8>,
+}
+
+impl HostTrust {
+    /// The layer for `rootfs`'s build steps (`None` on other bases, or where the host has no
+    /// bundle), made once per bundle content in the store.
+    fn of(store: &LayerStore, rootfs: &RootfsSpec) -> Result<Option<Self>, HarborError> {
+        static MADE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        if !matches!(rootfs, RootfsSpec::Debootstrap(_)) {
+            return Ok(None);
+        }
+        let Ok(bundle) = std::fs::read(HOST_CA_BUNDLE) else {
+            return Ok(None);
+        };
+        let digest = hex::encode(&Sha256::digest(&bundle)[..16]);
+        let layer = store.dir.join(format!(".host-trust-{digest}"));
+        if layer.is_dir() {
+            return Ok(Some(Self { layer, bundle }));
+        }
+        let n = MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tmp = store.dir.join(format!(
+            ".tmp-host-trust-{digest}-{n}-{}",
+            std::process::id()
+        ));
+        let io = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| HarborError::Io { path, source }
+        };
         let _ = std::fs::remove_dir_all(&tmp);
-        if !layer.is_dir() {
-            return Err(io(&layer)(std::io::Error::other("could not be published")));
+        let made = (|| {
+            // Modes set, not left to the umask: overlayfs shows a merged directory with its
+            // topmost lower's mode, and a step's copy-up of `/etc` keeps it in the image.
+            let mut dir = tmp.clone();
+            for part in ["", "etc", "ssl", "certs"] {
+                dir.push(part);
+                std::fs::create_dir_all(&dir).map_err(io(&dir))?;
+                std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755))
+                    .map_err(io(&dir))?;
+            }
+            let file = tmp.join(HOST_CA_BUNDLE.trim_start_matches('/'));
+            std::fs::write(&file, &bundle).map_err(io(&file))?;
+            std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644))
+                .map_err(io(&file))
+        })();
+        if made.is_err() || std::fs::rename(&tmp, &layer).is_err() {
+            let _ = std::fs::remove_dir_all(&tmp);
+            made?;
+            // Another build published it first: theirs holds the same bytes.
+            if !layer.is_dir() {
+                return Err(io(&layer)(std::io::Error::other("could not be published")));
+            }
+        }
+        Ok(Some(Self { layer, bundle }))
+    }
+
+    /// Take the host's bundle out of a step's diff where the step only copied it up (a
+    /// `chmod`, a `touch`): the image keeps the suite's own. A bundle the step changed keeps
+    /// its content, the host's certificates with the change (public certificates).
+    fn forget_in(&self, diff: &Path) {
+        let file = diff.join(HOST_CA_BUNDLE.trim_start_matches('/'));
+        let copied = std::fs::symlink_metadata(&file).is_ok_and(|m| m.is_file())
+            && std::fs::read(&file).is_ok_and(|b| b == self.bundle);
+        if copied {
+            let _ = std::fs::remove_file(&file);
         }
     }
-    Ok(Some(layer))
 }
 
 /// The configuration of a build sandbox: the base, the layers so far, generous limits.
@@ -728,7 +768,8 @@ pub fn build_image(
         _ => None,
     };
     let (resolved, mut key) = base_key(rt, &rootfs, &df.from, &opts.network)?;
-    let trust = host_trust_layer(store, &rootfs)?;
+    // Made at the first step that is not cached.
+    let mut trust: Option<Option<HostTrust>> = None;
     let step_env = substitution_env(&rootfs, &df.from);
     if !step_env.is_empty() {
         base_note += "; pip installs into /usr/local as in that image (PIP_BREAK_SYSTEM_PACKAGES=1 in build steps)";
@@ -807,7 +848,15 @@ pub fn build_image(
             img.layers.insert(0, layer);
             continue;
         }
-        let below: Vec<PathBuf> = trust.iter().chain(&img.layers).cloned().collect();
+        if trust.is_none() {
+            trust = Some(HostTrust::of(store, &rootfs)?);
+        }
+        let trusted = trust.as_ref().and_then(Option::as_ref);
+        let below: Vec<PathBuf> = trusted
+            .map(|t| t.layer.clone())
+            .into_iter()
+            .chain(img.layers.iter().cloned())
+            .collect();
         let cfg = build_config(&rootfs, &below, &img.env);
         let mut sbx = rt
             .create(&cfg)
@@ -928,6 +977,9 @@ pub fn build_image(
             let _ = std::fs::remove_dir_all(&tmp);
             return Err(sbx_err(format!("line {}: saving the layer", ins.line))(e));
         }
+        if let Some(t) = trusted {
+            t.forget_in(&tmp);
+        }
         drop(sbx);
         if let Err(e) = std::fs::rename(&tmp, &layer) {
             // Another process published the same layer first: theirs is as good.
@@ -1020,11 +1072,21 @@ mod tests {
             base("python:3.11-slim-trixie"),
             is("bookworm", Some("3.11"), true)
         );
-        // A version no suite has: the suite the tag names, else the oldest with a newer
-        // Python, else the images' default.
+        // A version no suite has: the suite the tag names if its Python is not older, else
+        // the oldest with a newer Python of that major version, else the images' default.
         assert_eq!(
             base("python:3.12-slim-bookworm"),
-            is("bookworm", Some("3.12"), false)
+            is("trixie", Some("3.12"), false)
+        );
+        assert_eq!(
+            base("python:3.10-slim-bookworm"),
+            is("bookworm", Some("3.10"), false)
+        );
+        assert_eq!(base("python:2.7-slim"), is("trixie", Some("2.7"), false));
+        assert_eq!(base("python:2.7-buster"), is("trixie", Some("2.7"), false));
+        assert_eq!(
+            base("python:2.7-bullseye"),
+            is("bullseye", Some("2.7"), false)
         );
         assert_eq!(base("python:3.12-slim"), is("trixie", Some("3.12"), false));
         assert_eq!(base("python:3.10"), is("bookworm", Some("3.10"), false));

@@ -90,6 +90,7 @@ fn from_debian_of_another_suite_is_that_suite_made_with_debootstrap() {
     let set_from = |from: &str| {
         let text = original.replace("FROM debian:bookworm", &format!("FROM {from}"))
             + "RUN cat /etc/debian_version > /etc/built-on && ! command -v python3 \
+               && chmod 644 /etc/ssl/certs/ca-certificates.crt \
                && sha256sum /etc/ssl/certs/ca-certificates.crt > /etc/build-ca\n";
         std::fs::write(&dockerfile, text).unwrap();
     };
@@ -128,7 +129,7 @@ fn from_debian_of_another_suite_is_that_suite_made_with_debootstrap() {
         version
     );
     // Its steps trusted what the host trusts for TLS, and the image does not keep the host's
-    // bundle.
+    // bundle (the step's `chmod` copied it up) nor its layer's modes.
     let host_ca = std::process::Command::new("sha256sum")
         .arg("/etc/ssl/certs/ca-certificates.crt")
         .output()
@@ -144,6 +145,11 @@ fn from_debian_of_another_suite_is_that_suite_made_with_debootstrap() {
     assert!(!img.layers[0]
         .join("etc/ssl/certs/ca-certificates.crt")
         .exists());
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let etc = std::fs::metadata(img.layers[0].join("etc")).unwrap();
+        assert_eq!(etc.permissions().mode() & 0o7777, 0o755);
+    }
     // (Not the suite's own: made over HTTPS, trixie has a bundle without the host's additions.)
     let own = std::fs::read(made.rootfs.join("etc/ssl/certs/ca-certificates.crt")).ok();
     assert_ne!(
