@@ -13,7 +13,7 @@ use super::{sbx_err, HarborError, Task};
 use sandbox::debootstrap::{self, Suite};
 use sandbox::{ExecRequest, RootfsSpec, Runtime, SandboxConfig};
 use sha2::{Digest, Sha256};
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 /// The built environment of a task.
@@ -173,8 +173,9 @@ fn debian_suite(image: &str) -> Option<Suite> {
     Suite::of_debian_tag(tag(image))
 }
 
-/// The Debian suites whose `python3` is a CPython minor version: `FROM python:3.13` without a
-/// local image is trixie with its own `python3`.
+/// The Debian suites whose `python3` is a CPython minor version, oldest first (the order
+/// [`python_base`] searches): `FROM python:3.13` without a local image is trixie with its own
+/// `python3`.
 const DEBIAN_PYTHONS: &[(&str, &str)] = &[
     ("3.9", "bullseye"),
     ("3.11", "bookworm"),
@@ -214,7 +215,8 @@ fn minor_version(v: &str) -> Option<(u32, u32)> {
 /// suite whose `python3` is the minor version asked for; for a version no suite ships, the
 /// suite the tag names if its Python is not older, else the oldest suite with a newer Python
 /// of the same major version (the one that breaks the fewest programs written for the version
-/// asked), else the suite the tag names, else the images' own default. `None` for
+/// asked), else the newest suite of that major version, else the suite the tag names, else
+/// the images' own default (also for a tag without a minor version). `None` for
 /// other images and for the variants that are not Debian (`alpine`, `windowsservercore`,
 /// `nanoserver`). Other words (`buster`: a suite not made here) name nothing.
 fn python_base(image: &str) -> Option<PythonBase> {
@@ -259,6 +261,13 @@ fn python_base(image: &str) -> Option<PythonBase> {
             let newer = suites.iter().find(|(v, _)| wanted.is_some() && enough(*v));
             newer.map(|(_, s)| s.clone())
         })
+        .or_else(|| {
+            let same_major = suites
+                .iter()
+                .rev()
+                .find(|(v, _)| wanted.is_some_and(|w| v.0 == w.0));
+            same_major.map(|(_, s)| s.clone())
+        })
         .or_else(|| named.clone())
         .or_else(|| Suite::parse(PYTHON_IMAGES_SUITE).ok())?;
     Some(PythonBase {
@@ -289,7 +298,7 @@ impl PythonBase {
         let version = match (&self.asked, self.matches) {
             (Some(v), true) => format!("Python {v} as asked"),
             (Some(v), false) => format!(
-                "Python {v} is in no Debian suite ({}): {}'s python3 instead",
+                "Python {v} is in no Debian suite made here ({}): {}'s python3 instead",
                 DEBIAN_PYTHONS
                     .iter()
                     .map(|(v, s)| format!("{v} {s}"))
@@ -647,7 +656,9 @@ impl HostTrust {
             made?;
             // Another build published it first: theirs holds the same bytes.
             if !layer.is_dir() {
-                return Err(io(&layer)(std::io::Error::other("could not be published")));
+                return Err(io(&layer)(std::io::Error::other(
+                    "neither published nor published by another build",
+                )));
             }
         }
         Ok(Some(Self { layer, bundle }))
@@ -657,8 +668,17 @@ impl HostTrust {
     /// `chmod`, a `touch`): the image keeps the suite's own. A bundle the step changed keeps
     /// its content, the host's certificates with the change (public certificates).
     fn forget_in(&self, diff: &Path) {
-        let file = diff.join(HOST_CA_BUNDLE.trim_start_matches('/'));
-        let copied = std::fs::symlink_metadata(&file).is_ok_and(|m| m.is_file())
+        let rel = HOST_CA_BUNDLE.trim_start_matches('/');
+        let file = diff.join(rel);
+        let mtime = |p: &Path| {
+            std::fs::symlink_metadata(p)
+                .ok()
+                .filter(std::fs::Metadata::is_file)
+                .map(|m| (m.mtime(), m.mtime_nsec()))
+        };
+        // A copy-up keeps the file's modification time (so do `chmod` and `chown`); a bundle
+        // the step wrote anew, even with the same bytes, has its own, and stays.
+        let copied = mtime(&file).is_some_and(|t| Some(t) == mtime(&self.layer.join(rel)))
             && std::fs::read(&file).is_ok_and(|b| b == self.bundle);
         if copied {
             let _ = std::fs::remove_file(&file);
@@ -1050,6 +1070,59 @@ mod tests {
     }
 
     #[test]
+    fn only_a_copied_up_host_bundle_leaves_a_steps_layer() {
+        let t = tempfile::tempdir().unwrap();
+        let rel = HOST_CA_BUNDLE.trim_start_matches('/');
+        let trust = HostTrust {
+            layer: t.path().join("trust"),
+            bundle: b"host CAs\n".to_vec(),
+        };
+        let put = |root: &Path, bytes: &[u8]| {
+            let f = root.join(rel);
+            std::fs::create_dir_all(f.parent().unwrap()).unwrap();
+            std::fs::write(&f, bytes).unwrap();
+            f
+        };
+        let theirs = put(&trust.layer, &trust.bundle);
+        let when = std::fs::metadata(&theirs).unwrap().modified().unwrap();
+        let earlier = when - std::time::Duration::from_secs(60);
+        // Copied up (a chmod): same bytes, same time: taken out.
+        let copied = put(&t.path().join("a"), &trust.bundle);
+        std::fs::File::options()
+            .write(true)
+            .open(&copied)
+            .unwrap()
+            .set_modified(when)
+            .unwrap();
+        trust.forget_in(&t.path().join("a"));
+        assert!(!copied.exists());
+        // Written anew with the same bytes, or edited: kept.
+        for (dir, bytes) in [
+            ("b", trust.bundle.clone()),
+            ("c", b"host CAs\nmine\n".to_vec()),
+        ] {
+            let f = put(&t.path().join(dir), &bytes);
+            if dir == "c" {
+                std::fs::File::options()
+                    .write(true)
+                    .open(&f)
+                    .unwrap()
+                    .set_modified(when)
+                    .unwrap();
+            } else {
+                std::fs::File::options()
+                    .write(true)
+                    .open(&f)
+                    .unwrap()
+                    .set_modified(earlier)
+                    .unwrap();
+            }
+            trust.forget_in(&t.path().join(dir));
+            assert!(f.exists(), "{dir}");
+        }
+    }
+
+    #[test]
     fn python_tags_take_the_suite_with_their_python() {
         let base = |image: &str| {
             python_base(image).map(|p| (p.suite.name().to_string(), p.asked, p.matches))
@@ -1081,6 +1154,10 @@ mod tests {
         assert_eq!(
             base("python:3.10-slim-bookworm"),
             is("bookworm", Some("3.10"), false)
+        );
+        assert_eq!(
+            base("python:3.14-slim-bookworm"),
+            is("trixie", Some("3.14"), false)
         );
         assert_eq!(base("python:2.7-slim"), is("trixie", Some("2.7"), false));
         assert_eq!(base("python:2.7-buster"), is("trixie", Some("2.7"), false));
@@ -1126,6 +1203,6 @@ mod tests {
         assert!(python_base("python:3.12-slim")
             .unwrap()
             .version_note()
-            .contains("Python 3.12 is in no Debian suite"));
+            .contains("Python 3.12 is in no Debian suite made here"));
     }
 }
