@@ -7,13 +7,15 @@
 //! is published by rename only after its step succeeded: no half-built layer is ever used,
 //! and a failed step leaves every earlier layer in place.
 
-use super::dockerfile::{Dockerfile, Source, Step};
+use super::dockerfile::{repository, tag, Dockerfile, Source, Step};
+use super::host_trust::HostTrust;
+use super::python_base::{python_base, PythonBase, PYTHON_PACKAGES};
 use super::registries::{BuildNetwork, RegistryProxy};
 use super::{sbx_err, HarborError, Task};
 use sandbox::debootstrap::{self, Suite};
 use sandbox::{ExecRequest, RootfsSpec, Runtime, SandboxConfig};
 use sha2::{Digest, Sha256};
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 /// The built environment of a task.
@@ -131,12 +133,6 @@ impl LayerStore {
     }
 }
 
-/// An image name's repository: `python` of `docker.io/library/python:3.11-slim`.
-fn repository(image: &str) -> &str {
-    let name = image.rsplit('/').next().unwrap_or(image);
-    name.split([':', '@']).next().unwrap_or(name)
-}
-
 /// Names that stand for a Debian or Ubuntu base: without a local image of that name, `FROM`
 /// takes the `host` rootfs (this host's Debian system, read-only) instead.
 fn is_debian_family(image: &str) -> bool {
@@ -157,13 +153,6 @@ fn substitution_env(rootfs: &RootfsSpec, from: &str) -> Vec<(String, String)> {
     }
 }
 
-/// An image name's tag (`latest` when it has none; a digest is dropped).
-fn tag(image: &str) -> &str {
-    let name = image.split('@').next().unwrap_or(image);
-    let last = name.rsplit('/').next().unwrap_or(name);
-    last.split_once(':').map_or("latest", |(_, t)| t)
-}
-
 /// The Debian suite a `debian` image's name stands for (`debian:trixie-slim`, `debian:13`,
 /// `debian` alone is `latest`, that is `stable`); `None` for other images and other tags.
 fn debian_suite(image: &str) -> Option<Suite> {
@@ -171,150 +160,6 @@ fn debian_suite(image: &str) -> Option<Suite> {
         return None;
     }
     Suite::of_debian_tag(tag(image))
-}
-
-/// The Debian suites whose `python3` is a CPython minor version, oldest first (the order
-/// [`python_base`] searches): `FROM python:3.13` without a local image is trixie with its own
-/// `python3`.
-const DEBIAN_PYTHONS: &[(&str, &str)] = &[
-    ("3.9", "bullseye"),
-    ("3.11", "bookworm"),
-    ("3.13", "trixie"),
-];
-
-/// The Debian suite the `python` images are built on when their tag names none (Docker
-/// Hub's default since August 2025).
-const PYTHON_IMAGES_SUITE: &str = "trixie";
-
-/// What a `python` image has that a minimal Debian system lacks, from the suite's own archive,
-/// and pytest: the runner the offline shims call where a test script would download one
-/// (`docs/harbor.md`, "Offline operation"), as the `host` base brings it.
-const PYTHON_PACKAGES: &str = "python3 python3-pip python3-venv python-is-python3 python3-pytest";
-
-/// What `FROM python:TAG` stands for without a local image: a Debian suite and the Python the
-/// tag asks for.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct PythonBase {
-    suite: Suite,
-    /// `3.13` of `python:3.13.1-slim`; `None` for `python:slim`, `python:3`, `latest`.
-    asked: Option<String>,
-    /// Whether the suite's `python3` is the version asked for (known for [`DEBIAN_PYTHONS`]).
-    matches: bool,
-    /// The suite the tag names (`-bookworm`), when it is one made here.
-    named: Option<Suite>,
-}
-
-/// A version's `(major, minor)`: `3.13` is `(3, 13)`.
-fn minor_version(v: &str) -> Option<(u32, u32)> {
-    let (major, minor) = v.split_once('.')?;
-    Some((major.parse().ok()?, minor.parse().ok()?))
-}
-
-/// The [`PythonBase`] of a `python` image's name (tags as Docker Hub names them: `3.13`,
-/// `3.13.1-slim`, `3.12-slim-bookworm`, `3-bookworm`, `3.14-rc-slim`, `slim`, `latest`): the
-/// suite whose `python3` is the minor version asked for; for a version no suite ships, the
-/// suite the tag names if its Python is not older, else the oldest suite with a newer Python
-/// of the same major version (the one that breaks the fewest programs written for the version
-/// asked), else the newest suite of that major version, else the suite the tag names, else
-/// the images' own default (also for a tag without a minor version). `None` for
-/// other images and for the variants that are not Debian (`alpine`, `windowsservercore`,
-/// `nanoserver`). Other words (`buster`: a suite not made here) name nothing.
-fn python_base(image: &str) -> Option<PythonBase> {
-    if repository(image) != "python" {
-        return None;
-    }
-    let mut asked = None;
-    let mut named = None;
-    for (i, part) in tag(image).split('-').enumerate() {
-        if ["alpine", "windowsservercore", "nanoserver"]
-            .iter()
-            .any(|v| part.starts_with(v))
-        {
-            return None;
-        }
-        if i == 0 && part.starts_with(|c: char| c.is_ascii_digit()) {
-            let mut numbers = part.split('.');
-            let major = numbers.next().unwrap_or_default();
-            // `3.14.0rc1`: the minor version is what selects the suite.
-            asked = numbers.next().and_then(|minor| {
-                let digits: String = minor.chars().take_while(char::is_ascii_digit).collect();
-                (!digits.is_empty()).then(|| format!("{major}.{digits}"))
-            });
-        } else if part.bytes().all(|b| b.is_ascii_lowercase()) {
-            named = named.or_else(|| Suite::parse(part).ok());
-        }
-    }
-    let suites: Vec<((u32, u32), Suite)> = DEBIAN_PYTHONS
-        .iter()
-        .filter_map(|(v, s)| Some((minor_version(v)?, Suite::parse(s).ok()?)))
-        .collect();
-    let wanted = asked.as_deref().and_then(minor_version);
-    let python_of = |suite: &Suite| suites.iter().find(|(_, s)| s == suite).map(|(v, _)| *v);
-    // Not older than asked, in the same major version.
-    let enough = |v: (u32, u32)| wanted.is_none_or(|w| v.0 == w.0 && v >= w);
-    let exact = suites.iter().find(|(v, _)| Some(*v) == wanted);
-    let matches = exact.is_some();
-    let suite = exact
-        .map(|(_, s)| s.clone())
-        .or_else(|| named.clone().filter(|n| python_of(n).is_some_and(enough)))
-        .or_else(|| {
-            let newer = suites.iter().find(|(v, _)| wanted.is_some() && enough(*v));
-            newer.map(|(_, s)| s.clone())
-        })
-        .or_else(|| {
-            let same_major = suites
-                .iter()
-                .rev()
-                .find(|(v, _)| wanted.is_some_and(|w| v.0 == w.0));
-            same_major.map(|(_, s)| s.clone())
-        })
-        .or_else(|| named.clone())
-        .or_else(|| Suite::parse(PYTHON_IMAGES_SUITE).ok())?;
-    Some(PythonBase {
-        suite,
-        asked,
-        matches,
-        named,
-    })
-}
-
-impl PythonBase {
-    /// The step that makes the suite's minimal system the image: its `python3`, pip, venv,
-    /// `python` and pytest, from the suite's archive through the build network.
-    fn step(line: usize) -> super::dockerfile::Instruction {
-        let script = format!(
-            "apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y \
-             --no-install-recommends {PYTHON_PACKAGES} && rm -rf /var/lib/apt/lists/*"
-        );
-        super::dockerfile::Instruction {
-            line,
-            text: format!("RUN {script}"),
-            step: Step::Run { script },
-        }
-    }
-
-    /// How the Python compares with the one asked for, in words.
-    fn version_note(&self) -> String {
-        let version = match (&self.asked, self.matches) {
-            (Some(v), true) => format!("Python {v} as asked"),
-            (Some(v), false) => format!(
-                "Python {v} is in no Debian suite made here ({}): {}'s python3 instead",
-                DEBIAN_PYTHONS
-                    .iter()
-                    .map(|(v, s)| format!("{v} {s}"))
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                self.suite
-            ),
-            (None, _) => format!("{}'s python3", self.suite),
-        };
-        match &self.named {
-            Some(n) if *n != self.suite => {
-                format!("{version}; the tag's {n} has another Python")
-            }
-            _ => version,
-        }
-    }
 }
 
 /// How `FROM debian:SUITE` is taken without a local image of that name: the suite
@@ -351,7 +196,7 @@ fn debian_base(rt: &Runtime, suite: &Suite, network: &BuildNetwork) -> Result<()
 
 /// Where `FROM image` comes from: `base` when given, else the local Docker daemon's image of
 /// that name, else for `debian:SUITE` that suite made with debootstrap, and for `python:TAG`
-/// the suite of [`python_base`], whose Python [`build_image`]'s first step installs (made
+/// the suite of `python_base::python_base`, whose Python [`build_image`]'s first step installs (made
 /// once; this host's system when it is the host's own suite, the build is offline or
 /// debootstrap is missing), else `host` for another Debian-family name; else an error naming
 /// the line.
@@ -597,95 +442,6 @@ fn resolve_user(
     Ok((uid, gid))
 }
 
-/// What the host trusts for TLS: build steps on a debootstrapped suite see it in place of the
-/// suite's bundle, as steps on the `host` base do (a registry behind a TLS-intercepting
-/// egress, whose CA the host holds, is then reachable from both).
-const HOST_CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
-
-/// The host's CA bundle as a layer of the store holding only that file at its usual path, for
-/// build steps on a debootstrapped suite: topmost in their sandbox (so a step that changes the
-/// suite's bundle does not drop the host's for the next), not in the image.
-struct HostTrust {
-    layer: PathBuf,
-    bundle: Vec<u8>,
-}
-
-impl HostTrust {
-    /// The layer for `rootfs`'s build steps (`None` on other bases, or where the host has no
-    /// bundle), made once per bundle content in the store.
-    fn of(store: &LayerStore, rootfs: &RootfsSpec) -> Result<Option<Self>, HarborError> {
-        static MADE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        if !matches!(rootfs, RootfsSpec::Debootstrap(_)) {
-            return Ok(None);
-        }
-        let Ok(bundle) = std::fs::read(HOST_CA_BUNDLE) else {
-            return Ok(None);
-        };
-        let digest = hex::encode(&Sha256::digest(&bundle)[..16]);
-        let layer = store.dir.join(format!(".host-trust-{digest}"));
-        if layer.is_dir() {
-            return Ok(Some(Self { layer, bundle }));
-        }
-        let n = MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let tmp = store.dir.join(format!(
-            ".tmp-host-trust-{digest}-{n}-{}",
-            std::process::id()
-        ));
-        let io = |path: &Path| {
-            let path = path.to_path_buf();
-            move |source| HarborError::Io { path, source }
-        };
-        let _ = std::fs::remove_dir_all(&tmp);
-        let made = (|| {
-            // Modes set, not left to the umask: overlayfs shows a merged directory with its
-            // topmost lower's mode, and a step's copy-up of `/etc` keeps it in the image.
-            let mut dir = tmp.clone();
-            for part in ["", "etc", "ssl", "certs"] {
-                dir.push(part);
-                std::fs::create_dir_all(&dir).map_err(io(&dir))?;
-                std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755))
-                    .map_err(io(&dir))?;
-            }
-            let file = tmp.join(HOST_CA_BUNDLE.trim_start_matches('/'));
-            std::fs::write(&file, &bundle).map_err(io(&file))?;
-            std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644))
-                .map_err(io(&file))
-        })();
-        if made.is_err() || std::fs::rename(&tmp, &layer).is_err() {
-            let _ = std::fs::remove_dir_all(&tmp);
-            made?;
-            // Another build published it first: theirs holds the same bytes.
-            if !layer.is_dir() {
-                return Err(io(&layer)(std::io::Error::other(
-                    "neither published nor published by another build",
-                )));
-            }
-        }
-        Ok(Some(Self { layer, bundle }))
-    }
-
-    /// Take the host's bundle out of a step's diff where the step only copied it up (a
-    /// `chmod`, a `touch`): the image keeps the suite's own. A bundle the step changed keeps
-    /// its content, the host's certificates with the change (public certificates).
-    fn forget_in(&self, diff: &Path) {
-        let rel = HOST_CA_BUNDLE.trim_start_matches('/');
-        let file = diff.join(rel);
-        let mtime = |p: &Path| {
-            std::fs::symlink_metadata(p)
-                .ok()
-                .filter(std::fs::Metadata::is_file)
-                .map(|m| (m.mtime(), m.mtime_nsec()))
-        };
-        // A copy-up keeps the file's modification time (so do `chmod` and `chown`); a bundle
-        // the step wrote anew, even with the same bytes, has its own, and stays.
-        let copied = mtime(&file).is_some_and(|t| Some(t) == mtime(&self.layer.join(rel)))
-            && std::fs::read(&file).is_ok_and(|b| b == self.bundle);
-        if copied {
-            let _ = std::fs::remove_file(&file);
-        }
-    }
-}
-
 /// The configuration of a build sandbox: the base, the layers so far, generous limits.
 fn build_config(
     rootfs: &RootfsSpec,
@@ -869,7 +625,7 @@ pub fn build_image(
             continue;
         }
         if trust.is_none() {
-            trust = Some(HostTrust::of(store, &rootfs)?);
+            trust = Some(HostTrust::of(store.dir(), &rootfs)?);
         }
         let trusted = trust.as_ref().and_then(Option::as_ref);
         let below: Vec<PathBuf> = trusted
@@ -1067,142 +823,5 @@ mod tests {
         assert_eq!(suite("debian:bookworm-backports"), None);
         assert_eq!(suite("ubuntu:24.04"), None);
         assert_eq!(suite("python:3.12-trixie"), None);
-    }
-
-    #[test]
-    fn only_a_copied_up_host_bundle_leaves_a_steps_layer() {
-        let t = tempfile::tempdir().unwrap();
-        let rel = HOST_CA_BUNDLE.trim_start_matches('/');
-        let trust = HostTrust {
-            layer: t.path().join("trust"),
-            bundle: b"host CAs\n".to_vec(),
-        };
-        let put = |root: &Path, bytes: &[u8]| {
-            let f = root.join(rel);
-            std::fs::create_dir_all(f.parent().unwrap()).unwrap();
-            std::fs::write(&f, bytes).unwrap();
-            f
-        };
-        let theirs = put(&trust.layer, &trust.bundle);
-        let when = std::fs::metadata(&theirs).unwrap().modified().unwrap();
-        let earlier = when - std::time::Duration::from_secs(60);
-        // Copied up (a chmod): same bytes, same time: taken out.
-        let copied = put(&t.path().join("a"), &trust.bundle);
-        std::fs::File::options()
-            .write(true)
-            .open(&copied)
-            .unwrap()
-            .set_modified(when)
-            .unwrap();
-        trust.forget_in(&t.path().join("a"));
-        assert!(!copied.exists());
-        // Written anew with the same bytes, or edited: kept.
-        for (dir, bytes) in [
-            ("b", trust.bundle.clone()),
-            ("c", b"host CAs\nmine\n".to_vec()),
-        ] {
-            let f = put(&t.path().join(dir), &bytes);
-            if dir == "c" {
-                std::fs::File::options()
-                    .write(true)
-                    .open(&f)
-                    .unwrap()
-                    .set_modified(when)
-                    .unwrap();
-            } else {
-                std::fs::File::options()
-                    .write(true)
-                    .open(&f)
-                    .unwrap()
-                    .set_modified(earlier)
-                    .unwrap();
-            }
-            trust.forget_in(&t.path().join(dir));
-            assert!(f.exists(), "{dir}");
-        }
-    }
-
-    #[test]
-    fn python_tags_take_the_suite_with_their_python() {
-        let base = |image: &str| {
-            python_base(image).map(|p| (p.suite.name().to_string(), p.asked, p.matches))
-        };
-        let is = |suite: &str, asked: Option<&str>, matches: bool| {
-            Some((suite.to_string(), asked.map(str::to_string), matches))
-        };
-        assert_eq!(base("python:3.13-slim"), is("trixie", Some("3.13"), true));
-        assert_eq!(base("python:3.13.1"), is("trixie", Some("3.13"), true));
-        assert_eq!(
-            base("docker.io/library/python:3.11-slim-bookworm@sha256:ab"),
-            is("bookworm", Some("3.11"), true)
-        );
-        assert_eq!(
-            base("python:3.9-bullseye"),
-            is("bullseye", Some("3.9"), true)
-        );
-        // The version decides over the suite the tag names: its tests run with that Python.
-        assert_eq!(
-            base("python:3.11-slim-trixie"),
-            is("bookworm", Some("3.11"), true)
-        );
-        // A version no suite has: the suite the tag names if its Python is not older, else
-        // the oldest with a newer Python of that major version, else the images' default.
-        assert_eq!(
-            base("python:3.12-slim-bookworm"),
-            is("trixie", Some("3.12"), false)
-        );
-        assert_eq!(
-            base("python:3.10-slim-bookworm"),
-            is("bookworm", Some("3.10"), false)
-        );
-        assert_eq!(
-            base("python:3.14-slim-bookworm"),
-            is("trixie", Some("3.14"), false)
-        );
-        assert_eq!(base("python:2.7-slim"), is("trixie", Some("2.7"), false));
-        assert_eq!(base("python:2.7-buster"), is("trixie", Some("2.7"), false));
-        assert_eq!(
-            base("python:2.7-bullseye"),
-            is("bullseye", Some("2.7"), false)
-        );
-        assert_eq!(base("python:3.12-slim"), is("trixie", Some("3.12"), false));
-        assert_eq!(base("python:3.10"), is("bookworm", Some("3.10"), false));
-        assert_eq!(
-            base("python:3.8-buster"),
-            is("bullseye", Some("3.8"), false)
-        );
-        assert_eq!(
-            base("python:3.14.0rc1-slim"),
-            is("trixie", Some("3.14"), false)
-        );
-        assert_eq!(
-            base("python:3.14-rc-slim"),
-            is("trixie", Some("3.14"), false)
-        );
-        assert_eq!(base("python:3-slim"), is("trixie", None, false));
-        assert_eq!(base("python"), is("trixie", None, false));
-        assert_eq!(base("python:slim-bookworm"), is("bookworm", None, false));
-        // A suite not made here names nothing: the version decides.
-        assert_eq!(
-            base("python:3.9-slim-buster"),
-            is("bullseye", Some("3.9"), true)
-        );
-        assert_eq!(
-            base("localhost:5000/python:3.13"),
-            is("trixie", Some("3.13"), true)
-        );
-        // Not Debian, not python.
-        assert_eq!(base("python:3.12-alpine3.20"), None);
-        assert_eq!(base("python:3.12-windowsservercore-ltsc2022"), None);
-        assert_eq!(base("python:3.12-nanoserver"), None);
-        assert_eq!(base("debian:trixie"), None);
-        assert!(python_base("python:3.13-slim-bookworm")
-            .unwrap()
-            .version_note()
-            .ends_with("Python 3.13 as asked; the tag's bookworm has another Python"));
-        assert!(python_base("python:3.12-slim")
-            .unwrap()
-            .version_note()
-            .contains("Python 3.12 is in no Debian suite made here"));
     }
 }

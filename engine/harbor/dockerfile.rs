@@ -63,6 +63,19 @@ pub struct Dockerfile {
     pub steps: Vec<Instruction>,
 }
 
+/// An image name's repository: `python` of `docker.io/library/python:3.11-slim`.
+pub fn repository(image: &str) -> &str {
+    let name = image.rsplit('/').next().unwrap_or(image);
+    name.split([':', '@']).next().unwrap_or(name)
+}
+
+/// An image name's tag (`latest` when it has none; a digest is dropped).
+pub fn tag(image: &str) -> &str {
+    let name = image.split('@').next().unwrap_or(image);
+    let last = name.rsplit('/').next().unwrap_or(name);
+    last.split_once(':').map_or("latest", |(_, t)| t)
+}
+
 /// A logical line: its first physical line, keyword, arguments, heredoc bodies.
 struct Logical {
     line: usize,

@@ -1,13 +1,16 @@
 //! Harbor and Terminal-Bench task folders run in the factory's sandboxes: the folder
 //! ([`task`]), its Dockerfile subset ([`dockerfile`]) built into cached layers in build
-//! sandboxes ([`build`]), and the episode: the agent (or the oracle), then the task's own
+//! sandboxes ([`build`]; a `python` image's Debian suite: `python_base.rs`; the host's CA
+//! bundle in build steps on a suite: `host_trust.rs`), and the episode: the agent (or the oracle), then the task's own
 //! tests, the reward read by the host ([`episode`]), the agent kept away from the verdict
 //! ([`verifier`]); the factory's faults on top ([`perturb`]). `docs/harbor.md` has the supported subset.
 
 pub mod build;
 pub mod dockerfile;
 pub mod episode;
+mod host_trust;
 pub mod perturb;
+mod python_base;
 pub mod registries;
 pub mod task;
 mod verifier;
