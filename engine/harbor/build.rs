@@ -472,43 +472,6 @@ pub fn merge_env(base: &[String], over: &[(String, String)]) -> Vec<String> {
     out
 }
 
-/// The cache key of the base: the rootfs's digest, the build network and what a substitution
-/// adds to the steps' environment (these change what the steps build; v2: the network entered
-/// the key).
-fn base_key(
-    rt: &Runtime,
-    rootfs: &RootfsSpec,
-    from: &str,
-    network: &BuildNetwork,
-) -> Result<(sandbox::layers::Rootfs, String), HarborError> {
-    let resolved = rt
-        .resolve(rootfs)
-        .map_err(sbx_err(format!("rootfs {rootfs}")))?;
-    let substituted: String = substitution_env(rootfs, from)
-        .iter()
-        .map(|(k, v)| format!("\n{k}={v}"))
-        .collect();
-    let key = hex::encode(Sha256::digest(
-        format!(
-            "envfactory-harbor-v2\n{}\nnetwork {}{substituted}",
-            resolved.digest,
-            network.cache_key()
-        )
-        .as_bytes(),
-    ));
-    Ok((resolved, key))
-}
-
-/// The cache key of a step's layer: the key of everything before it and the instruction (a
-/// `COPY` adds what it copies before the key is taken).
-fn step_hasher(before: &str, text: &str) -> Sha256 {
-    let mut h = Sha256::new();
-    h.update(before.as_bytes());
-    h.update(b"\n");
-    h.update(text.as_bytes());
-    h
-}
-
 /// Build (or find in the store) a task's image.
 pub fn build_image(
     rt: &Runtime,
@@ -543,13 +506,26 @@ pub fn build_image(
         }
         _ => None,
     };
-    let (resolved, mut key) = base_key(rt, &rootfs, &df.from, &opts.network)?;
-    // Made at the first step that is not cached.
-    let mut trust: Option<Option<HostTrust>> = None;
     let step_env = substitution_env(&rootfs, &df.from);
     if !step_env.is_empty() {
         base_note += "; pip installs into /usr/local as in that image (PIP_BREAK_SYSTEM_PACKAGES=1 in build steps)";
     }
+    let resolved = rt
+        .resolve(&rootfs)
+        .map_err(sbx_err(format!("rootfs {rootfs}")))?;
+    // What a substitution adds to the steps' environment, and the network they reach,
+    // change what they build (v2: the network entered the key).
+    let substituted: String = step_env.iter().map(|(k, v)| format!("\n{k}={v}")).collect();
+    let mut key = hex::encode(Sha256::digest(
+        format!(
+            "envfactory-harbor-v2\n{}\nnetwork {}{substituted}",
+            resolved.digest,
+            opts.network.cache_key()
+        )
+        .as_bytes(),
+    ));
+    // Made at the first step that is not cached.
+    let mut trust: Option<Option<HostTrust>> = None;
     let mut img = Image {
         rootfs: rootfs.clone(),
         layers: Vec::new(),
@@ -565,7 +541,10 @@ pub fn build_image(
     };
     let mut user_spec: Option<(String, usize)> = None;
     for ins in python_step.iter().chain(&df.steps) {
-        let mut h = step_hasher(&key, &ins.text);
+        let mut h = Sha256::new();
+        h.update(key.as_bytes());
+        h.update(b"\n");
+        h.update(ins.text.as_bytes());
         let mut copy = None;
         let script: Option<String> = match &ins.step {
             Step::Run { script } => Some(script.clone()),
