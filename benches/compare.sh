@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# Whole-process start, side by side in one run: `engine sandbox exec -- /bin/true` against
-# bubblewrap (`--unshare-all`, read-only host root, /proc, /dev) and Docker when installed.
+# Whole-process start, side by side in one run: `engine sandbox exec -- /bin/true`, made by
+# the process itself and served by `engine sandbox daemon`, against bubblewrap
+# (`--unshare-all`, read-only host root, /proc, /dev) and Docker when installed. Each
+# command's runs follow one another (hyperfine), so the daemon's work after each request
+# (the next sandbox made ahead, the last one torn down) overlaps the next run.
 # Needs root and hyperfine; installs hyperfine and bubblewrap from Debian if missing.
 # Usage: benches/compare.sh [RUNS]   (prints hyperfine's table and writes out/compare.json)
 set -euo pipefail
@@ -14,12 +17,24 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 cargo build --release -q --bin engine --bin envfactory-init
 engine=${CARGO_TARGET_DIR:-target}/release/engine
+# The one-shot served by a daemon of this build, on a socket of its own (stopped at exit).
+mkdir -p out
+sock=$(mktemp -u /tmp/envfactory-compare-XXXXXX.sock)
+"$engine" sandbox daemon --socket "$sock" 2>/dev/null &
+daemon=$!
+trap 'kill "$daemon" 2>/dev/null; wait "$daemon" 2>/dev/null' EXIT
+for _ in $(seq 300); do
+  ENVFACTORY_EXEC_SOCKET=$sock "$engine" sandbox exec -- /bin/true 2>/dev/null && break
+  sleep 0.1
+done
+export ENVFACTORY_EXEC_SOCKET=$sock
 cmds=(
+  "$engine sandbox exec --no-daemon -- /bin/true"
   "$engine sandbox exec -- /bin/true"
   "bwrap --unshare-all --ro-bind / / --proc /proc --dev /dev /bin/true"
   "sh -c true"
 )
-names=("engine sandbox exec" "bwrap --unshare-all" "host sh -c true")
+names=("engine sandbox exec" "engine sandbox exec (daemon)" "bwrap --unshare-all" "host sh -c true")
 if command -v docker >/dev/null && docker info >/dev/null 2>&1; then
   img=$(docker images -q | head -n 1)
   if [ -n "$img" ]; then
@@ -29,5 +44,4 @@ if command -v docker >/dev/null && docker info >/dev/null 2>&1; then
 fi
 args=()
 for i in "${!cmds[@]}"; do args+=(-n "${names[$i]}" "${cmds[$i]}"); done
-mkdir -p out
 hyperfine -N --warmup 5 --runs "$runs" --export-json out/compare.json "${args[@]}"

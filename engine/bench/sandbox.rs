@@ -21,10 +21,14 @@
 //! - `one_shot_exec`: present when the caller gives the one-shot command line (the `engine`
 //!   binary does: `engine sandbox exec -- /bin/true`): that whole process, start to exit
 //!   (runtime, sandbox, command, teardown), measured interleaved with bwrap's whole process;
+//! - `one_shot_daemon`: present when the caller gives a one-shot served by a daemon (`engine
+//!   bench sandbox` starts `engine sandbox daemon` on a socket of its own): the same whole
+//!   process, measured right after `one_shot_exec` in each round;
 //! - `ratios`: `exec_vs_host` = exec_sh_true / host_sh_true, `create_vs_bwrap` =
 //!   create_first_exec / bwrap_unshare_all, `create_cloned_vs_bwrap` =
 //!   create_first_exec_cloned / bwrap_unshare_all, `one_shot_vs_bwrap` = one_shot_exec /
-//!   bwrap_unshare_all (medians);
+//!   bwrap_unshare_all, `one_shot_daemon_vs_bwrap` = one_shot_daemon / bwrap_unshare_all
+//!   (medians);
 //! - `concurrent`: present with `--concurrent N`: `requested`, `sandboxes` alive at once,
 //!   `stopped` (why creation stopped early: admission control or the error), how many
 //!   answered, and the host's `MemAvailable` drop per sandbox (kernel objects included).
@@ -54,6 +58,8 @@ pub struct Ratios {
     pub create_cloned_vs_bwrap: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub one_shot_vs_bwrap: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub one_shot_daemon_vs_bwrap: Option<f64>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -85,6 +91,8 @@ pub struct SandboxBench {
     pub bwrap_unshare_all: Option<Summary>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub one_shot_exec: Option<Summary>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub one_shot_daemon: Option<Summary>,
     pub exec_sh_true: Summary,
     pub reset_100_files: Summary,
     pub snapshot_100_files: Summary,
@@ -163,26 +171,56 @@ fn settle(rt: &Runtime) {
 }
 
 /// Run a whole process to its exit; `Ok(false)` when it failed.
-fn run_process(argv: &[String]) -> Result<bool, BenchError> {
-    let (program, args) = argv
+/// A whole process to time: its command line and the environment variables it gets on top
+/// of this process's.
+#[derive(Debug, Clone, Default)]
+pub struct Process {
+    pub argv: Vec<String>,
+    pub env: Vec<(String, String)>,
+}
+
+fn run_process(p: &Process) -> Result<bool, BenchError> {
+    let (program, args) = p
+        .argv
         .split_first()
         .ok_or_else(|| BenchError::Host(std::io::Error::other("empty command line")))?;
     std::process::Command::new(program)
         .args(args)
+        .envs(p.env.iter().map(|(k, v)| (k, v)))
         .stdin(std::process::Stdio::null())
         .status()
         .map(|s| s.success())
         .map_err(BenchError::Host)
 }
 
-/// Run the benchmark. `one_shot`, when given, is a whole-process command line that runs
-/// `/bin/true` in a fresh sandbox (`engine sandbox exec -- /bin/true`), timed beside bwrap.
+/// Time `p` once; a failure is the benchmark's error, naming `step`.
+fn time_process(step: &'static str, p: &Process) -> Result<f64, BenchError> {
+    let t = Instant::now();
+    if !run_process(p)? {
+        return Err(BenchError::Step {
+            step,
+            detail: format!("`{}` failed", p.argv.join(" ")),
+        });
+    }
+    Ok(ms(t))
+}
+
+/// The whole processes timed beside bwrap: each runs `/bin/true` in a fresh sandbox.
+#[derive(Debug, Clone, Default)]
+pub struct OneShots {
+    /// `engine sandbox exec --no-daemon -- /bin/true`: the process makes its sandbox.
+    pub own: Option<Process>,
+    /// The same served by a running `engine sandbox daemon`.
+    pub daemon: Option<Process>,
+}
+
+/// Run the benchmark, with the whole-process one-shots of `one_shots` timed beside bwrap.
 pub fn run(
     rt: &Runtime,
     cfg: &SandboxConfig,
     iterations: usize,
     concurrent: Option<usize>,
-    one_shot: Option<&[String]>,
+    one_shots: &OneShots,
 ) -> Result<SandboxBench, BenchError> {
     let n = iterations.max(3);
     // Warm the layer caches (host mask, policies) and the page cache.
@@ -208,14 +246,14 @@ pub fn run(
         .is_ok_and(|s| s.success());
     let mut bwrap = Vec::with_capacity(n);
     let mut shots = Vec::with_capacity(n);
-    if let Some(argv) = one_shot {
-        // Warm its binary's pages too; a one-shot that fails is reported, not timed.
-        if !run_process(argv)? {
-            return Err(BenchError::Step {
-                step: "one-shot exec",
-                detail: format!("`{}` failed", argv.join(" ")),
-            });
-        }
+    let mut served = Vec::with_capacity(n);
+    // Warm their binary's pages too (and the daemon's sandbox made ahead); a one-shot that
+    // fails is reported, not timed.
+    if let Some(p) = &one_shots.own {
+        time_process("one-shot exec", p)?;
+    }
+    if let Some(p) = &one_shots.daemon {
+        time_process("one-shot exec served by the daemon", p)?;
     }
     let spares_before = rt.spare_inits_used().0;
     // Even rounds create with a spare init, odd ones with an init cloned for the sandbox (what
@@ -225,15 +263,11 @@ pub fn run(
     for round in 0..2 * n {
         let cloned = round % 2 == 1;
         settle(rt);
-        if let Some(argv) = one_shot {
-            let t = Instant::now();
-            if !run_process(argv)? {
-                return Err(BenchError::Step {
-                    step: "one-shot exec",
-                    detail: format!("`{}` failed", argv.join(" ")),
-                });
-            }
-            shots.push(ms(t));
+        if let Some(p) = &one_shots.own {
+            shots.push(time_process("one-shot exec", p)?);
+        }
+        if let Some(p) = &one_shots.daemon {
+            served.push(time_process("one-shot exec served by the daemon", p)?);
         }
         if has_bwrap {
             let t = Instant::now();
@@ -332,7 +366,8 @@ pub fn run(
     let create_first_exec = Summary::of(create);
     let create_first_exec_cloned = Summary::of(create_cloned);
     let bwrap_unshare_all = has_bwrap.then(|| Summary::of(bwrap));
-    let one_shot_exec = one_shot.map(|_| Summary::of(shots));
+    let one_shot_exec = one_shots.own.as_ref().map(|_| Summary::of(shots));
+    let one_shot_daemon = one_shots.daemon.as_ref().map(|_| Summary::of(served));
     Ok(SandboxBench {
         iterations: n,
         ratios: Ratios {
@@ -343,6 +378,9 @@ pub fn run(
             one_shot_vs_bwrap: bwrap_unshare_all
                 .zip(one_shot_exec)
                 .map(|(b, o)| o.median / b.median),
+            one_shot_daemon_vs_bwrap: bwrap_unshare_all
+                .zip(one_shot_daemon)
+                .map(|(b, o)| o.median / b.median),
         },
         host_sh_true,
         create_first_exec,
@@ -350,6 +388,7 @@ pub fn run(
         create_first_exec_cloned,
         bwrap_unshare_all,
         one_shot_exec,
+        one_shot_daemon,
         exec_sh_true,
         reset_100_files: Summary::of(reset),
         snapshot_100_files: Summary::of(snap),
@@ -431,6 +470,9 @@ pub fn render(b: &SandboxBench) -> String {
     if let Some(o) = &b.one_shot_exec {
         out += &row("one-shot process", o, "ms (engine sandbox exec)");
     }
+    if let Some(o) = &b.one_shot_daemon {
+        out += &row("  served by a daemon", o, "ms (engine sandbox daemon)");
+    }
     out += &row("exec sh -c true", &b.exec_sh_true, "ms");
     out += &row("reset (100 files)", &b.reset_100_files, "ms");
     out += &row("snapshot (100 files)", &b.snapshot_100_files, "ms");
@@ -447,6 +489,9 @@ pub fn render(b: &SandboxBench) -> String {
     }
     if let Some(r) = b.ratios.one_shot_vs_bwrap {
         out += &format!("one-shot / bwrap        {r:>10.2}x\n");
+    }
+    if let Some(r) = b.ratios.one_shot_daemon_vs_bwrap {
+        out += &format!("  daemon's / bwrap      {r:>10.2}x\n");
     }
     if let Some(c) = &b.concurrent {
         out += &format!(

@@ -182,16 +182,36 @@ pub fn run(cmd: BenchCmd) -> anyhow::Result<i32> {
         } => {
             let cfg = opts.config()?;
             let rt = super::sandbox::runtime()?;
-            // The one-shot command with the same options, timed as a whole process.
-            let mut one_shot: Vec<String> = vec![
-                std::env::current_exe()?.to_string_lossy().into_owned(),
-                "sandbox".into(),
-                "exec".into(),
-            ];
-            one_shot.extend(opts.to_args());
-            one_shot.extend(["--".into(), "/bin/true".into()]);
+            // The one-shot command with the same options, timed as a whole process: made by
+            // itself, and served by a daemon of this binary on a socket of its own.
+            let exe = std::env::current_exe()?.to_string_lossy().into_owned();
+            let one_shot = |no_daemon: bool| {
+                let mut argv: Vec<String> = vec![exe.clone(), "sandbox".into(), "exec".into()];
+                if no_daemon {
+                    argv.push("--no-daemon".into());
+                }
+                argv.extend(opts.to_args());
+                argv.extend(["--".into(), "/bin/true".into()]);
+                argv
+            };
+            let daemon =
+                super::sandbox_daemon::Spawned::start(&rt.run_dir().join("bench-exec.sock"))?;
+            let one_shots = engine::bench::sandbox::OneShots {
+                own: Some(engine::bench::sandbox::Process {
+                    argv: one_shot(true),
+                    env: Vec::new(),
+                }),
+                daemon: Some(engine::bench::sandbox::Process {
+                    argv: one_shot(false),
+                    env: vec![(
+                        super::sandbox_daemon::SOCKET_ENV.into(),
+                        daemon.socket().to_string_lossy().into_owned(),
+                    )],
+                }),
+            };
             let report =
-                engine::bench::sandbox::run(&rt, &cfg, iterations, concurrent, Some(&one_shot))?;
+                engine::bench::sandbox::run(&rt, &cfg, iterations, concurrent, &one_shots)?;
+            drop(daemon);
             if json {
                 outln!("{}", serde_json::to_string(&report)?);
             } else {

@@ -11,6 +11,7 @@ mod harbor;
 mod perturb;
 mod run;
 pub mod sandbox;
+pub mod sandbox_daemon;
 mod serve;
 pub mod signals;
 mod synth;

@@ -3,7 +3,7 @@
 use super::errors::usage;
 use clap::Subcommand;
 use engine::units::{parse_duration, parse_size};
-use sandbox::{ExecRequest, InitProgram, Runtime, SandboxConfig, Termination};
+use sandbox::{ExecRequest, ExecResult, InitProgram, Runtime, Sandbox, SandboxConfig, Termination};
 
 /// Exit code of `engine sandbox exec` when the sandbox itself failed.
 pub const EXIT_SANDBOX_FAILURE: i32 = 125;
@@ -15,7 +15,7 @@ pub const EXIT_NOT_FOUND: i32 = 127;
 pub const EXIT_TIMEOUT: i32 = 124;
 
 /// Sandbox options as given on the command line.
-#[derive(Debug, Clone, clap::Args)]
+#[derive(Debug, Clone, PartialEq, clap::Args, serde::Serialize, serde::Deserialize)]
 pub struct SandboxOpts {
     /// Root filesystem: `host`, a directory, `oci:PATH` (OCI layout or docker-save tarball),
     /// `docker:IMAGE` (an image of the local Docker daemon, exported once) or
@@ -158,7 +158,14 @@ pub fn admission_from_env() -> anyhow::Result<sandbox::Admission> {
 }
 
 /// `engine sandbox exec`: run CMD in a fresh sandbox, print its output, return its exit code.
-pub fn exec(opts: &SandboxOpts, timeout: &str, cmd: &[String]) -> anyhow::Result<i32> {
+/// A daemon listening on the state directory's socket (`engine sandbox daemon`) runs it
+/// unless `no_daemon` (see `sandbox_daemon.rs`); else this process makes the sandbox.
+pub fn exec(
+    opts: &SandboxOpts,
+    timeout: &str,
+    cmd: &[String],
+    no_daemon: bool,
+) -> anyhow::Result<i32> {
     if cmd.is_empty() {
         return Err(usage(
             "no command given: engine sandbox exec [OPTIONS] -- CMD...",
@@ -166,6 +173,11 @@ pub fn exec(opts: &SandboxOpts, timeout: &str, cmd: &[String]) -> anyhow::Result
     }
     let cfg = opts.config()?;
     let timeout = anyhow::Context::context(parse_duration(timeout), "--timeout")?;
+    if !no_daemon {
+        if let Some(outcome) = super::sandbox_daemon::ask(opts, &cfg, timeout, cmd)? {
+            return outcome.report(&opts.memory, timeout);
+        }
+    }
     let rt = runtime()?;
     // Its init forked from this process, which has a single thread until the signal watcher
     // starts, right after init does (an init program named by ENVFACTORY_INIT is always
@@ -175,49 +187,84 @@ pub fn exec(opts: &SandboxOpts, timeout: &str, cmd: &[String]) -> anyhow::Result
         super::signals::start_watcher();
     }));
     let mut sb = rt.create(&cfg)?;
+    one_shot(&mut sb, timeout, cmd).report(&opts.memory, timeout)
+}
+
+/// What a one-shot's command came to, wherever its sandbox was made.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub enum Outcome {
+    /// It ran (and exited, was killed or timed out).
+    Ran(ExecResult),
+    /// It did not run: its sandbox could not be made, or could not execute it. The exit
+    /// status and the message `engine` prints.
+    NotRun { code: i32, message: String },
+}
+
+/// Run `cmd` as a one-shot's command in `sb`.
+pub fn one_shot(sb: &mut Sandbox, timeout: std::time::Duration, cmd: &[String]) -> Outcome {
     let mut req = ExecRequest::argv(cmd.iter().cloned());
     req.timeout_ms = timeout.as_millis() as u64;
-    req.output_cap = 64 << 20;
-    let result = match sb.exec(&req) {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("engine: {e}");
-            return Ok(match &e {
+    req.output_cap = OUTPUT_CAP;
+    match sb.exec(&req) {
+        Ok(r) => Outcome::Ran(r),
+        Err(e) => Outcome::NotRun {
+            code: match &e {
                 sandbox::SandboxError::Request {
                     kind: sandbox::protocol::FailureKind::NotFound,
                     ..
                 } => EXIT_NOT_FOUND,
                 sandbox::SandboxError::Request { .. } => EXIT_CANNOT_EXECUTE,
                 _ => EXIT_SANDBOX_FAILURE,
-            });
-        }
-    };
-    use std::io::Write;
-    std::io::stdout().write_all(&result.stdout)?;
-    std::io::stderr().write_all(&result.stderr)?;
-    if result.stdout_truncated || result.stderr_truncated {
-        eprintln!(
-            "engine: output truncated at {} bytes per stream",
-            req.output_cap
-        );
+            },
+            message: e.to_string(),
+        },
     }
-    match result.termination {
-        Termination::TimedOut => {
-            eprintln!("engine: timed out after {timeout:?}; the command's process tree was killed");
+}
+
+/// The most output a one-shot keeps per stream.
+pub const OUTPUT_CAP: u64 = 64 << 20;
+
+impl Outcome {
+    /// A failure to make the sandbox, as `engine` reports it (message and exit status).
+    pub fn failed(e: &anyhow::Error) -> Self {
+        Outcome::NotRun {
+            code: super::errors::exit_code(e),
+            message: super::errors::message(e),
         }
-        Termination::Signaled(s) if result.oom_killed => {
-            eprintln!(
-                "engine: killed by signal {s}: out of memory (limit {})",
-                opts.memory
-            );
-        }
-        Termination::Signaled(s) => eprintln!("engine: killed by signal {s}"),
-        Termination::Exited(_) => {}
     }
-    Ok(match result.termination {
-        Termination::TimedOut => EXIT_TIMEOUT,
-        _ => result.exit_code(),
-    })
+
+    /// Print the command's output and what ended it; the exit status of `engine`.
+    pub fn report(self, memory: &str, timeout: std::time::Duration) -> anyhow::Result<i32> {
+        let result = match self {
+            Outcome::Ran(r) => r,
+            Outcome::NotRun { code, message } => {
+                eprintln!("engine: {message}");
+                return Ok(code);
+            }
+        };
+        use std::io::Write;
+        std::io::stdout().write_all(&result.stdout)?;
+        std::io::stderr().write_all(&result.stderr)?;
+        if result.stdout_truncated || result.stderr_truncated {
+            eprintln!("engine: output truncated at {OUTPUT_CAP} bytes per stream");
+        }
+        match result.termination {
+            Termination::TimedOut => {
+                eprintln!(
+                    "engine: timed out after {timeout:?}; the command's process tree was killed"
+                );
+            }
+            Termination::Signaled(s) if result.oom_killed => {
+                eprintln!("engine: killed by signal {s}: out of memory (limit {memory})");
+            }
+            Termination::Signaled(s) => eprintln!("engine: killed by signal {s}"),
+            Termination::Exited(_) => {}
+        }
+        Ok(match result.termination {
+            Termination::TimedOut => EXIT_TIMEOUT,
+            _ => result.exit_code(),
+        })
+    }
 }
 
 #[derive(Subcommand)]
@@ -231,14 +278,27 @@ pub enum SandboxCmd {
         /// Wall-clock limit; the whole process tree is killed when it passes.
         #[arg(long, default_value = "10s")]
         timeout: String,
+        /// Make the sandbox in this process even when a daemon serves the state directory.
+        #[arg(long)]
+        no_daemon: bool,
         #[arg(last = true, required = true)]
         cmd: Vec<String>,
     },
+    /// Serve `engine sandbox exec` from this process (in the foreground; SIGINT or SIGTERM
+    /// stop it): a one-shot then pays neither a runtime's start nor, once a configuration
+    /// was asked for, its sandbox's creation (docs/sandbox.md, "The one-shot daemon").
+    Daemon(super::sandbox_daemon::DaemonOpts),
 }
 
 pub fn run(cmd: SandboxCmd) -> anyhow::Result<i32> {
     match cmd {
-        SandboxCmd::Exec { opts, timeout, cmd } => exec(&opts, &timeout, &cmd),
+        SandboxCmd::Exec {
+            opts,
+            timeout,
+            no_daemon,
+            cmd,
+        } => exec(&opts, &timeout, &cmd, no_daemon),
+        SandboxCmd::Daemon(o) => super::sandbox_daemon::daemon(&o),
     }
 }
 

@@ -35,6 +35,17 @@ static COUNT: AtomicUsize = AtomicUsize::new(0);
 /// The runs of this process, torn down by the watcher when it has to exit by itself.
 static RUNS: Mutex<Vec<(PathBuf, Vec<PathBuf>, String)>> = Mutex::new(Vec::new());
 
+/// Files removed when the watcher ends the process (a daemon's socket).
+static REMOVE_ON_EXIT: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+/// Remove `path` when a signal ends the process (the watcher's exit).
+pub fn remove_on_exit(path: PathBuf) {
+    REMOVE_ON_EXIT
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push(path);
+}
+
 /// The signals handled.
 const SIGNALS: [Signal; 3] = [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP];
 
@@ -85,6 +96,33 @@ pub fn install(watch_now: bool) {
         if let Err(e) = unsafe { sigaction(s, &action) } {
             tracing::warn!(signal = %s, error = %e, "could not handle a signal");
         }
+    }
+}
+
+extern "C" fn exit_now(sig: libc::c_int) {
+    // SAFETY: _exit(2) is async-signal-safe.
+    unsafe { libc::_exit(exit_status(sig)) };
+}
+
+/// From now on SIGINT, SIGTERM and SIGHUP end the process at once with 128 + the signal, as
+/// the watcher would, but without a thread: for a process that holds no sandbox and no run
+/// of its own (a one-shot served by the daemon, which kills the command when its client
+/// goes). A signal that came before is acted on now.
+pub fn exit_on_signal() {
+    let action = SigAction::new(
+        SigHandler::Handler(exit_now),
+        SaFlags::empty(),
+        SigSet::empty(),
+    );
+    for s in SIGNALS {
+        // SAFETY: the handler only calls _exit, which is async-signal-safe.
+        if let Err(e) = unsafe { sigaction(s, &action) } {
+            tracing::warn!(signal = %s, error = %e, "could not handle a signal");
+        }
+    }
+    let sig = SIGNAL.load(Ordering::SeqCst);
+    if sig != 0 {
+        std::process::exit(exit_status(sig));
     }
 }
 
@@ -212,6 +250,13 @@ fn watch(r: OwnedFd) {
                 name(sig)
             );
             continue;
+        }
+        for path in REMOVE_ON_EXIT
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain(..)
+        {
+            let _ = std::fs::remove_file(path);
         }
         let runs = std::mem::take(&mut *RUNS.lock().unwrap_or_else(|p| p.into_inner()));
         for (state, roots, run) in &runs {

@@ -76,6 +76,13 @@ impl Sandbox {
         self.refill_pending = true;
     }
 
+    /// Let the runtime's init reserve refill now instead of after this sandbox's first
+    /// request: for a sandbox made ahead of its use, whose first command should not share the
+    /// CPUs with the refill's clone.
+    pub fn refill_reserve_now(&mut self) {
+        self.refill_now();
+    }
+
     fn refill_now(&mut self) {
         if std::mem::take(&mut self.refill_pending) {
             self.rt.refill_inits();

@@ -472,12 +472,28 @@ fn bench_sandbox_json_has_the_documented_keys() {
         "idle_rss_kib",
         "idle_pss_kib",
         "idle_private_kib",
+        "one_shot_exec",
+        "one_shot_daemon",
     ] {
         let m = v[k]["median"].as_f64().unwrap_or(f64::NAN);
         assert!(m > 0.0, "{k}: {m}");
         assert!(v[k]["p90"].as_f64().unwrap() >= m, "{k}");
     }
     assert!(v["ratios"]["exec_vs_host"].as_f64().unwrap() > 0.0);
+    // The daemon it started for the served one-shots is gone, and its socket with it.
+    let runs = sandbox::state::default_state_dir().join("runs");
+    let sockets = std::fs::read_dir(&runs)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.path().join("bench-exec.sock").exists())
+        .count();
+    assert_eq!(
+        sockets,
+        0,
+        "a benchmark daemon's socket left in {}",
+        runs.display()
+    );
 }
 
 /// `engine bench serve`, tiny: the report's shape, the sessions held (each answered, the

@@ -10,6 +10,7 @@ mod common;
 
 mod catalogue;
 mod cli;
+mod daemon;
 mod debootstrap;
 mod docker;
 mod env;

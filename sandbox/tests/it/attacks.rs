@@ -197,9 +197,15 @@ fn an_etc_file_made_private_after_the_walk_was_remembered_is_hidden() {
     let mut sb = rt.create(&small()).unwrap();
     assert!(out(&sh(&mut sb, &format!("cat /etc/{name}"))).contains("secret"));
     drop(sb);
-    drop(rt);
+    // A runtime keeps its first host mask: a long-lived one asks whether it is still current.
+    assert!(rt.host_mask_current().unwrap(), "an unchanged host");
 
     std::fs::set_permissions(&canary.0, std::fs::Permissions::from_mode(0o600)).unwrap();
+    assert!(
+        !rt.host_mask_current().unwrap(),
+        "a file made private since the runtime's mask was made"
+    );
+    drop(rt);
     let (after, source) = plan();
     assert_eq!(
         source,
