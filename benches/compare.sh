@@ -19,14 +19,21 @@ cargo build --release -q --bin engine --bin envfactory-init
 engine=${CARGO_TARGET_DIR:-target}/release/engine
 # The one-shot served by a daemon of this build, on a socket of its own (stopped at exit).
 mkdir -p out
-sock=$(mktemp -u /tmp/envfactory-compare-XXXXXX.sock)
-"$engine" sandbox daemon --socket "$sock" 2>/dev/null &
+sockdir=$(mktemp -d /tmp/envfactory-compare-XXXXXX)
+sock=$sockdir/exec.sock
+"$engine" sandbox daemon --socket "$sock" 2>"$sockdir/daemon.log" &
 daemon=$!
-trap 'kill "$daemon" 2>/dev/null; wait "$daemon" 2>/dev/null' EXIT
+trap 'kill "$daemon" 2>/dev/null; wait "$daemon" 2>/dev/null || true; rm -rf "$sockdir"' EXIT
+ready=0
 for _ in $(seq 300); do
-  ENVFACTORY_EXEC_SOCKET=$sock "$engine" sandbox exec -- /bin/true 2>/dev/null && break
+  if ENVFACTORY_EXEC_SOCKET=$sock "$engine" sandbox exec -- /bin/true 2>/dev/null; then ready=1; break; fi
   sleep 0.1
 done
+if [ "$ready" != 1 ]; then
+  echo "compare.sh: the one-shot daemon did not answer in 30 s:" >&2
+  cat "$sockdir/daemon.log" >&2
+  exit 1
+fi
 export ENVFACTORY_EXEC_SOCKET=$sock
 cmds=(
   "$engine sandbox exec --no-daemon -- /bin/true"

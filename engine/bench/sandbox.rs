@@ -23,7 +23,8 @@
 //!   (runtime, sandbox, command, teardown), measured interleaved with bwrap's whole process;
 //! - `one_shot_daemon`: present when the caller gives a one-shot served by a daemon (`engine
 //!   bench sandbox` starts `engine sandbox daemon` on a socket of its own): the same whole
-//!   process, measured right after `one_shot_exec` in each round;
+//!   process, measured right after `one_shot_exec` in each round (then 25 ms for the
+//!   daemon's own work before the next timing);
 //! - `ratios`: `exec_vs_host` = exec_sh_true / host_sh_true, `create_vs_bwrap` =
 //!   create_first_exec / bwrap_unshare_all, `create_cloned_vs_bwrap` =
 //!   create_first_exec_cloned / bwrap_unshare_all, `one_shot_vs_bwrap` = one_shot_exec /
@@ -205,6 +206,10 @@ fn time_process(step: &'static str, p: &Process) -> Result<f64, BenchError> {
     Ok(ms(t))
 }
 
+/// How long the benchmark waits after a one-shot served by the daemon before it times
+/// anything else (the daemon's refill and teardown take a few milliseconds).
+const DAEMON_SETTLE: std::time::Duration = std::time::Duration::from_millis(25);
+
 /// The whole processes timed beside bwrap: each runs `/bin/true` in a fresh sandbox.
 #[derive(Debug, Clone, Default)]
 pub struct OneShots {
@@ -268,6 +273,9 @@ pub fn run(
         }
         if let Some(p) = &one_shots.daemon {
             served.push(time_process("one-shot exec served by the daemon", p)?);
+            // The daemon's work after its answer (the next sandbox made ahead, this one torn
+            // down) is left out of the baselines timed next.
+            std::thread::sleep(DAEMON_SETTLE);
         }
         if has_bwrap {
             let t = Instant::now();

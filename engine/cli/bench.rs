@@ -194,18 +194,22 @@ pub fn run(cmd: BenchCmd) -> anyhow::Result<i32> {
                 argv.extend(["--".into(), "/bin/true".into()]);
                 argv
             };
-            let daemon =
-                super::sandbox_daemon::Spawned::start(&rt.run_dir().join("bench-exec.sock"))?;
+            // Without a daemon (it could not start) the report leaves its figure out.
+            let daemon = super::daemon::BenchDaemon::start()
+                .map_err(|e| {
+                    eprintln!("engine: the one-shot daemon's figure is left out: {e:#}");
+                })
+                .ok();
             let one_shots = engine::bench::sandbox::OneShots {
                 own: Some(engine::bench::sandbox::Process {
                     argv: one_shot(true),
                     env: Vec::new(),
                 }),
-                daemon: Some(engine::bench::sandbox::Process {
+                daemon: daemon.as_ref().map(|d| engine::bench::sandbox::Process {
                     argv: one_shot(false),
                     env: vec![(
-                        super::sandbox_daemon::SOCKET_ENV.into(),
-                        daemon.socket().to_string_lossy().into_owned(),
+                        super::daemon::SOCKET_ENV.into(),
+                        d.socket().to_string_lossy().into_owned(),
                     )],
                 }),
             };

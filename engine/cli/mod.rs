@@ -4,6 +4,7 @@
 #[macro_use]
 pub mod out;
 mod bench;
+pub mod daemon;
 mod episode;
 pub mod errors;
 mod fingerprint;
@@ -11,7 +12,6 @@ mod harbor;
 mod perturb;
 mod run;
 pub mod sandbox;
-pub mod sandbox_daemon;
 mod serve;
 pub mod signals;
 mod synth;

@@ -174,7 +174,7 @@ pub fn exec(
     let cfg = opts.config()?;
     let timeout = anyhow::Context::context(parse_duration(timeout), "--timeout")?;
     if !no_daemon {
-        if let Some(outcome) = super::sandbox_daemon::ask(opts, &cfg, timeout, cmd)? {
+        if let Some(outcome) = super::daemon::ask(opts, &cfg, timeout, cmd)? {
             return outcome.report(&opts.memory, timeout);
         }
     }
@@ -287,7 +287,7 @@ pub enum SandboxCmd {
     /// Serve `engine sandbox exec` from this process (in the foreground; SIGINT or SIGTERM
     /// stop it): a one-shot then pays neither a runtime's start nor, once a configuration
     /// was asked for, its sandbox's creation (docs/sandbox.md, "The one-shot daemon").
-    Daemon(super::sandbox_daemon::DaemonOpts),
+    Daemon(super::daemon::DaemonOpts),
 }
 
 pub fn run(cmd: SandboxCmd) -> anyhow::Result<i32> {
@@ -298,7 +298,7 @@ pub fn run(cmd: SandboxCmd) -> anyhow::Result<i32> {
             no_daemon,
             cmd,
         } => exec(&opts, &timeout, &cmd, no_daemon),
-        SandboxCmd::Daemon(o) => super::sandbox_daemon::daemon(&o),
+        SandboxCmd::Daemon(o) => super::daemon::daemon(&o),
     }
 }
 

@@ -50,6 +50,10 @@ pub fn remove_on_exit(path: PathBuf) {
 const SIGNALS: [Signal; 3] = [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP];
 
 extern "C" fn on_signal(sig: libc::c_int) {
+    if EXIT_AT_ONCE.load(Ordering::SeqCst) {
+        // SAFETY: _exit(2) is async-signal-safe.
+        unsafe { libc::_exit(exit_status(sig)) };
+    }
     let _ = SIGNAL.compare_exchange(0, sig, Ordering::SeqCst, Ordering::SeqCst);
     STOP.store(true, Ordering::SeqCst);
     COUNT.fetch_add(1, Ordering::SeqCst);
@@ -99,30 +103,30 @@ pub fn install(watch_now: bool) {
     }
 }
 
-extern "C" fn exit_now(sig: libc::c_int) {
-    // SAFETY: _exit(2) is async-signal-safe.
-    unsafe { libc::_exit(exit_status(sig)) };
-}
+/// While set, a signal ends the process at once with 128 + the signal (see [`exit_at_once`]).
+static EXIT_AT_ONCE: AtomicBool = AtomicBool::new(false);
 
-/// From now on SIGINT, SIGTERM and SIGHUP end the process at once with 128 + the signal, as
-/// the watcher would, but without a thread: for a process that holds no sandbox and no run
-/// of its own (a one-shot served by the daemon, which kills the command when its client
-/// goes). A signal that came before is acted on now.
-pub fn exit_on_signal() {
-    let action = SigAction::new(
-        SigHandler::Handler(exit_now),
-        SaFlags::empty(),
-        SigSet::empty(),
-    );
-    for s in SIGNALS {
-        // SAFETY: the handler only calls _exit, which is async-signal-safe.
-        if let Err(e) = unsafe { sigaction(s, &action) } {
-            tracing::warn!(signal = %s, error = %e, "could not handle a signal");
-        }
-    }
+/// While the returned guard lives, SIGINT, SIGTERM and SIGHUP end the process at once with
+/// 128 + the signal, as the watcher would, without a watcher thread: for a process that holds
+/// no sandbox and no run of its own (a one-shot waiting for the daemon, which kills the
+/// command when its client goes). A signal that came before is acted on now. When the guard
+/// drops (the daemon did not serve, the one-shot makes its own sandbox), signals are the
+/// watcher's again.
+pub fn exit_at_once() -> ExitAtOnce {
+    EXIT_AT_ONCE.store(true, Ordering::SeqCst);
     let sig = SIGNAL.load(Ordering::SeqCst);
     if sig != 0 {
         std::process::exit(exit_status(sig));
+    }
+    ExitAtOnce(())
+}
+
+/// See [`exit_at_once`].
+pub struct ExitAtOnce(());
+
+impl Drop for ExitAtOnce {
+    fn drop(&mut self) {
+        EXIT_AT_ONCE.store(false, Ordering::SeqCst);
     }
 }
 

@@ -424,6 +424,13 @@ impl Sandbox {
         self.cgroup.memory_usage()
     }
 
+    /// Kill every process of the sandbox now (SIGKILL to init: the kernel kills the rest of
+    /// its pid namespace); what is left (reaping init, the cgroups, the directory) is done
+    /// when the sandbox is dropped. Requests fail from now on.
+    pub fn stop(&self) {
+        self.signal_kill();
+    }
+
     /// SIGKILL to init unless it is reaped already (whether it was sent).
     fn signal_kill(&self) -> bool {
         if self.dead {

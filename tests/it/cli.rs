@@ -480,20 +480,15 @@ fn bench_sandbox_json_has_the_documented_keys() {
         assert!(v[k]["p90"].as_f64().unwrap() >= m, "{k}");
     }
     assert!(v["ratios"]["exec_vs_host"].as_f64().unwrap() > 0.0);
-    // The daemon it started for the served one-shots is gone, and its socket with it.
-    let runs = sandbox::state::default_state_dir().join("runs");
-    let sockets = std::fs::read_dir(&runs)
-        .into_iter()
+    // The daemon it started for the served one-shots is gone.
+    let daemons: Vec<String> = std::fs::read_dir("/proc")
+        .unwrap()
         .flatten()
-        .flatten()
-        .filter(|e| e.path().join("bench-exec.sock").exists())
-        .count();
-    assert_eq!(
-        sockets,
-        0,
-        "a benchmark daemon's socket left in {}",
-        runs.display()
-    );
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .filter(|c| c.contains("envfactory-bench-daemon-"))
+        .collect();
+    assert!(daemons.is_empty(), "{daemons:?}");
 }
 
 /// `engine bench serve`, tiny: the report's shape, the sessions held (each answered, the

@@ -4,7 +4,8 @@
 //! would; a daemon killed outright leaves one-shots working.
 
 use crate::common;
-use common::{is_root, TempState};
+use common::TempState;
+use sandbox::testing::eventually;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -105,6 +106,61 @@ impl Drop for Daemon {
     }
 }
 
+/// A child process killed (SIGTERM, then SIGKILL) and reaped when dropped.
+struct Guard(Option<Child>);
+
+impl Guard {
+    fn wait_deadline(&mut self, secs: u64) -> Option<std::process::ExitStatus> {
+        let c = self.0.as_mut()?;
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_secs(secs) {
+            if let Ok(Some(st)) = c.try_wait() {
+                self.0 = None;
+                return Some(st);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        None
+    }
+
+    fn signal(&self, sig: i32) {
+        if let Some(c) = &self.0 {
+            // SAFETY: a signal to our own child, not yet reaped.
+            unsafe { libc::kill(c.id() as i32, sig) };
+        }
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            // SAFETY: as in `signal`.
+            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+            if !eventually(10, || c.try_wait().is_ok_and(|s| s.is_some())) {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+}
+
+/// Spawn `c`, again while a copied binary is still "text busy" (another thread of this test
+/// process may hold it open for writing in a child it is forking).
+fn spawn(c: &mut Command) -> Child {
+    let t = Instant::now();
+    loop {
+        match c.spawn() {
+            Err(e)
+                if e.raw_os_error() == Some(libc::ETXTBSY)
+                    && t.elapsed() < Duration::from_secs(10) =>
+            {
+                std::thread::sleep(Duration::from_millis(20))
+            }
+            r => return r.unwrap(),
+        }
+    }
+}
+
 /// Exit status, stdout and stderr.
 fn answer(o: &Output) -> (Option<i32>, String, String) {
     (
@@ -116,32 +172,78 @@ fn answer(o: &Output) -> (Option<i32>, String, String) {
 
 #[test]
 fn one_shots_served_by_the_daemon_answer_as_the_engine_would_each_in_a_fresh_sandbox() {
-    if !is_root() {
-        return;
-    }
+    require_root!();
     let d = Daemon::start();
-    let cases: [&[&str]; 6] = [
+    // Served: every way a command ends, each answered as the engine itself answers.
+    let served_cases: [&[&str]; 6] = [
         &["--", "sh", "-c", "echo out; echo err >&2; exit 3"],
         &["--", "/nonexistent/program"],
+        &["--", "/etc/passwd"],
         &["--timeout", "1s", "--", "sleep", "5"],
         &["--", "sh", "-c", "kill -9 $$"],
-        &["--rootfs", "/nonexistent/root", "--", "true"],
-        &["--cpus", "2000", "--", "true"],
+        &[
+            "--memory",
+            "24M",
+            "--",
+            "sh",
+            "-c",
+            "x=$(head -c 200000000 /dev/zero | tr '\\0' a)",
+        ],
     ];
-    for args in cases {
+    for args in served_cases {
         let own = d.client().arg("--no-daemon").args(args).output().unwrap();
         let before = d.served();
         let served = d.strict().args(args).output().unwrap();
         assert_eq!(answer(&served), answer(&own), "{args:?}");
-        // Options that do not parse never reach the daemon; the others were served there.
-        let reached = !args.contains(&"/nonexistent/root") && !args.contains(&"2000");
-        if reached {
-            assert_eq!(d.served(), before + 1, "{args:?}: {}", d.log_text());
-        }
+        assert_eq!(d.served(), before + 1, "{args:?}: {}", d.log_text());
     }
+    let codes: Vec<Option<i32>> = served_cases
+        .iter()
+        .map(|args| d.strict().args(*args).output().unwrap().status.code())
+        .collect();
+    assert_eq!(
+        codes,
+        [
+            Some(3),
+            Some(127),
+            Some(126),
+            Some(124),
+            Some(137),
+            Some(137)
+        ]
+    );
+    let oom = d.strict().args(served_cases[5]).output().unwrap();
+    assert!(
+        String::from_utf8_lossy(&oom.stderr).contains("out of memory (limit 24M)"),
+        "{:?}",
+        answer(&oom)
+    );
+    // Not served: options that do not parse (the client says so itself), and roots other
+    // than the host's (resolved once per runtime, which a new process would not do).
+    for args in [
+        &["--rootfs", "/nonexistent/root", "--", "true"][..],
+        &["--cpus", "2000", "--", "true"],
+        &["--rootfs", "oci:/nonexistent/image.tar", "--", "true"],
+    ] {
+        let before = d.served();
+        let own = d.client().arg("--no-daemon").args(args).output().unwrap();
+        let asked = d.client().args(args).output().unwrap();
+        assert_eq!(answer(&asked), answer(&own), "{args:?}");
+        assert_eq!(d.served(), before, "{args:?}");
+    }
+    let o = d
+        .strict()
+        .args(["--rootfs", "oci:/nonexistent/image.tar", "--", "true"])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("host-rooted sandboxes only"),
+        "{:?}",
+        answer(&o)
+    );
     // Found in the state directory without naming it; every request gets a sandbox no
     // command has run in (the same configuration's is made ahead after each request).
-    let probe = "test -e /tmp/mark && echo SEEN; touch /tmp/mark; echo $$; hostname";
+    let probe = "test -e /tmp/mark && echo SEEN; touch /tmp/mark";
     let before = d.served();
     for _ in 0..3 {
         let o = d.client().args(["--", "sh", "-c", probe]).output().unwrap();
@@ -161,9 +263,7 @@ fn one_shots_served_by_the_daemon_answer_as_the_engine_would_each_in_a_fresh_san
 
 #[test]
 fn a_daemon_serves_only_its_own_binary_and_environment() {
-    if !is_root() {
-        return;
-    }
+    require_root!();
     let d = Daemon::start();
     // Another init program: the daemon would make another sandbox, so it does not serve.
     let init = env!("CARGO_BIN_EXE_envfactory-init");
@@ -202,25 +302,56 @@ fn a_daemon_serves_only_its_own_binary_and_environment() {
     let dir = tempfile::tempdir().unwrap();
     let copy = dir.path().join("engine");
     std::fs::copy(env!("CARGO_BIN_EXE_engine"), &copy).unwrap();
-    let o = Command::new(&copy)
-        .env("ENVFACTORY_STATE", d.state.path())
-        .env("ENVFACTORY_EXEC_SOCKET", d.socket())
-        .env_remove("ENVFACTORY_INIT")
-        .args(["sandbox", "exec", "--", "true"])
-        .output()
-        .unwrap();
+    let o = spawn(
+        Command::new(&copy)
+            .env("ENVFACTORY_STATE", d.state.path())
+            .env("ENVFACTORY_EXEC_SOCKET", d.socket())
+            .env_remove("ENVFACTORY_INIT")
+            .args(["sandbox", "exec", "--", "true"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    )
+    .wait_with_output()
+    .unwrap();
     let (code, _, err) = answer(&o);
     assert_eq!(code, Some(125), "{err}");
     assert!(err.contains("another engine binary"), "{err}");
     assert_eq!(d.served(), before);
+    // Not named, it makes its own sandbox, and a signal then tears that down as a one-shot
+    // without a daemon does (the signal handling the wait for the daemon used is undone).
+    let seconds = format!("{}.{}", 301, std::process::id());
+    let argv = ["sleep", seconds.as_str()];
+    let fallback = Guard(Some(spawn(
+        Command::new(&copy)
+            .env("ENVFACTORY_STATE", d.state.path())
+            .env_remove("ENVFACTORY_EXEC_SOCKET")
+            .env_remove("ENVFACTORY_INIT")
+            .args(["sandbox", "exec", "--timeout", "600s", "--"])
+            .args(argv)
+            .stderr(Stdio::null()),
+    )));
+    assert!(
+        eventually(20, || !processes_running(&argv).is_empty()),
+        "the command runs"
+    );
+    fallback.signal(libc::SIGINT);
+    let mut fallback = fallback;
+    assert_eq!(fallback.wait_deadline(20).and_then(|s| s.code()), Some(130));
+    assert!(
+        processes_running(&argv).is_empty(),
+        "torn down before the one-shot exits"
+    );
     // One daemon per socket.
-    let o = Command::new(env!("CARGO_BIN_EXE_engine"))
-        .env("ENVFACTORY_STATE", d.state.path())
-        .args(["sandbox", "daemon"])
-        .output()
-        .unwrap();
-    let (code, _, err) = answer(&o);
-    assert_eq!(code, Some(2), "{err}");
+    let errlog = dir.path().join("second.log");
+    let mut second = Guard(Some(spawn(
+        Command::new(env!("CARGO_BIN_EXE_engine"))
+            .env("ENVFACTORY_STATE", d.state.path())
+            .args(["sandbox", "daemon"])
+            .stderr(std::fs::File::create(&errlog).unwrap()),
+    )));
+    let status = second.wait_deadline(20);
+    let err = std::fs::read_to_string(&errlog).unwrap();
+    assert_eq!(status.and_then(|s| s.code()), Some(2), "{err}");
     assert!(err.contains("a daemon already listens there"), "{err}");
 }
 
@@ -237,19 +368,9 @@ fn processes_running(argv: &[&str]) -> Vec<u32> {
         .collect()
 }
 
-fn eventually(what: &str, mut f: impl FnMut() -> bool) {
-    let t = Instant::now();
-    while !f() {
-        assert!(t.elapsed() < Duration::from_secs(20), "{what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 #[test]
 fn a_one_shots_command_dies_with_its_client() {
-    if !is_root() {
-        return;
-    }
+    require_root!();
     let d = Daemon::start();
     let seconds = format!("{}.{}", 300, std::process::id());
     let argv = ["sleep", seconds.as_str()];
@@ -261,13 +382,17 @@ fn a_one_shots_command_dies_with_its_client() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    eventually("the command runs", || !processes_running(&argv).is_empty());
+    assert!(
+        eventually(20, || !processes_running(&argv).is_empty()),
+        "the command runs"
+    );
     // SAFETY: a signal to our own child, not yet reaped.
     unsafe { libc::kill(client.id() as i32, libc::SIGKILL) };
     let _ = client.wait();
-    eventually("the command is killed with its client", || {
-        processes_running(&argv).is_empty()
-    });
+    assert!(
+        eventually(20, || { processes_running(&argv).is_empty() }),
+        "the command is killed with its client"
+    );
     // A signal the client handles: it exits 128 + the signal, and the command goes too.
     let mut client = d
         .strict()
@@ -275,13 +400,17 @@ fn a_one_shots_command_dies_with_its_client() {
         .args(argv)
         .spawn()
         .unwrap();
-    eventually("the command runs", || !processes_running(&argv).is_empty());
+    assert!(
+        eventually(20, || !processes_running(&argv).is_empty()),
+        "the command runs"
+    );
     // SAFETY: as above.
     unsafe { libc::kill(client.id() as i32, libc::SIGINT) };
     assert_eq!(client.wait().unwrap().code(), Some(130));
-    eventually("the command is killed with its client", || {
-        processes_running(&argv).is_empty()
-    });
+    assert!(
+        eventually(20, || { processes_running(&argv).is_empty() }),
+        "the command is killed with its client"
+    );
     // The daemon goes on serving.
     assert!(d.strict().args(["--", "true"]).status().unwrap().success());
 }
@@ -292,9 +421,7 @@ fn a_one_shots_command_dies_with_its_client() {
 /// from a new process's, though the daemon had a sandbox made ahead with the old mask.
 #[test]
 fn a_file_of_etc_made_private_is_hidden_from_the_daemons_next_one_shots() {
-    if !is_root() {
-        return;
-    }
+    require_root!();
     struct Remove(PathBuf);
     impl Drop for Remove {
         fn drop(&mut self) {
@@ -327,9 +454,7 @@ fn a_file_of_etc_made_private_is_hidden_from_the_daemons_next_one_shots() {
 
 #[test]
 fn a_daemon_killed_outright_leaves_one_shots_working() {
-    if !is_root() {
-        return;
-    }
+    require_root!();
     let mut d = Daemon::start();
     assert!(d.strict().args(["--", "true"]).status().unwrap().success());
     d.kill(libc::SIGKILL);
@@ -346,18 +471,20 @@ fn a_daemon_killed_outright_leaves_one_shots_working() {
     assert_eq!(code, Some(125), "{err}");
     assert!(err.contains("no daemon answers there"), "{err}");
     // A new daemon takes the stale socket's place; SIGTERM removes it.
-    let mut again = Command::new(env!("CARGO_BIN_EXE_engine"))
-        .env("ENVFACTORY_STATE", d.state.path())
-        .args(["sandbox", "daemon"])
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    eventually("a new daemon listens", || {
-        std::os::unix::net::UnixStream::connect(d.socket()).is_ok()
-    });
+    let mut again = Guard(Some(spawn(
+        Command::new(env!("CARGO_BIN_EXE_engine"))
+            .env("ENVFACTORY_STATE", d.state.path())
+            .args(["sandbox", "daemon"])
+            .stderr(Stdio::null()),
+    )));
+    assert!(
+        eventually(20, || {
+            std::os::unix::net::UnixStream::connect(d.socket()).is_ok()
+        }),
+        "a new daemon listens"
+    );
     assert!(d.strict().args(["--", "true"]).status().unwrap().success());
-    // SAFETY: a signal to our own child, not yet reaped.
-    unsafe { libc::kill(again.id() as i32, libc::SIGTERM) };
-    assert_eq!(again.wait().unwrap().code(), Some(143));
+    again.signal(libc::SIGTERM);
+    assert_eq!(again.wait_deadline(20).and_then(|s| s.code()), Some(143));
     assert!(!d.socket().exists(), "the socket is removed on SIGTERM");
 }

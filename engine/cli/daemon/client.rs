@@ -1,0 +1,191 @@
+//! The one-shot's side: find a daemon, ask it, or say that none serves this process.
+
+use super::{
+    env_values, read_body, read_len, socket_path, write_frame, ExeId, Reply, Request, MAX_REPLY,
+    MAX_REQUEST,
+};
+use crate::cli::sandbox::{Outcome, SandboxOpts, EXIT_SANDBOX_FAILURE};
+use anyhow::Context;
+use sandbox::{RootfsSpec, SandboxConfig};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+/// A socket to use instead of `<state>/exec.sock`; a one-shot that names one must be served
+/// by it (not reaching it, or a mismatch, is an error, not a fallback).
+pub const SOCKET_ENV: &str = "ENVFACTORY_EXEC_SOCKET";
+
+/// Whether the log filter lets more than warnings through: a one-shot then makes its
+/// sandbox itself, so that its log shows how (the daemon's log is the daemon's).
+static VERBOSE: AtomicBool = AtomicBool::new(false);
+
+/// Tell one-shots the log filter `main` set up.
+pub fn set_log_filter(filter: &str) {
+    let verbose = tracing_subscriber::EnvFilter::try_new(filter)
+        .ok()
+        .and_then(|f| f.max_level_hint())
+        .is_some_and(|max| max > tracing::level_filters::LevelFilter::WARN);
+    VERBOSE.store(verbose, Ordering::Relaxed);
+}
+
+/// The outcome of `cmd` from a daemon, or `None` when none serves this process (no socket,
+/// none listening, a root other than the host's, another binary, state directory or
+/// environment, or a log filter letting more than warnings through): the caller then makes
+/// the sandbox itself. A socket named by [`SOCKET_ENV`] must serve: not reaching it, or a
+/// mismatch, is an error.
+pub fn ask(
+    opts: &SandboxOpts,
+    cfg: &SandboxConfig,
+    timeout: Duration,
+    cmd: &[String],
+) -> anyhow::Result<Option<Outcome>> {
+    let named = std::env::var_os(SOCKET_ENV)
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from);
+    let strict = named.is_some();
+    let not_served = |why: String| -> anyhow::Result<Option<Outcome>> {
+        if strict {
+            Err(anyhow::anyhow!("{SOCKET_ENV}: not served: {why}"))
+        } else {
+            tracing::debug!(why = %why, "the one-shot daemon does not serve this one-shot");
+            Ok(None)
+        }
+    };
+    if !strict && VERBOSE.load(Ordering::Relaxed) {
+        return Ok(None);
+    }
+    if cfg.rootfs != RootfsSpec::Host {
+        return not_served(format!(
+            "the daemon serves host-rooted sandboxes only, not --rootfs {}",
+            opts.rootfs
+        ));
+    }
+    let state = sandbox::state::default_state_dir();
+    let sock = named.unwrap_or_else(|| socket_path(&state));
+    let mut s = match UnixStream::connect(&sock) {
+        Ok(s) => s,
+        Err(e) if strict => {
+            return Err(anyhow::anyhow!(
+                "{SOCKET_ENV}={}: no daemon answers there: {e}",
+                sock.display()
+            ))
+        }
+        Err(_) => return Ok(None),
+    };
+    // Only a daemon of root or of this user may see the command and answer for it.
+    let me = nix::unistd::geteuid().as_raw();
+    match nix::sys::socket::getsockopt(&s, nix::sys::socket::sockopt::PeerCredentials) {
+        Ok(c) if c.uid() == 0 || c.uid() == me => {}
+        Ok(c) => return not_served(format!("{} listens as uid {}", sock.display(), c.uid())),
+        Err(e) => return not_served(format!("{}: its credentials: {e}", sock.display())),
+    }
+    let req = Request {
+        exe: ExeId::of_self().context("identifying this engine binary")?,
+        state,
+        env: env_values(),
+        opts: opts.clone(),
+        timeout_ms: timeout.as_millis() as u64,
+        cmd: cmd.to_vec(),
+    };
+    let bytes = rmp_serde::to_vec(&req).context("encoding the request")?;
+    if bytes.len() > MAX_REQUEST {
+        return not_served(format!(
+            "a request of {} bytes (at most {MAX_REQUEST})",
+            bytes.len()
+        ));
+    }
+    // A signal ends this process at once while the daemon runs the command (the daemon
+    // then kills it); if the daemon does not serve, signals are the watcher's again.
+    let _exit_at_once = crate::cli::signals::exit_at_once();
+    let lost = |e: &dyn std::fmt::Display| {
+        Ok(Some(Outcome::NotRun {
+            code: EXIT_SANDBOX_FAILURE,
+            message: format!(
+                "the one-shot daemon at {} gave no answer: {e}",
+                sock.display()
+            ),
+        }))
+    };
+    if let Err(e) = write_frame(&mut s, &bytes) {
+        return lost(&e);
+    }
+    let reply = match read_len(&mut s, MAX_REPLY) {
+        Ok(Ok(n)) => match read_body(&mut s, n) {
+            Ok(b) => b,
+            Err(e) => return lost(&e),
+        },
+        Ok(Err(n)) => return lost(&format!("an answer of {n} bytes (at most {MAX_REPLY})")),
+        Err(e) => return lost(&e),
+    };
+    match rmp_serde::from_slice::<Reply>(&reply) {
+        Ok(Reply::Outcome(o)) => Ok(Some(o)),
+        Ok(Reply::Mismatch(why)) => not_served(format!("{}: {why}", sock.display())),
+        Err(e) => lost(&e),
+    }
+}
+
+/// `engine sandbox daemon --socket PATH` for a benchmark, on a socket in a directory of its
+/// own: stopped (SIGTERM, then waited for) when dropped, or when this process dies
+/// (`PR_SET_PDEATHSIG`).
+pub struct BenchDaemon {
+    child: std::process::Child,
+    dir: tempfile::TempDir,
+}
+
+impl BenchDaemon {
+    /// Start it and wait until it answers (at most 30 s).
+    pub fn start() -> anyhow::Result<Self> {
+        use std::os::unix::process::CommandExt;
+        let dir = tempfile::Builder::new()
+            .prefix("envfactory-bench-daemon-")
+            .tempdir()
+            .context("a directory for the benchmark's daemon")?;
+        let socket = dir.path().join("exec.sock");
+        let mut cmd = std::process::Command::new(std::env::current_exe()?);
+        cmd.args(["sandbox", "daemon", "--socket"])
+            .arg(&socket)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = cmd
+            .spawn()
+            .context("starting `engine sandbox daemon` for the benchmark")?;
+        let mut me = Self { child, dir };
+        let t = Instant::now();
+        while UnixStream::connect(&socket).is_err() {
+            if let Some(status) = me.child.try_wait()? {
+                anyhow::bail!("`engine sandbox daemon` for the benchmark ended: {status}");
+            }
+            if t.elapsed() > Duration::from_secs(30) {
+                anyhow::bail!(
+                    "`engine sandbox daemon` for the benchmark did not answer on {} in 30 s",
+                    socket.display()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        Ok(me)
+    }
+
+    pub fn socket(&self) -> PathBuf {
+        self.dir.path().join("exec.sock")
+    }
+}
+
+impl Drop for BenchDaemon {
+    fn drop(&mut self) {
+        // SAFETY: a signal to our own child, not yet reaped (so its pid is still its own).
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let _ = self.child.wait();
+    }
+}

@@ -1,0 +1,575 @@
+//! The daemon's side: listen, check who asks and what, keep a sandbox ready, serve.
+
+use super::{
+    env_values, read_body, read_len, socket_path, write_frame, ExeId, Reply, Request, MAX_REQUEST,
+    RECHECK_AFTER, SANDBOX_ENV,
+};
+use crate::cli::errors::usage;
+use crate::cli::sandbox::{one_shot, runtime, Outcome, SandboxOpts};
+use anyhow::Context;
+use engine::units::parse_duration;
+use sandbox::{RootfsSpec, Runtime, Sandbox, SandboxConfig};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::FileTypeExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{SyncSender, TrySendError};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// Options of `engine sandbox daemon`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct DaemonOpts {
+    /// How long a sandbox made ahead for a configuration waits for a request before it is
+    /// dropped (0: none is made ahead).
+    #[arg(long, default_value = "30s")]
+    pub keep_ready: String,
+    /// The socket to listen on (default `<state>/exec.sock`, where one-shots look; one
+    /// elsewhere serves the one-shots that name it in ENVFACTORY_EXEC_SOCKET).
+    #[arg(long)]
+    pub socket: Option<PathBuf>,
+}
+
+/// The most configurations with a sandbox kept ready at once (the oldest goes first).
+const MAX_READY: usize = 8;
+/// The most requests served at once; more are answered "busy" (the client makes its own).
+const MAX_SERVING: usize = 64;
+/// Served sandboxes waiting for the teardown thread; past this, a request thread tears its
+/// own down.
+const TEARDOWN_QUEUE: usize = 32;
+/// How long a client may take to send its request, or to take the answer.
+const CLIENT_IO_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A sandbox no command has run in, made for a configuration.
+struct Ready {
+    opts: SandboxOpts,
+    /// The run of the runtime that made it (one replaced since is not used).
+    run: String,
+    sandbox: Sandbox,
+    made: Instant,
+}
+
+struct Daemon {
+    /// The runtime new sandboxes are made by (a new one when the host changed).
+    rt: Mutex<Runtime>,
+    ready: Mutex<Vec<Ready>>,
+    keep: Duration,
+    exe: ExeId,
+    state: PathBuf,
+    env: Vec<Option<String>>,
+    /// This process's namespaces, which a client must share.
+    namespaces: Vec<(&'static str, (u64, u64))>,
+    served: AtomicU64,
+    serving: AtomicUsize,
+    /// When the host mask was last found current (`Runtime::host_mask_current`).
+    host_checked: Mutex<Option<Instant>>,
+    /// Served sandboxes (their processes killed), for the teardown thread.
+    teardown: SyncSender<Sandbox>,
+}
+
+fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The namespaces a client must share with the daemon for the sandbox to be the one it would
+/// make: the files it sees, the processes, the user ids, the cgroups.
+const NAMESPACES: [&str; 4] = ["mnt", "pid", "user", "cgroup"];
+
+fn namespaces_of(pid: &str) -> std::io::Result<Vec<(&'static str, (u64, u64))>> {
+    use std::os::unix::fs::MetadataExt;
+    NAMESPACES
+        .iter()
+        .map(|ns| {
+            let m = std::fs::metadata(format!("/proc/{pid}/ns/{ns}"))?;
+            Ok((*ns, (m.dev(), m.ino())))
+        })
+        .collect()
+}
+
+/// `engine sandbox daemon`: serve one-shots until a signal stops the process (its sandboxes
+/// are torn down and its socket removed then, by the signal watcher).
+pub fn daemon(o: &DaemonOpts) -> anyhow::Result<i32> {
+    let keep = parse_duration(&o.keep_ready).context("--keep-ready")?;
+    if std::env::var_os("ENVFACTORY_MAX_SANDBOXES").is_some_and(|v| !v.is_empty()) {
+        return Err(usage(
+            "ENVFACTORY_MAX_SANDBOXES caps one process's live sandboxes: a daemon's would count every one-shot it serves and every sandbox it keeps ready; unset it for the daemon",
+        ));
+    }
+    let state = sandbox::state::default_state_dir();
+    let sock = o.socket.clone().unwrap_or_else(|| socket_path(&state));
+    let rt = runtime()?;
+    // One daemon per socket: a lock beside it, held for the process's life.
+    let lock_path = sock.with_extension("sock.lock");
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .with_context(|| format!("opening {}", lock_path.display()))?;
+    // SAFETY: flock on a descriptor we own; no memory is passed.
+    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        return Err(usage(format!(
+            "{}: a daemon already listens there",
+            sock.display()
+        )));
+    }
+    std::mem::forget(lock);
+    match std::fs::symlink_metadata(&sock) {
+        Ok(m) if m.file_type().is_socket() => std::fs::remove_file(&sock)
+            .with_context(|| format!("removing the stale socket {}", sock.display()))?,
+        Ok(_) => {
+            return Err(usage(format!(
+                "{}: exists and is not a socket; not removed",
+                sock.display()
+            )))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e).with_context(|| format!("{}", sock.display())),
+    }
+    // Mode 0600 from the start: no one else may connect before a chmod. (The umask is the
+    // process's: no other thread of this process makes files meanwhile; the runtime's
+    // reserves start with its second sandbox.)
+    let mask = nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o177));
+    let bound = UnixListener::bind(&sock);
+    nix::sys::stat::umask(mask);
+    let listener = bound.with_context(|| format!("listening on {}", sock.display()))?;
+    crate::cli::signals::remove_on_exit(sock.clone());
+    let d = Arc::new(Daemon {
+        rt: Mutex::new(rt),
+        ready: Mutex::new(Vec::new()),
+        keep,
+        exe: ExeId::of_self().context("identifying this engine binary")?,
+        state,
+        env: env_values(),
+        namespaces: namespaces_of("self").context("reading this process's namespaces")?,
+        served: AtomicU64::new(0),
+        serving: AtomicUsize::new(0),
+        host_checked: Mutex::new(None),
+        teardown: teardown_thread()?,
+    });
+    {
+        let d = d.clone();
+        std::thread::Builder::new()
+            .name("keep-ready".into())
+            .spawn(move || loop {
+                std::thread::sleep(RECHECK_AFTER / 2);
+                d.expire();
+            })
+            .context("starting the daemon's expiry thread")?;
+    }
+    eprintln!(
+        "engine: serving `engine sandbox exec` on {} (a sandbox made ahead waits {keep:?})",
+        sock.display()
+    );
+    for conn in listener.incoming() {
+        let mut s = match conn {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "accepting a one-shot");
+                std::thread::sleep(Duration::from_millis(10));
+                continue;
+            }
+        };
+        if d.serving.fetch_add(1, Ordering::SeqCst) >= MAX_SERVING {
+            d.serving.fetch_sub(1, Ordering::SeqCst);
+            let _ = s.set_write_timeout(Some(CLIENT_IO_TIMEOUT));
+            let _ = send(
+                &mut s,
+                &Reply::Mismatch(format!("busy: {MAX_SERVING} one-shots running")),
+            );
+            continue;
+        }
+        let d2 = d.clone();
+        let spawned = std::thread::Builder::new()
+            .name("one-shot".into())
+            .spawn(move || {
+                d2.serve(s);
+                d2.serving.fetch_sub(1, Ordering::SeqCst);
+            });
+        if let Err(e) = spawned {
+            d.serving.fetch_sub(1, Ordering::SeqCst);
+            tracing::warn!(error = %e, "a one-shot was not served: no thread");
+        }
+    }
+    Ok(0)
+}
+
+impl Daemon {
+    fn serve(&self, mut s: UnixStream) {
+        let _ = s.set_read_timeout(Some(CLIENT_IO_TIMEOUT));
+        let _ = s.set_write_timeout(Some(CLIENT_IO_TIMEOUT));
+        if let Some(why) = self.stranger(&s) {
+            tracing::warn!(why = %why, "a one-shot not served");
+            let _ = send(&mut s, &Reply::Mismatch(why));
+            return;
+        }
+        let req = match read_len(&mut s, MAX_REQUEST) {
+            Ok(Ok(n)) => match read_body(&mut s, n).map(|b| rmp_serde::from_slice::<Request>(&b)) {
+                Ok(Ok(r)) => r,
+                Ok(Err(e)) => {
+                    // Another build's client: it runs the command itself.
+                    let _ = send(
+                        &mut s,
+                        &Reply::Mismatch(format!("an unreadable request: {e}")),
+                    );
+                    return;
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "a one-shot's request was not read");
+                    return;
+                }
+            },
+            Ok(Err(n)) => {
+                let _ = send(
+                    &mut s,
+                    &Reply::Mismatch(format!("a request of {n} bytes (at most {MAX_REQUEST})")),
+                );
+                return;
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "a one-shot's request was not read");
+                return;
+            }
+        };
+        if let Some(why) = self.mismatch(&req) {
+            let _ = send(&mut s, &Reply::Mismatch(why));
+            return;
+        }
+        if req.cmd.is_empty() {
+            let e = usage("no command given: engine sandbox exec [OPTIONS] -- CMD...");
+            let _ = send(&mut s, &Reply::Outcome(Outcome::failed(&e)));
+            return;
+        }
+        let cfg = match req.opts.config() {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = send(&mut s, &Reply::Outcome(Outcome::failed(&e)));
+                return;
+            }
+        };
+        let t0 = Instant::now();
+        let mut sb = match self.take(&req.opts, &cfg) {
+            Ok(sb) => sb,
+            Err(e) => {
+                let _ = send(&mut s, &Reply::Outcome(Outcome::failed(&e)));
+                return;
+            }
+        };
+        let take_us = t0.elapsed().as_micros() as u64;
+        let timeout = Duration::from_millis(req.timeout_ms);
+        let outcome = until_hangup(&s, sb.init_pid(), || one_shot(&mut sb, timeout, &req.cmd));
+        // Nothing of the command outlives its answer (a process it left in the background
+        // neither): every process of the sandbox dies now; the rest of the teardown waits.
+        sb.stop();
+        let served = self.served.fetch_add(1, Ordering::Relaxed) + 1;
+        tracing::debug!(
+            sandbox = %sb.name(),
+            served,
+            take_us,
+            exec_us = t0.elapsed().as_micros() as u64 - take_us,
+            "one-shot served"
+        );
+        let _ = send(&mut s, &Reply::Outcome(outcome));
+        drop(s);
+        match self.teardown.try_send(sb) {
+            Ok(()) => {}
+            Err(TrySendError::Full(sb) | TrySendError::Disconnected(sb)) => drop(sb),
+        }
+        // The next request of this configuration finds one ready.
+        self.refill(&req.opts, &cfg);
+    }
+
+    /// Why a client may not be served, if it may not: another user, or other namespaces
+    /// (its sandbox would be made in the daemon's world, not its own).
+    fn stranger(&self, s: &UnixStream) -> Option<String> {
+        let me = nix::unistd::geteuid().as_raw();
+        let cred = match nix::sys::socket::getsockopt(s, nix::sys::socket::sockopt::PeerCredentials)
+        {
+            Ok(c) => c,
+            Err(e) => return Some(format!("the client's credentials: {e}")),
+        };
+        if cred.uid() != me {
+            return Some(format!(
+                "a client of uid {} (the daemon's: {me})",
+                cred.uid()
+            ));
+        }
+        match namespaces_of(&cred.pid().to_string()) {
+            Ok(ns) if ns == self.namespaces => None,
+            Ok(ns) => {
+                let differ: Vec<&str> = ns
+                    .iter()
+                    .zip(&self.namespaces)
+                    .filter(|(a, b)| a != b)
+                    .map(|(a, _)| a.0)
+                    .collect();
+                Some(format!(
+                    "a client in other namespaces ({}) than the daemon's",
+                    differ.join(", ")
+                ))
+            }
+            Err(e) => Some(format!("the client's namespaces: {e}")),
+        }
+    }
+
+    /// Why this daemon would not make the sandbox the client would, if it would not.
+    fn mismatch(&self, req: &Request) -> Option<String> {
+        if req.exe != self.exe {
+            return Some("another engine binary".into());
+        }
+        if req.state != self.state {
+            return Some(format!(
+                "another state directory (the client's {}, the daemon's {})",
+                req.state.display(),
+                self.state.display()
+            ));
+        }
+        if req.env.len() != self.env.len() {
+            return Some("another set of environment variables".into());
+        }
+        if let Some((k, (a, b))) = SANDBOX_ENV
+            .iter()
+            .zip(req.env.iter().zip(&self.env))
+            .find(|(_, (a, b))| a != b)
+        {
+            let show = |v: &Option<String>| {
+                v.as_deref().map_or("unset".to_string(), |v| {
+                    format!("`{}`", engine::text::cut(v))
+                })
+            };
+            return Some(format!(
+                "{k} differs (the client's {}, the daemon's {})",
+                show(a),
+                show(b)
+            ));
+        }
+        if req.opts.rootfs != "host" {
+            return Some(format!(
+                "the daemon serves host-rooted sandboxes only, not --rootfs {}",
+                engine::text::cut(&req.opts.rootfs)
+            ));
+        }
+        None
+    }
+
+    /// A sandbox for `cfg`: the one kept ready, else a new one.
+    fn take(&self, opts: &SandboxOpts, cfg: &SandboxConfig) -> anyhow::Result<Sandbox> {
+        if cfg.rootfs == RootfsSpec::Host && !self.host_checked_within(RECHECK_AFTER) {
+            self.check_host()?;
+        }
+        let found = {
+            let mut ready = locked(&self.ready);
+            ready
+                .iter()
+                .position(|r| r.opts == *opts)
+                .map(|i| ready.remove(i))
+        };
+        let rt = locked(&self.rt).clone();
+        if let Some(r) = found {
+            if !r.sandbox.is_dead() && r.run == rt.run_id() {
+                return Ok(r.sandbox);
+            }
+            tracing::debug!(sandbox = %r.sandbox.name(), "a sandbox made ahead is not used: it died, or the host changed");
+            self.tear_down(r.sandbox);
+        }
+        Ok(rt.create(cfg)?)
+    }
+
+    /// Whether the host mask was found current less than `within` ago.
+    fn host_checked_within(&self, within: Duration) -> bool {
+        locked(&self.host_checked).is_some_and(|t| t.elapsed() < within)
+    }
+
+    /// Check that the host mask of the daemon's runtime is the one a walk of the host would
+    /// plan now; when it is not, a new runtime (which plans the mask again) replaces it, and
+    /// the sandboxes made ahead with the old mask are dropped.
+    fn check_host(&self) -> anyhow::Result<()> {
+        let rt = locked(&self.rt).clone();
+        let t = Instant::now();
+        if rt.host_mask_current()? {
+            *locked(&self.host_checked) = Some(t);
+            return Ok(());
+        }
+        let fresh = runtime()?;
+        tracing::info!(old_run = %rt.run_id(), new_run = %fresh.run_id(), "the host changed since the daemon's mask was made: a new runtime");
+        *locked(&self.rt) = fresh;
+        *locked(&self.host_checked) = None;
+        let stale: Vec<Ready> = std::mem::take(&mut *locked(&self.ready));
+        for r in stale {
+            self.tear_down(r.sandbox);
+        }
+        Ok(())
+    }
+
+    /// Kill a sandbox's processes now and leave the rest of its teardown to the teardown
+    /// thread (or do it here when that one is behind).
+    fn tear_down(&self, sb: Sandbox) {
+        sb.stop();
+        if let Err(TrySendError::Full(sb) | TrySendError::Disconnected(sb)) =
+            self.teardown.try_send(sb)
+        {
+            drop(sb);
+        }
+    }
+
+    /// Make a sandbox ready for `opts` unless one is (or `--keep-ready` is 0).
+    fn refill(&self, opts: &SandboxOpts, cfg: &SandboxConfig) {
+        if self.keep.is_zero() || locked(&self.ready).iter().any(|r| r.opts == *opts) {
+            return;
+        }
+        let rt = locked(&self.rt).clone();
+        let sandbox = match rt.create(cfg) {
+            Ok(mut sb) => {
+                sb.refill_reserve_now();
+                sb
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, rootfs = %opts.rootfs, memory = %opts.memory, "no sandbox made ahead");
+                return;
+            }
+        };
+        let mut ready = locked(&self.ready);
+        if ready.iter().any(|r| r.opts == *opts) {
+            drop(ready);
+            self.tear_down(sandbox); // another request's refill was first
+            return;
+        }
+        let evicted = (ready.len() >= MAX_READY).then(|| ready.remove(0));
+        ready.push(Ready {
+            opts: opts.clone(),
+            run: rt.run_id().to_string(),
+            sandbox,
+            made: Instant::now(),
+        });
+        drop(ready);
+        if let Some(r) = evicted {
+            self.tear_down(r.sandbox);
+        }
+    }
+
+    /// Drop the sandboxes kept ready longer than `--keep-ready`; check the host mask while
+    /// any is kept (a request then need not).
+    fn expire(&self) {
+        let old: Vec<Ready> = {
+            let mut ready = locked(&self.ready);
+            let (old, keep) = std::mem::take(&mut *ready)
+                .into_iter()
+                .partition(|r| r.made.elapsed() >= self.keep);
+            *ready = keep;
+            old
+        };
+        for r in old {
+            self.tear_down(r.sandbox);
+        }
+        if !locked(&self.ready).is_empty() {
+            if let Err(e) = self.check_host() {
+                tracing::warn!(error = %e, "checking the host mask");
+            }
+        }
+    }
+}
+
+/// A thread that tears down the sandboxes sent to it (their processes already killed), at
+/// the lowest CPU priority (nice 19): what a teardown costs (reaping init, removing the
+/// cgroups and the directory) is then paid when the CPUs are not needed by the requests and
+/// the refills.
+fn teardown_thread() -> anyhow::Result<SyncSender<Sandbox>> {
+    let (tx, rx) = std::sync::mpsc::sync_channel::<Sandbox>(TEARDOWN_QUEUE);
+    std::thread::Builder::new()
+        .name("teardown".into())
+        .spawn(move || {
+            // SAFETY: gettid and setpriority on this thread's own id; no memory is passed.
+            let r = unsafe {
+                let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+                libc::setpriority(libc::PRIO_PROCESS, tid, 19)
+            };
+            if r != 0 {
+                tracing::debug!(error = %std::io::Error::last_os_error(), "the teardown thread keeps its priority");
+            }
+            for sb in rx {
+                drop(sb);
+            }
+        })
+        .context("starting the daemon's teardown thread")?;
+    Ok(tx)
+}
+
+fn send(s: &mut UnixStream, reply: &Reply) -> std::io::Result<()> {
+    let bytes = rmp_serde::to_vec(reply)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
+    write_frame(s, &bytes)
+}
+
+/// A pidfd of process `pid` (signals through it never reach another process that got the
+/// same pid later).
+fn pidfd_open(pid: i32) -> std::io::Result<OwnedFd> {
+    // SAFETY: pidfd_open takes two integers and returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: the kernel just returned this descriptor to us; nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// Run `f` (a command in the sandbox whose init is `init`); if the client hangs up (or sends
+/// anything: it has nothing more to say) meanwhile, kill that init through a pidfd taken
+/// before, which ends the command and the sandbox. Without a pidfd or a thread, `f` runs
+/// unwatched (the command then ends at its timeout).
+fn until_hangup<T>(client: &UnixStream, init: i32, f: impl FnOnce() -> T) -> T {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    let (Ok(pidfd), Ok((stop_r, stop_w))) = (pidfd_open(init), nix::unistd::pipe()) else {
+        tracing::warn!(
+            init,
+            "a one-shot's command runs unwatched: no pidfd or pipe"
+        );
+        return f();
+    };
+    std::thread::scope(|scope| {
+        let watcher = std::thread::Builder::new()
+            .name("hangup".into())
+            .spawn_scoped(scope, move || {
+                let mut fds = [
+                    PollFd::new(client.as_fd(), PollFlags::POLLIN),
+                    PollFd::new(stop_r.as_fd(), PollFlags::POLLIN),
+                ];
+                loop {
+                    match poll(&mut fds, PollTimeout::NONE) {
+                        Err(nix::errno::Errno::EINTR) => continue,
+                        Err(_) => return,
+                        Ok(_) => {}
+                    }
+                    if fds[1].revents().is_some_and(|r| !r.is_empty()) {
+                        return;
+                    }
+                    if fds[0].revents().is_some_and(|r| !r.is_empty()) {
+                        tracing::debug!(
+                            init,
+                            "the one-shot's client went away: its command is killed"
+                        );
+                        // SAFETY: pidfd_send_signal with a descriptor we own and no siginfo.
+                        unsafe {
+                            libc::syscall(
+                                libc::SYS_pidfd_send_signal,
+                                pidfd.as_raw_fd(),
+                                libc::SIGKILL,
+                                std::ptr::null::<libc::siginfo_t>(),
+                                0,
+                            )
+                        };
+                        return;
+                    }
+                }
+            });
+        if let Err(e) = &watcher {
+            tracing::warn!(init, error = %e, "a one-shot's command runs unwatched: no thread");
+        }
+        let out = f();
+        drop(stop_w);
+        if let Ok(w) = watcher {
+            let _ = w.join();
+        }
+        out
+    })
+}
