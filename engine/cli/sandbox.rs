@@ -159,7 +159,7 @@ pub fn admission_from_env() -> anyhow::Result<sandbox::Admission> {
 
 /// `engine sandbox exec`: run CMD in a fresh sandbox, print its output, return its exit code.
 /// A daemon listening on the state directory's socket (`engine sandbox daemon`) runs it
-/// unless `no_daemon` (see `sandbox_daemon.rs`); else this process makes the sandbox.
+/// unless `no_daemon` (see `daemon/`); else this process makes the sandbox.
 pub fn exec(
     opts: &SandboxOpts,
     timeout: &str,
@@ -173,6 +173,8 @@ pub fn exec(
     }
     let cfg = opts.config()?;
     let timeout = anyhow::Context::context(parse_duration(timeout), "--timeout")?;
+    // The environment's admission settings are input, checked whoever makes the sandbox.
+    admission_from_env()?;
     if !no_daemon {
         if let Some(outcome) = super::daemon::ask(opts, &cfg, timeout, cmd)? {
             return outcome.report(&opts.memory, timeout);

@@ -9,6 +9,8 @@
 //! [`supervise`]s child processes (`engine sweep`) passes each signal on to them, one for
 //! one, and returns once they have exited; the watcher then never exits by itself. Either
 //! way the exit status is 128 + the signal: 130 for SIGINT, 143 for SIGTERM, 129 for SIGHUP.
+//! A one-shot waiting for the daemon to run its command has nothing to tear down: while it
+//! waits ([`exit_at_once`]), the handler itself exits.
 
 use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
 use std::os::fd::{AsRawFd, OwnedFd};

@@ -861,10 +861,6 @@ enum HostMask {
     Pending(PendingMask),
 }
 
-/// A host mask from a remembered plan whose checks have not run yet
-/// (`host_walk::with_host_deferred`), nor the store entry's check against that plan
-/// (`MaskStore::get_deferred`): init may mount it, but no command may run on it until they
-/// hold; only then is it cached ([`Runtime::accept_host_mask`]).
 /// The host mask's plan, relative to `/` (so its digest does not depend on where a run keeps
 /// the mask).
 fn plan_host_mask(host: &dyn layers::HostView) -> Result<crate::sys::Recorder, LayerError> {
@@ -873,6 +869,10 @@ fn plan_host_mask(host: &dyn layers::HostView) -> Result<crate::sys::Recorder, L
     Ok(plan)
 }
 
+/// A host mask from a remembered plan whose checks have not run yet
+/// (`host_walk::with_host_deferred`), nor the store entry's check against that plan
+/// (`MaskStore::get_deferred`): init may mount it, but no command may run on it until they
+/// hold; only then is it cached ([`Runtime::accept_host_mask`]).
 struct PendingMask {
     checks: crate::host_walk::Deferred,
     entry_check: Option<crate::mask_store::MaskCheck>,

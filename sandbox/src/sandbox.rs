@@ -431,6 +431,30 @@ impl Sandbox {
         self.signal_kill();
     }
 
+    /// Whether init has exited, without reaping it (a sandbox that waited unused may have
+    /// lost its init to a kill from outside; [`Sandbox::is_dead`] says so only once a
+    /// request failed). Init exits only once every other process of its pid namespace is
+    /// gone.
+    pub fn init_exited(&self) -> bool {
+        if self.dead {
+            return true;
+        }
+        // SAFETY: an all-zero siginfo_t is a valid value of this plain C struct.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: waitid writes into `info`, a live local; WNOWAIT leaves the child unreaped,
+        // so its pid stays ours.
+        let r = unsafe {
+            libc::waitid(
+                libc::P_PID,
+                self.pid as libc::id_t,
+                &mut info,
+                libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+            )
+        };
+        // SAFETY: si_pid reads the field waitid filled (0 when no child has exited).
+        r == 0 && unsafe { info.si_pid() } != 0
+    }
+
     /// SIGKILL to init unless it is reaped already (whether it was sent).
     fn signal_kill(&self) -> bool {
         if self.dead {

@@ -341,6 +341,71 @@ fn a_daemon_serves_only_its_own_binary_and_environment() {
         processes_running(&argv).is_empty(),
         "torn down before the one-shot exits"
     );
+    // A client in another mount namespace, or with other resource limits, would get a
+    // sandbox made in the daemon's world: not served.
+    let o = Command::new("unshare")
+        .args([
+            "-m",
+            "--propagation",
+            "private",
+            env!("CARGO_BIN_EXE_engine"),
+        ])
+        .env("ENVFACTORY_STATE", d.state.path())
+        .env("ENVFACTORY_EXEC_SOCKET", d.socket())
+        .env_remove("ENVFACTORY_INIT")
+        .args(["sandbox", "exec", "--", "true"])
+        .output()
+        .unwrap();
+    let (code, _, err) = answer(&o);
+    assert_eq!(code, Some(125), "{err}");
+    assert!(err.contains("its mnt namespace"), "{err}");
+    let o = Command::new("sh")
+        .args([
+            "-c",
+            "ulimit -n 512 && exec \"$ENGINE\" sandbox exec -- true",
+        ])
+        .env("ENGINE", env!("CARGO_BIN_EXE_engine"))
+        .env("ENVFACTORY_STATE", d.state.path())
+        .env("ENVFACTORY_EXEC_SOCKET", d.socket())
+        .env_remove("ENVFACTORY_INIT")
+        .output()
+        .unwrap();
+    let (code, _, err) = answer(&o);
+    assert_eq!(code, Some(125), "{err}");
+    assert!(err.contains("its resource limits"), "{err}");
+    // Another state directory.
+    let other = TempState::new();
+    let o = d
+        .strict()
+        .env("ENVFACTORY_STATE", other.path())
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    let (code, _, err) = answer(&o);
+    assert_eq!(code, Some(125), "{err}");
+    assert!(err.contains("another state directory"), "{err}");
+    // A bad admission setting is bad input whoever would make the sandbox.
+    let o = d
+        .strict()
+        .env("ENVFACTORY_MAX_SANDBOXES", "0")
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(answer(&o).0, Some(2), "{:?}", answer(&o));
+    assert_eq!(d.served(), before, "{}", d.log_text());
+    // A daemon does not start with a cap on one process's sandboxes.
+    let capped_log = dir.path().join("capped.log");
+    let mut capped = Guard(Some(spawn(
+        Command::new(env!("CARGO_BIN_EXE_engine"))
+            .env("ENVFACTORY_STATE", other.path())
+            .env("ENVFACTORY_MAX_SANDBOXES", "4")
+            .args(["sandbox", "daemon"])
+            .stderr(std::fs::File::create(&capped_log).unwrap()),
+    )));
+    let status = capped.wait_deadline(20);
+    let err = std::fs::read_to_string(&capped_log).unwrap();
+    assert_eq!(status.and_then(|s| s.code()), Some(2), "{err}");
+    assert!(err.contains("ENVFACTORY_MAX_SANDBOXES"), "{err}");
     // One daemon per socket.
     let errlog = dir.path().join("second.log");
     let mut second = Guard(Some(spawn(
@@ -394,23 +459,33 @@ fn a_one_shots_command_dies_with_its_client() {
         "the command is killed with its client"
     );
     // A signal the client handles: it exits 128 + the signal, and the command goes too.
-    let mut client = d
-        .strict()
-        .args(["--timeout", "600s", "--"])
-        .args(argv)
-        .spawn()
-        .unwrap();
+    let mut client = Guard(Some(
+        d.strict()
+            .args(["--timeout", "600s", "--"])
+            .args(argv)
+            .spawn()
+            .unwrap(),
+    ));
     assert!(
         eventually(20, || !processes_running(&argv).is_empty()),
         "the command runs"
     );
-    // SAFETY: as above.
-    unsafe { libc::kill(client.id() as i32, libc::SIGINT) };
-    assert_eq!(client.wait().unwrap().code(), Some(130));
+    client.signal(libc::SIGINT);
+    assert_eq!(client.wait_deadline(20).and_then(|s| s.code()), Some(130));
     assert!(
         eventually(20, || { processes_running(&argv).is_empty() }),
         "the command is killed with its client"
     );
+    // A process the command leaves in the background is gone before the answer comes.
+    let seconds = format!("{}.{}", 302, std::process::id());
+    let argv = ["sleep", seconds.as_str()];
+    let o = d
+        .strict()
+        .args(["--", "sh", "-c", &format!("sleep {seconds} & echo left")])
+        .output()
+        .unwrap();
+    assert_eq!(answer(&o).1, "left\n", "{:?}", answer(&o));
+    assert!(processes_running(&argv).is_empty(), "outlived its answer");
     // The daemon goes on serving.
     assert!(d.strict().args(["--", "true"]).status().unwrap().success());
 }

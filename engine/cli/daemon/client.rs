@@ -107,21 +107,33 @@ pub fn ask(
             ),
         }))
     };
-    if let Err(e) = write_frame(&mut s, &bytes) {
-        return lost(&e);
-    }
+    // A request the daemon did not take whole was not run: a refusal it sent meanwhile ("busy",
+    // another user) is read, and either way the one-shot makes its own sandbox.
+    let written = write_frame(&mut s, &bytes);
     let reply = match read_len(&mut s, MAX_REPLY) {
         Ok(Ok(n)) => match read_body(&mut s, n) {
             Ok(b) => b,
             Err(e) => return lost(&e),
         },
         Ok(Err(n)) => return lost(&format!("an answer of {n} bytes (at most {MAX_REPLY})")),
-        Err(e) => return lost(&e),
+        Err(e) => match &written {
+            Err(w) => {
+                return not_served(format!(
+                    "{}: the request was not taken: {w}",
+                    sock.display()
+                ))
+            }
+            Ok(()) => return lost(&e),
+        },
     };
-    match rmp_serde::from_slice::<Reply>(&reply) {
-        Ok(Reply::Outcome(o)) => Ok(Some(o)),
-        Ok(Reply::Mismatch(why)) => not_served(format!("{}: {why}", sock.display())),
-        Err(e) => lost(&e),
+    match (rmp_serde::from_slice::<Reply>(&reply), written) {
+        (Ok(Reply::Outcome(o)), _) => Ok(Some(o)),
+        (Ok(Reply::Mismatch(why)), _) => not_served(format!("{}: {why}", sock.display())),
+        (Err(_), Err(w)) => not_served(format!(
+            "{}: the request was not taken: {w}",
+            sock.display()
+        )),
+        (Err(e), Ok(())) => lost(&e),
     }
 }
 

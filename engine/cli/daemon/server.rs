@@ -8,7 +8,7 @@ use crate::cli::errors::usage;
 use crate::cli::sandbox::{one_shot, runtime, Outcome, SandboxOpts};
 use anyhow::Context;
 use engine::units::parse_duration;
-use sandbox::{RootfsSpec, Runtime, Sandbox, SandboxConfig};
+use sandbox::{Runtime, Sandbox, SandboxConfig};
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -58,8 +58,8 @@ struct Daemon {
     exe: ExeId,
     state: PathBuf,
     env: Vec<Option<String>>,
-    /// This process's namespaces, which a client must share.
-    namespaces: Vec<(&'static str, (u64, u64))>,
+    /// What this process passes on to the sandboxes it makes, which a client must share.
+    lineage: Lineage,
     served: AtomicU64,
     serving: AtomicUsize,
     /// When the host mask was last found current (`Runtime::host_mask_current`).
@@ -76,15 +76,104 @@ fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// make: the files it sees, the processes, the user ids, the cgroups.
 const NAMESPACES: [&str; 4] = ["mnt", "pid", "user", "cgroup"];
 
-fn namespaces_of(pid: &str) -> std::io::Result<Vec<(&'static str, (u64, u64))>> {
-    use std::os::unix::fs::MetadataExt;
-    NAMESPACES
-        .iter()
-        .map(|ns| {
-            let m = std::fs::metadata(format!("/proc/{pid}/ns/{ns}"))?;
-            Ok((*ns, (m.dev(), m.ino())))
+/// The lines of `/proc/<pid>/status` a sandbox inherits from the process that makes it (its
+/// init's capabilities, no_new_privs, seccomp and CPUs), which a client must share with the
+/// daemon; its resource limits (`/proc/<pid>/limits`) too.
+const INHERITED: [&str; 7] = [
+    "CapInh:",
+    "CapPrm:",
+    "CapEff:",
+    "CapBnd:",
+    "NoNewPrivs:",
+    "Seccomp:",
+    "Cpus_allowed_list:",
+];
+
+/// What a process passes on to a sandbox it makes: its namespaces (device and inode of each),
+/// the [`INHERITED`] lines of its status, and its resource limits.
+#[derive(Debug, PartialEq, Eq)]
+struct Lineage {
+    namespaces: Vec<(&'static str, (u64, u64))>,
+    status: Vec<String>,
+    limits: String,
+}
+
+impl Lineage {
+    fn of(pid: &str) -> std::io::Result<Self> {
+        use std::os::unix::fs::MetadataExt;
+        let namespaces = NAMESPACES
+            .iter()
+            .map(|ns| {
+                let m = std::fs::metadata(format!("/proc/{pid}/ns/{ns}"))?;
+                Ok((*ns, (m.dev(), m.ino())))
+            })
+            .collect::<std::io::Result<_>>()?;
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?
+            .lines()
+            .filter(|l| INHERITED.iter().any(|k| l.starts_with(k)))
+            .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+            .collect();
+        let limits = std::fs::read_to_string(format!("/proc/{pid}/limits"))?;
+        Ok(Self {
+            namespaces,
+            status,
+            limits,
         })
-        .collect()
+    }
+
+    /// What of `self` differs from `other`, in words.
+    fn differences(&self, other: &Self) -> Vec<String> {
+        let mut out: Vec<String> = self
+            .namespaces
+            .iter()
+            .zip(&other.namespaces)
+            .filter(|(a, b)| a != b)
+            .map(|(a, _)| format!("its {} namespace", a.0))
+            .collect();
+        out.extend(
+            self.status
+                .iter()
+                .filter(|l| !other.status.contains(l))
+                .map(|l| format!("`{l}`")),
+        );
+        if self.limits != other.limits {
+            out.push("its resource limits".into());
+        }
+        out
+    }
+}
+
+/// `SO_PEERPIDFD` (Linux 6.5; the value of every architecture but mips, parisc and sparc).
+const SO_PEERPIDFD: libc::c_int = 77;
+
+/// A pidfd of the connected peer, where the kernel gives one.
+fn peer_pidfd(s: &UnixStream) -> Option<OwnedFd> {
+    let mut fd: libc::c_int = -1;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `fd`, a live local.
+    let r = unsafe {
+        libc::getsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            SO_PEERPIDFD,
+            (&mut fd as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    // SAFETY: on success the kernel returned a new descriptor that nothing else owns.
+    (r == 0 && fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// The pid a pidfd names now (`None` once that process has exited).
+fn pidfd_pid(fd: &OwnedFd) -> Option<i32> {
+    let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_raw_fd())).ok()?;
+    let pid: i32 = info
+        .lines()
+        .find_map(|l| l.strip_prefix("Pid:"))?
+        .trim()
+        .parse()
+        .ok()?;
+    (pid > 0).then_some(pid)
 }
 
 /// `engine sandbox daemon`: serve one-shots until a signal stops the process (its sandboxes
@@ -98,14 +187,17 @@ pub fn daemon(o: &DaemonOpts) -> anyhow::Result<i32> {
     }
     let state = sandbox::state::default_state_dir();
     let sock = o.socket.clone().unwrap_or_else(|| socket_path(&state));
-    let rt = runtime()?;
-    // One daemon per socket: a lock beside it, held for the process's life.
-    let lock_path = sock.with_extension("sock.lock");
+    // One daemon per socket: a lock beside it (`<socket>.lock`, left in place), held for the
+    // process's life, taken before anything else.
+    let mut lock_name = sock.file_name().unwrap_or_default().to_os_string();
+    lock_name.push(".lock");
+    let lock_path = sock.with_file_name(lock_name);
     let lock = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
         .open(&lock_path)
+        .or_else(|_| std::fs::File::open(&lock_path))
         .with_context(|| format!("opening {}", lock_path.display()))?;
     // SAFETY: flock on a descriptor we own; no memory is passed.
     if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
@@ -115,6 +207,7 @@ pub fn daemon(o: &DaemonOpts) -> anyhow::Result<i32> {
         )));
     }
     std::mem::forget(lock);
+    let rt = runtime()?;
     match std::fs::symlink_metadata(&sock) {
         Ok(m) if m.file_type().is_socket() => std::fs::remove_file(&sock)
             .with_context(|| format!("removing the stale socket {}", sock.display()))?,
@@ -142,7 +235,7 @@ pub fn daemon(o: &DaemonOpts) -> anyhow::Result<i32> {
         exe: ExeId::of_self().context("identifying this engine binary")?,
         state,
         env: env_values(),
-        namespaces: namespaces_of("self").context("reading this process's namespaces")?,
+        lineage: Lineage::of("self").context("reading this process's namespaces and limits")?,
         served: AtomicU64::new(0),
         serving: AtomicUsize::new(0),
         host_checked: Mutex::new(None),
@@ -180,16 +273,31 @@ pub fn daemon(o: &DaemonOpts) -> anyhow::Result<i32> {
             );
             continue;
         }
+        let spare = s.try_clone();
         let d2 = d.clone();
         let spawned = std::thread::Builder::new()
             .name("one-shot".into())
             .spawn(move || {
+                // Counted out however `serve` ends, a panic too.
+                struct Out<'a>(&'a AtomicUsize);
+                impl Drop for Out<'_> {
+                    fn drop(&mut self) {
+                        self.0.fetch_sub(1, Ordering::SeqCst);
+                    }
+                }
+                let _out = Out(&d2.serving);
                 d2.serve(s);
-                d2.serving.fetch_sub(1, Ordering::SeqCst);
             });
         if let Err(e) = spawned {
             d.serving.fetch_sub(1, Ordering::SeqCst);
             tracing::warn!(error = %e, "a one-shot was not served: no thread");
+            if let Ok(mut s) = spare {
+                let _ = s.set_write_timeout(Some(CLIENT_IO_TIMEOUT));
+                let _ = send(
+                    &mut s,
+                    &Reply::Mismatch(format!("no thread to serve it: {e}")),
+                );
+            }
         }
     }
     Ok(0)
@@ -259,9 +367,17 @@ impl Daemon {
         let take_us = t0.elapsed().as_micros() as u64;
         let timeout = Duration::from_millis(req.timeout_ms);
         let outcome = until_hangup(&s, sb.init_pid(), || one_shot(&mut sb, timeout, &req.cmd));
-        // Nothing of the command outlives its answer (a process it left in the background
-        // neither): every process of the sandbox dies now; the rest of the teardown waits.
+        // Nothing of the command outlives its answer: every process of the sandbox is killed
+        // now, and when the command left any behind (more than init and its zygote), the
+        // answer waits until they are gone (init exits last); the rest of the teardown waits.
+        let left_behind = sb.pids_usage().0 > 2;
         sb.stop();
+        if left_behind {
+            let t = Instant::now();
+            while !sb.init_exited() && t.elapsed() < Duration::from_secs(5) {
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        }
         let served = self.served.fetch_add(1, Ordering::Relaxed) + 1;
         tracing::debug!(
             sandbox = %sb.name(),
@@ -270,6 +386,9 @@ impl Daemon {
             exec_us = t0.elapsed().as_micros() as u64 - take_us,
             "one-shot served"
         );
+        // The answer waits for a client that is slow to take it (stopped with Ctrl-Z, say); a
+        // client that goes away ends the write.
+        let _ = s.set_write_timeout(None);
         let _ = send(&mut s, &Reply::Outcome(outcome));
         drop(s);
         match self.teardown.try_send(sb) {
@@ -280,8 +399,9 @@ impl Daemon {
         self.refill(&req.opts, &cfg);
     }
 
-    /// Why a client may not be served, if it may not: another user, or other namespaces
-    /// (its sandbox would be made in the daemon's world, not its own).
+    /// Why a client may not be served, if it may not: another user, other namespaces, or
+    /// other capabilities, CPUs or limits than the daemon's (its sandbox would be made with
+    /// the daemon's, not its own).
     fn stranger(&self, s: &UnixStream) -> Option<String> {
         let me = nix::unistd::geteuid().as_raw();
         let cred = match nix::sys::socket::getsockopt(s, nix::sys::socket::sockopt::PeerCredentials)
@@ -295,22 +415,30 @@ impl Daemon {
                 cred.uid()
             ));
         }
-        match namespaces_of(&cred.pid().to_string()) {
-            Ok(ns) if ns == self.namespaces => None,
-            Ok(ns) => {
-                let differ: Vec<&str> = ns
-                    .iter()
-                    .zip(&self.namespaces)
-                    .filter(|(a, b)| a != b)
-                    .map(|(a, _)| a.0)
-                    .collect();
-                Some(format!(
-                    "a client in other namespaces ({}) than the daemon's",
-                    differ.join(", ")
-                ))
-            }
-            Err(e) => Some(format!("the client's namespaces: {e}")),
+        // The process that connected, by a pidfd where the kernel gives one: read through its
+        // pid, then confirmed still the same process (a pid reused meanwhile is refused).
+        let pidfd = peer_pidfd(s);
+        let pid = match &pidfd {
+            Some(fd) => match pidfd_pid(fd) {
+                Some(p) => p,
+                None => return Some("the client has exited".into()),
+            },
+            None => cred.pid(),
+        };
+        let theirs = match Lineage::of(&pid.to_string()) {
+            Ok(l) => l,
+            Err(e) => return Some(format!("the client's namespaces and limits: {e}")),
+        };
+        if pidfd.as_ref().is_some_and(|fd| pidfd_pid(fd) != Some(pid)) {
+            return Some("the client has exited".into());
         }
+        let differ = theirs.differences(&self.lineage);
+        (!differ.is_empty()).then(|| {
+            format!(
+                "the client differs from the daemon in {}",
+                differ.join(", ")
+            )
+        })
     }
 
     /// Why this daemon would not make the sandbox the client would, if it would not.
@@ -355,7 +483,8 @@ impl Daemon {
 
     /// A sandbox for `cfg`: the one kept ready, else a new one.
     fn take(&self, opts: &SandboxOpts, cfg: &SandboxConfig) -> anyhow::Result<Sandbox> {
-        if cfg.rootfs == RootfsSpec::Host && !self.host_checked_within(RECHECK_AFTER) {
+        // (Every root served is the host's.)
+        if !self.host_checked_within(RECHECK_AFTER) {
             self.check_host()?;
         }
         let found = {
@@ -367,7 +496,7 @@ impl Daemon {
         };
         let rt = locked(&self.rt).clone();
         if let Some(r) = found {
-            if !r.sandbox.is_dead() && r.run == rt.run_id() {
+            if !r.sandbox.init_exited() && r.run == rt.run_id() {
                 return Ok(r.sandbox);
             }
             tracing::debug!(sandbox = %r.sandbox.name(), "a sandbox made ahead is not used: it died, or the host changed");
