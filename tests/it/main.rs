@@ -24,6 +24,7 @@ mod learn;
 mod llm;
 mod netfuzz;
 mod observe;
+mod oneshot_init;
 mod perturb;
 mod selfplay;
 mod serve;
