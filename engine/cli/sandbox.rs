@@ -11,6 +11,8 @@ pub const EXIT_SANDBOX_FAILURE: i32 = 125;
 pub const EXIT_CANNOT_EXECUTE: i32 = 126;
 /// Exit code when the command was not found.
 pub const EXIT_NOT_FOUND: i32 = 127;
+/// The usage error of a one-shot without a command.
+pub const NO_COMMAND: &str = "no command given: engine sandbox exec [OPTIONS] -- CMD...";
 /// Exit code when the wall timeout passed.
 pub const EXIT_TIMEOUT: i32 = 124;
 
@@ -167,9 +169,7 @@ pub fn exec(
     no_daemon: bool,
 ) -> anyhow::Result<i32> {
     if cmd.is_empty() {
-        return Err(usage(
-            "no command given: engine sandbox exec [OPTIONS] -- CMD...",
-        ));
+        return Err(usage(NO_COMMAND));
     }
     let cfg = opts.config()?;
     let timeout = anyhow::Context::context(parse_duration(timeout), "--timeout")?;

@@ -161,6 +161,13 @@ fn spawn(c: &mut Command) -> Child {
     }
 }
 
+/// The one-shot failed as the engine's own failure (125), saying `why`.
+fn failed(o: &Output, why: &str) {
+    let (code, _, err) = answer(o);
+    assert_eq!(code, Some(125), "{err}");
+    assert!(err.contains(why), "{err}");
+}
+
 /// Exit status, stdout and stderr.
 fn answer(o: &Output) -> (Option<i32>, String, String) {
     (
@@ -274,9 +281,7 @@ fn a_daemon_serves_only_its_own_binary_and_environment() {
         .args(["--", "true"])
         .output()
         .unwrap();
-    let (code, _, err) = answer(&o);
-    assert_eq!(code, Some(125), "{err}");
-    assert!(err.contains("ENVFACTORY_INIT differs"), "{err}");
+    failed(&o, "ENVFACTORY_INIT differs");
     // Not named: the one-shot makes its sandbox itself.
     let o = d
         .client()
@@ -313,9 +318,7 @@ fn a_daemon_serves_only_its_own_binary_and_environment() {
     )
     .wait_with_output()
     .unwrap();
-    let (code, _, err) = answer(&o);
-    assert_eq!(code, Some(125), "{err}");
-    assert!(err.contains("another engine binary"), "{err}");
+    failed(&o, "another engine binary");
     assert_eq!(d.served(), before);
     // Not named, it makes its own sandbox, and a signal then tears that down as a one-shot
     // without a daemon does (the signal handling the wait for the daemon used is undone).
@@ -356,9 +359,7 @@ fn a_daemon_serves_only_its_own_binary_and_environment() {
         .args(["sandbox", "exec", "--", "true"])
         .output()
         .unwrap();
-    let (code, _, err) = answer(&o);
-    assert_eq!(code, Some(125), "{err}");
-    assert!(err.contains("its mnt namespace"), "{err}");
+    failed(&o, "its mnt namespace");
     let o = Command::new("sh")
         .args([
             "-c",
@@ -370,9 +371,7 @@ fn a_daemon_serves_only_its_own_binary_and_environment() {
         .env_remove("ENVFACTORY_INIT")
         .output()
         .unwrap();
-    let (code, _, err) = answer(&o);
-    assert_eq!(code, Some(125), "{err}");
-    assert!(err.contains("its resource limits"), "{err}");
+    failed(&o, "its resource limits");
     // Another state directory.
     let other = TempState::new();
     let o = d
@@ -381,9 +380,7 @@ fn a_daemon_serves_only_its_own_binary_and_environment() {
         .args(["--", "true"])
         .output()
         .unwrap();
-    let (code, _, err) = answer(&o);
-    assert_eq!(code, Some(125), "{err}");
-    assert!(err.contains("another state directory"), "{err}");
+    failed(&o, "another state directory");
     // A bad admission setting is bad input whoever would make the sandbox.
     let o = d
         .strict()
@@ -542,9 +539,7 @@ fn a_daemon_killed_outright_leaves_one_shots_working() {
         .unwrap();
     assert_eq!(answer(&o).1, "ok\n", "{:?}", answer(&o));
     let o = d.strict().args(["--", "true"]).output().unwrap();
-    let (code, _, err) = answer(&o);
-    assert_eq!(code, Some(125), "{err}");
-    assert!(err.contains("no daemon answers there"), "{err}");
+    failed(&o, "no daemon answers there");
     // A new daemon takes the stale socket's place; SIGTERM removes it.
     let mut again = Guard(Some(spawn(
         Command::new(env!("CARGO_BIN_EXE_engine"))

@@ -5,7 +5,7 @@ use super::{
     RECHECK_AFTER, SANDBOX_ENV,
 };
 use crate::cli::errors::usage;
-use crate::cli::sandbox::{one_shot, runtime, Outcome, SandboxOpts};
+use crate::cli::sandbox::{one_shot, runtime, Outcome, SandboxOpts, NO_COMMAND};
 use anyhow::Context;
 use engine::units::parse_duration;
 use sandbox::{Runtime, Sandbox, SandboxConfig};
@@ -256,7 +256,7 @@ pub fn daemon(o: &DaemonOpts) -> anyhow::Result<i32> {
         sock.display()
     );
     for conn in listener.incoming() {
-        let mut s = match conn {
+        let s = match conn {
             Ok(s) => s,
             Err(e) => {
                 tracing::warn!(error = %e, "accepting a one-shot");
@@ -264,101 +264,55 @@ pub fn daemon(o: &DaemonOpts) -> anyhow::Result<i32> {
                 continue;
             }
         };
+        // Counted in until its thread ends, however `serve` ends (a panic too), or until
+        // it is refused here.
+        let slot = Serving(d.clone());
         if d.serving.fetch_add(1, Ordering::SeqCst) >= MAX_SERVING {
-            d.serving.fetch_sub(1, Ordering::SeqCst);
-            let _ = s.set_write_timeout(Some(CLIENT_IO_TIMEOUT));
-            let _ = send(
-                &mut s,
-                &Reply::Mismatch(format!("busy: {MAX_SERVING} one-shots running")),
-            );
+            drop(slot);
+            refuse(s, format!("busy: {MAX_SERVING} one-shots running"));
             continue;
         }
         let spare = s.try_clone();
-        let d2 = d.clone();
         let spawned = std::thread::Builder::new()
             .name("one-shot".into())
-            .spawn(move || {
-                // Counted out however `serve` ends, a panic too.
-                struct Out<'a>(&'a AtomicUsize);
-                impl Drop for Out<'_> {
-                    fn drop(&mut self) {
-                        self.0.fetch_sub(1, Ordering::SeqCst);
-                    }
-                }
-                let _out = Out(&d2.serving);
-                d2.serve(s);
-            });
+            .spawn(move || slot.0.serve(s));
         if let Err(e) = spawned {
-            d.serving.fetch_sub(1, Ordering::SeqCst);
             tracing::warn!(error = %e, "a one-shot was not served: no thread");
-            if let Ok(mut s) = spare {
-                let _ = s.set_write_timeout(Some(CLIENT_IO_TIMEOUT));
-                let _ = send(
-                    &mut s,
-                    &Reply::Mismatch(format!("no thread to serve it: {e}")),
-                );
+            if let Ok(s) = spare {
+                refuse(s, format!("no thread to serve it: {e}"));
             }
         }
     }
     Ok(0)
 }
 
+/// A request counted in [`Daemon::serving`] until this drops.
+struct Serving(Arc<Daemon>);
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        self.0.serving.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Tell a client it is not served (it makes its own sandbox), and close.
+fn refuse(mut s: UnixStream, why: String) {
+    let _ = s.set_write_timeout(Some(CLIENT_IO_TIMEOUT));
+    let _ = send(&mut s, &Reply::Mismatch(why));
+}
+
 impl Daemon {
     fn serve(&self, mut s: UnixStream) {
         let _ = s.set_read_timeout(Some(CLIENT_IO_TIMEOUT));
         let _ = s.set_write_timeout(Some(CLIENT_IO_TIMEOUT));
-        if let Some(why) = self.stranger(&s) {
-            tracing::warn!(why = %why, "a one-shot not served");
-            let _ = send(&mut s, &Reply::Mismatch(why));
-            return;
-        }
-        let req = match read_len(&mut s, MAX_REQUEST) {
-            Ok(Ok(n)) => match read_body(&mut s, n).map(|b| rmp_serde::from_slice::<Request>(&b)) {
-                Ok(Ok(r)) => r,
-                Ok(Err(e)) => {
-                    // Another build's client: it runs the command itself.
-                    let _ = send(
-                        &mut s,
-                        &Reply::Mismatch(format!("an unreadable request: {e}")),
-                    );
-                    return;
-                }
-                Err(e) => {
-                    tracing::debug!(error = %e, "a one-shot's request was not read");
-                    return;
-                }
-            },
-            Ok(Err(n)) => {
-                let _ = send(
-                    &mut s,
-                    &Reply::Mismatch(format!("a request of {n} bytes (at most {MAX_REQUEST})")),
-                );
-                return;
-            }
-            Err(e) => {
-                tracing::debug!(error = %e, "a one-shot's request was not read");
-                return;
-            }
-        };
-        if let Some(why) = self.mismatch(&req) {
-            let _ = send(&mut s, &Reply::Mismatch(why));
-            return;
-        }
-        if req.cmd.is_empty() {
-            let e = usage("no command given: engine sandbox exec [OPTIONS] -- CMD...");
-            let _ = send(&mut s, &Reply::Outcome(Outcome::failed(&e)));
-            return;
-        }
-        let cfg = match req.opts.config() {
-            Ok(c) => c,
-            Err(e) => {
-                let _ = send(&mut s, &Reply::Outcome(Outcome::failed(&e)));
-                return;
-            }
+        let req = match self.admit(&mut s) {
+            Ok(r) => r,
+            Err(Some(why)) => return refuse(s, why),
+            Err(None) => return,
         };
         let t0 = Instant::now();
-        let mut sb = match self.take(&req.opts, &cfg) {
-            Ok(sb) => sb,
+        let (cfg, mut sb) = match self.prepare(&req) {
+            Ok(p) => p,
             Err(e) => {
                 let _ = send(&mut s, &Reply::Outcome(Outcome::failed(&e)));
                 return;
@@ -391,12 +345,48 @@ impl Daemon {
         let _ = s.set_write_timeout(None);
         let _ = send(&mut s, &Reply::Outcome(outcome));
         drop(s);
-        match self.teardown.try_send(sb) {
-            Ok(()) => {}
-            Err(TrySendError::Full(sb) | TrySendError::Disconnected(sb)) => drop(sb),
-        }
+        self.tear_down(sb);
         // The next request of this configuration finds one ready.
         self.refill(&req.opts, &cfg);
+    }
+
+    /// The client's request when this daemon serves it; `Err(Some(why))` when it does not
+    /// (the client makes its own sandbox), `Err(None)` when no whole request came.
+    fn admit(&self, s: &mut UnixStream) -> Result<Request, Option<String>> {
+        if let Some(why) = self.stranger(s) {
+            tracing::warn!(why = %why, "a one-shot not served");
+            return Err(Some(why));
+        }
+        let unread = |e: std::io::Error| {
+            tracing::debug!(error = %e, "a one-shot's request was not read");
+            None
+        };
+        let n = match read_len(s, MAX_REQUEST).map_err(unread)? {
+            Ok(n) => n,
+            Err(n) => {
+                return Err(Some(format!(
+                    "a request of {n} bytes (at most {MAX_REQUEST})"
+                )))
+            }
+        };
+        let body = read_body(s, n).map_err(unread)?;
+        // Another build's client: it runs the command itself.
+        let req: Request = rmp_serde::from_slice(&body)
+            .map_err(|e| Some(format!("an unreadable request: {e}")))?;
+        match self.mismatch(&req) {
+            Some(why) => Err(Some(why)),
+            None => Ok(req),
+        }
+    }
+
+    /// A request's configuration, and a sandbox for it.
+    fn prepare(&self, req: &Request) -> anyhow::Result<(SandboxConfig, Sandbox)> {
+        if req.cmd.is_empty() {
+            return Err(usage(NO_COMMAND));
+        }
+        let cfg = req.opts.config()?;
+        let sb = self.take(&req.opts, &cfg)?;
+        Ok((cfg, sb))
     }
 
     /// Why a client may not be served, if it may not: another user, other namespaces, or
