@@ -4,14 +4,12 @@
 #[macro_use]
 mod cli;
 
-use clap::Parser;
-
 fn main() {
     // The sandbox init must start before anything else (no threads, no logging).
     if std::env::args().nth(1).as_deref() == Some("__sandbox-init") {
         sandbox::init::main();
     }
-    let cli = cli::Cli::parse();
+    let cli = cli::Cli::from_args();
     // `engine sandbox exec` starts the watcher thread once its sandbox's init is started: with
     // a single thread until then, that init is forked from this process, not exec'd.
     cli::signals::install(!cli.command.is_one_shot());

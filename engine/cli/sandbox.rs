@@ -269,23 +269,27 @@ impl Outcome {
     }
 }
 
+/// The arguments of `engine sandbox exec` (also parsed alone: [`super::Cli::from_args`]).
+#[derive(Debug, PartialEq, clap::Args)]
+pub struct ExecArgs {
+    #[command(flatten)]
+    pub opts: SandboxOpts,
+    /// Wall-clock limit; the whole process tree is killed when it passes.
+    #[arg(long, default_value = "10s")]
+    pub timeout: String,
+    /// Make the sandbox in this process even when a daemon serves the state directory.
+    #[arg(long)]
+    pub no_daemon: bool,
+    #[arg(last = true, required = true)]
+    pub cmd: Vec<String>,
+}
+
 #[derive(Subcommand)]
 pub enum SandboxCmd {
     /// Run CMD in a fresh sandbox; exit with its status (2 bad option, 124 timeout, 125
     /// sandbox failure, 126 cannot execute, 127 not found, 128+N killed by signal N; 130, 143,
     /// 129 when the engine itself gets SIGINT, SIGTERM, SIGHUP: the sandbox is torn down).
-    Exec {
-        #[command(flatten)]
-        opts: SandboxOpts,
-        /// Wall-clock limit; the whole process tree is killed when it passes.
-        #[arg(long, default_value = "10s")]
-        timeout: String,
-        /// Make the sandbox in this process even when a daemon serves the state directory.
-        #[arg(long)]
-        no_daemon: bool,
-        #[arg(last = true, required = true)]
-        cmd: Vec<String>,
-    },
+    Exec(ExecArgs),
     /// Serve `engine sandbox exec` from this process (in the foreground; SIGINT or SIGTERM
     /// stop it): a one-shot then pays neither a runtime's start nor, once a configuration
     /// was asked for, its sandbox's creation (docs/sandbox.md, "The one-shot daemon").
@@ -294,12 +298,7 @@ pub enum SandboxCmd {
 
 pub fn run(cmd: SandboxCmd) -> anyhow::Result<i32> {
     match cmd {
-        SandboxCmd::Exec {
-            opts,
-            timeout,
-            no_daemon,
-            cmd,
-        } => exec(&opts, &timeout, &cmd, no_daemon),
+        SandboxCmd::Exec(a) => exec(&a.opts, &a.timeout, &a.cmd, a.no_daemon),
         SandboxCmd::Daemon(o) => super::daemon::daemon(&o),
     }
 }
