@@ -3,7 +3,10 @@
 # the process itself and served by `engine sandbox daemon`, against bubblewrap
 # (`--unshare-all`, read-only host root, /proc, /dev) and Docker when installed. Each
 # command's runs follow one another (hyperfine), so the daemon's work after each request
-# (the next sandbox made ahead, the last one torn down) overlaps the next run.
+# (the next sandbox made ahead, the last one torn down) overlaps the next run. Before each
+# command's series the machine is let go quiet (benches/quiet.sh): what the previous series
+# left to the kernel (dozens of network namespaces to clean up, after a one-shot or bwrap)
+# is not charged to the next command.
 # Needs root and hyperfine; installs hyperfine and bubblewrap from Debian if missing.
 # Usage: benches/compare.sh [RUNS]   (prints hyperfine's table and writes out/compare.json)
 set -euo pipefail
@@ -51,4 +54,4 @@ if command -v docker >/dev/null && docker info >/dev/null 2>&1; then
 fi
 args=()
 for i in "${!cmds[@]}"; do args+=(-n "${names[$i]}" "${cmds[$i]}"); done
-hyperfine -N --warmup 5 --runs "$runs" --export-json out/compare.json "${args[@]}"
+hyperfine -N --setup "$PWD/benches/quiet.sh" --warmup 5 --runs "$runs" --export-json out/compare.json "${args[@]}"

@@ -24,9 +24,7 @@ fn main() {
         .with_writer(std::io::stderr)
         .init();
     let result = cli::run(cli.command);
-    // A one-shot that failed before its init started has no watcher yet: a signal it got
-    // meanwhile is acted on now, instead of `before_exit` waiting for a watcher for ever.
-    cli::signals::start_watcher();
+    // (A one-shot may have no signal watcher yet: `before_exit` starts one if a signal came.)
     cli::signals::before_exit();
     match result {
         Ok(code) => std::process::exit(code),

@@ -230,7 +230,8 @@ impl Cli {
         if args.get(1)? != "sandbox" || args.get(2)? != "exec" {
             return None;
         }
-        let rest = std::iter::once(std::ffi::OsString::from("engine")).chain(args[3..].iter().cloned());
+        let rest =
+            std::iter::once(std::ffi::OsString::from("engine")).chain(args[3..].iter().cloned());
         let o = OneShotCli::try_parse_from(rest).ok()?;
         Some(Cli {
             log: o.log,
@@ -305,11 +306,50 @@ mod tests {
     fn the_one_shot_parser_takes_only_what_the_whole_parser_takes_and_the_same_way() {
         let taken = [
             &["engine", "sandbox", "exec", "--", "/bin/true"][..],
-            &["engine", "sandbox", "exec", "--memory", "512M", "--pids=10", "--", "sh", "-c", "x"],
-            &["engine", "sandbox", "exec", "--cpus", "0.5", "--disk", "1M", "--userns", "--", "a"],
-            &["engine", "sandbox", "exec", "--timeout", "3s", "--no-daemon", "--", "--help"],
-            &["engine", "sandbox", "exec", "--log", "debug", "--rootfs=/srv/r", "--", "-V"],
-            &["engine", "sandbox", "exec", "--log=info", "--", "--", "--version"],
+            &[
+                "engine",
+                "sandbox",
+                "exec",
+                "--memory",
+                "512M",
+                "--pids=10",
+                "--",
+                "sh",
+                "-c",
+                "x",
+            ],
+            &[
+                "engine", "sandbox", "exec", "--cpus", "0.5", "--disk", "1M", "--userns", "--", "a",
+            ],
+            &[
+                "engine",
+                "sandbox",
+                "exec",
+                "--timeout",
+                "3s",
+                "--no-daemon",
+                "--",
+                "--help",
+            ],
+            &[
+                "engine",
+                "sandbox",
+                "exec",
+                "--log",
+                "debug",
+                "--rootfs=/srv/r",
+                "--",
+                "-V",
+            ],
+            &[
+                "engine",
+                "sandbox",
+                "exec",
+                "--log=info",
+                "--",
+                "--",
+                "--version",
+            ],
         ];
         let refused = [
             &["engine", "sandbox", "exec", "--help"][..],
@@ -321,7 +361,9 @@ mod tests {
             &["engine", "sandbox", "exec", "true"],
             &["engine", "sandbox", "exec"],
             &["engine", "sandbox", "exec", "--"],
-            &["engine", "sandbox", "exec", "--memory", "1G", "--memory", "2G", "--", "true"],
+            &[
+                "engine", "sandbox", "exec", "--memory", "1G", "--memory", "2G", "--", "true",
+            ],
             &["engine", "--log", "debug", "sandbox", "exec", "--", "true"],
             &["engine", "sandbox", "daemon"],
             &["engine", "sandbox"],
@@ -337,7 +379,8 @@ mod tests {
             let whole = Cli::try_parse_from(&a);
             assert_eq!(fast.is_some(), fast_expected, "{case:?}");
             let Some(fast) = fast else { continue };
-            let whole = whole.unwrap_or_else(|e| panic!("{case:?}: taken by the one-shot's parser only: {e}"));
+            let whole = whole
+                .unwrap_or_else(|e| panic!("{case:?}: taken by the one-shot's parser only: {e}"));
             assert_eq!(fast.log, whole.log, "{case:?}");
             match (fast.command, whole.command) {
                 (

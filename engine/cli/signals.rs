@@ -217,10 +217,14 @@ pub fn received() -> Option<i32> {
 /// Called when the command returns: if the watcher is tearing the process down after a
 /// signal (a command that does not stop by itself, or a second signal), the exit is the
 /// watcher's, so a command that failed because its sandbox was just killed reports nothing.
+/// A one-shot that ended before its watcher started (it failed before its init started, or
+/// a daemon served it) gets one here only when a signal came, to act on it: without a signal
+/// it exits with no thread started.
 pub fn before_exit() {
     let n = COUNT.load(Ordering::SeqCst);
     if n > 0 && !SUPERVISOR.load(Ordering::SeqCst) && (!COOPERATIVE.load(Ordering::SeqCst) || n > 1)
     {
+        start_watcher();
         loop {
             std::thread::park();
         }
