@@ -24,6 +24,7 @@
 
 pub mod client;
 pub mod server;
+mod workers;
 
 use super::sandbox::{Outcome, SandboxOpts, OUTPUT_CAP};
 use serde::{Deserialize, Serialize};

@@ -9,7 +9,7 @@ use crate::cli::sandbox::{one_shot, runtime, Outcome, SandboxOpts, NO_COMMAND};
 use anyhow::Context;
 use engine::units::parse_duration;
 use sandbox::{Runtime, Sandbox, SandboxConfig};
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
@@ -255,6 +255,8 @@ pub fn daemon(o: &DaemonOpts) -> anyhow::Result<i32> {
         "engine: serving `engine sandbox exec` on {} (a sandbox made ahead waits {keep:?})",
         sock.display()
     );
+    // Requests are served on threads kept between them (`workers.rs`).
+    let workers = super::workers::Workers::new("one-shot");
     for conn in listener.incoming() {
         let s = match conn {
             Ok(s) => s,
@@ -273,10 +275,7 @@ pub fn daemon(o: &DaemonOpts) -> anyhow::Result<i32> {
             continue;
         }
         let spare = s.try_clone();
-        let spawned = std::thread::Builder::new()
-            .name("one-shot".into())
-            .spawn(move || slot.0.serve(s));
-        if let Err(e) = spawned {
+        if let Err(e) = workers.run(Box::new(move || slot.0.serve(s))) {
             tracing::warn!(error = %e, "a one-shot was not served: no thread");
             if let Ok(s) = spare {
                 refuse(s, format!("no thread to serve it: {e}"));
@@ -320,7 +319,9 @@ impl Daemon {
         };
         let take_us = t0.elapsed().as_micros() as u64;
         let timeout = Duration::from_millis(req.timeout_ms);
-        let outcome = until_hangup(&s, sb.init_pid(), || one_shot(&mut sb, timeout, &req.cmd));
+        let outcome = super::workers::until_hangup(&s, sb.init_pid(), || {
+            one_shot(&mut sb, timeout, &req.cmd)
+        });
         // Nothing of the command outlives its answer: every process of the sandbox is killed
         // now, and when the command left any behind (more than init and its zygote), the
         // answer waits until they are gone (init exits last); the rest of the teardown waits.
@@ -618,77 +619,4 @@ fn send(s: &mut UnixStream, reply: &Reply) -> std::io::Result<()> {
     let bytes = rmp_serde::to_vec(reply)
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
     write_frame(s, &bytes)
-}
-
-/// A pidfd of process `pid` (signals through it never reach another process that got the
-/// same pid later).
-fn pidfd_open(pid: i32) -> std::io::Result<OwnedFd> {
-    // SAFETY: pidfd_open takes two integers and returns a new descriptor or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: the kernel just returned this descriptor to us; nothing else owns it.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
-}
-
-/// Run `f` (a command in the sandbox whose init is `init`); if the client hangs up (or sends
-/// anything: it has nothing more to say) meanwhile, kill that init through a pidfd taken
-/// before, which ends the command and the sandbox. Without a pidfd or a thread, `f` runs
-/// unwatched (the command then ends at its timeout).
-fn until_hangup<T>(client: &UnixStream, init: i32, f: impl FnOnce() -> T) -> T {
-    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-    let (Ok(pidfd), Ok((stop_r, stop_w))) = (pidfd_open(init), nix::unistd::pipe()) else {
-        tracing::warn!(
-            init,
-            "a one-shot's command runs unwatched: no pidfd or pipe"
-        );
-        return f();
-    };
-    std::thread::scope(|scope| {
-        let watcher = std::thread::Builder::new()
-            .name("hangup".into())
-            .spawn_scoped(scope, move || {
-                let mut fds = [
-                    PollFd::new(client.as_fd(), PollFlags::POLLIN),
-                    PollFd::new(stop_r.as_fd(), PollFlags::POLLIN),
-                ];
-                loop {
-                    match poll(&mut fds, PollTimeout::NONE) {
-                        Err(nix::errno::Errno::EINTR) => continue,
-                        Err(_) => return,
-                        Ok(_) => {}
-                    }
-                    if fds[1].revents().is_some_and(|r| !r.is_empty()) {
-                        return;
-                    }
-                    if fds[0].revents().is_some_and(|r| !r.is_empty()) {
-                        tracing::debug!(
-                            init,
-                            "the one-shot's client went away: its command is killed"
-                        );
-                        // SAFETY: pidfd_send_signal with a descriptor we own and no siginfo.
-                        unsafe {
-                            libc::syscall(
-                                libc::SYS_pidfd_send_signal,
-                                pidfd.as_raw_fd(),
-                                libc::SIGKILL,
-                                std::ptr::null::<libc::siginfo_t>(),
-                                0,
-                            )
-                        };
-                        return;
-                    }
-                }
-            });
-        if let Err(e) = &watcher {
-            tracing::warn!(init, error = %e, "a one-shot's command runs unwatched: no thread");
-        }
-        let out = f();
-        drop(stop_w);
-        if let Ok(w) = watcher {
-            let _ = w.join();
-        }
-        out
-    })
 }
