@@ -224,20 +224,23 @@ mod tests {
         let w = Workers::new("test-worker");
         let n = 6;
         // Each job waits for all the others (a job queued behind another never gets past it, and
-        // the test then fails on the timeout below).
-        let barrier = Arc::new(Barrier::new(n));
-        let (tx, rx) = channel();
-        for _ in 0..n {
-            let (b, tx) = (barrier.clone(), tx.clone());
-            w.run(Box::new(move || {
-                b.wait();
-                tx.send(std::thread::current().id()).unwrap();
-            }))
-            .unwrap();
-        }
-        let first: std::collections::HashSet<_> = (0..n)
-            .map(|_| rx.recv_timeout(Duration::from_secs(10)).unwrap())
-            .collect();
+        // the round then fails on its timeout); the threads that ran a round's jobs.
+        let round = || {
+            let barrier = Arc::new(Barrier::new(n));
+            let (tx, rx) = channel();
+            for _ in 0..n {
+                let (b, tx) = (barrier.clone(), tx.clone());
+                w.run(Box::new(move || {
+                    b.wait();
+                    tx.send(std::thread::current().id()).unwrap();
+                }))
+                .unwrap();
+            }
+            (0..n)
+                .map(|_| rx.recv_timeout(Duration::from_secs(10)).unwrap())
+                .collect::<std::collections::HashSet<_>>()
+        };
+        let first = round();
         assert_eq!(first.len(), n);
         // Once they are all back to waiting, a new round runs on the same threads.
         let t = std::time::Instant::now();
@@ -248,18 +251,7 @@ mod tests {
             );
             std::thread::sleep(Duration::from_millis(1));
         }
-        for _ in 0..n {
-            let (b, tx) = (barrier.clone(), tx.clone());
-            w.run(Box::new(move || {
-                b.wait();
-                tx.send(std::thread::current().id()).unwrap();
-            }))
-            .unwrap();
-        }
-        let second: std::collections::HashSet<_> = (0..n)
-            .map(|_| rx.recv_timeout(Duration::from_secs(10)).unwrap())
-            .collect();
-        assert_eq!(second, first, "the second round ran on other threads");
+        assert_eq!(round(), first, "the second round ran on other threads");
     }
 
     /// A child killed and reaped when the test ends, however it ends.
