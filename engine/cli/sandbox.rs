@@ -125,7 +125,24 @@ pub fn docker_backend() -> anyhow::Result<sandbox::docker::DockerBackend> {
 /// cap) and `ENVFACTORY_MEMORY_RESERVE` (a size such as `2G`, a share such as `5%`, or `0`
 /// for none; unset: 3% of the machine's memory).
 pub fn admission_from_env() -> anyhow::Result<sandbox::Admission> {
-    let mut a = sandbox::Admission::default();
+    admission_env(true)
+}
+
+/// Check the admission variables without reading the machine's memory for the default
+/// reserve (a one-shot a daemon serves makes no sandbox itself).
+pub fn check_admission_env() -> anyhow::Result<()> {
+    admission_env(false).map(drop)
+}
+
+fn admission_env(default_reserve: bool) -> anyhow::Result<sandbox::Admission> {
+    let mut a = if default_reserve {
+        sandbox::Admission::default()
+    } else {
+        sandbox::Admission {
+            max_sandboxes: None,
+            memory_reserve_bytes: 0,
+        }
+    };
     let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
     if let Some(v) = var("ENVFACTORY_MAX_SANDBOXES") {
         a.max_sandboxes = Some(super::count::<1_000_000>(&v).map_err(|e| {
@@ -174,7 +191,7 @@ pub fn exec(
     let cfg = opts.config()?;
     let timeout = anyhow::Context::context(parse_duration(timeout), "--timeout")?;
     // The environment's admission settings are input, checked whoever makes the sandbox.
-    admission_from_env()?;
+    check_admission_env()?;
     if !no_daemon {
         if let Some(outcome) = super::daemon::ask(opts, &cfg, timeout, cmd)? {
             return outcome.report(&opts.memory, timeout);
