@@ -110,8 +110,11 @@ fn env_values() -> Vec<Option<String>> {
 fn write_frame(s: &mut UnixStream, bytes: &[u8]) -> std::io::Result<()> {
     let n = u32::try_from(bytes.len())
         .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidData, "message too large"))?;
-    s.write_all(&n.to_le_bytes())?;
-    s.write_all(bytes)
+    // One write: the peer finds the whole frame at its first read.
+    let mut frame = Vec::with_capacity(4 + bytes.len());
+    frame.extend_from_slice(&n.to_le_bytes());
+    frame.extend_from_slice(bytes);
+    s.write_all(&frame)
 }
 
 /// A frame's length, read; `Err(n)` (the length) when it is over `max`.

@@ -164,16 +164,21 @@ fn peer_pidfd(s: &UnixStream) -> Option<OwnedFd> {
     (r == 0 && fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-/// The pid a pidfd names now (`None` once that process has exited).
-fn pidfd_pid(fd: &OwnedFd) -> Option<i32> {
-    let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_raw_fd())).ok()?;
-    let pid: i32 = info
-        .lines()
-        .find_map(|l| l.strip_prefix("Pid:"))?
-        .trim()
-        .parse()
-        .ok()?;
-    (pid > 0).then_some(pid)
+/// Whether the process of a pidfd is there (running, or exited and not yet reaped: its pid
+/// is still its own).
+fn still_there(fd: &OwnedFd) -> bool {
+    // SAFETY: pidfd_send_signal with a descriptor we own, signal 0 (a check only) and no
+    // siginfo.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            fd.as_raw_fd(),
+            0,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        )
+    };
+    r == 0
 }
 
 /// `engine sandbox daemon`: serve one-shots until a signal stops the process (its sandboxes
@@ -406,21 +411,17 @@ impl Daemon {
                 cred.uid()
             ));
         }
-        // The process that connected, by a pidfd where the kernel gives one: read through its
-        // pid, then confirmed still the same process (a pid reused meanwhile is refused).
+        // The process that connected (its pid and a pidfd of it, where the kernel gives one,
+        // name the same process): read through its pid, then found still there through the
+        // pidfd. A process that has not been reaped keeps its pid, so what was read is its
+        // own; one gone meanwhile (its pid maybe reused) is refused.
         let pidfd = peer_pidfd(s);
-        let pid = match &pidfd {
-            Some(fd) => match pidfd_pid(fd) {
-                Some(p) => p,
-                None => return Some("the client has exited".into()),
-            },
-            None => cred.pid(),
-        };
+        let pid = cred.pid();
         let theirs = match Lineage::of(&pid.to_string()) {
             Ok(l) => l,
             Err(e) => return Some(format!("the client's namespaces and limits: {e}")),
         };
-        if pidfd.as_ref().is_some_and(|fd| pidfd_pid(fd) != Some(pid)) {
+        if pidfd.as_ref().is_some_and(|fd| !still_there(fd)) {
             return Some("the client has exited".into());
         }
         let differ = theirs.differences(&self.lineage);
