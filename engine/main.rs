@@ -13,11 +13,14 @@ fn main() {
     // `engine sandbox exec` starts the watcher thread once its sandbox's init is started: with
     // a single thread until then, that init is forked from this process, not exec'd.
     cli::signals::install(!cli.command.is_one_shot());
-    cli::daemon::set_log_filter(&cli.log);
+    cli::daemon::set_log_filter(&cli.logging.log);
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_new(&cli.log).unwrap_or_else(|_| {
-                eprintln!("engine: bad --log filter {:?}; using `warn`", cli.log);
+            tracing_subscriber::EnvFilter::try_new(&cli.logging.log).unwrap_or_else(|_| {
+                eprintln!(
+                    "engine: bad --log filter {:?}; using `warn`",
+                    cli.logging.log
+                );
                 tracing_subscriber::EnvFilter::new("warn")
             }),
         )

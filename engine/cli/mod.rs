@@ -29,11 +29,18 @@ use std::path::PathBuf;
     after_help = EXIT_STATUS
 )]
 pub struct Cli {
+    #[command(flatten)]
+    pub logging: LogOpt,
+    #[command(subcommand)]
+    pub command: Cmd,
+}
+
+/// The log option, the same in [`Cli`] and [`OneShotCli`].
+#[derive(Debug, PartialEq, clap::Args)]
+pub struct LogOpt {
     /// Log filter (tracing EnvFilter syntax), e.g. `info` or `sandbox=debug`.
     #[arg(long, global = true, env = "ENVFACTORY_LOG", default_value = "warn")]
     pub log: String,
-    #[command(subcommand)]
-    pub command: Cmd,
 }
 
 #[derive(Subcommand)]
@@ -201,9 +208,8 @@ impl Cmd {
     disable_version_flag = true
 )]
 struct OneShotCli {
-    /// As [`Cli::log`].
-    #[arg(long, env = "ENVFACTORY_LOG", default_value = "warn")]
-    log: String,
+    #[command(flatten)]
+    logging: LogOpt,
     #[command(flatten)]
     exec: sandbox::ExecArgs,
 }
@@ -214,19 +220,15 @@ impl Cli {
     /// before `sandbox`, every other command) goes to the whole parser, which prints and
     /// exits as it always did.
     pub fn from_args() -> Self {
-        Self::from_iter(std::env::args_os())
-    }
-
-    fn from_iter(args: impl IntoIterator<Item = std::ffi::OsString>) -> Self {
-        let args: Vec<std::ffi::OsString> = args.into_iter().collect();
-        if let Some(c) = Self::one_shot(&args) {
+        let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+        if let Some(c) = Self::parse_one_shot(&args) {
             return c;
         }
         Self::parse_from(args)
     }
 
     /// The one-shot's parse of `args`, when they are `engine sandbox exec` and valid.
-    fn one_shot(args: &[std::ffi::OsString]) -> Option<Self> {
+    fn parse_one_shot(args: &[std::ffi::OsString]) -> Option<Self> {
         if args.get(1)? != "sandbox" || args.get(2)? != "exec" {
             return None;
         }
@@ -234,7 +236,7 @@ impl Cli {
             std::iter::once(std::ffi::OsString::from("engine")).chain(args[3..].iter().cloned());
         let o = OneShotCli::try_parse_from(rest).ok()?;
         Some(Cli {
-            log: o.log,
+            logging: o.logging,
             command: Cmd::Sandbox(sandbox::SandboxCmd::Exec(o.exec)),
         })
     }
@@ -375,13 +377,13 @@ mod tests {
             .chain(refused.iter().map(|c| (c, false)))
         {
             let a = args(case);
-            let fast = Cli::one_shot(&a);
+            let fast = Cli::parse_one_shot(&a);
             let whole = Cli::try_parse_from(&a);
             assert_eq!(fast.is_some(), fast_expected, "{case:?}");
             let Some(fast) = fast else { continue };
             let whole = whole
                 .unwrap_or_else(|e| panic!("{case:?}: taken by the one-shot's parser only: {e}"));
-            assert_eq!(fast.log, whole.log, "{case:?}");
+            assert_eq!(fast.logging, whole.logging, "{case:?}");
             match (fast.command, whole.command) {
                 (
                     Cmd::Sandbox(sandbox::SandboxCmd::Exec(f)),

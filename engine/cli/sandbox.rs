@@ -200,7 +200,8 @@ pub fn exec(
     let rt = runtime()?;
     // Its init forked from this process, which has a single thread until the signal watcher
     // starts, right after init does (an init program named by ENVFACTORY_INIT is always
-    // exec'd); if the create fails before, `main` starts it.
+    // exec'd); if the create fails before, `signals::before_exit` starts it when a signal
+    // came meanwhile.
     rt.set_forked_inits(std::env::var_os("ENVFACTORY_INIT").is_none());
     rt.after_next_init_start(Box::new(|| {
         super::signals::start_watcher();

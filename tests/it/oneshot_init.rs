@@ -75,6 +75,19 @@ fn memory_holds(pid: u32, needle: &[u8]) -> bool {
     false
 }
 
+/// The engine, killed (SIGKILL: its sandbox's init then ends when its control socket closes)
+/// if the test fails before it is waited for.
+struct KillOnDrop(Option<std::process::Child>);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
 /// [`look_at_init_once`] until the one-shot made its sandbox once: a one-shot makes it again,
 /// with an exec'd init, when the host changed while its first one was set up (tests running
 /// beside this one change files the host mask covers), and then there is no forked init to
@@ -82,14 +95,14 @@ fn memory_holds(pid: u32, needle: &[u8]) -> bool {
 fn look_at_init(exec_init: bool, secret: &str) -> InitView {
     for _ in 0..10 {
         let (view, log) = look_at_init_once(exec_init, secret);
-        if !log.contains("made again") {
+        if !log.contains("the host changed since its walk was remembered") {
             return view;
         }
     }
     panic!("the one-shot's sandbox was made again in 10 tries in a row: the host kept changing");
 }
 
-/// Run `engine sandbox exec -- sleep 30` (init exec'd from envfactory-init with `exec_init`,
+/// Run `engine sandbox exec -- sleep 60` (init exec'd from envfactory-init with `exec_init`,
 /// else forked), with a secret variable and an inherited descriptor (fd 9, a pipe without
 /// close-on-exec), look at its init while `sleep` runs, then stop it with SIGTERM. The view
 /// and the engine's log.
@@ -108,9 +121,11 @@ fn look_at_init_once(exec_init: bool, secret: &str) -> (InitView, String) {
         "sandbox=debug",
         "sandbox",
         "exec",
+        "--timeout",
+        "60s",
         "--",
         "sleep",
-        "30",
+        "60",
     ])
     .env("EF_TEST_SECRET", secret)
     .env_remove("ENVFACTORY_INIT")
@@ -128,8 +143,8 @@ fn look_at_init_once(exec_init: bool, secret: &str) -> (InitView, String) {
             Ok(())
         });
     }
-    let child = c.spawn().unwrap();
-    let engine_pid = child.id();
+    let mut child = KillOnDrop(Some(c.spawn().unwrap()));
+    let engine_pid = child.0.as_ref().map_or(0, |c| c.id());
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     let init = loop {
         let found = processes_with_parent(engine_pid).into_iter().find(|&p| {
@@ -227,7 +242,7 @@ fn look_at_init_once(exec_init: bool, secret: &str) -> (InitView, String) {
         nix::sys::signal::Signal::SIGTERM,
     )
     .unwrap();
-    let o = child.wait_with_output().unwrap();
+    let o = child.0.take().unwrap().wait_with_output().unwrap();
     assert_eq!(o.status.code(), Some(143), "{o:?}");
     let log = String::from_utf8_lossy(&o.stderr)
         .replace("\x1b[0m", "")

@@ -110,11 +110,15 @@ fn env_values() -> Vec<Option<String>> {
 fn write_frame(s: &mut UnixStream, bytes: &[u8]) -> std::io::Result<()> {
     let n = u32::try_from(bytes.len())
         .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidData, "message too large"))?;
-    // One write: the peer finds the whole frame at its first read.
-    let mut frame = Vec::with_capacity(4 + bytes.len());
-    frame.extend_from_slice(&n.to_le_bytes());
-    frame.extend_from_slice(bytes);
-    s.write_all(&frame)
+    // One system call for both parts where the socket takes them (no copy of the message),
+    // the rest after.
+    let len = n.to_le_bytes();
+    let sent = s.write_vectored(&[std::io::IoSlice::new(&len), std::io::IoSlice::new(bytes)])?;
+    if sent < len.len() {
+        s.write_all(&len[sent..])?;
+        return s.write_all(bytes);
+    }
+    s.write_all(&bytes[sent - len.len()..])
 }
 
 /// A frame's length, read; `Err(n)` (the length) when it is over `max`.

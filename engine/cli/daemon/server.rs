@@ -271,8 +271,9 @@ pub fn daemon(o: &DaemonOpts) -> anyhow::Result<i32> {
                 continue;
             }
         };
-        // Counted in until its thread ends, however `serve` ends (a panic too), or until
-        // it is refused here.
+        // Counted in until its job ends, however `serve` ends (a panic too), or until it is
+        // refused here (the job, and with it the slot, is dropped unrun when no thread takes
+        // it).
         let slot = Serving(d.clone());
         if d.serving.fetch_add(1, Ordering::SeqCst) >= MAX_SERVING {
             drop(slot);

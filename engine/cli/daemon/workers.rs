@@ -4,9 +4,10 @@
 //! client's hangup meanwhile).
 //!
 //! [`Workers`] runs each request on a thread that waits for work, or on a new one when none
-//! waits; a thread that waited [`IDLE_EXIT`] for work ends. [`until_hangup`] watches a
-//! client through a watcher thread of the serving thread's own, started on its first request
-//! and ended with it.
+//! waits; waiting threads end one at a time, each after [`IDLE_EXIT`] without work (after a
+//! burst of k threads, the last of the extra ones ends about k times `IDLE_EXIT` later).
+//! [`until_hangup`] watches a client through a watcher thread of the serving thread's own,
+//! started on its first request and ended with it.
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use std::cell::RefCell;
@@ -17,7 +18,7 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// How long a serving thread waits for a request before it ends.
+/// How long the waiting thread that is next in line for a request waits before it ends.
 pub const IDLE_EXIT: Duration = Duration::from_secs(60);
 
 type Job = Box<dyn FnOnce() + Send>;
@@ -57,7 +58,7 @@ impl Workers {
                 .name(self.name.into())
                 .spawn(move || work(&rx, &idle))?;
         }
-        // The receiver lives as long as any thread, and the one promised has not ended.
+        // `self.rx` keeps the receiver alive, so this cannot fail.
         self.tx
             .send(job)
             .map_err(|_| std::io::Error::other("no serving thread took the request"))
@@ -110,7 +111,7 @@ thread_local! {
     static WATCHER: RefCell<Option<Sender<Watch>>> = const { RefCell::new(None) };
 }
 
-/// The watcher of this thread, started if it has none.
+/// The watcher of this thread, started if it has none (or forgotten, see [`until_hangup`]).
 fn watcher() -> std::io::Result<Sender<Watch>> {
     WATCHER.with(|w| {
         if let Some(tx) = w.borrow().as_ref() {
@@ -174,15 +175,20 @@ pub fn until_hangup<T>(client: &UnixStream, init: i32, f: impl FnOnce() -> T) ->
     let prepared = (|| -> std::io::Result<_> {
         let watch_client = client.as_fd().try_clone_to_owned()?;
         let pidfd = pidfd_open(init)?;
-        let (done_r, done_w) = nix::unistd::pipe()?;
-        let tx = watcher()?;
-        tx.send(Watch {
+        let (done_r, done_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+        let w = Watch {
             client: watch_client,
             init: pidfd,
             done: done_r,
             pid: init,
-        })
-        .map_err(|_| std::io::Error::other("the hangup watcher has ended"))?;
+        };
+        if let Err(std::sync::mpsc::SendError(w)) = watcher()?.send(w) {
+            // This thread's watcher has ended (it cannot, short of a panic): a new one.
+            WATCHER.with(|t| *t.borrow_mut() = None);
+            watcher()?
+                .send(w)
+                .map_err(|_| std::io::Error::other("the hangup watcher has ended"))?;
+        }
         Ok(done_w)
     })();
     match prepared {
@@ -200,7 +206,7 @@ pub fn until_hangup<T>(client: &UnixStream, init: i32, f: impl FnOnce() -> T) ->
 
 /// A pidfd of process `pid` (signals through it never reach another process that got the
 /// same pid later).
-pub fn pidfd_open(pid: i32) -> std::io::Result<OwnedFd> {
+fn pidfd_open(pid: i32) -> std::io::Result<OwnedFd> {
     use std::os::fd::FromRawFd;
     // SAFETY: pidfd_open takes two integers and returns a new descriptor or -1.
     let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
@@ -287,7 +293,13 @@ mod tests {
             kept.0.try_wait().unwrap().is_none(),
             "killed without a hangup"
         );
+        // A hangup once `f` has returned kills nothing: the watch ended with `f`.
         drop(theirs);
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(
+            kept.0.try_wait().unwrap().is_none(),
+            "killed by a hangup after the command had ended"
+        );
         // The client goes while `f` runs: the process is killed, and `f` sees it end.
         let (ours, theirs) = UnixStream::pair().unwrap();
         let mut victim = spawn();
