@@ -390,6 +390,17 @@ fn a_daemon_serves_only_its_own_binary_and_environment() {
         .unwrap();
     assert_eq!(answer(&o).0, Some(2), "{:?}", answer(&o));
     assert_eq!(d.served(), before, "{}", d.log_text());
+    // The daemon's own state directory spelled through a symlink is the same state: served.
+    let link = dir.path().join("state-link");
+    std::os::unix::fs::symlink(d.state.path(), &link).unwrap();
+    let o = d
+        .strict()
+        .env("ENVFACTORY_STATE", &link)
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(answer(&o).0, Some(0), "{:?}", answer(&o));
+    assert_eq!(d.served(), before + 1, "{}", d.log_text());
     // A daemon does not start with a cap on one process's sandboxes.
     let capped_log = dir.path().join("capped.log");
     let mut capped = Guard(Some(spawn(

@@ -64,6 +64,8 @@ struct Daemon {
     serving: AtomicUsize,
     /// When the host mask was last found current (`Runtime::host_mask_current`).
     host_checked: Mutex<Option<Instant>>,
+    /// Held while the host mask is checked (see [`Daemon::check_host`]).
+    host_check: Mutex<()>,
     /// Served sandboxes (their processes killed), for the teardown thread.
     teardown: SyncSender<Sandbox>,
 }
@@ -244,6 +246,7 @@ pub fn daemon(o: &DaemonOpts) -> anyhow::Result<i32> {
         served: AtomicU64::new(0),
         serving: AtomicUsize::new(0),
         host_checked: Mutex::new(None),
+        host_check: Mutex::new(()),
         teardown: teardown_thread()?,
     });
     {
@@ -439,7 +442,15 @@ impl Daemon {
         if req.exe != self.exe {
             return Some("another engine binary".into());
         }
-        if req.state != self.state {
+        // The same directory spelled otherwise (a symlink, `..`) is the same state.
+        let same_dir = |a: &std::path::Path, b: &std::path::Path| {
+            a == b
+                || matches!(
+                    (std::fs::canonicalize(a), std::fs::canonicalize(b)),
+                    (Ok(x), Ok(y)) if x == y
+                )
+        };
+        if !same_dir(&req.state, &self.state) {
             return Some(format!(
                 "another state directory (the client's {}, the daemon's {})",
                 req.state.display(),
@@ -507,6 +518,20 @@ impl Daemon {
     /// plan now; when it is not, a new runtime (which plans the mask again) replaces it, and
     /// the sandboxes made ahead with the old mask are dropped.
     fn check_host(&self) -> anyhow::Result<()> {
+        // One check at a time: requests that find the check stale together do not each
+        // start a new runtime for the same change; one that waited for another's check uses
+        // its outcome when it found the mask current.
+        let _one = match self.host_check.try_lock() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => {
+                let g = locked(&self.host_check);
+                if self.host_checked_within(RECHECK_AFTER) {
+                    return Ok(());
+                }
+                g
+            }
+        };
         let rt = locked(&self.rt).clone();
         let t = Instant::now();
         if rt.host_mask_current()? {
