@@ -35,7 +35,8 @@ pub struct Cli {
     pub command: Cmd,
 }
 
-/// The log option, the same in [`Cli`] and [`OneShotCli`].
+// The log option, the same in `Cli` and `OneShotCli`. (A plain comment: clap takes a doc
+// comment here for the `about` of every command this is flattened into.)
 #[derive(Debug, PartialEq, clap::Args)]
 pub struct LogOpt {
     /// Log filter (tracing EnvFilter syntax), e.g. `info` or `sandbox=debug`.

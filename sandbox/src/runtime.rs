@@ -15,6 +15,10 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+/// What a create logs (at debug level) when the host changed while the sandbox was set up
+/// and it is made again from a fresh walk (a one-shot's only sandbox then has two inits).
+pub const MADE_AGAIN_HOST_CHANGED: &str = "the host changed since its walk was remembered, or its mask's entry since it was built: made again";
+
 /// The program that becomes PID 1 of each sandbox.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InitProgram {
@@ -744,10 +748,7 @@ impl Runtime {
                             .fetch_add(1, Ordering::Relaxed);
                     }
                     if !p.holds() {
-                        tracing::debug!(
-                            sandbox = %sb.name(),
-                            "the host changed since its walk was remembered, or its mask's entry since it was built: made again"
-                        );
+                        tracing::debug!(sandbox = %sb.name(), "{MADE_AGAIN_HOST_CHANGED}");
                         drop(sb);
                         // Its lock goes before the retry, whose prune can then remove an
                         // entry moved away as not matching.

@@ -401,6 +401,27 @@ fn a_daemon_serves_only_its_own_binary_and_environment() {
         .unwrap();
     assert_eq!(answer(&o).0, Some(0), "{:?}", answer(&o));
     assert_eq!(d.served(), before + 1, "{}", d.log_text());
+    // A relative state directory is the client's, not the daemon's: the relative spelling
+    // of the daemon's state from the daemon's directory (this test's), given by a client in
+    // another directory, names another one there.
+    let rel: PathBuf = std::env::current_dir()
+        .unwrap()
+        .components()
+        .skip(1)
+        .map(|_| "..")
+        .collect::<PathBuf>()
+        .join(d.state.path().strip_prefix("/").unwrap());
+    let elsewhere = dir.path().join("a/b");
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    let o = d
+        .strict()
+        .current_dir(&elsewhere)
+        .env("ENVFACTORY_STATE", &rel)
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    failed(&o, "another state directory");
+    assert_eq!(d.served(), before + 1, "{}", d.log_text());
     // A daemon does not start with a cap on one process's sandboxes.
     let capped_log = dir.path().join("capped.log");
     let mut capped = Guard(Some(spawn(

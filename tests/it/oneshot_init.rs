@@ -95,7 +95,7 @@ impl Drop for KillOnDrop {
 fn look_at_init(exec_init: bool, secret: &str) -> InitView {
     for _ in 0..10 {
         let (view, log) = look_at_init_once(exec_init, secret);
-        if !log.contains("the host changed since its walk was remembered") {
+        if !log.contains(sandbox::runtime::MADE_AGAIN_HOST_CHANGED) {
             return view;
         }
     }

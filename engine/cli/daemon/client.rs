@@ -82,7 +82,8 @@ pub fn ask(
     }
     let req = Request {
         exe: ExeId::of_self().context("identifying this engine binary")?,
-        state,
+        // Absolute (a relative one is this process's, not the daemon's).
+        state: std::path::absolute(&state).unwrap_or(state),
         env: env_values(),
         opts: opts.clone(),
         timeout_ms: timeout.as_millis() as u64,

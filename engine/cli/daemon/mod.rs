@@ -113,7 +113,12 @@ fn write_frame(s: &mut UnixStream, bytes: &[u8]) -> std::io::Result<()> {
     // One system call for both parts where the socket takes them (no copy of the message),
     // the rest after.
     let len = n.to_le_bytes();
-    let sent = s.write_vectored(&[std::io::IoSlice::new(&len), std::io::IoSlice::new(bytes)])?;
+    let sent = loop {
+        match s.write_vectored(&[std::io::IoSlice::new(&len), std::io::IoSlice::new(bytes)]) {
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            r => break r?,
+        }
+    };
     if sent < len.len() {
         s.write_all(&len[sent..])?;
         return s.write_all(bytes);

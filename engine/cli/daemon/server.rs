@@ -442,13 +442,15 @@ impl Daemon {
         if req.exe != self.exe {
             return Some("another engine binary".into());
         }
-        // The same directory spelled otherwise (a symlink, `..`) is the same state.
+        // The same directory spelled otherwise (a symlink, `..`) is the same state; a relative
+        // path would be resolved from the daemon's directory, not the client's.
         let same_dir = |a: &std::path::Path, b: &std::path::Path| {
-            a == b
-                || matches!(
-                    (std::fs::canonicalize(a), std::fs::canonicalize(b)),
-                    (Ok(x), Ok(y)) if x == y
-                )
+            a.is_absolute()
+                && (a == b
+                    || matches!(
+                        (std::fs::canonicalize(a), std::fs::canonicalize(b)),
+                        (Ok(x), Ok(y)) if x == y
+                    ))
         };
         if !same_dir(&req.state, &self.state) {
             return Some(format!(
@@ -489,7 +491,7 @@ impl Daemon {
     fn take(&self, opts: &SandboxOpts, cfg: &SandboxConfig) -> anyhow::Result<Sandbox> {
         // (Every root served is the host's.)
         if !self.host_checked_within(RECHECK_AFTER) {
-            self.check_host()?;
+            self.check_host(false)?;
         }
         let found = {
             let mut ready = locked(&self.ready);
@@ -517,21 +519,19 @@ impl Daemon {
     /// Check that the host mask of the daemon's runtime is the one a walk of the host would
     /// plan now; when it is not, a new runtime (which plans the mask again) replaces it, and
     /// the sandboxes made ahead with the old mask are dropped.
-    fn check_host(&self) -> anyhow::Result<()> {
+    fn check_host(&self, force: bool) -> anyhow::Result<()> {
         // One check at a time: requests that find the check stale together do not each
-        // start a new runtime for the same change; one that waited for another's check uses
-        // its outcome when it found the mask current.
+        // start a new runtime for the same change; a request's check is skipped when another
+        // found the mask current meanwhile (`force`: the expiry thread's, which keeps the
+        // last check recent, is not).
         let _one = match self.host_check.try_lock() {
             Ok(g) => g,
             Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
-            Err(std::sync::TryLockError::WouldBlock) => {
-                let g = locked(&self.host_check);
-                if self.host_checked_within(RECHECK_AFTER) {
-                    return Ok(());
-                }
-                g
-            }
+            Err(std::sync::TryLockError::WouldBlock) => locked(&self.host_check),
         };
+        if !force && self.host_checked_within(RECHECK_AFTER) {
+            return Ok(());
+        }
         let rt = locked(&self.rt).clone();
         let t = Instant::now();
         if rt.host_mask_current()? {
@@ -610,7 +610,7 @@ impl Daemon {
             self.tear_down(r.sandbox);
         }
         if !locked(&self.ready).is_empty() {
-            if let Err(e) = self.check_host() {
+            if let Err(e) = self.check_host(true) {
                 tracing::warn!(error = %e, "checking the host mask");
             }
         }
