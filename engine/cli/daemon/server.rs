@@ -167,20 +167,9 @@ fn peer_pidfd(s: &UnixStream) -> Option<OwnedFd> {
 }
 
 /// Whether the process of a pidfd is there (running, or exited and not yet reaped: its pid
-/// is still its own).
+/// is still its own): signal 0 through the pidfd, a check only.
 fn still_there(fd: &OwnedFd) -> bool {
-    // SAFETY: pidfd_send_signal with a descriptor we own, signal 0 (a check only) and no
-    // siginfo.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_pidfd_send_signal,
-            fd.as_raw_fd(),
-            0,
-            std::ptr::null::<libc::siginfo_t>(),
-            0,
-        )
-    };
-    r == 0
+    super::workers::pidfd_signal(fd, 0)
 }
 
 /// `engine sandbox daemon`: serve one-shots until a signal stops the process (its sandboxes
@@ -524,11 +513,7 @@ impl Daemon {
         // start a new runtime for the same change; a request's check is skipped when another
         // found the mask current meanwhile (`force`: the expiry thread's, which keeps the
         // last check recent, is not).
-        let _one = match self.host_check.try_lock() {
-            Ok(g) => g,
-            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
-            Err(std::sync::TryLockError::WouldBlock) => locked(&self.host_check),
-        };
+        let _one = locked(&self.host_check);
         if !force && self.host_checked_within(RECHECK_AFTER) {
             return Ok(());
         }

@@ -151,16 +151,7 @@ fn watch(w: &Watch) {
                 init = w.pid,
                 "the one-shot's client went away: its command is killed"
             );
-            // SAFETY: pidfd_send_signal with a descriptor we own and no siginfo.
-            unsafe {
-                libc::syscall(
-                    libc::SYS_pidfd_send_signal,
-                    w.init.as_raw_fd(),
-                    libc::SIGKILL,
-                    std::ptr::null::<libc::siginfo_t>(),
-                    0,
-                )
-            };
+            pidfd_signal(&w.init, libc::SIGKILL);
             return;
         }
     }
@@ -202,6 +193,22 @@ pub fn until_hangup<T>(client: &UnixStream, init: i32, f: impl FnOnce() -> T) ->
             f()
         }
     }
+}
+
+/// Send `sig` (0: none, a check that the process is there) to the process of a pidfd;
+/// whether the kernel took it.
+pub(super) fn pidfd_signal(fd: &OwnedFd, sig: libc::c_int) -> bool {
+    // SAFETY: pidfd_send_signal with a descriptor we own, a signal number and no siginfo.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            fd.as_raw_fd(),
+            sig,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        )
+    };
+    r == 0
 }
 
 /// A pidfd of process `pid` (signals through it never reach another process that got the
