@@ -716,6 +716,7 @@ impl Env {
         info.duration_us = t0.elapsed().as_micros() as u64;
         tracing::debug!(
             step = self.step,
+            action = ?action,
             exec_us,
             verify_us,
             observe_us = t_observe.elapsed().as_micros() as u64,

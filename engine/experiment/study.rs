@@ -70,6 +70,12 @@ pub struct TaskReport {
     /// is what learning costs end to end; `learning_cost` measures it by timers inside the
     /// training phase.
     pub learning_throughput_ratio: PerSeed,
+    /// The late training's episodes replayed without learning (steps per second) over the
+    /// random agent's steps per second: what the policy's own actions, episode lengths,
+    /// resets and confirmations cost the environments against the random agent's, learning
+    /// aside. `throughput_ratio` is about this times `learning_throughput_ratio` (exactly
+    /// when the late training ran at the whole training's rate).
+    pub policy_work_ratio: PerSeed,
     /// Environment steps per second of the environments alone while learning (training steps
     /// over the wall time of the vectorised steps and resets): what the environments give
     /// under the learning policy's own actions and episode lengths.
@@ -320,6 +326,7 @@ fn task_report(runs: Vec<RunReport>, curve_png: PathBuf) -> TaskReport {
         learning_throughput_ratio: col(&|r| {
             r.train.late_train_steps_per_s / r.train.replay_steps_per_s
         }),
+        policy_work_ratio: col(&|r| r.train.replay_steps_per_s / r.train.random_steps_per_s),
         env_steps_per_s: col(&|r| r.train.steps as f64 / r.train.env_seconds),
         learning_cost: col(&|r| 1.0 - r.train.env_seconds / r.train.train_seconds),
         learner_share: col(&|r| r.train.update_seconds / r.train.train_seconds),
@@ -425,17 +432,17 @@ pub fn render(r: &StudyReport) -> String {
     }
     let _ = writeln!(
         s,
-        "| task | held-out success | greedy | catalogue oracle | ratio | faulted success | faulted oracle | robustness gap | train steps/s | random steps/s | ratio | late training / its episodes replayed without learning | env steps/s while training | learning cost | learner share | steps to 0.9 (training, checks) | steps trained | steps per episode (first, last rollout) |"
+        "| task | held-out success | greedy | catalogue oracle | ratio | faulted success | faulted oracle | robustness gap | train steps/s | random steps/s | ratio | late training / its episodes replayed without learning | its episodes replayed / random | env steps/s while training | learning cost | learner share | steps to 0.9 (training, checks) | steps trained | steps per episode (first, last rollout) |"
     );
     let _ = writeln!(
         s,
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     );
     let o = |p: &Option<PerSeed>| p.as_ref().map_or("-".to_string(), fmt);
     for (task, t) in &r.tasks {
         let _ = writeln!(
             s,
-            "| {task} | {} | {} | {} | {} | {} | {} | {} | {:.0} ± {:.0} | {:.0} ± {:.0} | {} | {} | {:.0} ± {:.0} | {} | {} | {:.0}, {:.0} | {:.0} ± {:.0} | {:.1}, {:.1} |",
+            "| {task} | {} | {} | {} | {} | {} | {} | {} | {:.0} ± {:.0} | {:.0} ± {:.0} | {} | {} | {} | {:.0} ± {:.0} | {} | {} | {:.0}, {:.0} | {:.0} ± {:.0} | {:.1}, {:.1} |",
             fmt(&t.held_out_success),
             o(&t.held_out_greedy_success),
             fmt(&t.catalogue_oracle_success),
@@ -449,6 +456,7 @@ pub fn render(r: &StudyReport) -> String {
             t.random_steps_per_s.ci95,
             fmt(&t.throughput_ratio),
             fmt(&t.learning_throughput_ratio),
+            fmt(&t.policy_work_ratio),
             t.env_steps_per_s.mean,
             t.env_steps_per_s.ci95,
             fmt(&t.learning_cost),

@@ -170,7 +170,13 @@ baseline_steps = 8
         t.held_out_greedy_success.as_ref().unwrap().per_seed.len(),
         2
     );
-    for r in &t.runs {
+    for (i, r) in t.runs.iter().enumerate() {
+        // The ratio against the random agent splits into the policy's environment work and
+        // what learning costs.
+        assert_eq!(
+            t.policy_work_ratio.per_seed[i],
+            r.train.replay_steps_per_s / r.train.random_steps_per_s
+        );
         assert_eq!(r.held_out.episodes, 2);
         assert!(!r.train.checks.is_empty());
         assert!(r.train.steps <= 128 && r.train.steps % 64 == 0);
@@ -191,6 +197,7 @@ baseline_steps = 8
         "check_steps_to_0_9",
         "throughput_ratio",
         "learning_throughput_ratio",
+        "policy_work_ratio",
         "env_steps_per_s",
         "learning_cost",
         "episode_steps_first",
