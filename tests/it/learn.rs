@@ -171,11 +171,18 @@ baseline_steps = 8
         2
     );
     for (i, r) in t.runs.iter().enumerate() {
-        // The ratio against the random agent splits into the policy's environment work and
-        // what learning costs.
-        assert_eq!(
+        // The ratio against the random agent is the whole training's rate over the late
+        // training's, times what learning costs, times the policy's environment work.
+        let (tr, lt, pw) = (
+            t.throughput_ratio.per_seed[i],
+            t.learning_throughput_ratio.per_seed[i],
             t.policy_work_ratio.per_seed[i],
-            r.train.replay_steps_per_s / r.train.random_steps_per_s
+        );
+        assert_eq!(pw, r.train.replay_steps_per_s / r.train.random_steps_per_s);
+        let whole_over_late = r.train.train_steps_per_s / r.train.late_train_steps_per_s;
+        assert!(
+            (tr - whole_over_late * lt * pw).abs() <= 1e-9 * tr.max(1.0),
+            "{tr} {lt} {pw}"
         );
         assert_eq!(r.held_out.episodes, 2);
         assert!(!r.train.checks.is_empty());
