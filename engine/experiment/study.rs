@@ -74,7 +74,8 @@ pub struct TaskReport {
     /// random agent's steps per second: what the policy's own actions, episode lengths,
     /// resets and confirmations cost the environments against the random agent's, learning
     /// aside. `throughput_ratio` is exactly the whole training's steps per second over the
-    /// late training's, times `learning_throughput_ratio`, times this.
+    /// late training's, times `learning_throughput_ratio`, times this (when the replay ran:
+    /// else both are NaN).
     pub policy_work_ratio: PerSeed,
     /// Environment steps per second of the environments alone while learning (training steps
     /// over the wall time of the vectorised steps and resets): what the environments give

@@ -171,8 +171,19 @@ baseline_steps = 8
         2
     );
     for (i, r) in t.runs.iter().enumerate() {
+        assert_eq!(r.held_out.episodes, 2);
+        assert!(!r.train.checks.is_empty());
+        assert!(r.train.steps <= 128 && r.train.steps % 64 == 0);
+        // Stopped early exactly when a check solved both check levels before the budget.
+        let solved = r.train.checks.iter().any(|c| c.success_rate >= 1.0);
+        assert_eq!(r.train.stopped_early, solved && r.train.steps < 128);
+        // The environments' part of the training phase is a part of it.
+        assert!(r.train.env_seconds > 0.0 && r.train.env_seconds <= r.train.train_seconds);
+        // The learning-cost baseline: the late training's episodes played without learning.
+        assert!(r.train.replay_steps_per_s > 0.0 && r.train.late_train_steps_per_s > 0.0);
         // The ratio against the random agent is the whole training's rate over the late
-        // training's, times what learning costs, times the policy's environment work.
+        // training's, times what learning costs, times the policy's environment work (the
+        // columns' wiring; a replay that ran no episode would make both last factors NaN).
         let (tr, lt, pw) = (
             t.throughput_ratio.per_seed[i],
             t.learning_throughput_ratio.per_seed[i],
@@ -184,16 +195,6 @@ baseline_steps = 8
             (tr - whole_over_late * lt * pw).abs() <= 1e-9 * tr.max(1.0),
             "{tr} {lt} {pw}"
         );
-        assert_eq!(r.held_out.episodes, 2);
-        assert!(!r.train.checks.is_empty());
-        assert!(r.train.steps <= 128 && r.train.steps % 64 == 0);
-        // Stopped early exactly when a check solved both check levels before the budget.
-        let solved = r.train.checks.iter().any(|c| c.success_rate >= 1.0);
-        assert_eq!(r.train.stopped_early, solved && r.train.steps < 128);
-        // The environments' part of the training phase is a part of it.
-        assert!(r.train.env_seconds > 0.0 && r.train.env_seconds <= r.train.train_seconds);
-        // The learning-cost baseline: the late training's episodes played without learning.
-        assert!(r.train.replay_steps_per_s > 0.0 && r.train.late_train_steps_per_s > 0.0);
     }
     let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
     assert_eq!(json["complete"], true);
