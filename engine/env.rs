@@ -820,11 +820,10 @@ impl Env {
         obs.cwd = running.cwd.clone();
         obs.step = self.step;
         obs.max_steps = self.max_steps;
-        // One request for the listing and the disk usage (see [`sandbox::protocol::Overview`]).
-        let seen = running
-            .sandbox
-            .overview(&running.cwd, LISTING_ENTRIES)
-            .map_err(RunningError::from)?;
+        // The listing and the disk usage in one request ([`sandbox::protocol::Overview`]),
+        // usually answered along with the command (`looks.rs`).
+        let cwd = running.cwd.clone();
+        let seen = running.overview(&cwd, LISTING_ENTRIES)?;
         // A cwd the agent removed (or made unreadable): an empty listing says so.
         obs.listing = seen
             .entries

@@ -45,6 +45,7 @@ pub mod fingerprint;
 pub mod harbor;
 pub mod instance;
 pub mod learn;
+pub mod looks;
 pub mod netfault;
 pub mod perturb;
 pub mod probe;

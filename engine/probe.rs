@@ -417,6 +417,9 @@ pub struct SandboxProbe<'a> {
     pub sandbox: &'a mut dyn SandboxOps,
     /// See [`Probe::start_processes`]; recorded by `RunningInstance` after the start steps.
     pub start_processes: Option<&'a BTreeSet<(u32, u64)>>,
+    /// Set before a TCP request: a service may change the sandbox when asked, so reads
+    /// answered ahead ([`crate::looks`]) stop being used from then on.
+    pub contact: Option<&'a std::sync::atomic::AtomicBool>,
 }
 
 impl Probe for SandboxProbe<'_> {
@@ -455,6 +458,9 @@ impl Probe for SandboxProbe<'_> {
         request: &[u8],
         timeout: Duration,
     ) -> Result<Option<Vec<u8>>, ProbeError> {
+        if let Some(c) = self.contact {
+            c.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
         tcp_in_netns(self.sandbox.init_pid(), port, request, timeout)
     }
 

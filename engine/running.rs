@@ -4,6 +4,7 @@
 //! (a reset kills every process, so services, hogs and zombies are started again).
 
 use crate::instance::{Instance, Plan};
+use crate::looks::{Answering, Looks};
 use crate::netfault::{start_proxy, NetfaultError, ProxyHandle};
 use crate::probe::{SandboxConfirm, SandboxProbe};
 use crate::synth::{Cache, PinnedInstance, SynthError};
@@ -12,6 +13,7 @@ use sandbox::{
     DynBackend, ExecRequest, ExecResult, Limits, RootfsSpec, Runtime, SandboxConfig, SandboxError,
     SandboxOps,
 };
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 #[derive(Debug, thiserror::Error)]
@@ -174,6 +176,10 @@ pub struct RunningInstance {
     /// The processes alive once this episode's start steps had finished, when the instance
     /// asks for them (`RuntimeSettings::record_start_processes`).
     start_processes: Option<std::collections::BTreeSet<(u32, u64)>>,
+    /// What the verifier and the observation asked after the last agent command, sent along
+    /// with the next ([`crate::looks`]). Its answers serve only [`Self::judge`] and
+    /// [`Self::overview`] right after [`Self::run_agent`].
+    looks: Looks,
 }
 
 impl RunningInstance {
@@ -212,6 +218,7 @@ impl RunningInstance {
             cwd,
             env: cfg.env,
             start_processes: None,
+            looks: Looks::default(),
         };
         running.run_start_steps()?;
         Ok(running)
@@ -219,6 +226,7 @@ impl RunningInstance {
 
     /// Start a new episode: incremental reset, then the start steps.
     pub fn restart(&mut self) -> Result<(), RunningError> {
+        self.looks.clear();
         self.sandbox.reset()?;
         for p in &self._proxies {
             p.new_episode();
@@ -257,6 +265,7 @@ impl RunningInstance {
 
     /// Run a shell command as the agent would: the instance's environment, the current cwd.
     pub fn run(&mut self, cmd: &str, timeout: Duration) -> Result<ExecResult, RunningError> {
+        self.looks.clear();
         let mut req = ExecRequest::shell(cmd);
         req.cwd = self.cwd.clone();
         req.env = Some(self.env.clone());
@@ -286,7 +295,10 @@ impl RunningInstance {
         req.env = Some(self.env.clone());
         req.timeout_ms = timeout_ms;
         req.output_cap = output_cap;
+        self.looks.attach(&mut req);
+        let sent = req.then.clone();
         let mut res = self.sandbox.exec(&req)?;
+        self.looks.received(sent, &mut res);
         if let Some(pos) = find_last(&res.stderr, mark.as_bytes()) {
             // The directory runs to the end of the line: a background process may write to
             // stderr after the epilogue.
@@ -313,17 +325,53 @@ impl RunningInstance {
             return Err(RunningError::NoTask);
         };
         let task = crate::tasks::get(&setup.task).ok_or(RunningError::NoTask)?;
-        let mut v = task.verify(&setup, &mut self.probe())?;
+        // The verifier's reads: answered from what came with the agent's command where they
+        // did ([`crate::looks`]).
+        let contact = AtomicBool::new(false);
+        let mut answering = Answering::new(self.sandbox.as_mut(), &mut self.looks, &contact);
+        let verified = task.verify(
+            &setup,
+            &mut SandboxProbe {
+                sandbox: &mut answering,
+                start_processes: self.start_processes.as_ref(),
+                contact: Some(&contact),
+            },
+        );
+        self.looks.drop_answers_but_overviews();
+        let mut v = verified?;
         if !v.success {
             // The verifier's checks are the first half of the progress, the confirmation the
             // second ([`Verdict::confirmed_by`]): progress never falls when verify first passes.
             v.progress *= 0.5;
             return Ok(v);
         }
+        // The confirmation reads and changes the sandbox as it is now; an observation after
+        // it asks afresh.
+        self.looks.drop_answers();
         let mut sys = SandboxConfirm::new(self.probe());
         let c = task.confirm(&setup, &mut sys);
         sys.finish()?;
         Ok(v.confirmed_by(c?))
+    }
+
+    /// Requests of the verifier and the observation answered from what came with an agent
+    /// command, so far ([`crate::looks`]).
+    pub fn looks_answered(&self) -> u64 {
+        self.looks.answered()
+    }
+
+    /// The overview an observation shows (the listing of `path`, the disk usage): the one that
+    /// came with the last agent command when the sandbox has not changed since, else asked.
+    pub fn overview(
+        &mut self,
+        path: &str,
+        max_entries: u32,
+    ) -> Result<sandbox::protocol::Overview, RunningError> {
+        let contact = AtomicBool::new(false);
+        let mut answering = Answering::new(self.sandbox.as_mut(), &mut self.looks, &contact);
+        let o = answering.overview(path, max_entries)?;
+        self.looks.drop_answers();
+        Ok(o)
     }
 
     /// Trusted reads of the sandbox (for verifiers).
@@ -331,6 +379,7 @@ impl RunningInstance {
         SandboxProbe {
             sandbox: self.sandbox.as_mut(),
             start_processes: self.start_processes.as_ref(),
+            contact: None,
         }
     }
 }

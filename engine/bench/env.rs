@@ -20,7 +20,10 @@
 //!   time between `Env::reset` and the steps (summed over workers). `raw-exec` and `random`
 //!   are measured in `rounds` alternating rounds (rounded up to an even count; which goes
 //!   first alternates too) and summed; `random_vs_raw` gives, per worker count, their ratio
-//!   and each round's. Steps/s are each worker's steps over the time it really ran (an
+//!   and each round's. `raw-exec-episodes` (the ceiling's commands with an episode reset every
+//!   as many steps as the random agent's episodes last on average in the run) is measured in
+//!   the same rounds, and `random_vs_raw_episodes` gives the random agent's ratio to it: what
+//!   the Env itself costs, without the ceiling's rarer resets. Steps/s are each worker's steps over the time it really ran (an
 //!   episode or command that started before the deadline ends after it), summed.
 
 use super::{ms, Summary};
@@ -89,6 +92,12 @@ pub struct EnvBenchReport {
     /// Per worker count: the random agent's steps/s over the raw-exec ceiling's, both summed
     /// over the alternating rounds, and each round's own ratio.
     pub random_vs_raw: Vec<RoundsRatio>,
+    /// The same against `raw-exec-episodes`: the ceiling's commands with an episode reset
+    /// every as many steps as the random agent's episodes last on average in the same run
+    /// (rounded), measured in the same rounds. The ceiling resets every `max_steps` commands,
+    /// several times less often than a random agent whose episodes end when solved; this
+    /// ratio leaves that difference of the workload out and keeps what the Env itself adds.
+    pub random_vs_raw_episodes: Vec<RoundsRatio>,
 }
 
 /// A ratio of two throughputs measured in alternating rounds.
@@ -206,6 +215,8 @@ pub fn run(rt: &Runtime, cache: &Cache, o: &EnvBenchOpts) -> Result<EnvBenchRepo
     // too), each total the sum of its rounds.
     let mut throughput = Vec::new();
     let mut random_vs_raw = Vec::new();
+    let mut random_vs_raw_episodes = Vec::new();
+    let mut raw_episodes = Vec::new();
     // An even count, so that each goes first as often as the other.
     let rounds = o.rounds.max(1).next_multiple_of(2);
     let slice = o.seconds / rounds as f64;
@@ -213,28 +224,53 @@ pub fn run(rt: &Runtime, cache: &Cache, o: &EnvBenchOpts) -> Result<EnvBenchRepo
     let ratio =
         |b: &Throughput, a: &Throughput| b.steps_per_s / a.steps_per_s.max(f64::MIN_POSITIVE);
     let sum = |v: Vec<Throughput>| v.into_iter().reduce(|a, b| a.plus(&b));
+    // The random agent's mean episode length so far (its episodes are the same each round).
+    let episode_steps = |rands: &[Throughput]| {
+        let (steps, episodes) = rands
+            .iter()
+            .fold((0, 0), |(s, e), t| (s + t.steps, e + t.episodes));
+        (steps as f64 / episodes.max(1) as f64).round().max(1.0) as u64
+    };
     for &w in &o.workers {
-        let (mut raws, mut rands) = (Vec::new(), Vec::new());
+        let (mut raws, mut rands, mut raws_e) = (Vec::new(), Vec::new(), Vec::new());
+        let max_steps = None;
         for r in 0..rounds {
             if r % 2 == 0 {
-                raws.push(measure_raw(rt, cache, &o.task, w, slice)?);
+                raws.push(measure_raw(rt, cache, &o.task, w, slice, max_steps)?);
                 rands.push(measure(rt, cache, &o.task, "random", w, slice)?);
+                let every = Some(episode_steps(&rands));
+                raws_e.push(measure_raw(rt, cache, &o.task, w, slice, every)?);
             } else {
+                let every = Some(episode_steps(&rands));
+                raws_e.push(measure_raw(rt, cache, &o.task, w, slice, every)?);
                 rands.push(measure(rt, cache, &o.task, "random", w, slice)?);
-                raws.push(measure_raw(rt, cache, &o.task, w, slice)?);
+                raws.push(measure_raw(rt, cache, &o.task, w, slice, max_steps)?);
             }
         }
         let per_round = rands.iter().zip(&raws).map(|(b, a)| ratio(b, a)).collect();
-        if let (Some(a), Some(b)) = (sum(raws), sum(rands)) {
+        let per_round_e = rands
+            .iter()
+            .zip(&raws_e)
+            .map(|(b, a)| ratio(b, a))
+            .collect();
+        if let (Some(a), Some(b), Some(mut e)) = (sum(raws), sum(rands), sum(raws_e)) {
             random_vs_raw.push(RoundsRatio {
                 workers: w,
                 ratio: ratio(&b, &a),
                 per_round,
             });
+            random_vs_raw_episodes.push(RoundsRatio {
+                workers: w,
+                ratio: ratio(&b, &e),
+                per_round: per_round_e,
+            });
+            e.agent = "raw-exec-episodes".into();
             throughput.push(a);
+            raw_episodes.push(e);
             randoms.push(b);
         }
     }
+    throughput.extend(raw_episodes);
     throughput.extend(randoms);
     for agent in ["oracle", "catalogue"] {
         for &w in &o.workers {
@@ -254,6 +290,7 @@ pub fn run(rt: &Runtime, cache: &Cache, o: &EnvBenchOpts) -> Result<EnvBenchRepo
         host_sh_true: Summary::of(host),
         throughput,
         random_vs_raw,
+        random_vs_raw_episodes,
     })
 }
 
@@ -347,13 +384,15 @@ fn on_workers(
 }
 
 /// The ceiling: the random agent's commands run straight through the sandbox (no Env: no cwd
-/// tracking, verifier, observation or reward), an episode reset every `max_steps` commands.
+/// tracking, verifier, observation or reward), an episode reset every `every` commands
+/// (`None`: the task's `max_steps`), its time counted.
 fn measure_raw(
     rt: &Runtime,
     cache: &Cache,
     task: &str,
     workers: usize,
     seconds: f64,
+    every: Option<u64>,
 ) -> Result<Throughput, BenchEnvError> {
     let deadline = Duration::from_secs_f64(seconds);
     on_workers("raw-exec", workers, seconds, |w| {
@@ -374,7 +413,9 @@ fn measure_raw(
             running.run(a, Duration::from_secs(10))?;
             c.step_s += t.elapsed().as_secs_f64();
             c.steps += 1;
-            if c.steps.is_multiple_of(u64::from(setup.max_steps.max(1))) {
+            if c.steps
+                .is_multiple_of(every.unwrap_or(u64::from(setup.max_steps)).max(1))
+            {
                 running.restart()?;
             }
         }
@@ -451,15 +492,20 @@ pub fn render(r: &EnvBenchReport) -> String {
             t.reset_ms_per_episode, t.step_ms
         );
     }
-    for q in &r.random_vs_raw {
-        let rounds: Vec<String> = q.per_round.iter().map(|x| format!("{x:.3}")).collect();
-        let _ = writeln!(
-            s,
-            "random / raw-exec, {} worker(s): {:.3} (alternating rounds: {})",
-            q.workers,
-            q.ratio,
-            rounds.join(", ")
-        );
+    for (name, ratios) in [
+        ("raw-exec", &r.random_vs_raw),
+        ("raw-exec-episodes", &r.random_vs_raw_episodes),
+    ] {
+        for q in ratios {
+            let rounds: Vec<String> = q.per_round.iter().map(|x| format!("{x:.3}")).collect();
+            let _ = writeln!(
+                s,
+                "random / {name}, {} worker(s): {:.3} (alternating rounds: {})",
+                q.workers,
+                q.ratio,
+                rounds.join(", ")
+            );
+        }
     }
     s
 }

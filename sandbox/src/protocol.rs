@@ -63,6 +63,61 @@ pub struct ExecRequest {
     /// command cannot change its parent's. Backends without that path always append it.
     #[serde(default)]
     pub shell_epilogue: Option<String>,
+    /// Read-only looks answered right after the command, in the same exchange
+    /// ([`ExecResult::then`], one answer each, in order): what the caller would ask next (a
+    /// verifier's reads, an observation's overview) without another round trip. At most
+    /// [`MAX_LOOKS`]. Backends that cannot answer them leave [`ExecResult::then`] empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub then: Vec<Look>,
+}
+
+/// At most this many [`Look`]s ride on one command ([`ExecRequest::then`]).
+pub const MAX_LOOKS: usize = 16;
+
+/// A read-only request that may ride on a command ([`ExecRequest::then`]): answered as the
+/// request of the same name would be, right after the command has ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Look {
+    ReadFile {
+        path: String,
+        max_bytes: u64,
+        nofollow: bool,
+    },
+    Stat {
+        path: String,
+    },
+    ListDir {
+        path: String,
+    },
+    Overview {
+        path: String,
+        max_entries: u32,
+    },
+    Health,
+}
+
+impl Look {
+    /// The request this look stands for.
+    pub fn request(&self) -> Request {
+        match self {
+            Look::ReadFile {
+                path,
+                max_bytes,
+                nofollow,
+            } => Request::ReadFile {
+                path: path.clone(),
+                max_bytes: *max_bytes,
+                nofollow: *nofollow,
+            },
+            Look::Stat { path } => Request::Stat { path: path.clone() },
+            Look::ListDir { path } => Request::ListDir { path: path.clone() },
+            Look::Overview { path, max_entries } => Request::Overview {
+                path: path.clone(),
+                max_entries: *max_entries,
+            },
+            Look::Health => Request::Health,
+        }
+    }
 }
 
 impl ExecRequest {
@@ -86,6 +141,7 @@ impl ExecRequest {
             output_cap: 1 << 20,
             user: None,
             shell_epilogue: None,
+            then: Vec::new(),
         }
     }
 
@@ -124,6 +180,10 @@ pub struct ExecResult {
     /// The command's pid in the sandbox's pid namespace (its shell, for a shell command).
     #[serde(default)]
     pub pid: u32,
+    /// The answers to [`ExecRequest::then`], in order; empty where the backend does not
+    /// answer looks (or the request had none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub then: Vec<Response>,
 }
 
 impl ExecResult {
@@ -349,7 +409,7 @@ impl std::fmt::Display for FailureKind {
     }
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Response {
     Ok,
     Exec(Box<ExecResult>),
@@ -468,6 +528,7 @@ mod tests {
             duration_us: 0,
             oom_killed: false,
             pid: 0,
+            then: Vec::new(),
         };
         assert_eq!(r.exit_code(), 3);
         r.termination = Termination::Signaled(9);

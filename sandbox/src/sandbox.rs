@@ -337,17 +337,12 @@ impl Sandbox {
         max_bytes: u64,
         nofollow: bool,
     ) -> Result<(Vec<u8>, bool), SandboxError> {
-        match self.call(
-            Request::ReadFile {
-                path: path.into(),
-                max_bytes,
-                nofollow,
-            },
-            CONTROL_TIMEOUT,
-        )? {
-            Response::File { data, truncated } => Ok((data, truncated)),
-            other => Err(unexpected("read_file", other)),
-        }
+        let req = Request::ReadFile {
+            path: path.into(),
+            max_bytes,
+            nofollow,
+        };
+        file_answer(self.call(req, CONTROL_TIMEOUT)?)
     }
 
     pub fn write_file(&mut self, path: &str, data: &[u8], mode: u32) -> Result<(), SandboxError> {
@@ -362,17 +357,11 @@ impl Sandbox {
     }
 
     pub fn stat(&mut self, path: &str) -> Result<FileStat, SandboxError> {
-        match self.call(Request::Stat { path: path.into() }, CONTROL_TIMEOUT)? {
-            Response::Stat(s) => Ok(s),
-            other => Err(unexpected("stat", other)),
-        }
+        stat_answer(self.call(Request::Stat { path: path.into() }, CONTROL_TIMEOUT)?)
     }
 
     pub fn list_dir(&mut self, path: &str) -> Result<Vec<DirEntry>, SandboxError> {
-        match self.call(Request::ListDir { path: path.into() }, CONTROL_TIMEOUT)? {
-            Response::Dir(d) => Ok(d),
-            other => Err(unexpected("list_dir", other)),
-        }
+        dir_answer(self.call(Request::ListDir { path: path.into() }, CONTROL_TIMEOUT)?)
     }
 
     /// What an observation reads, in one request: the first `max_entries` entries of `path`
@@ -383,10 +372,7 @@ impl Sandbox {
             path: path.into(),
             max_entries,
         };
-        match self.call(req, CONTROL_TIMEOUT)? {
-            Response::Overview(o) => Ok(o),
-            other => Err(unexpected("overview", other)),
-        }
+        overview_answer(self.call(req, CONTROL_TIMEOUT)?)
     }
 
     /// Kill every process but init.
@@ -413,10 +399,7 @@ impl Sandbox {
     }
 
     pub fn health(&mut self) -> Result<Health, SandboxError> {
-        match self.call(Request::Health, CONTROL_TIMEOUT)? {
-            Response::Health(h) => Ok(h),
-            other => Err(unexpected("health", other)),
-        }
+        health_answer(self.call(Request::Health, CONTROL_TIMEOUT)?)
     }
 
     /// Memory charged to the sandbox's cgroup, bytes.
@@ -476,6 +459,47 @@ impl Sandbox {
         if self.signal_kill() {
             self.reap_killed();
         }
+    }
+}
+
+/// The answer to a [`Request::ReadFile`] (or its [`crate::protocol::Look`]): the bytes and
+/// whether they were cut.
+pub fn file_answer(r: Response) -> Result<(Vec<u8>, bool), SandboxError> {
+    match r {
+        Response::File { data, truncated } => Ok((data, truncated)),
+        other => Err(unexpected("read_file", other)),
+    }
+}
+
+/// The answer to a [`Request::Stat`] (or its look).
+pub fn stat_answer(r: Response) -> Result<FileStat, SandboxError> {
+    match r {
+        Response::Stat(s) => Ok(s),
+        other => Err(unexpected("stat", other)),
+    }
+}
+
+/// The answer to a [`Request::ListDir`] (or its look).
+pub fn dir_answer(r: Response) -> Result<Vec<DirEntry>, SandboxError> {
+    match r {
+        Response::Dir(d) => Ok(d),
+        other => Err(unexpected("list_dir", other)),
+    }
+}
+
+/// The answer to a [`Request::Overview`] (or its look).
+pub fn overview_answer(r: Response) -> Result<Overview, SandboxError> {
+    match r {
+        Response::Overview(o) => Ok(o),
+        other => Err(unexpected("overview", other)),
+    }
+}
+
+/// The answer to a [`Request::Health`] (or its look).
+pub fn health_answer(r: Response) -> Result<Health, SandboxError> {
+    match r {
+        Response::Health(h) => Ok(h),
+        other => Err(unexpected("health", other)),
     }
 }
 

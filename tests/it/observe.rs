@@ -36,3 +36,42 @@ fn observations_escape_control_characters_and_never_show_the_wrapper() {
     let s = e.step(&Action::Command("echo ok".into())).unwrap();
     assert_eq!(s.observation.stdout, "ok\n");
 }
+
+/// What the verifier and the observation read after a command rides on the next one
+/// (`engine/looks.rs`). Those answers are the state after that command: a file it made is in
+/// the listing at once, the listing and disk usage are those asked afresh, and the command that
+/// makes the archive is judged solved on its own step (the verifier's read of the archive came
+/// with it).
+#[test]
+fn reads_that_ride_on_a_command_see_its_effects() {
+    require_root!();
+    let mut e = Env::new(common::runtime(), common::cache(), EnvConfig::default()).unwrap();
+    let plan = Plan::for_task("archive-logs", 3, vec![]);
+    e.reset(&plan).unwrap();
+    let s = e.step(&Action::Command("touch fresh-file".into())).unwrap();
+    let o = &s.observation;
+    assert!(o.listing.contains(&"fresh-file".to_string()), "{o:?}");
+    let running = e.running().unwrap();
+    let answered = running.looks_answered();
+    // The verifier's read of the archive and the overview.
+    assert!(answered >= 2, "{answered} answered with the command");
+    let fresh = running.sandbox.overview(&o.cwd, 64).unwrap();
+    let names: Vec<String> = fresh
+        .entries
+        .unwrap()
+        .into_iter()
+        .map(|e| {
+            if e.is_dir {
+                format!("{}/", e.name)
+            } else {
+                e.name
+            }
+        })
+        .collect();
+    assert_eq!((&names, fresh.upper_bytes), (&o.listing, o.disk.used_bytes));
+    let first = e.reset(&plan).unwrap();
+    let mut oracle = engine::agents::Oracle::default();
+    let p = engine::episode::play(&mut e, &first, &mut oracle, &mut |_, _| {}).unwrap();
+    assert!(p.success && p.steps == 1, "{p:?}");
+    assert!(e.running().unwrap().looks_answered() > answered);
+}

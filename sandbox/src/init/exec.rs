@@ -31,6 +31,13 @@ impl Init {
         if !req.cwd.starts_with('/') {
             return invalid(format!("working directory {:?} is not absolute", req.cwd));
         }
+        if req.then.len() > crate::protocol::MAX_LOOKS {
+            return invalid(format!(
+                "{} looks after the command; at most {}",
+                req.then.len(),
+                crate::protocol::MAX_LOOKS
+            ));
+        }
         let env = req.env.clone().unwrap_or_else(|| self.plan.env.clone());
         // A shell command that needs no shell runs as its words (`direct.rs`).
         let (argv, shell): (Vec<String>, Option<&str>) = match &req.command {
@@ -139,6 +146,8 @@ impl Init {
         if shell.is_some() && !by_shell {
             as_dash_reports(&mut result, req.output_cap);
         }
+        // The looks, answered now as their own requests would be a moment later.
+        result.then = req.then.iter().map(|l| self.handle(l.request())).collect();
         Response::Exec(Box::new(result))
     }
 
@@ -271,6 +280,7 @@ impl Init {
             duration_us,
             oom_killed: false,
             pid: u32::try_from(pid).unwrap_or(0),
+            then: Vec::new(),
         }
     }
 }

@@ -397,7 +397,18 @@ impl Init {
             };
             let shutdown = matches!(req, Request::Shutdown);
             let resp = self.handle(req);
-            write_frame(&mut self.sock, "response", &resp)?;
+            match write_frame(&mut self.sock, "response", &resp) {
+                // Looks that make a command's answer too large to send are left out (nothing
+                // was written yet): the host asks for them one by one.
+                Err(e @ ProtocolError::TooLarge { .. }) => match resp {
+                    Response::Exec(mut r) if !r.then.is_empty() => {
+                        r.then.clear();
+                        write_frame(&mut self.sock, "response", &Response::Exec(r))?;
+                    }
+                    _ => return Err(e.into()),
+                },
+                r => r?,
+            }
             if shutdown {
                 return Ok(());
             }

@@ -132,3 +132,95 @@ fn an_init_program_that_cannot_be_executed_is_named_with_the_reason() {
     let mut sb = good.create(&config()).unwrap();
     assert_eq!(out(&sh(&mut sb, "echo up")), "up\n");
 }
+
+/// Looks ride on a command: each is answered after the command has ended (its file is there),
+/// exactly as its own request would be right after; a command with too many is refused before
+/// it runs.
+#[test]
+fn looks_after_a_command_are_answered_as_their_own_requests_would_be() {
+    use sandbox::protocol::{Look, MAX_LOOKS};
+    require_root!();
+    let rt = runtime();
+    let mut sb = rt.create(&config()).unwrap();
+    let looks = vec![
+        Look::ReadFile {
+            path: "/root/made".into(),
+            max_bytes: 3,
+            nofollow: true,
+        },
+        Look::Stat {
+            path: "/root/made".into(),
+        },
+        Look::ListDir {
+            path: "/root".into(),
+        },
+        Look::Overview {
+            path: "/root".into(),
+            max_entries: 10,
+        },
+        Look::ReadFile {
+            path: "/root/absent".into(),
+            max_bytes: 10,
+            nofollow: false,
+        },
+        Look::Health,
+    ];
+    let mut req = sandbox::ExecRequest::shell("printf hello > /root/made; mkdir /root/d");
+    req.then = looks.clone();
+    let r = sb.exec(&req).unwrap();
+    assert!(r.success(), "{r:?}");
+    assert_eq!(r.then.len(), looks.len(), "{r:?}");
+    let (data, cut) = sandbox::sandbox::file_answer(r.then[0].clone()).unwrap();
+    assert_eq!((data.as_slice(), cut), (&b"hel"[..], true));
+    // Each look asked alone now, its answer put back in the response it came as.
+    use sandbox::protocol::Response;
+    fn back<T>(r: Result<T, sandbox::SandboxError>, ok: impl FnOnce(T) -> Response) -> Response {
+        match r {
+            Ok(v) => ok(v),
+            Err(sandbox::SandboxError::Request { kind, message }) => {
+                Response::Failed { kind, message }
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    let file = |(data, truncated)| Response::File { data, truncated };
+    let own: Vec<Response> = looks
+        .iter()
+        .map(|l| match l {
+            Look::ReadFile {
+                path,
+                max_bytes,
+                nofollow: true,
+            } => back(sb.read_file_nofollow(path, *max_bytes), file),
+            Look::ReadFile {
+                path, max_bytes, ..
+            } => back(sb.read_file(path, *max_bytes), file),
+            Look::Stat { path } => back(sb.stat(path), Response::Stat),
+            Look::ListDir { path } => back(sb.list_dir(path), Response::Dir),
+            Look::Overview { path, max_entries } => {
+                back(sb.overview(path, *max_entries), Response::Overview)
+            }
+            Look::Health => back(sb.health(), Response::Health),
+        })
+        .collect();
+    for (i, (with, alone)) in r.then.iter().zip(&own).enumerate() {
+        match (with, alone) {
+            // Its counts are of the moment: compare what no command changes.
+            (Response::Health(a), Response::Health(b)) => assert_eq!(
+                (a.upper_bytes, a.snapshots, a.zygote_pid),
+                (b.upper_bytes, b.snapshots, b.zygote_pid)
+            ),
+            _ => assert_eq!(with, alone, "look {i}: {:?}", looks[i]),
+        }
+    }
+    assert!(
+        matches!(r.then[4], Response::Failed { .. }),
+        "{:?}",
+        r.then[4]
+    );
+    let mut too_many = sandbox::ExecRequest::shell("touch /root/ran");
+    too_many.then = vec![Look::Health; MAX_LOOKS + 1];
+    let e = sb.exec(&too_many).unwrap_err().to_string();
+    assert!(e.contains("at most 16"), "{e}");
+    assert!(sb.stat("/root/ran").is_err(), "the command did not run");
+}

@@ -1,0 +1,412 @@
+//! Reads that ride on the agent's command: what the verifier and the observation asked of the
+//! sandbox after the last command is asked again along with the next one
+//! ([`sandbox::protocol::ExecRequest::then`]), so that their answers come back in the
+//! command's own exchange instead of one round trip each.
+//!
+//! The answers are taken by init right after the command has ended, as the requests would be
+//! a moment later; nothing in between can change the sandbox but the command's own leftovers,
+//! which could as well act a moment later. An answer is used once, by the same request, and
+//! only until the verifier changes the sandbox (a confirmation restarts services): from then
+//! on every request goes to the sandbox, as it does after the verifier's first TCP request to a
+//! service (which may change what the service holds) and during a confirmation.
+
+use sandbox::protocol::{DirEntry, ExecRequest, ExecResult, FileStat, Health, Look, Overview};
+use sandbox::protocol::{Response, MAX_LOOKS};
+use sandbox::{SandboxError, SandboxOps};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Bytes that the recorded reads may ask for together (their `max_bytes`), so that a
+/// command's answer stays far below the protocol's frame limit.
+pub const READ_BUDGET: u64 = 32 << 20;
+
+/// What was asked after the last command, and the answers that came with it.
+#[derive(Debug, Default)]
+pub struct Looks {
+    /// Asked since the last command, in order, each once: sent along with the next.
+    asked: Vec<Look>,
+    /// Answers that came with the last command and are not used yet.
+    answers: Vec<(Look, Response)>,
+    /// Requests answered from what came with a command, so far (a round trip saved each).
+    answered: u64,
+}
+
+impl Looks {
+    /// Send what was asked after the last command along with `req`, and start recording
+    /// afresh.
+    pub fn attach(&mut self, req: &mut ExecRequest) {
+        self.answers.clear();
+        req.then = std::mem::take(&mut self.asked);
+    }
+
+    /// Keep the answers that came with `res` (none when the backend does not answer looks).
+    pub fn received(&mut self, sent: Vec<Look>, res: &mut ExecResult) {
+        let answers = std::mem::take(&mut res.then);
+        self.answers = if answers.len() == sent.len() {
+            sent.into_iter().zip(answers).collect()
+        } else {
+            Vec::new()
+        };
+    }
+
+    /// Forget every answer and what was asked (the sandbox changed: a reset, a command that
+    /// brings none).
+    pub fn clear(&mut self) {
+        self.asked.clear();
+        self.answers.clear();
+    }
+
+    /// Forget the answers left unused.
+    pub fn drop_answers(&mut self) {
+        self.answers.clear();
+    }
+
+    /// Forget the answers left unused but the overviews (an observation's, after the verdict).
+    pub fn drop_answers_but_overviews(&mut self) {
+        self.answers
+            .retain(|(l, _)| matches!(l, Look::Overview { .. }));
+    }
+
+    fn record(&mut self, look: &Look) {
+        if self.asked.len() >= MAX_LOOKS || self.asked.contains(look) {
+            return;
+        }
+        if let Look::ReadFile { max_bytes, .. } = look {
+            let asked: u64 = self
+                .asked
+                .iter()
+                .map(|l| match l {
+                    Look::ReadFile { max_bytes, .. } => *max_bytes,
+                    _ => 0,
+                })
+                .sum();
+            if asked.saturating_add(*max_bytes) > READ_BUDGET {
+                return;
+            }
+        }
+        self.asked.push(look.clone());
+    }
+
+    fn take(&mut self, look: &Look) -> Option<Response> {
+        let i = self.answers.iter().position(|(l, _)| l == look)?;
+        self.answered += 1;
+        Some(self.answers.remove(i).1)
+    }
+
+    /// Requests answered from what came with a command, so far.
+    pub fn answered(&self) -> u64 {
+        self.answered
+    }
+}
+
+/// A sandbox whose read-only requests are answered from [`Looks`] where they came with the
+/// last command, and recorded for the next; any other request goes to the sandbox and ends
+/// both (the sandbox may have changed).
+pub struct Answering<'a> {
+    pub inner: &'a mut dyn SandboxOps,
+    pub looks: &'a mut Looks,
+    /// Set once a request that may change the sandbox went through.
+    pub changed: bool,
+    /// Set from outside when the sandbox may have changed otherwise (a verifier's TCP request
+    /// to a service: [`crate::probe::SandboxProbe::contact`]).
+    pub contact: &'a AtomicBool,
+}
+
+impl<'a> Answering<'a> {
+    pub fn new(
+        inner: &'a mut dyn SandboxOps,
+        looks: &'a mut Looks,
+        contact: &'a AtomicBool,
+    ) -> Self {
+        Self {
+            inner,
+            looks,
+            changed: false,
+            contact,
+        }
+    }
+
+    /// The answer to `look`: the one that came with the command when there is one, else the
+    /// sandbox's own.
+    fn look<T>(
+        &mut self,
+        look: Look,
+        answer: fn(Response) -> Result<T, SandboxError>,
+        live: impl FnOnce(&mut dyn SandboxOps) -> Result<T, SandboxError>,
+    ) -> Result<T, SandboxError> {
+        if self.changed || self.contact.load(Ordering::Relaxed) {
+            return live(&mut *self.inner);
+        }
+        self.looks.record(&look);
+        match self.looks.take(&look) {
+            Some(r) => answer(r),
+            None => live(&mut *self.inner),
+        }
+    }
+
+    fn change(&mut self) -> &mut dyn SandboxOps {
+        self.changed = true;
+        self.looks.clear();
+        &mut *self.inner
+    }
+}
+
+impl SandboxOps for Answering<'_> {
+    fn exec(&mut self, req: &ExecRequest) -> Result<sandbox::ExecResult, SandboxError> {
+        self.change().exec(req)
+    }
+    fn read_file(&mut self, path: &str, max_bytes: u64) -> Result<(Vec<u8>, bool), SandboxError> {
+        let look = Look::ReadFile {
+            path: path.into(),
+            max_bytes,
+            nofollow: false,
+        };
+        self.look(look, sandbox::sandbox::file_answer, |s| {
+            s.read_file(path, max_bytes)
+        })
+    }
+    fn read_file_nofollow(
+        &mut self,
+        path: &str,
+        max_bytes: u64,
+    ) -> Result<(Vec<u8>, bool), SandboxError> {
+        let look = Look::ReadFile {
+            path: path.into(),
+            max_bytes,
+            nofollow: true,
+        };
+        self.look(look, sandbox::sandbox::file_answer, |s| {
+            s.read_file_nofollow(path, max_bytes)
+        })
+    }
+    fn write_file(&mut self, path: &str, data: &[u8], mode: u32) -> Result<(), SandboxError> {
+        self.change().write_file(path, data, mode)
+    }
+    fn stat(&mut self, path: &str) -> Result<FileStat, SandboxError> {
+        let look = Look::Stat { path: path.into() };
+        self.look(look, sandbox::sandbox::stat_answer, |s| s.stat(path))
+    }
+    fn list_dir(&mut self, path: &str) -> Result<Vec<DirEntry>, SandboxError> {
+        let look = Look::ListDir { path: path.into() };
+        self.look(look, sandbox::sandbox::dir_answer, |s| s.list_dir(path))
+    }
+    fn overview(&mut self, path: &str, max_entries: u32) -> Result<Overview, SandboxError> {
+        let look = Look::Overview {
+            path: path.into(),
+            max_entries,
+        };
+        self.look(look, sandbox::sandbox::overview_answer, |s| {
+            s.overview(path, max_entries)
+        })
+    }
+    fn kill_all(&mut self) -> Result<(), SandboxError> {
+        self.change().kill_all()
+    }
+    fn reset(&mut self) -> Result<(), SandboxError> {
+        self.change().reset()
+    }
+    fn snapshot(&mut self) -> Result<u32, SandboxError> {
+        self.change().snapshot()
+    }
+    fn rollback(&mut self, snapshot: u32) -> Result<(), SandboxError> {
+        self.change().rollback(snapshot)
+    }
+    fn health(&mut self) -> Result<Health, SandboxError> {
+        self.look(Look::Health, sandbox::sandbox::health_answer, |s| {
+            s.health()
+        })
+    }
+    fn is_alive(&self) -> bool {
+        self.inner.is_alive()
+    }
+    fn pids_usage(&self) -> (u64, Option<u64>) {
+        self.inner.pids_usage()
+    }
+    fn init_pid(&self) -> i32 {
+        self.inner.init_pid()
+    }
+    fn export_diff(
+        &self,
+        dst: &std::path::Path,
+        max_bytes: u64,
+    ) -> Result<Option<u64>, SandboxError> {
+        self.inner.export_diff(dst, max_bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn result(then: Vec<Response>) -> ExecResult {
+        ExecResult {
+            termination: sandbox::Termination::Exited(0),
+            stdout: vec![],
+            stderr: vec![],
+            stdout_truncated: false,
+            stderr_truncated: false,
+            duration_us: 0,
+            oom_killed: false,
+            pid: 0,
+            then,
+        }
+    }
+
+    fn read(path: &str, max_bytes: u64) -> Look {
+        Look::ReadFile {
+            path: path.into(),
+            max_bytes,
+            nofollow: true,
+        }
+    }
+
+    #[test]
+    fn what_was_asked_is_sent_once_each_in_order_within_the_bounds() {
+        let mut l = Looks::default();
+        l.record(&read("/a", 10));
+        l.record(&Look::Health);
+        l.record(&read("/a", 10));
+        l.record(&read("/big", READ_BUDGET)); // over the budget with /a: left to the sandbox
+        for i in 0..MAX_LOOKS {
+            l.record(&Look::Stat {
+                path: format!("/s{i}"),
+            });
+        }
+        let mut req = ExecRequest::shell("true");
+        l.attach(&mut req);
+        assert_eq!(req.then.len(), MAX_LOOKS);
+        assert_eq!(req.then[..2], [read("/a", 10), Look::Health]);
+        assert!(!req.then.contains(&read("/big", READ_BUDGET)));
+        let mut next = ExecRequest::shell("true");
+        l.attach(&mut next);
+        assert!(
+            next.then.is_empty(),
+            "recording starts afresh after each command"
+        );
+    }
+
+    #[test]
+    fn an_answer_serves_only_its_own_look_once_and_a_short_reply_keeps_none() {
+        let mut l = Looks::default();
+        let sent = vec![read("/a", 10), Look::Stat { path: "/b".into() }];
+        let answer = Response::File {
+            data: b"x".to_vec(),
+            truncated: false,
+        };
+        let mut res = result(vec![answer.clone(), Response::Ok]);
+        l.received(sent.clone(), &mut res);
+        assert!(res.then.is_empty());
+        assert_eq!(l.take(&read("/a", 11)), None, "another max is another look");
+        assert_eq!(l.take(&read("/a", 10)), Some(answer));
+        assert_eq!(l.take(&read("/a", 10)), None, "used once");
+        let mut short = result(vec![Response::Ok]);
+        l.received(sent, &mut short);
+        assert_eq!(l.take(&Look::Stat { path: "/b".into() }), None);
+    }
+
+    /// A sandbox that answers every read with how many requests it has had.
+    #[derive(Default)]
+    struct Counting(u64);
+
+    impl SandboxOps for Counting {
+        fn exec(&mut self, _: &ExecRequest) -> Result<ExecResult, SandboxError> {
+            self.0 += 1;
+            Ok(result(vec![]))
+        }
+        fn read_file(&mut self, _: &str, _: u64) -> Result<(Vec<u8>, bool), SandboxError> {
+            self.0 += 1;
+            Ok((self.0.to_string().into_bytes(), false))
+        }
+        fn read_file_nofollow(&mut self, p: &str, m: u64) -> Result<(Vec<u8>, bool), SandboxError> {
+            self.read_file(p, m)
+        }
+        fn write_file(&mut self, _: &str, _: &[u8], _: u32) -> Result<(), SandboxError> {
+            Err(SandboxError::Dead)
+        }
+        fn stat(&mut self, _: &str) -> Result<FileStat, SandboxError> {
+            Err(SandboxError::Dead)
+        }
+        fn list_dir(&mut self, _: &str) -> Result<Vec<DirEntry>, SandboxError> {
+            Err(SandboxError::Dead)
+        }
+        fn kill_all(&mut self) -> Result<(), SandboxError> {
+            Err(SandboxError::Dead)
+        }
+        fn reset(&mut self) -> Result<(), SandboxError> {
+            Err(SandboxError::Dead)
+        }
+        fn snapshot(&mut self) -> Result<u32, SandboxError> {
+            Err(SandboxError::Dead)
+        }
+        fn rollback(&mut self, _: u32) -> Result<(), SandboxError> {
+            Err(SandboxError::Dead)
+        }
+        fn health(&mut self) -> Result<Health, SandboxError> {
+            Err(SandboxError::Dead)
+        }
+        fn is_alive(&self) -> bool {
+            true
+        }
+        fn pids_usage(&self) -> (u64, Option<u64>) {
+            (0, None)
+        }
+        fn init_pid(&self) -> i32 {
+            0
+        }
+    }
+
+    fn with_answers(n: usize) -> Looks {
+        let mut l = Looks::default();
+        let sent: Vec<Look> = (0..n).map(|i| read(&format!("/{i}"), 10)).collect();
+        let answers = (0..n)
+            .map(|_| Response::File {
+                data: b"ahead".to_vec(),
+                truncated: false,
+            })
+            .collect();
+        l.received(sent, &mut result(answers));
+        l
+    }
+
+    #[test]
+    fn answers_stop_at_a_change_or_a_contact_and_are_recorded_until_then() {
+        let (mut sb, contact) = (Counting::default(), AtomicBool::new(false));
+        let mut looks = with_answers(3);
+        let mut a = Answering::new(&mut sb, &mut looks, &contact);
+        assert_eq!(a.read_file_nofollow("/0", 10).unwrap().0, b"ahead");
+        assert_eq!(a.read_file_nofollow("/0", 10).unwrap().0, b"1", "once");
+        contact.store(true, Ordering::Relaxed);
+        assert_eq!(
+            a.read_file_nofollow("/1", 10).unwrap().0,
+            b"2",
+            "after a contact"
+        );
+        contact.store(false, Ordering::Relaxed);
+        a.exec(&ExecRequest::shell("true")).unwrap();
+        assert_eq!(
+            a.read_file_nofollow("/2", 10).unwrap().0,
+            b"4",
+            "after a change"
+        );
+        assert!(a.changed);
+        let mut next = ExecRequest::shell("true");
+        looks.attach(&mut next);
+        assert!(next.then.is_empty(), "a change forgets what was asked");
+        let mut looks = with_answers(1);
+        let mut a = Answering::new(&mut sb, &mut looks, &contact);
+        a.read_file_nofollow("/0", 10).unwrap();
+        a.read_file("/9", 5).unwrap();
+        let mut next = ExecRequest::shell("true");
+        looks.attach(&mut next);
+        assert_eq!(
+            next.then,
+            [
+                read("/0", 10),
+                Look::ReadFile {
+                    path: "/9".into(),
+                    max_bytes: 5,
+                    nofollow: false
+                }
+            ]
+        );
+    }
+}
