@@ -491,7 +491,7 @@ impl Env {
     pub fn runs(&self, plan: &Plan) -> bool {
         self.running
             .as_ref()
-            .is_some_and(|l| l.sandbox.is_alive() && l.instance.plan == *plan)
+            .is_some_and(|l| l.sandbox().is_alive() && l.instance.plan == *plan)
     }
 
     /// The id of the current instance.
@@ -659,7 +659,8 @@ impl Env {
                     obs.exit_code = Some(127);
                     obs.stderr = format!("the command could not start: {e}");
                     if let Some(running) = self.running.as_mut() {
-                        if running.sandbox.stat(&running.cwd).is_err() {
+                        let cwd = running.cwd.clone();
+                        if running.sandbox_mut().stat(&cwd).is_err() {
                             obs.stderr.push_str(&format!(
                                 "\n[{} is gone; the working directory is / again]",
                                 running.cwd
@@ -673,6 +674,7 @@ impl Env {
         }
         info.irrelevant = !self.relevant(&cmd);
         let t_verify = Instant::now();
+        // The command's exchange, with the reads that came with it (`looks.rs`).
         let exec_us = t0.elapsed().as_micros() as u64;
         let verdict = match self.verify() {
             Ok(v) => v,

@@ -584,7 +584,7 @@ pub fn fingerprint_rootfs_started(
 /// Fingerprint of a running instance, with the environment its agent's commands get.
 pub fn fingerprint_running(running: &mut RunningInstance) -> Result<Fingerprint, FingerprintError> {
     let env = running.env.clone();
-    measure(running.sandbox.as_mut(), &env)
+    measure(running.sandbox_mut(), &env)
 }
 
 /// The fingerprints shipped with the engine (name, the data file's JSON: `provenance` and

@@ -1,14 +1,16 @@
 //! Reads that ride on the agent's command: what the verifier and the observation asked of the
 //! sandbox after the last command is asked again along with the next one
-//! ([`sandbox::protocol::ExecRequest::then`]), so that their answers come back in the
+//! ([`sandbox::protocol::ExecRequest::looks`]), so that their answers come back in the
 //! command's own exchange instead of one round trip each.
 //!
-//! The answers are taken by init right after the command has ended, as the requests would be
-//! a moment later; nothing in between can change the sandbox but the command's own leftovers,
-//! which could as well act a moment later. An answer is used once, by the same request, and
-//! only until the verifier changes the sandbox (a confirmation restarts services): from then
-//! on every request goes to the sandbox, as it does after the verifier's first TCP request to a
-//! service (which may change what the service holds) and during a confirmation.
+//! Init answers them at the moment the command has ended, where their own requests would come
+//! one round trip later. What the kernel finishes after a command's end is not in them yet: a
+//! process killed by the command dies when it is next scheduled, and what it held is freed
+//! then. So reads of processes (`/proc`) and of the disk accounting (`health`) are never sent
+//! ahead: they keep their own request, after the command, as before. An answer is used once,
+//! by the same request, in the verdict and the observation of that step. None is used once
+//! anything may have changed the sandbox: a request that changes it, the verifier's first TCP
+//! request to a service (which may change what the service holds), a confirmation.
 
 use sandbox::protocol::{DirEntry, ExecRequest, ExecResult, FileStat, Health, Look, Overview};
 use sandbox::protocol::{Response, MAX_LOOKS};
@@ -35,12 +37,12 @@ impl Looks {
     /// afresh.
     pub fn attach(&mut self, req: &mut ExecRequest) {
         self.answers.clear();
-        req.then = std::mem::take(&mut self.asked);
+        req.looks = std::mem::take(&mut self.asked);
     }
 
     /// Keep the answers that came with `res` (none when the backend does not answer looks).
     pub fn received(&mut self, sent: Vec<Look>, res: &mut ExecResult) {
-        let answers = std::mem::take(&mut res.then);
+        let answers = std::mem::take(&mut res.answers);
         self.answers = if answers.len() == sent.len() {
             sent.into_iter().zip(answers).collect()
         } else {
@@ -60,14 +62,16 @@ impl Looks {
         self.answers.clear();
     }
 
-    /// Forget the answers left unused but the overviews (an observation's, after the verdict).
-    pub fn drop_answers_but_overviews(&mut self) {
+    /// After the verifier's reads: the answers left unused are dropped, but for the overview
+    /// the observation will read, unless the verifier made contact with a service (which may
+    /// have changed the sandbox).
+    pub fn after_verify(&mut self, contact: bool) {
         self.answers
-            .retain(|(l, _)| matches!(l, Look::Overview { .. }));
+            .retain(|(l, _)| !contact && matches!(l, Look::Overview { .. }));
     }
 
     fn record(&mut self, look: &Look) {
-        if self.asked.len() >= MAX_LOOKS || self.asked.contains(look) {
+        if !sent_ahead(look) || self.asked.len() >= MAX_LOOKS || self.asked.contains(look) {
             return;
         }
         if let Look::ReadFile { max_bytes, .. } = look {
@@ -98,24 +102,37 @@ impl Looks {
     }
 }
 
+/// Whether `look` may be sent ahead: not a read of processes (`/proc`) or of the disk
+/// accounting (`health`), which lag behind the command's end (see the module's text).
+fn sent_ahead(look: &Look) -> bool {
+    let path = match look {
+        Look::ReadFile { path, .. } | Look::Stat { path } | Look::ListDir { path } => path,
+        Look::Overview { .. } => return true,
+        Look::Health => return false,
+    };
+    // Any `proc` component, so that `/x/../proc` is not sent ahead either (a symlink that
+    // leads into `/proc` is not seen here: such a read is still the state at the command's end).
+    !path.split('/').any(|c| c == "proc")
+}
+
 /// A sandbox whose read-only requests are answered from [`Looks`] where they came with the
 /// last command, and recorded for the next; any other request goes to the sandbox and ends
 /// both (the sandbox may have changed).
 pub struct Answering<'a> {
-    pub inner: &'a mut dyn SandboxOps,
-    pub looks: &'a mut Looks,
+    inner: &'a mut dyn SandboxOps,
+    looks: &'a mut Looks,
     /// Set once a request that may change the sandbox went through.
-    pub changed: bool,
+    changed: bool,
     /// Set from outside when the sandbox may have changed otherwise (a verifier's TCP request
     /// to a service: [`crate::probe::SandboxProbe::contact`]).
-    pub contact: &'a AtomicBool,
+    contact: Option<&'a AtomicBool>,
 }
 
 impl<'a> Answering<'a> {
     pub fn new(
         inner: &'a mut dyn SandboxOps,
         looks: &'a mut Looks,
-        contact: &'a AtomicBool,
+        contact: Option<&'a AtomicBool>,
     ) -> Self {
         Self {
             inner,
@@ -133,7 +150,7 @@ impl<'a> Answering<'a> {
         answer: fn(Response) -> Result<T, SandboxError>,
         live: impl FnOnce(&mut dyn SandboxOps) -> Result<T, SandboxError>,
     ) -> Result<T, SandboxError> {
-        if self.changed || self.contact.load(Ordering::Relaxed) {
+        if self.changed || self.contact.is_some_and(|c| c.load(Ordering::Relaxed)) {
             return live(&mut *self.inner);
         }
         self.looks.record(&look);
@@ -237,7 +254,7 @@ impl SandboxOps for Answering<'_> {
 mod tests {
     use super::*;
 
-    fn result(then: Vec<Response>) -> ExecResult {
+    fn result(answers: Vec<Response>) -> ExecResult {
         ExecResult {
             termination: sandbox::Termination::Exited(0),
             stdout: vec![],
@@ -247,7 +264,7 @@ mod tests {
             duration_us: 0,
             oom_killed: false,
             pid: 0,
-            then,
+            answers,
         }
     }
 
@@ -263,8 +280,18 @@ mod tests {
     fn what_was_asked_is_sent_once_each_in_order_within_the_bounds() {
         let mut l = Looks::default();
         l.record(&read("/a", 10));
-        l.record(&Look::Health);
+        let overview = Look::Overview {
+            path: "/root".into(),
+            max_entries: 64,
+        };
+        l.record(&overview);
         l.record(&read("/a", 10));
+        // Processes and the disk accounting lag behind a command's end: never sent ahead.
+        l.record(&Look::Health);
+        l.record(&read("/proc/7/stat", 4096));
+        l.record(&Look::ListDir {
+            path: "//./proc".into(),
+        });
         l.record(&read("/big", READ_BUDGET)); // over the budget with /a: left to the sandbox
         for i in 0..MAX_LOOKS {
             l.record(&Look::Stat {
@@ -273,13 +300,13 @@ mod tests {
         }
         let mut req = ExecRequest::shell("true");
         l.attach(&mut req);
-        assert_eq!(req.then.len(), MAX_LOOKS);
-        assert_eq!(req.then[..2], [read("/a", 10), Look::Health]);
-        assert!(!req.then.contains(&read("/big", READ_BUDGET)));
+        assert_eq!(req.looks.len(), MAX_LOOKS);
+        assert_eq!(req.looks[..2], [read("/a", 10), overview]);
+        assert!(!req.looks.contains(&read("/big", READ_BUDGET)));
         let mut next = ExecRequest::shell("true");
         l.attach(&mut next);
         assert!(
-            next.then.is_empty(),
+            next.looks.is_empty(),
             "recording starts afresh after each command"
         );
     }
@@ -294,7 +321,7 @@ mod tests {
         };
         let mut res = result(vec![answer.clone(), Response::Ok]);
         l.received(sent.clone(), &mut res);
-        assert!(res.then.is_empty());
+        assert!(res.answers.is_empty());
         assert_eq!(l.take(&read("/a", 11)), None, "another max is another look");
         assert_eq!(l.take(&read("/a", 10)), Some(answer));
         assert_eq!(l.take(&read("/a", 10)), None, "used once");
@@ -371,7 +398,7 @@ mod tests {
     fn answers_stop_at_a_change_or_a_contact_and_are_recorded_until_then() {
         let (mut sb, contact) = (Counting::default(), AtomicBool::new(false));
         let mut looks = with_answers(3);
-        let mut a = Answering::new(&mut sb, &mut looks, &contact);
+        let mut a = Answering::new(&mut sb, &mut looks, Some(&contact));
         assert_eq!(a.read_file_nofollow("/0", 10).unwrap().0, b"ahead");
         assert_eq!(a.read_file_nofollow("/0", 10).unwrap().0, b"1", "once");
         contact.store(true, Ordering::Relaxed);
@@ -390,15 +417,15 @@ mod tests {
         assert!(a.changed);
         let mut next = ExecRequest::shell("true");
         looks.attach(&mut next);
-        assert!(next.then.is_empty(), "a change forgets what was asked");
+        assert!(next.looks.is_empty(), "a change forgets what was asked");
         let mut looks = with_answers(1);
-        let mut a = Answering::new(&mut sb, &mut looks, &contact);
+        let mut a = Answering::new(&mut sb, &mut looks, Some(&contact));
         a.read_file_nofollow("/0", 10).unwrap();
         a.read_file("/9", 5).unwrap();
         let mut next = ExecRequest::shell("true");
         looks.attach(&mut next);
         assert_eq!(
-            next.then,
+            next.looks,
             [
                 read("/0", 10),
                 Look::ReadFile {
@@ -408,5 +435,31 @@ mod tests {
                 }
             ]
         );
+    }
+
+    #[test]
+    fn after_the_verifier_only_the_overview_is_kept_and_not_after_a_contact() {
+        let overview = Look::Overview {
+            path: "/root".into(),
+            max_entries: 64,
+        };
+        let sent = vec![read("/a", 10), overview.clone()];
+        let answers = || {
+            vec![
+                Response::Ok,
+                Response::Overview(Overview {
+                    entries: None,
+                    upper_bytes: 1,
+                }),
+            ]
+        };
+        let mut l = Looks::default();
+        l.received(sent.clone(), &mut result(answers()));
+        l.after_verify(false);
+        assert_eq!(l.take(&read("/a", 10)), None);
+        assert!(l.take(&overview).is_some());
+        l.received(sent, &mut result(answers()));
+        l.after_verify(true);
+        assert_eq!(l.take(&overview), None);
     }
 }

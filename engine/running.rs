@@ -13,7 +13,7 @@ use sandbox::{
     DynBackend, ExecRequest, ExecResult, Limits, RootfsSpec, Runtime, SandboxConfig, SandboxError,
     SandboxOps,
 };
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 #[derive(Debug, thiserror::Error)]
@@ -166,7 +166,9 @@ fn cwd_mark() -> String {
 
 /// An instance in its sandbox (on the native backend, or another one such as Docker's).
 pub struct RunningInstance {
-    pub sandbox: Box<dyn SandboxOps>,
+    /// Reached through [`Self::sandbox`] and [`Self::sandbox_mut`], so that no request outside
+    /// this type can slip between a command and the answers that came with it.
+    sandbox: Box<dyn SandboxOps>,
     pub instance: Instance,
     _pinned: PinnedInstance,
     _proxies: Vec<ProxyHandle>,
@@ -296,7 +298,7 @@ impl RunningInstance {
         req.timeout_ms = timeout_ms;
         req.output_cap = output_cap;
         self.looks.attach(&mut req);
-        let sent = req.then.clone();
+        let sent = req.looks.clone();
         let mut res = self.sandbox.exec(&req)?;
         self.looks.received(sent, &mut res);
         if let Some(pos) = find_last(&res.stderr, mark.as_bytes()) {
@@ -328,7 +330,7 @@ impl RunningInstance {
         // The verifier's reads: answered from what came with the agent's command where they
         // did ([`crate::looks`]).
         let contact = AtomicBool::new(false);
-        let mut answering = Answering::new(self.sandbox.as_mut(), &mut self.looks, &contact);
+        let mut answering = Answering::new(self.sandbox.as_mut(), &mut self.looks, Some(&contact));
         let verified = task.verify(
             &setup,
             &mut SandboxProbe {
@@ -337,7 +339,7 @@ impl RunningInstance {
                 contact: Some(&contact),
             },
         );
-        self.looks.drop_answers_but_overviews();
+        self.looks.after_verify(contact.load(Ordering::Relaxed));
         let mut v = verified?;
         if !v.success {
             // The verifier's checks are the first half of the progress, the confirmation the
@@ -354,6 +356,18 @@ impl RunningInstance {
         Ok(v.confirmed_by(c?))
     }
 
+    /// The sandbox, to read what does not change it (its pids, whether it lives).
+    pub fn sandbox(&self) -> &dyn SandboxOps {
+        self.sandbox.as_ref()
+    }
+
+    /// The sandbox, for any request: the answers that came with the last agent command are
+    /// dropped first, and what was asked since is forgotten.
+    pub fn sandbox_mut(&mut self) -> &mut dyn SandboxOps {
+        self.looks.clear();
+        self.sandbox.as_mut()
+    }
+
     /// Requests of the verifier and the observation answered from what came with an agent
     /// command, so far ([`crate::looks`]).
     pub fn looks_answered(&self) -> u64 {
@@ -367,8 +381,7 @@ impl RunningInstance {
         path: &str,
         max_entries: u32,
     ) -> Result<sandbox::protocol::Overview, RunningError> {
-        let contact = AtomicBool::new(false);
-        let mut answering = Answering::new(self.sandbox.as_mut(), &mut self.looks, &contact);
+        let mut answering = Answering::new(self.sandbox.as_mut(), &mut self.looks, None);
         let o = answering.overview(path, max_entries)?;
         self.looks.drop_answers();
         Ok(o)

@@ -21,9 +21,11 @@
 //!   are measured in `rounds` alternating rounds (rounded up to an even count; which goes
 //!   first alternates too) and summed; `random_vs_raw` gives, per worker count, their ratio
 //!   and each round's. `raw-exec-episodes` (the ceiling's commands with an episode reset every
-//!   as many steps as the random agent's episodes last on average in the run) is measured in
-//!   the same rounds, and `random_vs_raw_episodes` gives the random agent's ratio to it: what
-//!   the Env itself costs, without the ceiling's rarer resets. Steps/s are each worker's steps over the time it really ran (an
+//!   as many steps as the random agent's episodes have lasted so far in the run) is measured
+//!   in the same rounds, and `random_vs_raw_episodes` gives the random agent's ratio to it:
+//!   what the Env itself costs, without the ceiling's rarer resets. For both ceilings
+//!   `episodes` counts their resets.
+//!   Steps/s are each worker's steps over the time it really ran (an
 //!   episode or command that started before the deadline ends after it), summed.
 
 use super::{ms, Summary};
@@ -65,7 +67,9 @@ pub struct Throughput {
     pub seconds: f64,
     pub steps_per_s: f64,
     /// Milliseconds per episode spent in `Env::reset` (sandbox reset, start steps, the start
-    /// state's verdict and observation), summed over workers; 0 for `raw-exec`.
+    /// state's verdict and observation), summed over workers; for `raw-exec` and
+    /// `raw-exec-episodes`, whose `episodes` count their resets, in the sandbox's reset and the
+    /// start steps.
     pub reset_ms_per_episode: f64,
     /// Milliseconds per step spent in `Env::step` and the agent (command, verdict,
     /// observation), summed over workers; for `raw-exec` the commands alone.
@@ -93,8 +97,9 @@ pub struct EnvBenchReport {
     /// over the alternating rounds, and each round's own ratio.
     pub random_vs_raw: Vec<RoundsRatio>,
     /// The same against `raw-exec-episodes`: the ceiling's commands with an episode reset
-    /// every as many steps as the random agent's episodes last on average in the same run
-    /// (rounded), measured in the same rounds. The ceiling resets every `max_steps` commands,
+    /// every as many steps as the random agent's episodes have lasted on average so far in the
+    /// run (rounded; its `steps / episodes` says what that came to), measured in the same
+    /// rounds. The ceiling resets every `max_steps` commands,
     /// several times less often than a random agent whose episodes end when solved; this
     /// ratio leaves that difference of the workload out and keeps what the Env itself adds.
     pub random_vs_raw_episodes: Vec<RoundsRatio>,
@@ -170,7 +175,9 @@ pub fn run(rt: &Runtime, cache: &Cache, o: &EnvBenchOpts) -> Result<EnvBenchRepo
             running.restart()?;
             reset.push(ms(t));
             let t = Instant::now();
-            running.sandbox.exec(&sandbox::ExecRequest::shell("true"))?;
+            running
+                .sandbox_mut()
+                .exec(&sandbox::ExecRequest::shell("true"))?;
             exec.push(ms(t));
         }
     }
@@ -233,10 +240,10 @@ pub fn run(rt: &Runtime, cache: &Cache, o: &EnvBenchOpts) -> Result<EnvBenchRepo
     };
     for &w in &o.workers {
         let (mut raws, mut rands, mut raws_e) = (Vec::new(), Vec::new(), Vec::new());
-        let max_steps = None;
+        let at_max_steps = None;
         for r in 0..rounds {
             if r % 2 == 0 {
-                raws.push(measure_raw(rt, cache, &o.task, w, slice, max_steps)?);
+                raws.push(measure_raw(rt, cache, &o.task, w, slice, at_max_steps)?);
                 rands.push(measure(rt, cache, &o.task, "random", w, slice)?);
                 let every = Some(episode_steps(&rands));
                 raws_e.push(measure_raw(rt, cache, &o.task, w, slice, every)?);
@@ -244,7 +251,7 @@ pub fn run(rt: &Runtime, cache: &Cache, o: &EnvBenchOpts) -> Result<EnvBenchRepo
                 let every = Some(episode_steps(&rands));
                 raws_e.push(measure_raw(rt, cache, &o.task, w, slice, every)?);
                 rands.push(measure(rt, cache, &o.task, "random", w, slice)?);
-                raws.push(measure_raw(rt, cache, &o.task, w, slice, max_steps)?);
+                raws.push(measure_raw(rt, cache, &o.task, w, slice, at_max_steps)?);
             }
         }
         let per_round = rands.iter().zip(&raws).map(|(b, a)| ratio(b, a)).collect();
@@ -416,7 +423,11 @@ fn measure_raw(
             if c.steps
                 .is_multiple_of(every.unwrap_or(u64::from(setup.max_steps)).max(1))
             {
+                // Counted as an episode, so that a row says how often its ceiling reset.
+                let t = Instant::now();
                 running.restart()?;
+                c.reset_s += t.elapsed().as_secs_f64();
+                c.episodes += 1;
             }
         }
         c.elapsed_s = t0.elapsed().as_secs_f64();

@@ -64,18 +64,18 @@ pub struct ExecRequest {
     #[serde(default)]
     pub shell_epilogue: Option<String>,
     /// Read-only looks answered right after the command, in the same exchange
-    /// ([`ExecResult::then`], one answer each, in order): what the caller would ask next (a
+    /// ([`ExecResult::answers`], one answer each, in order): what the caller would ask next (a
     /// verifier's reads, an observation's overview) without another round trip. At most
-    /// [`MAX_LOOKS`]. Backends that cannot answer them leave [`ExecResult::then`] empty.
+    /// [`MAX_LOOKS`]. Backends that cannot answer them leave [`ExecResult::answers`] empty.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub then: Vec<Look>,
+    pub looks: Vec<Look>,
 }
 
-/// At most this many [`Look`]s ride on one command ([`ExecRequest::then`]).
+/// At most this many [`Look`]s ride on one command ([`ExecRequest::looks`]).
 pub const MAX_LOOKS: usize = 16;
 
-/// A read-only request that may ride on a command ([`ExecRequest::then`]): answered as the
-/// request of the same name would be, right after the command has ended.
+/// A read-only request that may ride on a command ([`ExecRequest::looks`]): answered as the
+/// request of the same name is, at the moment the command has ended.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Look {
     ReadFile {
@@ -141,7 +141,7 @@ impl ExecRequest {
             output_cap: 1 << 20,
             user: None,
             shell_epilogue: None,
-            then: Vec::new(),
+            looks: Vec::new(),
         }
     }
 
@@ -180,10 +180,11 @@ pub struct ExecResult {
     /// The command's pid in the sandbox's pid namespace (its shell, for a shell command).
     #[serde(default)]
     pub pid: u32,
-    /// The answers to [`ExecRequest::then`], in order; empty where the backend does not
-    /// answer looks (or the request had none).
+    /// The answers to [`ExecRequest::looks`], in order; empty where the backend does not
+    /// answer looks, where they did not fit in the reply's frame, or where the request had
+    /// none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub then: Vec<Response>,
+    pub answers: Vec<Response>,
 }
 
 impl ExecResult {
@@ -528,7 +529,7 @@ mod tests {
             duration_us: 0,
             oom_killed: false,
             pid: 0,
-            then: Vec::new(),
+            answers: Vec::new(),
         };
         assert_eq!(r.exit_code(), 3);
         r.termination = Termination::Signaled(9);

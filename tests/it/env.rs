@@ -48,10 +48,10 @@ fn oracle_reaches_the_goal_and_is_rewarded_once() {
         Err(engine::env::EnvError::EpisodeOver)
     ));
     // The next episode of the same instance starts unsolved, in the same sandbox.
-    let pid = e.running().unwrap().sandbox.init_pid();
+    let pid = e.running().unwrap().sandbox().init_pid();
     e.reset(&plan).unwrap();
     assert_eq!(
-        e.running().unwrap().sandbox.init_pid(),
+        e.running().unwrap().sandbox().init_pid(),
         pid,
         "the sandbox was not reused"
     );
@@ -214,7 +214,7 @@ fn a_wrecked_sandbox_is_an_infra_failure_and_the_next_episode_starts_clean() {
         .unwrap();
     assert!(!s.info.infra_failure);
     // The sandbox itself dies (from outside): infrastructure.
-    let pid = e.running().unwrap().sandbox.init_pid();
+    let pid = e.running().unwrap().sandbox().init_pid();
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(pid),
         nix::sys::signal::Signal::SIGKILL,
@@ -226,7 +226,7 @@ fn a_wrecked_sandbox_is_an_infra_failure_and_the_next_episode_starts_clean() {
     assert_eq!(s.reward, 0.0);
     // Next episode: a fresh sandbox with the instance intact.
     e.reset(&plan).unwrap();
-    assert_ne!(e.running().unwrap().sandbox.init_pid(), pid);
+    assert_ne!(e.running().unwrap().sandbox().init_pid(), pid);
     let s = e.step(&cmd("test -f /etc/passwd && echo ok")).unwrap();
     assert_eq!(s.observation.stdout.trim(), "ok");
 }
@@ -249,7 +249,7 @@ fn processes_the_agent_left_that_fill_the_pids_limit_are_its_own_failure() {
         e.reset(&plan).unwrap();
         let s = e.step(&cmd(bomb)).unwrap();
         assert!(!s.info.infra_failure, "{bomb}: {:?}", s.info);
-        let (current, max) = e.running().unwrap().sandbox.pids_usage();
+        let (current, max) = e.running().unwrap().sandbox().pids_usage();
         assert!(
             max.is_some_and(|m| current + 8 >= m),
             "{current} of {max:?}"

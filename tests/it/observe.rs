@@ -55,7 +55,7 @@ fn reads_that_ride_on_a_command_see_its_effects() {
     let answered = running.looks_answered();
     // The verifier's read of the archive and the overview.
     assert!(answered >= 2, "{answered} answered with the command");
-    let fresh = running.sandbox.overview(&o.cwd, 64).unwrap();
+    let fresh = running.sandbox_mut().overview(&o.cwd, 64).unwrap();
     let names: Vec<String> = fresh
         .entries
         .unwrap()

@@ -229,7 +229,7 @@ impl EnvWorker for KillInit {
             .entry(self.build)
             .or_default() += 1;
         if n == self.at && !self.killed.swap(true, Ordering::SeqCst) {
-            let pid = self.inner.env_mut().running().unwrap().sandbox.init_pid();
+            let pid = self.inner.env_mut().running().unwrap().sandbox().init_pid();
             nix::sys::signal::kill(
                 nix::unistd::Pid::from_raw(pid),
                 nix::sys::signal::Signal::SIGKILL,

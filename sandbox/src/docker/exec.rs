@@ -178,7 +178,7 @@ pub(crate) fn run(
             duration_us: started.elapsed().as_micros() as u64,
             oom_killed: killed && host::oom_kills(init_pid) > oom_before,
             pid: 0,
-            then: Vec::new(),
+            answers: Vec::new(),
         })
     })
 }

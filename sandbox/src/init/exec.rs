@@ -31,10 +31,10 @@ impl Init {
         if !req.cwd.starts_with('/') {
             return invalid(format!("working directory {:?} is not absolute", req.cwd));
         }
-        if req.then.len() > crate::protocol::MAX_LOOKS {
+        if req.looks.len() > crate::protocol::MAX_LOOKS {
             return invalid(format!(
                 "{} looks after the command; at most {}",
-                req.then.len(),
+                req.looks.len(),
                 crate::protocol::MAX_LOOKS
             ));
         }
@@ -146,8 +146,8 @@ impl Init {
         if shell.is_some() && !by_shell {
             as_dash_reports(&mut result, req.output_cap);
         }
-        // The looks, answered now as their own requests would be a moment later.
-        result.then = req.then.iter().map(|l| self.handle(l.request())).collect();
+        // The looks, answered as their own requests are, at the moment the command has ended.
+        result.answers = req.looks.iter().map(|l| self.handle(l.request())).collect();
         Response::Exec(Box::new(result))
     }
 
@@ -280,7 +280,7 @@ impl Init {
             duration_us,
             oom_killed: false,
             pid: u32::try_from(pid).unwrap_or(0),
-            then: Vec::new(),
+            answers: Vec::new(),
         }
     }
 }

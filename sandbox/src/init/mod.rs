@@ -398,11 +398,11 @@ impl Init {
             let shutdown = matches!(req, Request::Shutdown);
             let resp = self.handle(req);
             match write_frame(&mut self.sock, "response", &resp) {
-                // Looks that make a command's answer too large to send are left out (nothing
-                // was written yet): the host asks for them one by one.
+                // When a command's answers to its looks make its reply too large to send, they
+                // are all left out (nothing was written yet): the host asks one by one.
                 Err(e @ ProtocolError::TooLarge { .. }) => match resp {
-                    Response::Exec(mut r) if !r.then.is_empty() => {
-                        r.then.clear();
+                    Response::Exec(mut r) if !r.answers.is_empty() => {
+                        r.answers.clear();
                         write_frame(&mut self.sock, "response", &Response::Exec(r))?;
                     }
                     _ => return Err(e.into()),

@@ -166,11 +166,11 @@ fn looks_after_a_command_are_answered_as_their_own_requests_would_be() {
         Look::Health,
     ];
     let mut req = sandbox::ExecRequest::shell("printf hello > /root/made; mkdir /root/d");
-    req.then = looks.clone();
+    req.looks = looks.clone();
     let r = sb.exec(&req).unwrap();
     assert!(r.success(), "{r:?}");
-    assert_eq!(r.then.len(), looks.len(), "{r:?}");
-    let (data, cut) = sandbox::sandbox::file_answer(r.then[0].clone()).unwrap();
+    assert_eq!(r.answers.len(), looks.len(), "{r:?}");
+    let (data, cut) = sandbox::sandbox::file_answer(r.answers[0].clone()).unwrap();
     assert_eq!((data.as_slice(), cut), (&b"hel"[..], true));
     // Each look asked alone now, its answer put back in the response it came as.
     use sandbox::protocol::Response;
@@ -203,7 +203,7 @@ fn looks_after_a_command_are_answered_as_their_own_requests_would_be() {
             Look::Health => back(sb.health(), Response::Health),
         })
         .collect();
-    for (i, (with, alone)) in r.then.iter().zip(&own).enumerate() {
+    for (i, (with, alone)) in r.answers.iter().zip(&own).enumerate() {
         match (with, alone) {
             // Its counts are of the moment: compare what no command changes.
             (Response::Health(a), Response::Health(b)) => assert_eq!(
@@ -214,12 +214,12 @@ fn looks_after_a_command_are_answered_as_their_own_requests_would_be() {
         }
     }
     assert!(
-        matches!(r.then[4], Response::Failed { .. }),
+        matches!(r.answers[4], Response::Failed { .. }),
         "{:?}",
-        r.then[4]
+        r.answers[4]
     );
     let mut too_many = sandbox::ExecRequest::shell("touch /root/ran");
-    too_many.then = vec![Look::Health; MAX_LOOKS + 1];
+    too_many.looks = vec![Look::Health; MAX_LOOKS + 1];
     let e = sb.exec(&too_many).unwrap_err().to_string();
     assert!(e.contains("at most 16"), "{e}");
     assert!(sb.stat("/root/ran").is_err(), "the command did not run");
