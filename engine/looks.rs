@@ -7,7 +7,8 @@
 //! one round trip later. What the kernel finishes after a command's end is not in them yet: a
 //! process killed by the command dies when it is next scheduled, and what it held is freed
 //! then. So reads of processes (`/proc`) and of the disk accounting (`health`) are never sent
-//! ahead: they keep their own request, after the command, as before. An answer is used once,
+//! ahead: they keep their own request, after the command, as before (the observation's
+//! overview is, with the writable layer's usage it shows the agent). An answer is used once,
 //! by the same request, in the verdict and the observation of that step. None is used once
 //! anything may have changed the sandbox: a request that changes it, the verifier's first TCP
 //! request to a service (which may change what the service holds), a confirmation.
@@ -30,6 +31,8 @@ pub struct Looks {
     answers: Vec<(Look, Response)>,
     /// Requests answered from what came with a command, so far (a round trip saved each).
     answered: u64,
+    /// Whether the verifier of the last command's step made contact with a service.
+    contacted: bool,
 }
 
 impl Looks {
@@ -37,6 +40,7 @@ impl Looks {
     /// afresh.
     pub fn attach(&mut self, req: &mut ExecRequest) {
         self.answers.clear();
+        self.contacted = false;
         req.looks = std::mem::take(&mut self.asked);
     }
 
@@ -55,6 +59,7 @@ impl Looks {
     pub fn clear(&mut self) {
         self.asked.clear();
         self.answers.clear();
+        self.contacted = false;
     }
 
     /// Forget the answers left unused.
@@ -66,8 +71,14 @@ impl Looks {
     /// the observation will read, unless the verifier made contact with a service (which may
     /// have changed the sandbox).
     pub fn after_verify(&mut self, contact: bool) {
+        self.contacted |= contact;
         self.answers
             .retain(|(l, _)| !contact && matches!(l, Look::Overview { .. }));
+    }
+
+    /// Whether the verifier made contact with a service since the last command.
+    pub fn contacted(&self) -> bool {
+        self.contacted
     }
 
     fn record(&mut self, look: &Look) {
@@ -458,8 +469,15 @@ mod tests {
         l.after_verify(false);
         assert_eq!(l.take(&read("/a", 10)), None);
         assert!(l.take(&overview).is_some());
+        assert!(!l.contacted());
         l.received(sent, &mut result(answers()));
         l.after_verify(true);
         assert_eq!(l.take(&overview), None);
+        assert!(
+            l.contacted(),
+            "the observation asks afresh, without recording"
+        );
+        l.attach(&mut ExecRequest::shell("true"));
+        assert!(!l.contacted(), "until the next command");
     }
 }

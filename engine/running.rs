@@ -267,7 +267,8 @@ impl RunningInstance {
 
     /// Run a shell command as the agent would: the instance's environment, the current cwd.
     pub fn run(&mut self, cmd: &str, timeout: Duration) -> Result<ExecResult, RunningError> {
-        self.looks.clear();
+        // What was asked is kept for the next agent command (answers come only after one).
+        self.looks.drop_answers();
         let mut req = ExecRequest::shell(cmd);
         req.cwd = self.cwd.clone();
         req.env = Some(self.env.clone());
@@ -362,9 +363,9 @@ impl RunningInstance {
     }
 
     /// The sandbox, for any request: the answers that came with the last agent command are
-    /// dropped first, and what was asked since is forgotten.
+    /// dropped first.
     pub fn sandbox_mut(&mut self) -> &mut dyn SandboxOps {
-        self.looks.clear();
+        self.looks.drop_answers();
         self.sandbox.as_mut()
     }
 
@@ -381,14 +382,22 @@ impl RunningInstance {
         path: &str,
         max_entries: u32,
     ) -> Result<sandbox::protocol::Overview, RunningError> {
-        let mut answering = Answering::new(self.sandbox.as_mut(), &mut self.looks, None);
-        let o = answering.overview(path, max_entries)?;
+        // After a verifier's TCP contact no answer is used: the overview is not sent ahead
+        // either (it would be thrown away at every step).
+        let o = if self.looks.contacted() {
+            self.sandbox.overview(path, max_entries)?
+        } else {
+            let mut answering = Answering::new(self.sandbox.as_mut(), &mut self.looks, None);
+            answering.overview(path, max_entries)?
+        };
         self.looks.drop_answers();
         Ok(o)
     }
 
-    /// Trusted reads of the sandbox (for verifiers).
+    /// Trusted reads of the sandbox (for verifiers), as it is now: the answers that came with
+    /// the last agent command are dropped first.
     pub fn probe(&mut self) -> SandboxProbe<'_> {
+        self.looks.drop_answers();
         SandboxProbe {
             sandbox: self.sandbox.as_mut(),
             start_processes: self.start_processes.as_ref(),

@@ -24,7 +24,7 @@
 //!   as many steps as the random agent's episodes have lasted so far in the run) is measured
 //!   in the same rounds, and `random_vs_raw_episodes` gives the random agent's ratio to it:
 //!   what the Env itself costs, without the ceiling's rarer resets. For both ceilings
-//!   `episodes` counts their resets.
+//!   `episodes` counts the first episode and each reset.
 //!   Steps/s are each worker's steps over the time it really ran (an
 //!   episode or command that started before the deadline ends after it), summed.
 
@@ -412,7 +412,11 @@ fn measure_raw(
             .clone()
             .ok_or(crate::env::EnvError::NoTask)?;
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(w as u64);
-        let mut c = Counts::default();
+        // Its first episode counts, as an agent's does.
+        let mut c = Counts {
+            episodes: 1,
+            ..Counts::default()
+        };
         let t0 = Instant::now();
         while t0.elapsed() < deadline {
             let a = &setup.actions[rng.gen_range(0..setup.actions.len().max(1))];
