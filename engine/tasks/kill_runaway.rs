@@ -363,47 +363,20 @@ impl Task for KillRunaway {
                 "the episode's processes were not recorded",
             ));
         };
-        let procs = probe.processes()?;
-        // The processes the episode's start steps left, still alive (a zombie is gone).
-        let recorded: Vec<&Proc> = procs
-            .iter()
-            .filter(|p| !matches!(p.state, 'Z' | 'X' | 'x'))
-            .filter(|p| originals.contains(&(p.pid, p.start_ticks)))
-            .collect();
-        let mut checks = vec![Check::new(
-            "runaway gone",
-            !recorded.iter().any(|p| is_service(p, &f.hog)),
-            format!("the runaway {} still exists", f.hog),
-        )];
-        // A service the agent killed and started again is not "kept running": the one that
-        // counts is a process the episode's start steps left, the same pid with the same start
-        // time (a pid alone could come round again after a wrap).
-        for d in &f.decoys {
-            let kept = recorded
-                .iter()
-                .any(|p| is_service(p, d) && !matches!(p.state, 'T' | 't'));
-            let stopped = recorded.iter().any(|p| is_service(p, d));
-            let look_alike = running(&procs, d).next().is_some();
-            checks.push(Check::new(
-                format!("service {} running", script_name(d)),
-                kept,
-                if stopped {
-                    format!("the service {d} is stopped")
-                } else if look_alike {
-                    format!("the service {d} was restarted, not kept running")
-                } else {
-                    format!("the service {d} is not running")
-                },
-            ));
-        }
-        Ok(Verdict::checklist(checks))
+        Ok(Verdict::checklist(service_checks(
+            &probe.processes()?,
+            &originals,
+            &f,
+        )))
     }
 
     /// Nothing the agent left burns a CPU: the sandbox's CPU time sampled over an interval
     /// (twice when the first shows a burn, so that one reaping of a process killed just before
     /// the judgement, whose whole CPU time then moves to its parent's account, is not taken
-    /// for one).
-    fn confirm(&self, _setup: &TaskSetup, sys: &mut dyn Confirm) -> Result<Verdict, ProbeError> {
+    /// for one). Then the services are checked again as the verifier did: a process killed by
+    /// the agent's last command is gone by now even if it had not yet run when the verifier
+    /// read `/proc` (a pending SIGKILL still shows it as running).
+    fn confirm(&self, setup: &TaskSetup, sys: &mut dyn Confirm) -> Result<Verdict, ProbeError> {
         let Some(originals) = sys.start_processes().cloned() else {
             return Ok(Verdict::failed(
                 "processes recorded",
@@ -423,11 +396,17 @@ impl Task for KillRunaway {
             }
             burn = Some(b);
         }
-        Ok(Verdict::checklist(vec![Check::new(
+        let mut checks = vec![Check::new(
             "nothing burns a CPU",
             burn.is_none(),
             burn.map_or_else(String::new, |b| b.reason()),
-        )]))
+        )];
+        let f: Facts = match facts(setup) {
+            Ok(f) => f,
+            Err(v) => return Ok(v),
+        };
+        checks.extend(service_checks(&sys.processes()?, &originals, &f));
+        Ok(Verdict::checklist(checks))
     }
 
     /// Name the busiest of the app's services (the perl sampler; `ps` sorted by CPU when it
@@ -527,6 +506,44 @@ exit 1;"#;
         .map(|(k, v)| (k.to_string(), v))
         .collect()
     }
+}
+
+/// The verifier's checks of the services: the runaway gone, every other service the episode
+/// started still running (the same process: its pid and start time recorded).
+fn service_checks(procs: &[Proc], originals: &BTreeSet<(u32, u64)>, f: &Facts) -> Vec<Check> {
+    // The processes the episode's start steps left, still alive (a zombie is gone).
+    let recorded: Vec<&Proc> = procs
+        .iter()
+        .filter(|p| !matches!(p.state, 'Z' | 'X' | 'x'))
+        .filter(|p| originals.contains(&(p.pid, p.start_ticks)))
+        .collect();
+    let mut checks = vec![Check::new(
+        "runaway gone",
+        !recorded.iter().any(|p| is_service(p, &f.hog)),
+        format!("the runaway {} still exists", f.hog),
+    )];
+    // A service the agent killed and started again is not "kept running": the one that
+    // counts is a process the episode's start steps left, the same pid with the same start
+    // time (a pid alone could come round again after a wrap).
+    for d in &f.decoys {
+        let kept = recorded
+            .iter()
+            .any(|p| is_service(p, d) && !matches!(p.state, 'T' | 't'));
+        let stopped = recorded.iter().any(|p| is_service(p, d));
+        let look_alike = running(procs, d).next().is_some();
+        checks.push(Check::new(
+            format!("service {} running", script_name(d)),
+            kept,
+            if stopped {
+                format!("the service {d} is stopped")
+            } else if look_alike {
+                format!("the service {d} was restarted, not kept running")
+            } else {
+                format!("the service {d} is not running")
+            },
+        ));
+    }
+    checks
 }
 
 #[cfg(test)]
