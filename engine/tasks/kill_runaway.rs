@@ -14,7 +14,8 @@
 //! stream of short-lived processes or orphans counts) sampled over an interval; apart from the
 //! recorded processes (which include a perturbation's own busy processes, not the agent's
 //! doing), nothing may be burning a CPU. A renamed, reniced or restarted copy of the runaway is
-//! still a process that burns a CPU.
+//! still a process that burns a CPU. Then it reads the services again: one that the agent's
+//! last command killed may still have shown as running to the verifier (a pending SIGKILL).
 
 use super::util::{self, facts, pick, CLEAN_ENV};
 use super::{Check, Seen, Task, TaskError, TaskSetup, Verdict};
@@ -374,9 +375,15 @@ impl Task for KillRunaway {
     /// (twice when the first shows a burn, so that one reaping of a process killed just before
     /// the judgement, whose whole CPU time then moves to its parent's account, is not taken
     /// for one). Then the services are checked again as the verifier did: a process killed by
-    /// the agent's last command is gone by now even if it had not yet run when the verifier
-    /// read `/proc` (a pending SIGKILL still shows it as running).
+    /// the agent's last command is almost surely gone by now even if it had not yet run when
+    /// the verifier read `/proc` (a pending SIGKILL still shows it as running). Only the checks
+    /// that no longer hold are added, so that while the services hold the confirmation's
+    /// progress is the CPU sample's alone, as it was.
     fn confirm(&self, setup: &TaskSetup, sys: &mut dyn Confirm) -> Result<Verdict, ProbeError> {
+        let f: Facts = match facts(setup) {
+            Ok(f) => f,
+            Err(v) => return Ok(v),
+        };
         let Some(originals) = sys.start_processes().cloned() else {
             return Ok(Verdict::failed(
                 "processes recorded",
@@ -401,11 +408,8 @@ impl Task for KillRunaway {
             burn.is_none(),
             burn.map_or_else(String::new, |b| b.reason()),
         )];
-        let f: Facts = match facts(setup) {
-            Ok(f) => f,
-            Err(v) => return Ok(v),
-        };
-        checks.extend(service_checks(&sys.processes()?, &originals, &f));
+        let live = service_checks(&sys.processes()?, &originals, &f);
+        checks.extend(live.into_iter().filter(|c| !c.passed));
         Ok(Verdict::checklist(checks))
     }
 
@@ -609,6 +613,49 @@ mod tests {
         fn start_processes(&self) -> Option<&BTreeSet<(u32, u64)>> {
             self.start.as_ref()
         }
+    }
+
+    impl Confirm for Fake {
+        fn kill_all(&mut self) -> Result<(), ProbeError> {
+            Ok(())
+        }
+        fn run(
+            &mut self,
+            shell: &str,
+            _: Option<(u32, u32)>,
+            _: Duration,
+        ) -> Result<sandbox::ExecResult, ProbeError> {
+            panic!("kill-runaway's confirmation runs nothing, asked to run {shell}")
+        }
+    }
+
+    /// A decoy that the verifier saw but that is gone when the confirmation looks again (killed
+    /// by the last command, not yet scheduled when the verifier read `/proc`) fails the
+    /// confirmation; while the services hold, the CPU sample is its only check.
+    #[test]
+    fn the_confirmation_reads_the_services_again() {
+        let decoy = "/opt/orbit/bin/mailer.sh";
+        let record: BTreeSet<(u32, u64)> = [(40, 1000), (41, 1000)].into();
+        let confirm = |procs: Vec<Proc>| {
+            KillRunaway
+                .confirm(
+                    &setup(),
+                    &mut Fake {
+                        procs,
+                        start: Some(record.clone()),
+                        ..Fake::default()
+                    },
+                )
+                .unwrap()
+        };
+        let held = confirm(vec![service(41, decoy, 1000)]);
+        assert!(held.success, "{:?}", held.reasons);
+        assert_eq!(held.checks.len(), 1, "{:?}", held.checks);
+        let gone = confirm(vec![]);
+        assert!(!gone.success);
+        let names: Vec<&str> = gone.checks.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, ["nothing burns a CPU", "service mailer.sh running"]);
+        assert_eq!(gone.progress, 0.5);
     }
 
     fn service(pid: u32, script: &str, start_ticks: u64) -> Proc {
