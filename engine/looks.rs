@@ -135,7 +135,7 @@ pub struct Answering<'a> {
     /// Set once a request that may change the sandbox went through.
     changed: bool,
     /// Set from outside when the sandbox may have changed otherwise (a verifier's TCP request
-    /// to a service: [`crate::probe::SandboxProbe::contact`]).
+    /// to a service: `SandboxProbe::contact` in `probe.rs`).
     contact: Option<&'a AtomicBool>,
 }
 

@@ -299,9 +299,9 @@ impl RunningInstance {
         req.timeout_ms = timeout_ms;
         req.output_cap = output_cap;
         self.looks.attach(&mut req);
-        let sent = req.looks.clone();
         let mut res = self.sandbox.exec(&req)?;
-        self.looks.received(sent, &mut res);
+        self.looks
+            .received(std::mem::take(&mut req.looks), &mut res);
         if let Some(pos) = find_last(&res.stderr, mark.as_bytes()) {
             // The directory runs to the end of the line: a background process may write to
             // stderr after the epilogue.

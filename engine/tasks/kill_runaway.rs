@@ -615,6 +615,17 @@ mod tests {
         }
     }
 
+    impl Fake {
+        /// Processes `procs` with `record` as the episode's start.
+        fn recording(procs: Vec<Proc>, record: &BTreeSet<(u32, u64)>) -> Self {
+            Fake {
+                procs,
+                start: Some(record.clone()),
+                ..Fake::default()
+            }
+        }
+    }
+
     impl Confirm for Fake {
         fn kill_all(&mut self) -> Result<(), ProbeError> {
             Ok(())
@@ -638,14 +649,7 @@ mod tests {
         let record: BTreeSet<(u32, u64)> = [(40, 1000), (41, 1000)].into();
         let confirm = |procs: Vec<Proc>| {
             KillRunaway
-                .confirm(
-                    &setup(),
-                    &mut Fake {
-                        procs,
-                        start: Some(record.clone()),
-                        ..Fake::default()
-                    },
-                )
+                .confirm(&setup(), &mut Fake::recording(procs, &record))
                 .unwrap()
         };
         let held = confirm(vec![service(41, decoy, 1000)]);
@@ -726,14 +730,7 @@ mod tests {
         let record: BTreeSet<(u32, u64)> = [(40, 1000), (41, 1000)].into();
         let verdict = |procs: Vec<Proc>| {
             KillRunaway
-                .verify(
-                    &setup(),
-                    &mut Fake {
-                        procs,
-                        start: Some(record.clone()),
-                        ..Fake::default()
-                    },
-                )
+                .verify(&setup(), &mut Fake::recording(procs, &record))
                 .unwrap()
         };
         let mut stopped = service(40, hog, 1000);
