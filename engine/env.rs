@@ -514,6 +514,7 @@ impl Env {
             return Err(EnvError::NoTask);
         }
         self.done = true;
+        let t0 = Instant::now();
         let reuse = self.runs(plan);
         let mut restarted = false;
         if reuse {
@@ -554,6 +555,7 @@ impl Env {
             };
             self.running = Some(RunningInstance::start_on(backend, held)?);
         }
+        let started_us = t0.elapsed().as_micros() as u64;
         let Some(running) = self.running.as_mut() else {
             return Err(EnvError::NotReset);
         };
@@ -567,6 +569,7 @@ impl Env {
         self.episode_return = 0.0;
         self.history.clear();
         // The potential of the start state (a trivially solved start gives progress 1).
+        let t_verify = Instant::now();
         self.progress = match self.verify() {
             Ok(v) => v.progress,
             Err(e) if e.is_infrastructure() => {
@@ -575,8 +578,18 @@ impl Env {
             }
             Err(_) => 0.0,
         };
+        let verify_us = t_verify.elapsed().as_micros() as u64;
+        let t_observe = Instant::now();
         let mut obs = Observation::default();
         self.observe(&mut obs)?;
+        tracing::debug!(
+            incremental = restarted,
+            started_us,
+            verify_us,
+            observe_us = t_observe.elapsed().as_micros() as u64,
+            total_us = t0.elapsed().as_micros() as u64,
+            "env reset"
+        );
         self.last = obs.clone();
         Ok(obs)
     }

@@ -1,7 +1,9 @@
 //! Reads that ride on the agent's command: what the verifier and the observation asked of the
 //! sandbox after the last command is asked again along with the next one
 //! ([`sandbox::protocol::ExecRequest::looks`]), so that their answers come back in the
-//! command's own exchange instead of one round trip each.
+//! command's own exchange instead of one round trip each. An episode's reset carries them too
+//! (`RunningInstance::restart`, unless start steps follow it): the start state's verdict and
+//! observation ask mostly what the last step's asked.
 //!
 //! Init answers them at the moment the command has ended, where their own requests would come
 //! one round trip later. What the kernel finishes after a command's end is not in them yet: a
@@ -39,14 +41,25 @@ impl Looks {
     /// Send what was asked after the last command along with `req`, and start recording
     /// afresh.
     pub fn attach(&mut self, req: &mut ExecRequest) {
+        req.looks = self.take_asked();
+    }
+
+    /// What was asked since the last command or reset, to send along with the next one; the
+    /// answers left are dropped and recording starts afresh.
+    pub fn take_asked(&mut self) -> Vec<Look> {
         self.answers.clear();
         self.contacted = false;
-        req.looks = std::mem::take(&mut self.asked);
+        std::mem::take(&mut self.asked)
     }
 
     /// Keep the answers that came with `res` (none when the backend does not answer looks).
     pub fn received(&mut self, sent: Vec<Look>, res: &mut ExecResult) {
-        let answers = std::mem::take(&mut res.answers);
+        self.keep(sent, std::mem::take(&mut res.answers));
+    }
+
+    /// Keep `answers` to the looks `sent` along with a command or a reset; none unless there is
+    /// one for each.
+    pub fn keep(&mut self, sent: Vec<Look>, answers: Vec<Response>) {
         self.answers = if answers.len() == sent.len() {
             sent.into_iter().zip(answers).collect()
         } else {
@@ -54,8 +67,8 @@ impl Looks {
         };
     }
 
-    /// Forget every answer and what was asked (the sandbox changed: a reset, a command that
-    /// brings none).
+    /// Forget every answer and what was asked (the sandbox changed: a command that brings
+    /// none, a reset followed by start steps).
     pub fn clear(&mut self) {
         self.asked.clear();
         self.answers.clear();

@@ -228,8 +228,17 @@ impl RunningInstance {
 
     /// Start a new episode: incremental reset, then the start steps.
     pub fn restart(&mut self) -> Result<(), RunningError> {
-        self.looks.clear();
-        self.sandbox.reset()?;
+        if self.instance.runtime.start.is_empty() {
+            // The start state's verdict and observation mostly ask what the last step's asked:
+            // asked again with the reset, they are answered on the fresh state in its own
+            // exchange (`looks.rs`). Not when start steps follow: those change the state after.
+            let sent = self.looks.take_asked();
+            let answers = self.sandbox.reset_and_look(&sent)?;
+            self.looks.keep(sent, answers);
+        } else {
+            self.looks.clear();
+            self.sandbox.reset()?;
+        }
         for p in &self._proxies {
             p.new_episode();
         }
@@ -324,23 +333,31 @@ impl RunningInstance {
     ///
     /// [`Task::confirm`]: crate::tasks::Task::confirm
     pub fn judge(&mut self) -> Result<Verdict, RunningError> {
-        let Some(setup) = self.instance.task.clone() else {
+        // The fields one by one: the task's setup is borrowed while the sandbox is asked.
+        let Self {
+            sandbox,
+            instance,
+            start_processes,
+            looks,
+            ..
+        } = self;
+        let Some(setup) = instance.task.as_ref() else {
             return Err(RunningError::NoTask);
         };
         let task = crate::tasks::get(&setup.task).ok_or(RunningError::NoTask)?;
         // The verifier's reads: answered from what came with the agent's command where they
         // did ([`crate::looks`]).
         let contact = AtomicBool::new(false);
-        let mut answering = Answering::new(self.sandbox.as_mut(), &mut self.looks, Some(&contact));
+        let mut answering = Answering::new(sandbox.as_mut(), looks, Some(&contact));
         let verified = task.verify(
-            &setup,
+            setup,
             &mut SandboxProbe {
                 sandbox: &mut answering,
-                start_processes: self.start_processes.as_ref(),
+                start_processes: start_processes.as_ref(),
                 contact: Some(&contact),
             },
         );
-        self.looks.after_verify(contact.load(Ordering::Relaxed));
+        looks.after_verify(contact.load(Ordering::Relaxed));
         let mut v = verified?;
         if !v.success {
             // The verifier's checks are the first half of the progress, the confirmation the
@@ -350,9 +367,13 @@ impl RunningInstance {
         }
         // The confirmation reads and changes the sandbox as it is now; an observation after
         // it asks afresh.
-        self.looks.drop_answers();
-        let mut sys = SandboxConfirm::new(self.probe());
-        let c = task.confirm(&setup, &mut sys);
+        looks.drop_answers();
+        let mut sys = SandboxConfirm::new(SandboxProbe {
+            sandbox: sandbox.as_mut(),
+            start_processes: start_processes.as_ref(),
+            contact: None,
+        });
+        let c = task.confirm(setup, &mut sys);
         sys.finish()?;
         Ok(v.confirmed_by(c?))
     }

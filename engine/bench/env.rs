@@ -27,6 +27,8 @@
 //!   `episodes` counts the first episode and each reset.
 //!   Steps/s are each worker's steps over the time it really ran (an
 //!   episode or command that started before the deadline ends after it), summed.
+//!   `engine_cpu_us_per_step` and `init_cpu_us_per_step` say where the CPU of a step went on
+//!   the engine's side and in the sandbox's init (on 2 busy CPUs, CPU is what limits the rate).
 
 use super::{ms, Summary};
 use crate::env::{Env, EnvConfig};
@@ -74,6 +76,12 @@ pub struct Throughput {
     /// Milliseconds per step spent in `Env::step` and the agent (command, verdict,
     /// observation), summed over workers; for `raw-exec` the commands alone.
     pub step_ms: f64,
+    /// CPU time of the engine's worker threads per step, microseconds (resets included): what
+    /// the engine itself spends on each step.
+    pub engine_cpu_us_per_step: f64,
+    /// CPU time of the sandboxes' init processes per step, microseconds (resets included;
+    /// their commands and zygotes are processes of their own, not counted).
+    pub init_cpu_us_per_step: f64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -327,6 +335,18 @@ impl Throughput {
                 o.episodes,
             ),
             step_ms: weighted(self.step_ms, self.steps, o.step_ms, o.steps),
+            engine_cpu_us_per_step: weighted(
+                self.engine_cpu_us_per_step,
+                self.steps,
+                o.engine_cpu_us_per_step,
+                o.steps,
+            ),
+            init_cpu_us_per_step: weighted(
+                self.init_cpu_us_per_step,
+                self.steps,
+                o.init_cpu_us_per_step,
+                o.steps,
+            ),
         }
     }
 }
@@ -343,6 +363,33 @@ struct Counts {
     step_s: f64,
     /// Seconds the worker really ran (its last episode or command ends after the deadline).
     elapsed_s: f64,
+    /// CPU seconds of the worker's thread while it ran.
+    engine_cpu_s: f64,
+    /// CPU seconds of its sandbox's init while it ran, and the steps they were measured over
+    /// (an episode whose sandbox was replaced is left out).
+    init_cpu_s: f64,
+    init_steps: u64,
+}
+
+/// CPU seconds this thread has used.
+fn thread_cpu_s() -> f64 {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID)
+        .map(|t| t.tv_sec() as f64 + t.tv_nsec() as f64 * 1e-9)
+        .unwrap_or(0.0)
+}
+
+/// CPU seconds a (single-threaded) process has used, from the scheduler's own accounting
+/// (`/proc/PID/schedstat`, nanoseconds); `None` once it is gone.
+fn process_cpu_s(pid: i32) -> Option<f64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/schedstat")).ok()?;
+    let ns: u64 = text.split_whitespace().next()?.parse().ok()?;
+    Some(ns as f64 * 1e-9)
+}
+
+/// The init of `env`'s sandbox and its CPU seconds so far.
+fn init_cpu(env: &mut Env) -> Option<(i32, f64)> {
+    let pid = env.running()?.sandbox().init_pid();
+    Some((pid, process_cpu_s(pid)?))
 }
 
 /// Run `work(worker)` on `workers` threads and sum their counts into a throughput figure.
@@ -370,8 +417,11 @@ fn on_workers(
         steps_per_s: 0.0,
         reset_ms_per_episode: 0.0,
         step_ms: 0.0,
+        engine_cpu_us_per_step: 0.0,
+        init_cpu_us_per_step: 0.0,
     };
     let (mut reset_s, mut step_s, mut elapsed_s) = (0.0, 0.0, 0.0);
+    let (mut engine_cpu_s, mut init_cpu_s, mut init_steps) = (0.0, 0.0, 0);
     for r in results {
         let c = r?;
         t.steps += c.steps;
@@ -381,12 +431,17 @@ fn on_workers(
         reset_s += c.reset_s;
         step_s += c.step_s;
         elapsed_s += c.elapsed_s;
+        engine_cpu_s += c.engine_cpu_s;
+        init_cpu_s += c.init_cpu_s;
+        init_steps += c.init_steps;
         // Each worker's own rate over the time it really ran.
         t.steps_per_s += c.steps as f64 / c.elapsed_s.max(f64::MIN_POSITIVE);
     }
     t.seconds = elapsed_s / workers.max(1) as f64;
     t.reset_ms_per_episode = 1e3 * reset_s / t.episodes.max(1) as f64;
     t.step_ms = 1e3 * step_s / t.steps.max(1) as f64;
+    t.engine_cpu_us_per_step = 1e6 * engine_cpu_s / t.steps.max(1) as f64;
+    t.init_cpu_us_per_step = 1e6 * init_cpu_s / init_steps.max(1) as f64;
     Ok(t)
 }
 
@@ -417,6 +472,9 @@ fn measure_raw(
             episodes: 1,
             ..Counts::default()
         };
+        let init_pid = running.sandbox().init_pid();
+        let init_before = process_cpu_s(init_pid);
+        let cpu0 = thread_cpu_s();
         let t0 = Instant::now();
         while t0.elapsed() < deadline {
             let a = &setup.actions[rng.gen_range(0..setup.actions.len().max(1))];
@@ -435,6 +493,11 @@ fn measure_raw(
             }
         }
         c.elapsed_s = t0.elapsed().as_secs_f64();
+        c.engine_cpu_s = thread_cpu_s() - cpu0;
+        if let (Some(a), Some(b)) = (init_before, process_cpu_s(init_pid)) {
+            c.init_cpu_s = b - a;
+            c.init_steps = c.steps;
+        }
         Ok(c)
     })
 }
@@ -460,8 +523,10 @@ fn measure(
         // Warm: the instance synthesized and its sandbox created.
         env.reset(&plan)?;
         let mut c = Counts::default();
+        let cpu0 = thread_cpu_s();
         let t0 = Instant::now();
         while t0.elapsed() < deadline {
+            let init_before = init_cpu(&mut env);
             let t = Instant::now();
             let first = env.reset(&plan)?;
             let t_play = Instant::now();
@@ -472,8 +537,16 @@ fn measure(
             c.steps += u64::from(p.steps);
             c.successes += u64::from(p.success);
             c.infra += u64::from(p.infra);
+            // The same init before the reset and after the episode (else it was replaced).
+            if let (Some((pid, a)), Some((pid_after, b))) = (init_before, init_cpu(&mut env)) {
+                if pid == pid_after {
+                    c.init_cpu_s += b - a;
+                    c.init_steps += u64::from(p.steps);
+                }
+            }
         }
         c.elapsed_s = t0.elapsed().as_secs_f64();
+        c.engine_cpu_s = thread_cpu_s() - cpu0;
         Ok(c)
     })
 }
@@ -502,9 +575,9 @@ pub fn render(r: &EnvBenchReport) -> String {
     for t in &r.throughput {
         let _ = writeln!(
             s,
-            "{:<9} agent, {} worker(s): {:>7.0} steps/s  ({} steps, {} episodes, {} solved, {} infra failures; reset {:.2} ms/episode, step {:.2} ms)",
+            "{:<9} agent, {} worker(s): {:>7.0} steps/s  ({} steps, {} episodes, {} solved, {} infra failures; reset {:.2} ms/episode, step {:.2} ms; CPU per step: engine {:.0} us, init {:.0} us)",
             t.agent, t.workers, t.steps_per_s, t.steps, t.episodes, t.successes, t.infra_failures,
-            t.reset_ms_per_episode, t.step_ms
+            t.reset_ms_per_episode, t.step_ms, t.engine_cpu_us_per_step, t.init_cpu_us_per_step
         );
     }
     for (name, ratios) in [
@@ -523,4 +596,25 @@ pub fn render(r: &EnvBenchReport) -> String {
         }
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_times_come_from_the_kernels_accounting_and_grow_with_work() {
+        // This thread's own scheduler entry (`/proc/TID` reads as a process's does).
+        let tid = nix::unistd::gettid().as_raw();
+        let (thread0, sched0) = (thread_cpu_s(), process_cpu_s(tid).unwrap());
+        let t = Instant::now();
+        let mut x = 0u64;
+        while t.elapsed() < Duration::from_millis(30) {
+            x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(7));
+        }
+        assert!(thread_cpu_s() > thread0);
+        assert!(process_cpu_s(tid).unwrap() > sched0);
+        // A pid that is not there (above the kernel's pid_max) reads as gone.
+        assert_eq!(process_cpu_s(i32::MAX), None);
+    }
 }

@@ -200,7 +200,7 @@ impl Task for ArchiveLogs {
         let read = if bytes.len() as u64 > MAX_ARCHIVE {
             Err(format!("larger than {MAX_ARCHIVE} bytes (limit reached)"))
         } else {
-            tar_strict::read_tar_gz(&bytes, LIMITS)
+            tar_strict::read_tar_gz_remembered(&bytes, LIMITS)
         };
         let members = match read {
             Ok(m) if m.is_empty() => Err("no members".to_string()),

@@ -27,11 +27,23 @@
 //! components removed (`./srv//a.log` is `srv/a.log`).
 
 use super::util::sha256_hex;
+use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read;
 
+/// Archives up to this size are remembered by [`read_tar_gz_remembered`].
+const REMEMBERED_MAX: usize = 1 << 20;
+
+/// What a read is remembered as: the archive's bytes, the limits and the result.
+type Remembered = (Vec<u8>, Limits, Result<Vec<Member>, String>);
+
+thread_local! {
+    /// The last archive [`read_tar_gz_remembered`] read on this thread.
+    static LAST: RefCell<Option<Remembered>> = const { RefCell::new(None) };
+}
+
 /// How much an archive may hold.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
     /// Bytes after decompression.
     pub max_unpacked: u64,
@@ -96,6 +108,26 @@ impl Member {
 pub fn read_tar_gz(gz: &[u8], limits: Limits) -> Result<Vec<Member>, String> {
     let tar = gunzip(gz, limits.max_unpacked)?;
     read_tar(&tar, limits.max_members)
+}
+
+/// [`read_tar_gz`], remembering the last archive read on this thread: a verifier reads the
+/// same archive after every step, mostly unchanged. Only the very same bytes under the same
+/// limits are answered from memory (compared whole, byte for byte), so the result is always
+/// the one `read_tar_gz` gives; archives over 1 MiB are read afresh each time.
+pub fn read_tar_gz_remembered(gz: &[u8], limits: Limits) -> Result<Vec<Member>, String> {
+    if gz.len() > REMEMBERED_MAX {
+        return read_tar_gz(gz, limits);
+    }
+    let known = LAST.with(|last| match &*last.borrow() {
+        Some((bytes, l, read)) if bytes.as_slice() == gz && *l == limits => Some(read.clone()),
+        _ => None,
+    });
+    if let Some(read) = known {
+        return read;
+    }
+    let read = read_tar_gz(gz, limits);
+    LAST.with(|last| *last.borrow_mut() = Some((gz.to_vec(), limits, read.clone())));
+    read
 }
 
 /// Every gzip member of `gz`, concatenated, complete and checked; nothing after the last.

@@ -2,7 +2,8 @@
 //! Docker backend (`docker::DockerBackend`) implement it.
 
 use crate::protocol::{
-    DirEntry, ExecRequest, ExecResult, FileKind, FileStat, Health, Overview, ShownEntry,
+    DirEntry, ExecRequest, ExecResult, FileKind, FileStat, Health, Look, Overview, Response,
+    ShownEntry,
 };
 use crate::{Runtime, Sandbox, SandboxConfig, SandboxError};
 
@@ -46,6 +47,13 @@ pub trait SandboxOps: Send {
     }
     fn kill_all(&mut self) -> Result<(), SandboxError>;
     fn reset(&mut self) -> Result<(), SandboxError>;
+    /// [`Self::reset`], then `looks` answered on the fresh state, in order; by default none
+    /// are (an empty answer: ask them one by one). The native backend answers them in the
+    /// reset's own exchange.
+    fn reset_and_look(&mut self, looks: &[Look]) -> Result<Vec<Response>, SandboxError> {
+        let _ = looks;
+        self.reset().map(|()| Vec::new())
+    }
     fn snapshot(&mut self) -> Result<u32, SandboxError>;
     fn rollback(&mut self, snapshot: u32) -> Result<(), SandboxError>;
     fn health(&mut self) -> Result<Health, SandboxError>;
@@ -147,6 +155,9 @@ impl SandboxOps for Sandbox {
     }
     fn reset(&mut self) -> Result<(), SandboxError> {
         Sandbox::reset(self)
+    }
+    fn reset_and_look(&mut self, looks: &[Look]) -> Result<Vec<Response>, SandboxError> {
+        Sandbox::reset_and_look(self, looks)
     }
     fn snapshot(&mut self) -> Result<u32, SandboxError> {
         Sandbox::snapshot(self)

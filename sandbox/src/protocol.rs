@@ -369,6 +369,11 @@ pub enum Request {
     KillAll,
     /// Kill every process but init and revert the filesystem to the base layers.
     Reset,
+    /// [`Request::Reset`], then `looks` (at most [`MAX_LOOKS`]) answered on the fresh state,
+    /// in a [`Response::Answers`] (empty where they did not fit in the reply's frame).
+    ResetAndLook {
+        looks: Vec<Look>,
+    },
     /// Freeze the current diff into a new read-only layer; returns its number.
     Snapshot,
     /// Kill every process but init and return the filesystem to snapshot `n`.
@@ -424,6 +429,8 @@ pub enum Response {
     Snapshot(u32),
     Health(Health),
     Overview(Overview),
+    /// The answers to [`Request::ResetAndLook`]'s looks, in order.
+    Answers(Vec<Response>),
     Failed {
         kind: FailureKind,
         message: String,

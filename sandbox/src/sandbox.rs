@@ -7,7 +7,7 @@ use crate::error::SandboxError;
 use crate::layers::Rootfs;
 use crate::protocol::{
     read_frame, write_frame, DirEntry, ExecRequest, ExecResult, FailureKind, FileStat, Health,
-    Overview, ProtocolError, Request, Response, SetupPlan, Termination,
+    Look, Overview, ProtocolError, Request, Response, SetupPlan, Termination,
 };
 use crate::runtime::Runtime;
 use crate::seccomp::CompiledSeccomp;
@@ -383,6 +383,19 @@ impl Sandbox {
     /// Kill every process but init and revert the filesystem to its base layers.
     pub fn reset(&mut self) -> Result<(), SandboxError> {
         self.expect_ok(Request::Reset, "reset")
+    }
+
+    /// [`Sandbox::reset`], then `looks` answered on the fresh state in the same exchange (at
+    /// most [`crate::protocol::MAX_LOOKS`]; none where they did not fit in the reply).
+    pub fn reset_and_look(&mut self, looks: &[Look]) -> Result<Vec<Response>, SandboxError> {
+        if looks.is_empty() {
+            return self.reset().map(|()| Vec::new());
+        }
+        let looks = looks.to_vec();
+        match self.call(Request::ResetAndLook { looks }, CONTROL_TIMEOUT)? {
+            Response::Answers(a) => Ok(a),
+            other => Err(unexpected("reset", other)),
+        }
     }
 
     /// Freeze the current filesystem diff into a layer; returns its number.

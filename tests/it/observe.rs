@@ -55,20 +55,36 @@ fn reads_that_ride_on_a_command_see_its_effects() {
     let answered = running.looks_answered();
     // The verifier's read of the archive and the overview.
     assert!(answered >= 2, "{answered} answered with the command");
-    let fresh = running.sandbox_mut().overview(&o.cwd, 64).unwrap();
-    let names: Vec<String> = fresh
-        .entries
-        .unwrap()
-        .into_iter()
-        .map(|e| {
-            if e.is_dir {
-                format!("{}/", e.name)
-            } else {
-                e.name
-            }
-        })
-        .collect();
-    assert_eq!((&names, fresh.upper_bytes), (&o.listing, o.disk.used_bytes));
+    let shown = |o: sandbox::protocol::Overview| -> (Vec<String>, u64) {
+        let names = o
+            .entries
+            .unwrap_or_default()
+            .into_iter()
+            .map(|e| {
+                if e.is_dir {
+                    format!("{}/", e.name)
+                } else {
+                    e.name
+                }
+            })
+            .collect();
+        (names, o.upper_bytes)
+    };
+    let fresh = shown(running.sandbox_mut().overview(&o.cwd, 64).unwrap());
+    assert_eq!(fresh, (o.listing.clone(), o.disk.used_bytes));
+    // The next episode's start state: its verifier's read and its overview came with the
+    // reset, answered on the fresh state (the file is gone), as a fresh request answers.
+    let reset = e.reset(&plan).unwrap();
+    assert!(
+        !reset.listing.contains(&"fresh-file".to_string()),
+        "{reset:?}"
+    );
+    let running = e.running().unwrap();
+    let at_reset = running.looks_answered();
+    assert!(at_reset >= answered + 2, "{answered} then {at_reset}");
+    let fresh = shown(running.sandbox_mut().overview(&reset.cwd, 64).unwrap());
+    assert_eq!(fresh, (reset.listing.clone(), reset.disk.used_bytes));
+    let answered = at_reset;
     let first = e.reset(&plan).unwrap();
     let mut oracle = engine::agents::Oracle::default();
     let p = engine::episode::play(&mut e, &first, &mut oracle, &mut |_, _| {}).unwrap();

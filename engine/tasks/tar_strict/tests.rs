@@ -680,3 +680,30 @@ fn numeric_fields_and_pax_records_are_read_strictly() {
     assert_eq!(normalise("/srv/x/").unwrap(), ("srv/x".into(), true));
     assert!(normalise("srv/../etc/passwd").is_err());
 }
+
+#[test]
+fn a_remembered_read_is_the_fresh_read_of_the_same_bytes_and_only_of_them() {
+    let a = gz(&cat(&[file("srv/a.log", b"first contents"), end()]));
+    // The same length, one byte of a member's data changed (its size, name and every header
+    // field unchanged): what an agent that rewrites the archive in place leaves.
+    let b = gz(&cat(&[file("srv/a.log", b"first content!"), end()]));
+    assert_eq!(a.len(), b.len());
+    let fresh_a = read_tar_gz(&a, LIMITS);
+    let fresh_b = read_tar_gz(&b, LIMITS);
+    assert_ne!(fresh_a, fresh_b);
+    for _ in 0..2 {
+        assert_eq!(read_tar_gz_remembered(&a, LIMITS), fresh_a);
+        assert_eq!(read_tar_gz_remembered(&b, LIMITS), fresh_b);
+    }
+    assert_eq!(read_tar_gz_remembered(&a, LIMITS), fresh_a);
+    // The same bytes under other limits are read again (here: refused).
+    let one = Limits {
+        max_unpacked: LIMITS.max_unpacked,
+        max_members: 0,
+    };
+    assert_eq!(read_tar_gz_remembered(&a, one), read_tar_gz(&a, one));
+    assert!(read_tar_gz(&a, one).is_err());
+    // Junk is remembered as junk and the archive after it read afresh.
+    assert!(read_tar_gz_remembered(b"junk", LIMITS).is_err());
+    assert_eq!(read_tar_gz_remembered(&a, LIMITS), fresh_a);
+}

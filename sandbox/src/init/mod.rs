@@ -405,6 +405,9 @@ impl Init {
                         r.answers.clear();
                         write_frame(&mut self.sock, "response", &Response::Exec(r))?;
                     }
+                    Response::Answers(a) if !a.is_empty() => {
+                        write_frame(&mut self.sock, "response", &Response::Answers(Vec::new()))?;
+                    }
                     _ => return Err(e.into()),
                 },
                 r => r?,
@@ -440,6 +443,25 @@ impl Init {
                 Response::Ok
             }
             Request::Reset => self.reset().map(|()| Response::Ok).unwrap_or_else(internal),
+            Request::ResetAndLook { looks } => {
+                if looks.len() > crate::protocol::MAX_LOOKS {
+                    return Response::Failed {
+                        kind: FailureKind::Invalid,
+                        message: format!(
+                            "{} looks after the reset; at most {}",
+                            looks.len(),
+                            crate::protocol::MAX_LOOKS
+                        ),
+                    };
+                }
+                match self.reset() {
+                    // Answered as their own requests are, on the fresh state.
+                    Ok(()) => {
+                        Response::Answers(looks.iter().map(|l| self.handle(l.request())).collect())
+                    }
+                    Err(e) => internal(e),
+                }
+            }
             Request::Snapshot => self.snapshot(),
             Request::Rollback { snapshot } => self.rollback(snapshot),
             Request::Health => Response::Health(self.health()),

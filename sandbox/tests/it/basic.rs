@@ -138,7 +138,7 @@ fn an_init_program_that_cannot_be_executed_is_named_with_the_reason() {
 /// it runs.
 #[test]
 fn looks_after_a_command_are_answered_as_their_own_requests_would_be() {
-    use sandbox::protocol::{Look, MAX_LOOKS};
+    use sandbox::protocol::{Look, Response, MAX_LOOKS};
     require_root!();
     let rt = runtime();
     let mut sb = rt.create(&config()).unwrap();
@@ -173,7 +173,26 @@ fn looks_after_a_command_are_answered_as_their_own_requests_would_be() {
     let (data, cut) = sandbox::sandbox::file_answer(r.answers[0].clone()).unwrap();
     assert_eq!((data.as_slice(), cut), (&b"hel"[..], true));
     // Each look asked alone now, its answer put back in the response it came as.
-    use sandbox::protocol::Response;
+    let own = asked_alone(&mut sb, &looks);
+    same_answers(&r.answers, &own, &looks);
+    assert!(
+        matches!(r.answers[4], Response::Failed { .. }),
+        "{:?}",
+        r.answers[4]
+    );
+    let mut too_many = sandbox::ExecRequest::shell("touch /root/ran");
+    too_many.looks = vec![Look::Health; MAX_LOOKS + 1];
+    let e = sb.exec(&too_many).unwrap_err().to_string();
+    assert!(e.contains("at most 16"), "{e}");
+    assert!(sb.stat("/root/ran").is_err(), "the command did not run");
+}
+
+/// Each look asked alone, its answer put back in the response it comes as in a reply.
+fn asked_alone(
+    sb: &mut sandbox::Sandbox,
+    looks: &[sandbox::protocol::Look],
+) -> Vec<sandbox::protocol::Response> {
+    use sandbox::protocol::{Look, Response};
     fn back<T>(r: Result<T, sandbox::SandboxError>, ok: impl FnOnce(T) -> Response) -> Response {
         match r {
             Ok(v) => ok(v),
@@ -184,7 +203,7 @@ fn looks_after_a_command_are_answered_as_their_own_requests_would_be() {
         }
     }
     let file = |(data, truncated)| Response::File { data, truncated };
-    let own: Vec<Response> = looks
+    looks
         .iter()
         .map(|l| match l {
             Look::ReadFile {
@@ -202,10 +221,20 @@ fn looks_after_a_command_are_answered_as_their_own_requests_would_be() {
             }
             Look::Health => back(sb.health(), Response::Health),
         })
-        .collect();
-    for (i, (with, alone)) in r.answers.iter().zip(&own).enumerate() {
+        .collect()
+}
+
+/// The answers that came with a request equal those asked alone (health: what no command
+/// changes; its counts are of the moment).
+fn same_answers(
+    with: &[sandbox::protocol::Response],
+    alone: &[sandbox::protocol::Response],
+    looks: &[sandbox::protocol::Look],
+) {
+    use sandbox::protocol::Response;
+    assert_eq!(with.len(), alone.len());
+    for (i, (with, alone)) in with.iter().zip(alone).enumerate() {
         match (with, alone) {
-            // Its counts are of the moment: compare what no command changes.
             (Response::Health(a), Response::Health(b)) => assert_eq!(
                 (a.upper_bytes, a.snapshots, a.zygote_pid),
                 (b.upper_bytes, b.snapshots, b.zygote_pid)
@@ -213,14 +242,75 @@ fn looks_after_a_command_are_answered_as_their_own_requests_would_be() {
             _ => assert_eq!(with, alone, "look {i}: {:?}", looks[i]),
         }
     }
+}
+
+/// Looks ride on a reset: each is answered on the fresh state, exactly as its own request
+/// would be right after; too many are refused before the reset.
+#[test]
+fn looks_with_a_reset_are_answered_on_the_fresh_state() {
+    use sandbox::protocol::{Look, Response, MAX_LOOKS};
+    require_root!();
+    let rt = runtime();
+    let mut sb = rt.create(&config()).unwrap();
+    let made = sb
+        .exec(&sandbox::ExecRequest::shell(
+            "printf hello > /root/made; mkdir /root/d; echo changed-by-the-command >> /etc/passwd",
+        ))
+        .unwrap();
+    assert!(made.success(), "{made:?}");
+    let looks = vec![
+        Look::ReadFile {
+            path: "/root/made".into(),
+            max_bytes: 10,
+            nofollow: true,
+        },
+        Look::Stat {
+            path: "/root/d".into(),
+        },
+        Look::ListDir {
+            path: "/root".into(),
+        },
+        Look::Overview {
+            path: "/root".into(),
+            max_entries: 10,
+        },
+        Look::ReadFile {
+            path: "/etc/passwd".into(),
+            max_bytes: 1 << 20,
+            nofollow: false,
+        },
+        Look::Health,
+    ];
+    let answers = sb.reset_and_look(&looks).unwrap();
+    assert_eq!(answers.len(), looks.len(), "{answers:?}");
+    // What the command made is gone in the answers themselves.
     assert!(
-        matches!(r.answers[4], Response::Failed { .. }),
+        matches!(answers[0], Response::Failed { .. }),
         "{:?}",
-        r.answers[4]
+        answers[0]
     );
-    let mut too_many = sandbox::ExecRequest::shell("touch /root/ran");
-    too_many.looks = vec![Look::Health; MAX_LOOKS + 1];
-    let e = sb.exec(&too_many).unwrap_err().to_string();
+    assert!(
+        matches!(answers[1], Response::Failed { .. }),
+        "{:?}",
+        answers[1]
+    );
+    let (passwd, _) = sandbox::sandbox::file_answer(answers[4].clone()).unwrap();
+    let passwd = String::from_utf8_lossy(&passwd);
+    assert!(passwd.contains("root:"), "{passwd}");
+    assert!(!passwd.contains("changed-by-the-command"), "{passwd}");
+    same_answers(&answers, &asked_alone(&mut sb, &looks), &looks);
+    // Too many looks are refused before the reset.
+    assert!(sb
+        .exec(&sandbox::ExecRequest::shell("touch /root/kept"))
+        .unwrap()
+        .success());
+    let e = sb
+        .reset_and_look(&vec![Look::Health; MAX_LOOKS + 1])
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("at most 16"), "{e}");
-    assert!(sb.stat("/root/ran").is_err(), "the command did not run");
+    assert!(sb.stat("/root/kept").is_ok(), "not reset");
+    // No looks: a plain reset.
+    assert!(sb.reset_and_look(&[]).unwrap().is_empty());
+    assert!(sb.stat("/root/kept").is_err(), "reset");
 }
