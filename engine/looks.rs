@@ -24,14 +24,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 /// command's answer stays far below the protocol's frame limit.
 pub const READ_BUDGET: u64 = 32 << 20;
 
-/// What was asked after the last command, and the answers that came with it.
+/// What was asked after the last command or reset, and the answers that came with it.
 #[derive(Debug, Default)]
 pub struct Looks {
-    /// Asked since the last command, in order, each once: sent along with the next.
+    /// Asked since the last command or reset, in order, each once: sent along with the next.
     asked: Vec<Look>,
-    /// Answers that came with the last command and are not used yet.
+    /// Answers that came with the last command or reset and are not used yet.
     answers: Vec<(Look, Response)>,
-    /// Requests answered from what came with a command, so far (a round trip saved each).
+    /// Requests answered from what came with a command or reset, so far (a round trip saved
+    /// each).
     answered: u64,
     /// Whether the verifier of the last command's step made contact with a service.
     contacted: bool,
@@ -120,7 +121,7 @@ impl Looks {
         Some(self.answers.remove(i).1)
     }
 
-    /// Requests answered from what came with a command, so far.
+    /// Requests answered from what came with a command or reset, so far.
     pub fn answered(&self) -> u64 {
         self.answered
     }
@@ -140,7 +141,7 @@ fn sent_ahead(look: &Look) -> bool {
 }
 
 /// A sandbox whose read-only requests are answered from [`Looks`] where they came with the
-/// last command, and recorded for the next; any other request goes to the sandbox and ends
+/// last command or reset, and recorded for the next; any other request goes to the sandbox and ends
 /// both (the sandbox may have changed).
 pub struct Answering<'a> {
     inner: &'a mut dyn SandboxOps,

@@ -179,8 +179,9 @@ pub struct RunningInstance {
     /// asks for them (`RuntimeSettings::record_start_processes`).
     start_processes: Option<std::collections::BTreeSet<(u32, u64)>>,
     /// What the verifier and the observation asked after the last agent command, sent along
-    /// with the next ([`crate::looks`]). Its answers serve only [`Self::judge`] and
-    /// [`Self::overview`] right after [`Self::run_agent`].
+    /// with the next command or reset ([`crate::looks`]). Its answers serve only
+    /// [`Self::judge`] and [`Self::overview`] right after [`Self::run_agent`] or
+    /// [`Self::restart`].
     looks: Looks,
 }
 
@@ -397,7 +398,8 @@ impl RunningInstance {
     }
 
     /// The overview an observation shows (the listing of `path`, the disk usage): the one that
-    /// came with the last agent command when the sandbox has not changed since, else asked.
+    /// came with the last agent command or reset when the sandbox has not changed since, else
+    /// asked.
     pub fn overview(
         &mut self,
         path: &str,
@@ -406,13 +408,13 @@ impl RunningInstance {
         // After a verifier's TCP contact no answer is used: the overview is not sent ahead
         // either (it would be thrown away at every step).
         let o = if self.looks.contacted() {
-            self.sandbox.overview(path, max_entries)?
+            self.sandbox.overview(path, max_entries)
         } else {
             let mut answering = Answering::new(self.sandbox.as_mut(), &mut self.looks, None);
-            answering.overview(path, max_entries)?
+            answering.overview(path, max_entries)
         };
         self.looks.drop_answers();
-        Ok(o)
+        Ok(o?)
     }
 
     /// Trusted reads of the sandbox (for verifiers), as it is now: the answers that came with

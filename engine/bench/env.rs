@@ -80,8 +80,12 @@ pub struct Throughput {
     /// the engine itself spends on each step.
     pub engine_cpu_us_per_step: f64,
     /// CPU time of the sandboxes' init processes per step, microseconds (resets included;
-    /// their commands and zygotes are processes of their own, not counted).
-    pub init_cpu_us_per_step: f64,
+    /// their commands and zygotes are processes of their own, not counted); `None` where the
+    /// kernel keeps no scheduler statistics.
+    pub init_cpu_us_per_step: Option<f64>,
+    /// The steps `init_cpu_us_per_step` was measured over.
+    #[serde(skip)]
+    init_steps: u64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -341,12 +345,11 @@ impl Throughput {
                 o.engine_cpu_us_per_step,
                 o.steps,
             ),
-            init_cpu_us_per_step: weighted(
-                self.init_cpu_us_per_step,
-                self.steps,
-                o.init_cpu_us_per_step,
-                o.steps,
-            ),
+            init_cpu_us_per_step: match (self.init_cpu_us_per_step, o.init_cpu_us_per_step) {
+                (Some(a), Some(b)) => Some(weighted(a, self.init_steps, b, o.init_steps)),
+                (a, b) => a.or(b),
+            },
+            init_steps: self.init_steps + o.init_steps,
         }
     }
 }
@@ -386,10 +389,20 @@ fn process_cpu_s(pid: i32) -> Option<f64> {
     Some(ns as f64 * 1e-9)
 }
 
-/// The init of `env`'s sandbox and its CPU seconds so far.
-fn init_cpu(env: &mut Env) -> Option<(i32, f64)> {
+/// A process's start time (clock ticks since boot, `/proc/PID/stat`): with its pid, which
+/// process it is (a pid may be reused).
+fn start_ticks(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The fields after the command name (which may hold spaces and parentheses): the state is
+    // field 3, the start time field 22.
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// The init of `env`'s sandbox (pid, start time) and its CPU seconds so far.
+fn init_cpu(env: &mut Env) -> Option<((i32, u64), f64)> {
     let pid = env.running()?.sandbox().init_pid();
-    Some((pid, process_cpu_s(pid)?))
+    Some(((pid, start_ticks(pid)?), process_cpu_s(pid)?))
 }
 
 /// Run `work(worker)` on `workers` threads and sum their counts into a throughput figure.
@@ -418,7 +431,8 @@ fn on_workers(
         reset_ms_per_episode: 0.0,
         step_ms: 0.0,
         engine_cpu_us_per_step: 0.0,
-        init_cpu_us_per_step: 0.0,
+        init_cpu_us_per_step: None,
+        init_steps: 0,
     };
     let (mut reset_s, mut step_s, mut elapsed_s) = (0.0, 0.0, 0.0);
     let (mut engine_cpu_s, mut init_cpu_s, mut init_steps) = (0.0, 0.0, 0);
@@ -441,7 +455,8 @@ fn on_workers(
     t.reset_ms_per_episode = 1e3 * reset_s / t.episodes.max(1) as f64;
     t.step_ms = 1e3 * step_s / t.steps.max(1) as f64;
     t.engine_cpu_us_per_step = 1e6 * engine_cpu_s / t.steps.max(1) as f64;
-    t.init_cpu_us_per_step = 1e6 * init_cpu_s / init_steps.max(1) as f64;
+    t.init_steps = init_steps;
+    t.init_cpu_us_per_step = (init_steps > 0).then(|| 1e6 * init_cpu_s / init_steps as f64);
     Ok(t)
 }
 
@@ -473,6 +488,7 @@ fn measure_raw(
             ..Counts::default()
         };
         let init_pid = running.sandbox().init_pid();
+        let init = (init_pid, start_ticks(init_pid));
         let init_before = process_cpu_s(init_pid);
         let cpu0 = thread_cpu_s();
         let t0 = Instant::now();
@@ -494,7 +510,8 @@ fn measure_raw(
         }
         c.elapsed_s = t0.elapsed().as_secs_f64();
         c.engine_cpu_s = thread_cpu_s() - cpu0;
-        if let (Some(a), Some(b)) = (init_before, process_cpu_s(init_pid)) {
+        let same_init = init.1.is_some() && (init_pid, start_ticks(init_pid)) == init;
+        if let (Some(a), Some(b), true) = (init_before, process_cpu_s(init_pid), same_init) {
             c.init_cpu_s = b - a;
             c.init_steps = c.steps;
         }
@@ -538,8 +555,8 @@ fn measure(
             c.successes += u64::from(p.success);
             c.infra += u64::from(p.infra);
             // The same init before the reset and after the episode (else it was replaced).
-            if let (Some((pid, a)), Some((pid_after, b))) = (init_before, init_cpu(&mut env)) {
-                if pid == pid_after {
+            if let (Some((init, a)), Some((init_after, b))) = (init_before, init_cpu(&mut env)) {
+                if init == init_after {
                     c.init_cpu_s += b - a;
                     c.init_steps += u64::from(p.steps);
                 }
@@ -575,9 +592,10 @@ pub fn render(r: &EnvBenchReport) -> String {
     for t in &r.throughput {
         let _ = writeln!(
             s,
-            "{:<9} agent, {} worker(s): {:>7.0} steps/s  ({} steps, {} episodes, {} solved, {} infra failures; reset {:.2} ms/episode, step {:.2} ms; CPU per step: engine {:.0} us, init {:.0} us)",
+            "{:<9} agent, {} worker(s): {:>7.0} steps/s  ({} steps, {} episodes, {} solved, {} infra failures; reset {:.2} ms/episode, step {:.2} ms; CPU per step: engine {:.0} us, init {})",
             t.agent, t.workers, t.steps_per_s, t.steps, t.episodes, t.successes, t.infra_failures,
-            t.reset_ms_per_episode, t.step_ms, t.engine_cpu_us_per_step, t.init_cpu_us_per_step
+            t.reset_ms_per_episode, t.step_ms, t.engine_cpu_us_per_step,
+            t.init_cpu_us_per_step.map_or("n/a".to_string(), |us| format!("{us:.0} us"))
         );
     }
     for (name, ratios) in [
@@ -616,5 +634,11 @@ mod tests {
         assert!(process_cpu_s(tid).unwrap() > sched0);
         // A pid that is not there (above the kernel's pid_max) reads as gone.
         assert_eq!(process_cpu_s(i32::MAX), None);
+        assert_eq!(start_ticks(i32::MAX), None);
+        // Which process a pid is: this one started once, before now, and stays the same.
+        let me = std::process::id() as i32;
+        let started = start_ticks(me).unwrap();
+        assert!(started > 0);
+        assert_eq!(start_ticks(me), Some(started));
     }
 }

@@ -42,6 +42,12 @@ thread_local! {
     static LAST: RefCell<Option<Remembered>> = const { RefCell::new(None) };
 }
 
+#[cfg(test)]
+thread_local! {
+    /// Reads answered from memory on this thread (for the tests).
+    static REMEMBERED_HITS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
 /// How much an archive may hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
@@ -113,7 +119,8 @@ pub fn read_tar_gz(gz: &[u8], limits: Limits) -> Result<Vec<Member>, String> {
 /// [`read_tar_gz`], remembering the last archive read on this thread: a verifier reads the
 /// same archive after every step, mostly unchanged. Only the very same bytes under the same
 /// limits are answered from memory (compared whole, byte for byte), so the result is always
-/// the one `read_tar_gz` gives; archives over 1 MiB are read afresh each time.
+/// the one `read_tar_gz` gives; archives over 1 MiB are read afresh each time. Each thread
+/// that reads keeps its last archive (at most 1 MiB) and result until it reads another or ends.
 pub fn read_tar_gz_remembered(gz: &[u8], limits: Limits) -> Result<Vec<Member>, String> {
     if gz.len() > REMEMBERED_MAX {
         return read_tar_gz(gz, limits);
@@ -123,6 +130,8 @@ pub fn read_tar_gz_remembered(gz: &[u8], limits: Limits) -> Result<Vec<Member>, 
         _ => None,
     });
     if let Some(read) = known {
+        #[cfg(test)]
+        REMEMBERED_HITS.with(|h| h.set(h.get() + 1));
         return read;
     }
     let read = read_tar_gz(gz, limits);

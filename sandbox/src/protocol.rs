@@ -74,8 +74,9 @@ pub struct ExecRequest {
 /// At most this many [`Look`]s ride on one command ([`ExecRequest::looks`]).
 pub const MAX_LOOKS: usize = 16;
 
-/// A read-only request that may ride on a command ([`ExecRequest::looks`]): answered as the
-/// request of the same name is, at the moment the command has ended.
+/// A read-only request that may ride on a command ([`ExecRequest::looks`]) or a reset
+/// ([`Request::ResetAndLook`]): answered as the request of the same name is, at the moment the
+/// command has ended or the reset is done.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Look {
     ReadFile {

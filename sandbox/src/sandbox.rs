@@ -394,7 +394,7 @@ impl Sandbox {
         let looks = looks.to_vec();
         match self.call(Request::ResetAndLook { looks }, CONTROL_TIMEOUT)? {
             Response::Answers(a) => Ok(a),
-            other => Err(unexpected("reset", other)),
+            other => Err(unexpected("reset_and_look", other)),
         }
     }
 

@@ -91,3 +91,26 @@ fn reads_that_ride_on_a_command_see_its_effects() {
     assert!(p.success && p.steps == 1, "{p:?}");
     assert!(e.running().unwrap().looks_answered() > answered);
 }
+
+/// A reset followed by start steps carries no looks: free-disk's start step fills the disk
+/// after the reset, and the start state's observation must show the disk filled (answers taken
+/// at the reset would show it empty).
+#[test]
+fn a_reset_with_start_steps_after_it_is_observed_after_them() {
+    require_root!();
+    let mut e = Env::new(common::runtime(), common::cache(), EnvConfig::default()).unwrap();
+    let plan = Plan::for_task("free-disk", 3, vec![]);
+    e.reset(&plan).unwrap();
+    e.step(&Action::Command("true".into())).unwrap();
+    let answered = e.running().unwrap().looks_answered();
+    let o = e.reset(&plan).unwrap();
+    let running = e.running().unwrap();
+    assert_eq!(
+        running.looks_answered(),
+        answered,
+        "nothing came with the reset"
+    );
+    let fresh = running.sandbox_mut().overview(&o.cwd, 64).unwrap();
+    assert_eq!(fresh.upper_bytes, o.disk.used_bytes);
+    assert!(o.disk.used_bytes > o.disk.size_bytes / 2, "{:?}", o.disk);
+}

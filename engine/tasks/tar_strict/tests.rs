@@ -691,11 +691,22 @@ fn a_remembered_read_is_the_fresh_read_of_the_same_bytes_and_only_of_them() {
     let fresh_a = read_tar_gz(&a, LIMITS);
     let fresh_b = read_tar_gz(&b, LIMITS);
     assert_ne!(fresh_a, fresh_b);
+    let hits = || REMEMBERED_HITS.with(|h| h.get());
+    let before = hits();
     for _ in 0..2 {
         assert_eq!(read_tar_gz_remembered(&a, LIMITS), fresh_a);
         assert_eq!(read_tar_gz_remembered(&b, LIMITS), fresh_b);
     }
+    assert_eq!(
+        hits(),
+        before,
+        "another archive each time: none from memory"
+    );
+    // The same archive twice in a row: the second from memory, the same result.
     assert_eq!(read_tar_gz_remembered(&a, LIMITS), fresh_a);
+    assert_eq!(read_tar_gz_remembered(&a, LIMITS), fresh_a);
+    assert_eq!(hits(), before + 1);
+    assert_eq!(read_tar_gz_remembered(&b, LIMITS), fresh_b);
     // The same bytes under other limits are read again (here: refused).
     let one = Limits {
         max_unpacked: LIMITS.max_unpacked,

@@ -10,6 +10,7 @@ use nix::errno::Errno;
 use nix::fcntl::OFlag;
 use nix::sys::stat::{FileStat as RawStat, SFlag};
 use std::ffi::CString;
+use std::io::Read;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 fn failed(path: &str, e: Errno) -> Response {
@@ -203,22 +204,15 @@ pub(crate) fn read_in_root(root: &OwnedFd, path: &str, max: u64, nofollow: bool)
         if SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT != SFlag::S_IFREG {
             return Err(Errno::EINVAL);
         }
-        let mut data = Vec::with_capacity((st.st_size as u64).min(max) as usize);
-        let mut buf = vec![0u8; 64 << 10];
-        let mut truncated = false;
-        loop {
-            let n = nix::unistd::read(fd.as_raw_fd(), &mut buf)?;
-            if n == 0 {
-                break;
-            }
-            let room = (max as usize).saturating_sub(data.len());
-            if n > room {
-                data.extend_from_slice(&buf[..room]);
-                truncated = true;
-                break;
-            }
-            data.extend_from_slice(&buf[..n]);
-        }
+        // Read straight into the answer: room for the size it has now and one byte more, to
+        // see without another read whether it grew (a file growing under us is read on).
+        let want = (st.st_size as u64).min(max).saturating_add(1);
+        let mut data = Vec::with_capacity(want as usize);
+        let mut file = std::fs::File::from(fd).take(max.saturating_add(1));
+        file.read_to_end(&mut data)
+            .map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)))?;
+        let truncated = data.len() as u64 > max;
+        data.truncate(max as usize);
         Ok(Response::File { data, truncated })
     })();
     r.unwrap_or_else(|e| failed(path, e))

@@ -123,6 +123,20 @@ fn file_requests_work_without_forking_and_stay_inside_the_root() {
     );
     let (data, truncated) = sb.read_file("/root/hello.txt", 2).unwrap();
     assert_eq!((data.as_slice(), truncated), (&b"hi"[..], true));
+    // Exactly the limit is whole; one byte under it is cut.
+    let (data, truncated) = sb.read_file("/root/hello.txt", 8).unwrap();
+    assert_eq!((data.as_slice(), truncated), (&b"hi there"[..], false));
+    let (data, truncated) = sb.read_file("/root/hello.txt", 7).unwrap();
+    assert_eq!((data.as_slice(), truncated), (&b"hi ther"[..], true));
+    let (data, truncated) = sb.read_file("/root/hello.txt", 0).unwrap();
+    assert_eq!((data.as_slice(), truncated), (&b""[..], true));
+    // A file of many reads, whole and cut.
+    let big: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+    sb.write_file("/tmp/big", &big, 0o600).unwrap();
+    let (data, truncated) = sb.read_file("/tmp/big", 1 << 20).unwrap();
+    assert!(data == big && !truncated, "{} bytes", data.len());
+    let (data, truncated) = sb.read_file("/tmp/big", 200_001).unwrap();
+    assert!(data == big[..200_001] && truncated, "{} bytes", data.len());
     let st = sb.stat("/root/hello.txt").unwrap();
     assert_eq!(
         (st.kind, st.mode, st.size),
