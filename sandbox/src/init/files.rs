@@ -205,8 +205,10 @@ pub(crate) fn read_in_root(root: &OwnedFd, path: &str, max: u64, nofollow: bool)
             return Err(Errno::EINVAL);
         }
         // Read straight into the answer: room for the size it has now and one byte more, to
-        // see without another read whether it grew (a file growing under us is read on).
-        let want = (st.st_size as u64).min(max).saturating_add(1);
+        // see without another read whether it grew (a file growing under us is read on), and
+        // at least a page, so that a file whose size says 0 (`/proc`, `/sys`) is read in one
+        // go as before, not in growing small reads.
+        let want = (st.st_size as u64).max(4095).min(max).saturating_add(1);
         let mut data = Vec::with_capacity(want as usize);
         let mut file = std::fs::File::from(fd).take(max.saturating_add(1));
         file.read_to_end(&mut data)
