@@ -840,18 +840,7 @@ impl Env {
         let cwd = running.cwd.clone();
         let seen = running.overview(&cwd, LISTING_ENTRIES)?;
         // A cwd the agent removed (or made unreadable): an empty listing says so.
-        obs.listing = seen
-            .entries
-            .unwrap_or_default()
-            .into_iter()
-            .map(|e| {
-                if e.is_dir {
-                    format!("{}/", e.name)
-                } else {
-                    e.name
-                }
-            })
-            .collect();
+        obs.listing = listing(seen.entries.unwrap_or_default());
         obs.disk = Disk {
             used_bytes: seen.upper_bytes,
             size_bytes: running
@@ -895,6 +884,20 @@ impl Env {
 }
 
 /// The structured text an agent reads.
+/// The names an observation lists, directories marked with a trailing `/`.
+pub fn listing(entries: Vec<sandbox::protocol::ShownEntry>) -> Vec<String> {
+    entries
+        .into_iter()
+        .map(|e| {
+            if e.is_dir {
+                format!("{}/", e.name)
+            } else {
+                e.name
+            }
+        })
+        .collect()
+}
+
 pub fn render(o: &Observation) -> String {
     use std::fmt::Write;
     let mut s = String::with_capacity(512 + o.stdout.len() + o.stderr.len());

@@ -540,10 +540,13 @@ fn measure(
         // Warm: the instance synthesized and its sandbox created.
         env.reset(&plan)?;
         let mut c = Counts::default();
+        let mut init_last = init_cpu(&mut env);
         let cpu0 = thread_cpu_s();
         let t0 = Instant::now();
         while t0.elapsed() < deadline {
-            let init_before = init_cpu(&mut env);
+            // The last episode's reading is this one's start (an init replaced in between is
+            // told apart by its pid and start time).
+            let init_before = init_last.take();
             let t = Instant::now();
             let first = env.reset(&plan)?;
             let t_play = Instant::now();
@@ -555,7 +558,8 @@ fn measure(
             c.successes += u64::from(p.success);
             c.infra += u64::from(p.infra);
             // The same init before the reset and after the episode (else it was replaced).
-            if let (Some((init, a)), Some((init_after, b))) = (init_before, init_cpu(&mut env)) {
+            init_last = init_cpu(&mut env);
+            if let (Some((init, a)), Some((init_after, b))) = (init_before, init_last) {
                 if init == init_after {
                     c.init_cpu_s += b - a;
                     c.init_steps += u64::from(p.steps);

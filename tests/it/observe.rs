@@ -55,20 +55,11 @@ fn reads_that_ride_on_a_command_see_its_effects() {
     let answered = running.looks_answered();
     // The verifier's read of the archive and the overview.
     assert!(answered >= 2, "{answered} answered with the command");
-    let shown = |o: sandbox::protocol::Overview| -> (Vec<String>, u64) {
-        let names = o
-            .entries
-            .unwrap_or_default()
-            .into_iter()
-            .map(|e| {
-                if e.is_dir {
-                    format!("{}/", e.name)
-                } else {
-                    e.name
-                }
-            })
-            .collect();
-        (names, o.upper_bytes)
+    let shown = |o: sandbox::protocol::Overview| {
+        (
+            engine::env::listing(o.entries.unwrap_or_default()),
+            o.upper_bytes,
+        )
     };
     let fresh = shown(running.sandbox_mut().overview(&o.cwd, 64).unwrap());
     assert_eq!(fresh, (o.listing.clone(), o.disk.used_bytes));
