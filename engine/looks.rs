@@ -3,7 +3,8 @@
 //! ([`sandbox::protocol::ExecRequest::looks`]), so that their answers come back in the
 //! command's own exchange instead of one round trip each. An episode's reset carries them too
 //! (`RunningInstance::restart`, unless start steps follow it): the start state's verdict and
-//! observation ask mostly what the last step's asked.
+//! observation ask mostly what the last step's asked, the overview of the start directory
+//! instead of the last step's ([`Looks::take_asked_at`]).
 //!
 //! Init answers them at the moment the command has ended, where their own requests would come
 //! one round trip later. What the kernel finishes after a command's end is not in them yet: a
@@ -51,6 +52,19 @@ impl Looks {
         self.answers.clear();
         self.contacted = false;
         std::mem::take(&mut self.asked)
+    }
+
+    /// [`Looks::take_asked`] for a reset: the observation's overview is of `cwd`, the
+    /// directory the next episode starts in, wherever the last step ended.
+    pub fn take_asked_at(&mut self, cwd: &str) -> Vec<Look> {
+        let mut asked = self.take_asked();
+        for look in &mut asked {
+            if let Look::Overview { path, .. } = look {
+                path.clear();
+                path.push_str(cwd);
+            }
+        }
+        asked
     }
 
     /// Keep the answers that came with `res` (none when the backend does not answer looks).
@@ -334,6 +348,28 @@ mod tests {
             next.looks.is_empty(),
             "recording starts afresh after each command"
         );
+    }
+
+    #[test]
+    fn a_reset_asks_the_overview_of_the_start_directory_and_the_rest_as_asked() {
+        let mut l = Looks::default();
+        l.record(&read("/a", 10));
+        l.record(&Look::Overview {
+            path: "/tmp/elsewhere".into(),
+            max_entries: 64,
+        });
+        let sent = l.take_asked_at("/srv/app");
+        assert_eq!(
+            sent,
+            [
+                read("/a", 10),
+                Look::Overview {
+                    path: "/srv/app".into(),
+                    max_entries: 64
+                }
+            ]
+        );
+        assert!(l.take_asked_at("/srv/app").is_empty(), "asked once");
     }
 
     #[test]

@@ -209,10 +209,7 @@ impl RunningInstance {
             proxies.push(start_proxy(sandbox.init_pid(), p)?);
         }
         let instance = held.instance.clone();
-        let cwd = instance
-            .task
-            .as_ref()
-            .map_or_else(|| "/root".to_string(), |t| t.cwd.clone());
+        let cwd = start_cwd(&instance);
         let mut running = Self {
             sandbox,
             instance,
@@ -227,13 +224,16 @@ impl RunningInstance {
         Ok(running)
     }
 
-    /// Start a new episode: incremental reset, then the start steps.
+    /// Start a new episode: incremental reset, then the start steps; the agent's directory is
+    /// the task's start directory again.
     pub fn restart(&mut self) -> Result<(), RunningError> {
+        self.cwd = start_cwd(&self.instance);
         if self.instance.runtime.start.is_empty() {
             // The start state's verdict and observation mostly ask what the last step's asked:
             // asked again with the reset, they are answered on the fresh state in its own
             // exchange (`looks.rs`). Not when start steps follow: those change the state after.
-            let sent = self.looks.take_asked();
+            // The observation lists the start directory, wherever the last step ended.
+            let sent = self.looks.take_asked_at(&self.cwd);
             let answers = self.sandbox.reset_and_look(&sent)?;
             self.looks.keep(sent, answers);
         } else {
@@ -427,6 +427,14 @@ impl RunningInstance {
             contact: None,
         }
     }
+}
+
+/// The directory an episode's agent starts in.
+fn start_cwd(instance: &Instance) -> String {
+    instance
+        .task
+        .as_ref()
+        .map_or_else(|| "/root".to_string(), |t| t.cwd.clone())
 }
 
 fn find_last(hay: &[u8], needle: &[u8]) -> Option<usize> {

@@ -2,7 +2,10 @@
 //! mount). Each controller is taken from v2 when the unified hierarchy offers it, else from its
 //! v1 hierarchy. Every sandbox gets `envfactory/<run>/<sandbox>` in each hierarchy it uses.
 
+use std::fs::File;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 /// The directory under each hierarchy root that holds every cgroup of this project.
 pub const TOP: &str = "envfactory";
@@ -133,6 +136,11 @@ pub struct Cgroup {
     layout: Layout,
     rel: PathBuf,
     created: Vec<PathBuf>,
+    /// The memory controller's file that counts OOM kills, opened at its first read and read
+    /// again from its start after that (the kernel makes the text afresh for a read at offset
+    /// 0): [`Cgroup::oom_kills`] runs before every command, and a path walk and an open in
+    /// cgroupfs cost about ten times a `pread`.
+    oom_file: OnceLock<File>,
 }
 
 fn write(path: &Path, file: &'static str, value: &str) -> Result<(), CgroupError> {
@@ -177,6 +185,7 @@ impl Cgroup {
             layout: layout.clone(),
             rel,
             created: Vec::new(),
+            oom_file: OnceLock::new(),
         };
         for (version, root) in layout.roots() {
             let mut p = root.clone();
@@ -268,14 +277,34 @@ impl Cgroup {
             .collect()
     }
 
-    /// Count of OOM kills in this sandbox so far.
+    /// Count of OOM kills in this sandbox so far (0 when the file cannot be read).
     pub fn oom_kills(&self) -> u64 {
-        let mem = self.dir(&self.layout.memory);
-        let file = match self.layout.memory.0 {
-            Version::V1 => "memory.oom_control",
-            Version::V2 => "memory.events",
+        let file = match self.oom_file.get() {
+            Some(f) => f,
+            None => {
+                let mem = self.dir(&self.layout.memory);
+                let name = match self.layout.memory.0 {
+                    Version::V1 => "memory.oom_control",
+                    Version::V2 => "memory.events",
+                };
+                match File::open(mem.join(name)) {
+                    Ok(f) => self.oom_file.get_or_init(|| f),
+                    Err(_) => return 0,
+                }
+            }
         };
-        std::fs::read_to_string(mem.join(file))
+        // The whole text is a few lines (under 200 bytes in v1 and v2); read until the end.
+        let mut buf = [0u8; 1024];
+        let mut len = 0;
+        while len < buf.len() {
+            match file.read_at(&mut buf[len..], len as u64) {
+                Ok(0) => break,
+                Ok(n) => len += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => return 0,
+            }
+        }
+        std::str::from_utf8(&buf[..len])
             .ok()
             .and_then(|t| {
                 t.lines().find_map(|l| {
@@ -321,6 +350,9 @@ impl Cgroup {
 
     /// Kill every process left and remove the directories (deepest first).
     pub fn destroy(&mut self) -> Result<(), CgroupError> {
+        // The open events file does not keep the directory (the kernel removes it anyway); it
+        // is closed first all the same.
+        drop(self.oom_file.take());
         let mut result = Ok(());
         for dir in std::mem::take(&mut self.created) {
             if let Err(e) = remove(&dir) {

@@ -75,6 +75,24 @@ fn reads_that_ride_on_a_command_see_its_effects() {
     assert!(at_reset >= answered + 2, "{answered} then {at_reset}");
     let fresh = shown(running.sandbox_mut().overview(&reset.cwd, 64).unwrap());
     assert_eq!(fresh, (reset.listing.clone(), reset.disk.used_bytes));
+    // A last step that ended elsewhere: the reset still brings the start directory's overview
+    // (the agent starts there again), and the verifier's read.
+    let s = e
+        .step(&Action::Command(
+            "mkdir -p /tmp/elsewhere && cd /tmp/elsewhere && touch there".into(),
+        ))
+        .unwrap();
+    assert_eq!(s.observation.cwd, "/tmp/elsewhere");
+    assert_eq!(s.observation.listing, ["there"]);
+    let answered = e.running().unwrap().looks_answered();
+    let again = e.reset(&plan).unwrap();
+    assert_eq!((&again.cwd, &again.listing), (&reset.cwd, &reset.listing));
+    let running = e.running().unwrap();
+    let at_reset = running.looks_answered();
+    assert_eq!(at_reset, answered + 2, "the read and the overview");
+    assert_eq!(running.cwd, reset.cwd);
+    let fresh = shown(running.sandbox_mut().overview(&again.cwd, 64).unwrap());
+    assert_eq!(fresh, (again.listing.clone(), again.disk.used_bytes));
     let answered = at_reset;
     let first = e.reset(&plan).unwrap();
     let mut oracle = engine::agents::Oracle::default();
