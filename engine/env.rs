@@ -559,8 +559,8 @@ impl Env {
         let Some(running) = self.running.as_mut() else {
             return Err(EnvError::NotReset);
         };
+        // The agent starts in the task's directory (`restart` and `start_on` set it).
         let setup = running.instance.task.clone().ok_or(EnvError::NoTask)?;
-        running.cwd = setup.cwd.clone();
         self.max_steps = self.cfg.max_steps.unwrap_or(setup.max_steps).max(1);
         self.setup = Some(setup);
         self.step = 0;

@@ -54,14 +54,17 @@ impl Looks {
         std::mem::take(&mut self.asked)
     }
 
-    /// [`Looks::take_asked`] for a reset: the observation's overview is of `cwd`, the
-    /// directory the next episode starts in, wherever the last step ended.
-    pub fn take_asked_at(&mut self, cwd: &str) -> Vec<Look> {
+    /// [`Looks::take_asked`] for a reset: the observation's overview, of `from` (the directory
+    /// the last step ended in), is asked of `to` (the one the next episode starts in). An
+    /// overview of another directory is asked as it was.
+    pub fn take_asked_at(&mut self, from: &str, to: &str) -> Vec<Look> {
         let mut asked = self.take_asked();
         for look in &mut asked {
             if let Look::Overview { path, .. } = look {
-                path.clear();
-                path.push_str(cwd);
+                if path == from {
+                    path.clear();
+                    path.push_str(to);
+                }
             }
         }
         asked
@@ -353,23 +356,22 @@ mod tests {
     #[test]
     fn a_reset_asks_the_overview_of_the_start_directory_and_the_rest_as_asked() {
         let mut l = Looks::default();
-        l.record(&read("/a", 10));
-        l.record(&Look::Overview {
-            path: "/tmp/elsewhere".into(),
+        let overview = |path: &str| Look::Overview {
+            path: path.into(),
             max_entries: 64,
-        });
-        let sent = l.take_asked_at("/srv/app");
+        };
+        l.record(&read("/a", 10));
+        l.record(&overview("/tmp/elsewhere"));
+        l.record(&overview("/etc"));
+        let sent = l.take_asked_at("/tmp/elsewhere", "/srv/app");
         assert_eq!(
             sent,
-            [
-                read("/a", 10),
-                Look::Overview {
-                    path: "/srv/app".into(),
-                    max_entries: 64
-                }
-            ]
+            [read("/a", 10), overview("/srv/app"), overview("/etc")]
         );
-        assert!(l.take_asked_at("/srv/app").is_empty(), "asked once");
+        assert!(
+            l.take_asked_at("/tmp/elsewhere", "/srv/app").is_empty(),
+            "asked once"
+        );
     }
 
     #[test]

@@ -227,13 +227,13 @@ impl RunningInstance {
     /// Start a new episode: incremental reset, then the start steps; the agent's directory is
     /// the task's start directory again.
     pub fn restart(&mut self) -> Result<(), RunningError> {
-        self.cwd = start_cwd(&self.instance);
+        let ended_in = std::mem::replace(&mut self.cwd, start_cwd(&self.instance));
         if self.instance.runtime.start.is_empty() {
             // The start state's verdict and observation mostly ask what the last step's asked:
             // asked again with the reset, they are answered on the fresh state in its own
             // exchange (`looks.rs`). Not when start steps follow: those change the state after.
             // The observation lists the start directory, wherever the last step ended.
-            let sent = self.looks.take_asked_at(&self.cwd);
+            let sent = self.looks.take_asked_at(&ended_in, &self.cwd);
             let answers = self.sandbox.reset_and_look(&sent)?;
             self.looks.keep(sent, answers);
         } else {

@@ -293,26 +293,26 @@ impl Cgroup {
                 }
             }
         };
-        // The whole text is a few lines (under 200 bytes in v1 and v2); read until the end.
+        // The whole text is a few lines (under 200 bytes in v1 and v2), which the kernel gives
+        // in one read: reading stops at the first complete `oom_kill` line, else at the end.
+        // (A read that fails gives 0, as an unreadable file did; the file is open as long as
+        // the sandbox lives, and nothing removes its cgroup before.)
         let mut buf = [0u8; 1024];
         let mut len = 0;
         while len < buf.len() {
             match file.read_at(&mut buf[len..], len as u64) {
                 Ok(0) => break,
-                Ok(n) => len += n,
+                Ok(n) => {
+                    len += n;
+                    if let Some(count) = oom_kill_line(&buf[..len], false) {
+                        return count;
+                    }
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(_) => return 0,
             }
         }
-        std::str::from_utf8(&buf[..len])
-            .ok()
-            .and_then(|t| {
-                t.lines().find_map(|l| {
-                    l.strip_prefix("oom_kill ")
-                        .and_then(|v| v.trim().parse().ok())
-                })
-            })
-            .unwrap_or(0)
+        oom_kill_line(&buf[..len], true).unwrap_or(0)
     }
 
     /// Memory in use by the sandbox, bytes.
@@ -371,6 +371,20 @@ impl Drop for Cgroup {
     }
 }
 
+/// The count of the `oom_kill N` line of a memory controller's text; with `at_end` false only
+/// a line that its newline ends (the rest of the text may still come).
+fn oom_kill_line(text: &[u8], at_end: bool) -> Option<u64> {
+    let complete = if at_end {
+        text
+    } else {
+        &text[..text.iter().rposition(|b| *b == b'\n')? + 1]
+    };
+    std::str::from_utf8(complete).ok()?.lines().find_map(|l| {
+        l.strip_prefix("oom_kill ")
+            .and_then(|v| v.trim().parse().ok())
+    })
+}
+
 /// Kill the processes of one cgroup directory (and its children) and remove it.
 pub fn remove(dir: &Path) -> Result<(), CgroupError> {
     // An empty cgroup without children (a sandbox's, once its init is reaped: the pid
@@ -407,6 +421,47 @@ pub fn remove(dir: &Path) -> Result<(), CgroupError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_oom_count_is_read_again_from_the_start_of_the_open_file() {
+        let root = std::env::temp_dir().join(format!("ef-oom-{}", std::process::id()));
+        let dir = root.join("sb");
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("memory.oom_control");
+        let cg = Cgroup {
+            layout: Layout {
+                memory: (Version::V1, root.clone()),
+                pids: (Version::V1, root.clone()),
+                cpu: (Version::V1, root.clone()),
+            },
+            rel: PathBuf::from("sb"),
+            created: Vec::new(),
+            oom_file: OnceLock::new(),
+        };
+        assert_eq!(cg.oom_kills(), 0, "no file yet: 0, and opened later");
+        std::fs::write(&file, "oom_kill_disable 0\nunder_oom 0\noom_kill 3\n").unwrap();
+        assert_eq!(cg.oom_kills(), 3);
+        // Written in place (the same inode, as the kernel's file stays): a longer text, then a
+        // shorter one, each read whole from its start.
+        let rewrite = |text: &str| {
+            use std::io::Write;
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .truncate(true)
+                .open(&file)
+                .unwrap();
+            f.write_all(text.as_bytes()).unwrap();
+        };
+        rewrite("oom_kill_disable 0\nunder_oom 1\noom_group_kill 9\noom_kill 12\n");
+        assert_eq!(cg.oom_kills(), 12);
+        rewrite("oom_kill 4\n");
+        assert_eq!(cg.oom_kills(), 4);
+        rewrite("under_oom 0\n");
+        assert_eq!(cg.oom_kills(), 0, "no such line");
+        assert_eq!(oom_kill_line(b"oom_kill 1", false), None, "not yet ended");
+        assert_eq!(oom_kill_line(b"oom_kill 1", true), Some(1));
+        std::fs::remove_dir_all(&root).unwrap();
+    }
 
     const HYBRID: &str = "\
 30 23 0:26 / /sys/fs/cgroup ro,nosuid,nodev,noexec shared:9 - tmpfs tmpfs ro,mode=755
