@@ -4,7 +4,7 @@
 //! command's own exchange instead of one round trip each. An episode's reset carries them too
 //! (`RunningInstance::restart`, unless start steps follow it): the start state's verdict and
 //! observation ask mostly what the last step's asked, the overview of the start directory
-//! instead of the last step's ([`Looks::take_asked_at`]).
+//! instead of the last step's ([`Looks::take_asked_for_reset`]).
 //!
 //! Init answers them at the moment the command has ended, where their own requests would come
 //! one round trip later. What the kernel finishes after a command's end is not in them yet: a
@@ -54,16 +54,16 @@ impl Looks {
         std::mem::take(&mut self.asked)
     }
 
-    /// [`Looks::take_asked`] for a reset: the observation's overview, of `from` (the directory
-    /// the last step ended in), is asked of `to` (the one the next episode starts in). An
-    /// overview of another directory is asked as it was.
-    pub fn take_asked_at(&mut self, from: &str, to: &str) -> Vec<Look> {
+    /// [`Looks::take_asked`] for a reset: the observation's overview, of `ended_in` (the
+    /// directory the last step ended in), is asked of `start_dir` (the one the next episode
+    /// starts in). An overview of another directory is asked as it was.
+    pub fn take_asked_for_reset(&mut self, ended_in: &str, start_dir: &str) -> Vec<Look> {
         let mut asked = self.take_asked();
         for look in &mut asked {
             if let Look::Overview { path, .. } = look {
-                if path == from {
+                if path == ended_in {
                     path.clear();
-                    path.push_str(to);
+                    path.push_str(start_dir);
                 }
             }
         }
@@ -363,13 +363,14 @@ mod tests {
         l.record(&read("/a", 10));
         l.record(&overview("/tmp/elsewhere"));
         l.record(&overview("/etc"));
-        let sent = l.take_asked_at("/tmp/elsewhere", "/srv/app");
+        let sent = l.take_asked_for_reset("/tmp/elsewhere", "/srv/app");
         assert_eq!(
             sent,
             [read("/a", 10), overview("/srv/app"), overview("/etc")]
         );
         assert!(
-            l.take_asked_at("/tmp/elsewhere", "/srv/app").is_empty(),
+            l.take_asked_for_reset("/tmp/elsewhere", "/srv/app")
+                .is_empty(),
             "asked once"
         );
     }

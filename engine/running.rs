@@ -233,7 +233,7 @@ impl RunningInstance {
             // asked again with the reset, they are answered on the fresh state in its own
             // exchange (`looks.rs`). Not when start steps follow: those change the state after.
             // The observation lists the start directory, wherever the last step ended.
-            let sent = self.looks.take_asked_at(&ended_in, &self.cwd);
+            let sent = self.looks.take_asked_for_reset(&ended_in, &self.cwd);
             let answers = self.sandbox.reset_and_look(&sent)?;
             self.looks.keep(sent, answers);
         } else {

@@ -259,7 +259,11 @@ impl Sandbox {
                     r.termination,
                     Termination::Signaled(libc::SIGKILL) | Termination::Exited(137)
                 ) {
-                    r.oom_killed = self.cgroup.oom_kills() > oom_before;
+                    // Unknown on either side (the count could not be read): not claimed.
+                    r.oom_killed = matches!(
+                        (oom_before, self.cgroup.oom_kills()),
+                        (Some(before), Some(after)) if after > before
+                    );
                 }
                 Ok(*r)
             }

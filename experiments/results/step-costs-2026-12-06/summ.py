@@ -1,10 +1,12 @@
-"""Print the A/B table: python3 summ.py DIR (the JSON files run.sh wrote)."""
+"""Print the A/B tables: python3 summ.py DIR... (the JSON files run.sh wrote; pairs numbered
+distinctly across the directories, as out/ and out2/ are)."""
 import json, glob, os, sys
 
-d = sys.argv[1] if len(sys.argv) > 1 else "/tmp/ab/out"
+dirs = sys.argv[1:] or ["/tmp/ab/out"]
+files = sorted(f for d in dirs for f in glob.glob(d + "/*.json"))
 print("task pair build | rand/raw rand/rawE | rand_sps raw_sps | engCPU rand rawE | initCPU rand rawE | env_true_ms | reset_ms | exec_warm exec_after_reset host ms")
 sandbox = []
-for f in sorted(glob.glob(d + "/*.json")):
+for f in files:
     try:
         j = json.load(open(f))
     except Exception:
@@ -49,7 +51,7 @@ def interval(xs):
 
 
 ratios = {}
-for f in sorted(glob.glob(d + "/*.json")):
+for f in files:
     name = os.path.basename(f)[:-5]
     task, pair, build = name.rsplit("-", 2)
     if task in ("compare", "sandbox"):
