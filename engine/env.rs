@@ -883,7 +883,6 @@ impl Env {
     }
 }
 
-/// The structured text an agent reads.
 /// The names an observation lists, directories marked with a trailing `/`.
 pub fn listing(entries: Vec<sandbox::protocol::ShownEntry>) -> Vec<String> {
     entries
@@ -898,6 +897,7 @@ pub fn listing(entries: Vec<sandbox::protocol::ShownEntry>) -> Vec<String> {
         .collect()
 }
 
+/// The structured text an agent reads.
 pub fn render(o: &Observation) -> String {
     use std::fmt::Write;
     let mut s = String::with_capacity(512 + o.stdout.len() + o.stderr.len());
