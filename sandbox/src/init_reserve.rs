@@ -151,6 +151,8 @@ struct State {
     /// Spares handed out, and spares discarded at hand-out as stale or dead.
     taken: u64,
     discarded: u64,
+    /// The init forker's pid while one runs (`init_forker.rs`).
+    forker: Option<i32>,
 }
 
 /// Where a runtime's sandboxes go: what the reserve needs to make a spare's name, directory
@@ -173,6 +175,8 @@ struct Shared {
     init: InitProgram,
     place: Place,
     netns: Arc<NetnsReserve>,
+    /// Whether spares are forked by the init forker (`init_forker.rs`), else exec'd.
+    forked: std::sync::atomic::AtomicBool,
 }
 
 /// The runtime's reserve of started inits (see the module).
@@ -193,6 +197,7 @@ impl InitReserve {
                 init,
                 place,
                 netns,
+                forked: std::sync::atomic::AtomicBool::new(true),
             }),
             thread: Mutex::new(None),
         }
@@ -278,6 +283,17 @@ impl InitReserve {
         !st.started || st.stop || st.failed || st.pausing || st.ready.len() >= self.shared.target
     }
 
+    /// Whether spares started from now on are forked by the init forker (the default) or
+    /// exec'd (see `init_forker.rs`).
+    pub fn set_forked(&self, on: bool) {
+        self.shared.forked.store(on, Ordering::Relaxed);
+    }
+
+    /// The init forker's pid while one runs.
+    pub fn forker_pid(&self) -> Option<i32> {
+        crate::lock(&self.shared.state).forker
+    }
+
     /// Spares that failed to start (each tried again after a pause; see the module).
     pub fn failures(&self) -> u64 {
         crate::lock(&self.shared.state).failures
@@ -312,6 +328,8 @@ impl Drop for InitReserve {
 /// The thread: keep `target` inits waiting until stopped.
 fn fill(shared: &Shared) {
     let mut in_a_row = 0u32;
+    // Dropped (killed and reaped) when the thread ends.
+    let mut forker = crate::init_forker::ForkerSlot::default();
     loop {
         {
             let mut st = crate::lock(&shared.state);
@@ -323,7 +341,9 @@ fn fill(shared: &Shared) {
             }
         }
         let t0 = std::time::Instant::now();
-        match start_one(shared) {
+        let started = start_one(shared, &mut forker);
+        crate::lock(&shared.state).forker = forker.pid();
+        match started {
             Ok(spare) => {
                 let mut st = crate::lock(&shared.state);
                 if st.stop {
@@ -362,7 +382,10 @@ fn fill(shared: &Shared) {
     }
 }
 
-fn start_one(shared: &Shared) -> Result<Spare, crate::SandboxError> {
+fn start_one(
+    shared: &Shared,
+    forker: &mut crate::init_forker::ForkerSlot,
+) -> Result<Spare, crate::SandboxError> {
     let spawn = |what| move |source| crate::SandboxError::Spawn { what, source };
     let place = &shared.place;
     let name = format!("s{}", place.counter.fetch_add(1, Ordering::Relaxed));
@@ -380,8 +403,12 @@ fn start_one(shared: &Shared) -> Result<Spare, crate::SandboxError> {
         let mounts =
             File::open("/proc/self/mountinfo").map_err(spawn("opening our mount table"))?;
         let (sock, child_sock) = UnixStream::pair().map_err(spawn("socketpair"))?;
-        let pid =
-            crate::spawn_init::spawn_init(&shared.init, child_sock.into(), shared.netns.take())?;
+        let (child_sock, netns) = (child_sock.into(), shared.netns.take());
+        let pid = if shared.forked.load(Ordering::Relaxed) {
+            forker.start_init(&shared.init, child_sock, netns)?
+        } else {
+            crate::spawn_init::spawn_init(&shared.init, child_sock, netns)?
+        };
         Ok::<_, crate::SandboxError>((mounts, sock, pid))
     })();
     let (mounts, sock, pid) = match made {

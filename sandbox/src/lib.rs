@@ -18,6 +18,7 @@ pub mod docker_testing;
 pub mod error;
 pub mod host_walk;
 pub mod init;
+mod init_forker;
 mod init_reserve;
 pub mod landlock;
 pub mod layers;

@@ -248,8 +248,9 @@ impl Runtime {
     /// of exec'ing the [`InitProgram`]: the sandbox crate's own init code, in a copy of this
     /// process with no descriptor, environment variable or signal handler of it (see
     /// `spawn_init::fork_init`). Off by default: a program that holds what must not be copied
-    /// into any process, even a non-dumpable one, leaves it off. Spares (started on their own
-    /// thread) and processes with more threads always exec the program.
+    /// into any process, even a non-dumpable one, leaves it off. Processes with more threads
+    /// exec the program; spares are forked by a fork server of their own
+    /// ([`Runtime::set_forked_spares`]).
     pub fn set_forked_inits(&self, on: bool) {
         self.inner.forked_inits.store(on, Ordering::Relaxed);
     }
@@ -259,6 +260,19 @@ impl Runtime {
     /// there, once its init is forked, instead of after the whole create.
     pub fn after_next_init_start(&self, f: Box<dyn FnOnce() + Send>) {
         *lock(&self.inner.after_init_start) = Some(f);
+    }
+
+    /// Whether the init reserve's spares are forked by its fork server (the default: an
+    /// `envfactory-init --forker` started once, which clones a copy of itself into each spare's
+    /// namespaces, so that no spare pays for loading the program; see `init_forker.rs`) or
+    /// each exec'd. Spares forked from one forker share its address space layout.
+    pub fn set_forked_spares(&self, on: bool) {
+        self.inner.inits.set_forked(on);
+    }
+
+    /// The init reserve's fork server's pid while one runs.
+    pub fn init_forker_pid(&self) -> Option<i32> {
+        self.inner.inits.forker_pid()
     }
 
     /// Whether creates take an init started ahead when one is ready (the default), or always

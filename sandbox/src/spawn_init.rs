@@ -240,70 +240,100 @@ fn self_stat() -> Option<Vec<u64>> {
 /// ([`crate::init::main_forked`]), which ends with `_exit`: this process's exit handlers and
 /// buffered output are never run or flushed twice. Returns init's pid (in this pid namespace).
 pub(crate) fn fork_init(init: &InitProgram, sock: OwnedFd) -> Result<i32, SandboxError> {
-    use std::os::unix::ffi::OsStrExt;
-    let mut bytes = init.path.as_os_str().as_bytes().to_vec();
-    for a in &init.args {
-        bytes.push(0);
-        bytes.extend_from_slice(a.as_bytes());
-    }
-    let cmdline = CommandLine {
-        bytes,
-        map: memory_map(),
-    };
+    let cmdline = CommandLine::of(init);
     // No CLONE_NEWNET: making a network namespace costs about 0.3 ms in the clone, here, on
     // the engine's path; init makes its own as its first step instead, on the other CPU while
     // the engine resolves the root (`init::run`). Nothing runs in the child before that but
     // this crate's code.
+    let pid = fork_into_namespaces(&cmdline, sock.as_raw_fd(), None, 0).map_err(|source| {
+        SandboxError::Spawn {
+            what: "clone into new namespaces",
+            source,
+        }
+    })?;
+    drop(sock);
+    Ok(pid)
+}
+
+/// The fork-like clone of [`fork_init`] and of the init forker (`init_forker.rs`), from this
+/// process, which must have a single thread: the child gets `sock_fd` as its control socket,
+/// enters `net_fd` (a network namespace made ahead) when given, else makes its own network
+/// namespace first thing, and becomes init; `extra_flags` are added to the clone's
+/// (`CLONE_PARENT` for the forker). The caller keeps and closes its descriptors. Returns the
+/// child's pid.
+pub(crate) fn fork_into_namespaces(
+    cmdline: &CommandLine,
+    sock_fd: i32,
+    net_fd: Option<i32>,
+    extra_flags: c_int,
+) -> Result<i32, std::io::Error> {
     let flags = libc::CLONE_NEWNS
         | libc::CLONE_NEWPID
         | libc::CLONE_NEWUTS
         | libc::CLONE_NEWIPC
-        | libc::SIGCHLD;
-    let sock_fd = sock.as_raw_fd();
+        | libc::SIGCHLD
+        | extra_flags;
     let mut mask = 0u64;
     // SAFETY: (whole block) every signal is blocked in this, the only, thread around the
     // clone, so no handler of this process runs in the child before it resets them; the
     // fork-like clone (no CLONE_VM, no stack: the child continues on a copy of this one)
     // returns twice, and the child never returns from `forked_child`.
-    let pid = unsafe {
+    unsafe {
         set_mask(&u64::MAX, &mut mask);
         let pid = libc::syscall(libc::SYS_clone, flags, 0usize, 0usize, 0usize, 0usize);
         if pid == 0 {
-            forked_child(sock_fd, mask, &cmdline);
+            forked_child(sock_fd, net_fd.unwrap_or(-1), mask, cmdline);
         }
         let e = std::io::Error::last_os_error();
         set_mask(&mask, std::ptr::null_mut());
         if pid < 0 {
-            return Err(SandboxError::Spawn {
-                what: "clone into new namespaces",
-                source: e,
-            });
+            return Err(e);
         }
-        pid as i32
-    };
-    drop(sock);
-    Ok(pid)
+        Ok(pid as i32)
+    }
 }
 
 /// The command line a forked init shows, built before the fork.
-struct CommandLine {
+pub(crate) struct CommandLine {
     /// The init program's path and arguments, NUL-separated.
     bytes: Vec<u8>,
     /// [`memory_map`] of this process, if known.
     map: Option<MmMap>,
 }
 
-/// The forked child of [`fork_init`]: becomes init, never returns.
+impl CommandLine {
+    /// An exec'd `init`'s command line, with this process's memory layout.
+    pub(crate) fn of(init: &InitProgram) -> Self {
+        use std::os::unix::ffi::OsStrExt;
+        let mut bytes = init.path.as_os_str().as_bytes().to_vec();
+        for a in &init.args {
+            bytes.push(0);
+            bytes.extend_from_slice(a.as_bytes());
+        }
+        Self {
+            bytes,
+            map: memory_map(),
+        }
+    }
+}
+
+/// The forked child of [`fork_into_namespaces`]: becomes init, never returns.
 ///
 /// # Safety
-/// Only in that child, with every signal blocked and `sock_fd` the control socket.
-unsafe fn forked_child(sock_fd: i32, mask: u64, cmdline: &CommandLine) -> ! {
+/// Only in that child, with every signal blocked, `sock_fd` the control socket and `net_fd`
+/// a network namespace or -1.
+unsafe fn forked_child(sock_fd: i32, net_fd: i32, mask: u64, cmdline: &CommandLine) -> ! {
     // SAFETY: (whole block) system calls on descriptors and strings of this process's own
     // copy of memory, in its only thread.
     unsafe {
         // Not dumpable from its first step: a crash before init's own setup leaves no core
         // of the engine's memory.
         libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
+        // A namespace made ahead is entered before anything else (as `run_child` does); one
+        // that cannot be entered ends the child, which the host sees as a dead spare.
+        if net_fd >= 0 && crate::netns::enter(net_fd) != 0 {
+            libc::_exit(126);
+        }
         if sock_fd == crate::init::CONTROL_FD {
             libc::fcntl(sock_fd, libc::F_SETFD, 0);
         } else if libc::dup2(sock_fd, crate::init::CONTROL_FD) < 0 {
@@ -318,7 +348,7 @@ unsafe fn forked_child(sock_fd: i32, mask: u64, cmdline: &CommandLine) -> ! {
         libc::prctl(libc::PR_SET_NAME, c"envfactory-init".as_ptr(), 0, 0, 0);
         become_init_strings(cmdline);
     }
-    crate::init::main_forked()
+    crate::init::main_forked(net_fd < 0)
 }
 
 /// The kernel's layout of this process's memory that `PR_SET_MM_MAP` takes (fields 26-28 and
@@ -399,6 +429,15 @@ extern "C" {
 
 /// Init's `PATH`, its whole environment.
 const INIT_ENV: &std::ffi::CStr = c"PATH=/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// The value of init's `PATH` ([`INIT_ENV`]'s).
+pub(crate) fn init_path() -> &'static str {
+    INIT_ENV
+        .to_str()
+        .ok()
+        .and_then(|s| s.strip_prefix("PATH="))
+        .unwrap_or("/usr/sbin:/usr/bin:/sbin:/bin")
+}
 
 /// Make this copy's command line and environment init's: every environment string zeroed
 /// (the kernel's copy, variables removed since included, and those set since), then, in the

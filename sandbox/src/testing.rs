@@ -95,6 +95,67 @@ pub fn pids_with_cmdline_prefix(prefix: &str) -> Vec<i32> {
         .unwrap_or_default()
 }
 
+/// The lines of `/proc/<pid>/status` that describe a process's credentials, capabilities,
+/// confinement and signal state, in the file's order.
+pub fn confinement_status(pid: u32) -> Vec<String> {
+    const KEYS: [&str; 14] = [
+        "Umask",
+        "Uid",
+        "Gid",
+        "Groups",
+        "CapInh",
+        "CapPrm",
+        "CapEff",
+        "CapBnd",
+        "CapAmb",
+        "NoNewPrivs",
+        "Seccomp",
+        "SigBlk",
+        "SigIgn",
+        "SigCgt",
+    ];
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_else(|e| panic!("reading /proc/{pid}/status: {e}"))
+        .lines()
+        .filter(|l| KEYS.iter().any(|k| l.split(':').next() == Some(k)))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Whether `needle` is in any readable mapping of process `pid` (read as root through
+/// `/proc/<pid>/mem`; a mapping that cannot be read is skipped).
+pub fn memory_holds(pid: u32, needle: &[u8]) -> bool {
+    use std::io::{Read, Seek, SeekFrom};
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"))
+        .unwrap_or_else(|e| panic!("reading /proc/{pid}/maps: {e}"));
+    let mut mem = std::fs::File::open(format!("/proc/{pid}/mem"))
+        .unwrap_or_else(|e| panic!("opening /proc/{pid}/mem: {e}"));
+    for line in maps.lines() {
+        let mut f = line.split_whitespace();
+        let (Some(range), Some(perms)) = (f.next(), f.next()) else {
+            panic!("a line of /proc/{pid}/maps without range and permissions: {line:?}");
+        };
+        if !perms.starts_with('r') || line.ends_with("[vvar]") || line.ends_with("[vsyscall]") {
+            continue;
+        }
+        let address = |h: &str| {
+            u64::from_str_radix(h, 16)
+                .unwrap_or_else(|e| panic!("an address in /proc/{pid}/maps: {h:?}: {e}"))
+        };
+        let Some((a, b)) = range.split_once('-').map(|(a, b)| (address(a), address(b))) else {
+            panic!("a range in /proc/{pid}/maps: {range:?}");
+        };
+        let mut buf = vec![0u8; (b - a) as usize];
+        if mem.seek(SeekFrom::Start(a)).is_err() || mem.read_exact(&mut buf).is_err() {
+            continue;
+        }
+        if buf.windows(needle.len()).any(|w| w == needle) {
+            return true;
+        }
+    }
+    false
+}
+
 /// A fresh runtime over the default state directory ([`crate::state::default_state_dir`])
 /// with `init` as PID 1; dropping it removes what it created.
 pub fn runtime_with(init: InitProgram) -> Runtime {

@@ -1,7 +1,7 @@
 //! A one-shot's sandbox init, forked from `engine sandbox exec`'s single thread, starts as an
 //! exec'd `envfactory-init` does: seen from the host, and from the commands.
 
-use sandbox::testing::is_root;
+use sandbox::testing::{is_root, memory_holds};
 use std::process::Command;
 
 fn engine() -> Command {
@@ -46,33 +46,6 @@ fn comm(pid: u32) -> String {
         .unwrap_or_default()
         .trim()
         .to_string()
-}
-
-/// Whether `needle` is in any readable mapping of `pid` (read as root through `/proc`).
-fn memory_holds(pid: u32, needle: &[u8]) -> bool {
-    use std::io::{Read, Seek, SeekFrom};
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
-    let mut mem = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
-    for line in maps.lines() {
-        let mut f = line.split_whitespace();
-        let (range, perms) = (f.next().unwrap(), f.next().unwrap());
-        if !perms.starts_with('r') || line.ends_with("[vvar]") || line.ends_with("[vsyscall]") {
-            continue;
-        }
-        let (a, b) = range.split_once('-').unwrap();
-        let (a, b) = (
-            u64::from_str_radix(a, 16).unwrap(),
-            u64::from_str_radix(b, 16).unwrap(),
-        );
-        let mut buf = vec![0u8; (b - a) as usize];
-        if mem.seek(SeekFrom::Start(a)).is_err() || mem.read_exact(&mut buf).is_err() {
-            continue;
-        }
-        if buf.windows(needle.len()).any(|w| w == needle) {
-            return true;
-        }
-    }
-    false
 }
 
 /// The engine, killed (SIGKILL: its sandbox's init then ends when its control socket closes)
@@ -160,33 +133,13 @@ fn look_at_init_once(exec_init: bool, secret: &str) -> (InitView, String) {
         );
         std::thread::sleep(std::time::Duration::from_millis(20));
     };
-    let keys = [
-        "Umask",
-        "Uid",
-        "Gid",
-        "Groups",
-        "CapInh",
-        "CapPrm",
-        "CapEff",
-        "CapBnd",
-        "CapAmb",
-        "NoNewPrivs",
-        "Seccomp",
-        "SigBlk",
-        "SigIgn",
-        "SigCgt",
-    ];
     let status = std::fs::read_to_string(format!("/proc/{init}/status")).unwrap();
     let nspid = status.lines().find(|l| l.starts_with("NSpid:")).unwrap();
     assert!(
         nspid.ends_with("\t1"),
         "init is PID 1 of its namespace: {nspid}"
     );
-    let status = status
-        .lines()
-        .filter(|l| keys.iter().any(|k| l.split(':').next() == Some(k)))
-        .map(str::to_string)
-        .collect();
+    let status = sandbox::testing::confinement_status(init);
     for ns in ["mnt", "pid", "net", "uts", "ipc", "cgroup"] {
         let of = |p: u32| std::fs::read_link(format!("/proc/{p}/ns/{ns}")).unwrap();
         assert_ne!(of(init), of(engine_pid), "init's {ns} namespace is its own");

@@ -52,6 +52,10 @@ fn os(what: &'static str) -> impl FnOnce(nix::errno::Errno) -> InitError {
 
 /// Entry point of the `envfactory-init` binary (and of `engine __sandbox-init`).
 pub fn main() -> ! {
+    // Started as the reserve's fork server (`init_forker.rs`) rather than as a sandbox's init.
+    if std::env::args_os().any(|a| a == crate::init_forker::FORKER_ARG) {
+        crate::init_forker::main_forker()
+    }
     // Nothing but the control socket above the standard descriptors: whatever the engine's
     // own parent left open without close-on-exec is not init's (nor its commands').
     crate::spawn_init::close_above_control();
@@ -70,23 +74,26 @@ pub fn main() -> ! {
 }
 
 /// Entry point of an init forked from a single-threaded host process
-/// (`spawn_init::fork_init`): as [`main`], but it leaves with `_exit`, so the host's exit
-/// handlers and buffered output (copied with its memory) are never run or flushed here.
-pub(crate) fn main_forked() -> ! {
+/// (`spawn_init::fork_init`) or from the init forker (`init_forker.rs`): as [`main`], but it
+/// leaves with `_exit`, so the host's exit handlers and buffered output (copied with its
+/// memory) are never run or flushed here. With `make_netns` it makes its own network
+/// namespace (see [`run`]); else it entered one made ahead.
+pub(crate) fn main_forked(make_netns: bool) -> ! {
     // SAFETY: the fork moved the control socket to fd 3 and closed every other descriptor.
     let sock = unsafe { UnixStream::from_raw_fd(CONTROL_FD) };
     // A panic (here or in the zygote, forked from here) must never unwind into the host's
     // frames copied below this one: their destructors would remove the host's cgroups,
     // mounts and directories from inside the sandbox.
-    let code = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(sock, true))) {
-        Ok(Ok(())) => 0,
-        Ok(Err(e)) => {
-            use std::io::Write;
-            let _ = writeln!(std::io::stderr(), "envfactory-init: {e}");
-            1
-        }
-        Err(_) => 101,
-    };
+    let code =
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(sock, make_netns))) {
+            Ok(Ok(())) => 0,
+            Ok(Err(e)) => {
+                use std::io::Write;
+                let _ = writeln!(std::io::stderr(), "envfactory-init: {e}");
+                1
+            }
+            Err(_) => 101,
+        };
     // SAFETY: leaving the process without running the host's exit handlers.
     unsafe { libc::_exit(code) }
 }

@@ -1,6 +1,7 @@
 //! Inits started ahead of time (`sandbox/src/init_reserve.rs`): a sandbox given one is set up
-//! and confined like one whose init was cloned for it, an init cloned before the engine's
-//! mount table changed is never used, and none outlives its runtime.
+//! and confined like one whose init was cloned for it, a spare forked by the reserve's fork
+//! server (`init_forker.rs`) starts as an exec'd init does, an init cloned before the engine's
+//! mount table changed is never used, and none (nor the forker) outlives its runtime.
 
 use crate::common::{config, out, require_root, runtime, sh};
 use sandbox::testing::eventually;
@@ -145,6 +146,158 @@ fn a_sandbox_given_a_spare_init_is_set_up_and_confined_like_any_other() {
     assert_eq!(out(&r), "alive\n");
 }
 
+/// The parent pid of `pid` (`/proc/<pid>/stat`), or `None` once it is gone.
+fn parent_of(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+/// Whether any process has `ppid` as its parent.
+fn has_children(ppid: i32) -> bool {
+    std::fs::read_dir("/proc").unwrap().flatten().any(|e| {
+        e.file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+            .is_some_and(|pid| parent_of(pid) == Some(ppid))
+    })
+}
+
+/// What an idle sandbox's init holds, seen from the host: credentials, confinement and
+/// signal state, environment, command line, and the kinds of its descriptors (numbers, inode
+/// numbers and the sandbox's own name left out, sorted).
+fn init_view(sb: &Sandbox) -> Vec<String> {
+    let pid = sb.init_pid();
+    let mut view = sandbox::testing::confinement_status(pid as u32);
+    view.push(std::fs::read_to_string(format!("/proc/{pid}/environ")).unwrap());
+    view.push(std::fs::read_to_string(format!("/proc/{pid}/cmdline")).unwrap());
+    let mut fds: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read_link(e.path()).ok())
+        .map(|l| {
+            let t = l
+                .to_string_lossy()
+                .replace(&format!("/{}", sb.name()), "/<name>");
+            t.split_once(":[")
+                .map_or(t.clone(), |(kind, _)| kind.to_string())
+        })
+        .collect();
+    fds.sort();
+    view.extend(fds);
+    view
+}
+
+/// The start address of `pid`'s first mapping of its program (randomized at each `execve`).
+fn program_base(pid: i32) -> String {
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap();
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    maps.lines()
+        .find(|l| l.ends_with(&*exe.to_string_lossy()))
+        .and_then(|l| l.split('-').next())
+        .unwrap()
+        .to_string()
+}
+
+/// Spares are forked by the reserve's fork server, not exec'd: the forker is the init program
+/// started with `--forker`, a child of this process with no child of its own (`CLONE_PARENT`
+/// makes each init this process's child), and a spare's program sits where the forker's does
+/// (an exec'd init's is placed anew). Such a spare's init starts as an exec'd one does (its
+/// credentials, capabilities, confinement, signal state, environment, command line and kinds
+/// of descriptors, compared with a cloned sandbox's exec'd init once both ran a command), and
+/// holds nothing of the engine's memory. With forked spares off, spares are exec'd again.
+#[test]
+fn a_spare_forked_by_the_forker_starts_as_an_execd_init_does() {
+    require_root!();
+    // In this process's memory only: the forker is a program of its own, not a copy of us.
+    let secret = format!("ef-spare-secret-{}-{}", std::process::id(), rt_tag());
+    let rt = runtime();
+    let mut cloned = rt.create(&config()).unwrap();
+    let mut second = rt.create(&config()).unwrap();
+    sh(&mut second, "true");
+    let mut s = from_a_spare(&rt, &config());
+    let me = std::process::id() as i32;
+    let forker = rt.init_forker_pid().expect("no init forker runs");
+    assert_eq!(parent_of(forker), Some(me));
+    assert_eq!(
+        parent_of(s.init_pid()),
+        Some(me),
+        "a spare is this process's child"
+    );
+    assert!(!has_children(forker), "the forker has a child");
+    let cmdline = std::fs::read_to_string(format!("/proc/{forker}/cmdline")).unwrap();
+    assert!(cmdline.ends_with("\0--forker\0"), "{cmdline:?}");
+    assert_eq!(
+        program_base(s.init_pid()),
+        program_base(forker),
+        "the spare was exec'd"
+    );
+    assert_ne!(program_base(cloned.init_pid()), program_base(forker));
+    sh(&mut s, "true");
+    sh(&mut cloned, "true");
+    assert_eq!(init_view(&s), init_view(&cloned));
+    assert!(init_view(&s).contains(&"PATH=/usr/sbin:/usr/bin:/sbin:/bin\0".to_string()));
+    assert!(sandbox::testing::memory_holds(me as u32, secret.as_bytes()));
+    assert!(!sandbox::testing::memory_holds(
+        s.init_pid() as u32,
+        secret.as_bytes()
+    ));
+    assert!(!sandbox::testing::memory_holds(
+        forker as u32,
+        secret.as_bytes()
+    ));
+    assert_eq!(out(&sh(&mut s, "echo ok")), "ok\n");
+    // Off: the next spares are exec'd (placed anew), the forker left as it is.
+    rt.set_forked_spares(false);
+    let mut keep = Vec::new();
+    let execd = (0..20).find_map(|_| {
+        let sb = from_a_spare(&rt, &config());
+        let base = program_base(sb.init_pid());
+        keep.push(sb);
+        (base != program_base(forker)).then_some(())
+    });
+    assert!(execd.is_some(), "spares were still forked");
+}
+
+fn rt_tag() -> u32 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos()
+}
+
+/// A forker killed from outside is never asked again: that spare is exec'd and the next one
+/// starts a new forker; every sandbox works throughout, and no forker outlives its runtime.
+#[test]
+fn a_killed_forker_is_replaced_and_none_outlives_its_runtime() {
+    require_root!();
+    let (rt, mut keep) = with_two_spares();
+    let first = rt.init_forker_pid().expect("no init forker runs");
+    // SAFETY: kill with integer arguments; the pid is this runtime's forker, our child, not
+    // yet reaped.
+    assert_eq!(unsafe { libc::kill(first, libc::SIGKILL) }, 0);
+    let mut second = None;
+    for _ in 0..20 {
+        let mut sb = from_a_spare(&rt, &config());
+        assert_eq!(out(&sh(&mut sb, "echo ok")), "ok\n");
+        keep.push(sb);
+        second = rt.init_forker_pid().filter(|p| *p != first);
+        if second.is_some() {
+            break;
+        }
+    }
+    let second = second.expect("no new forker was started");
+    assert_eq!(parent_of(second), Some(std::process::id() as i32));
+    // The first one was reaped (no zombie left).
+    assert_eq!(parent_of(first), None);
+    drop((keep, rt));
+    assert_eq!(parent_of(second), None, "the forker outlived its runtime");
+}
+
 /// The reaper's records (path, `"<pid> <start time>"`) of the inits `pids`.
 fn records_of(rt: &Runtime, pids: &[i32]) -> Vec<(std::path::PathBuf, String)> {
     let mut out = Vec::new();
@@ -253,8 +406,14 @@ fn no_spare_init_outlives_its_runtime() {
     let (rt, keep) = with_two_spares();
     let spares = records_of(&rt, &rt.spare_init_pids());
     assert_eq!(spares.len(), 2, "{spares:?}");
+    let forker = rt.init_forker_pid().expect("no init forker runs");
     let run_dir = rt.run_dir().to_path_buf();
     drop((keep, rt));
+    assert_eq!(
+        parent_of(forker),
+        None,
+        "the init forker outlived its runtime"
+    );
     for (_, rec) in spares {
         // The same process (pid and start time) is gone.
         assert_eq!(
@@ -329,6 +488,11 @@ fn the_reserve_fills_again_after_inits_failed_to_start() {
     // The program gone: the spares are taken (a create whose spare was stale clones its
     // init and fails, which is fine here) and their replacements fail to start.
     std::fs::rename(&copy.0, copy.0.with_extension("away")).unwrap();
+    // The forker runs on without its program: gone too, spares cannot be forked either.
+    if let Some(forker) = rt.init_forker_pid() {
+        // SAFETY: kill with integer arguments; the runtime's forker, our child, not reaped.
+        unsafe { libc::kill(forker, libc::SIGKILL) };
+    }
     let failures = rt.spare_init_failures();
     for _ in 0..20 {
         if let Ok(mut s) = rt.create(&config()) {
