@@ -15,27 +15,36 @@
 //!   engine's wait), and gets its `SIGCHLD`. The forker never has a child.
 //! - **What it starts with**: the control socket on fd 3 and no other descriptor above 2,
 //!   every signal disposition at its default but SIGSEGV and SIGBUS (the Rust runtime's
-//!   stack-overflow handler, which an exec'd init installs too), the forker's signal mask
-//!   (empty, as the reserve thread's), `PATH` as its whole environment, the command line of
-//!   an exec'd init (without `--forker`), not dumpable from its first instruction; its mount
-//!   namespace a copy of the engine's at the clone (the forker shares the engine's), the
-//!   network namespace made ahead entered before anything else when the reserve has one, else
-//!   its own made as a one-shot's forked init makes it.
+//!   stack-overflow handler, which an exec'd init installs too), `PATH` as its whole
+//!   environment, the command line of an exec'd init (without `--forker`), not dumpable from
+//!   its first instruction; its mount namespace a copy of the engine's at the clone (the
+//!   forker shares the engine's), the network namespace made ahead entered before anything
+//!   else when the reserve has one, else its own made as a one-shot's forked init makes it.
+//!   What it inherits from the process it was cloned from is the forker's as of the forker's
+//!   start, where an exec'd spare's is the reserve thread's at its clone: the credentials,
+//!   capabilities, limits, CPU affinity and cgroups (left for the sandbox's own at `Prepare`
+//!   either way), and the signal mask, which is empty (`std::process::Command` clears it).
 //! - **Protocol**: a `SOCK_SEQPACKET` pair. The forker first says `forker 1`; a program that
-//!   does not (an older init named by `ENVFACTORY_INIT`) is never used as one. Each request is
-//!   one byte (`n`: a network namespace follows, `-`: none) with the control socket (and the
-//!   namespace) as `SCM_RIGHTS`; the answer is the child's pid, or minus an errno, as 4 bytes
-//!   little-endian.
-//! - **Failures**: a forker that does not answer (killed, gone, a wrong program) is killed and
-//!   reaped, and that spare is exec'd as before; the next spare starts a new forker, up to
-//!   [`MAX_FAILURES`] failures in a row, after which the reserve only execs. The forker exits
-//!   when its socket reaches end of file (the engine gone); the reserve kills and reaps it when
-//!   it stops.
+//!   does not within [`ANSWER_TIMEOUT`] (an older init named by `ENVFACTORY_INIT` waits for
+//!   its plan instead) is killed and never started as one again by that reserve. Each request
+//!   is one byte (`n`: a network namespace follows, `-`: none) with the control socket (and
+//!   the namespace) as `SCM_RIGHTS`; the answer is the child's pid, or minus an errno, as 4
+//!   bytes little-endian.
+//! - **Failures**: a request that cannot be sent (the forker is gone) goes to an exec'd init
+//!   with the same descriptors; a clone the forker reports failed fails that spare as an
+//!   exec'd init's would (the reserve tries again after its pause). A request sent but never
+//!   answered (the forker killed, stopped or stuck) fails that spare: the forker is killed and
+//!   reaped first, then any child of the engine that holds the spare's control socket (an
+//!   init cloned but not reported), so no second init ever gets the same socket or network
+//!   namespace. A forker that failed is started again for the next spare. The forker ignores
+//!   the terminal's signals (SIGINT, SIGQUIT, SIGHUP, job control), and exits when its socket
+//!   reaches end of file (the engine gone); the reserve kills and reaps it when it stops.
 //!
-//! What differs from an exec'd init: the inits forked from one forker share its address space
-//! layout (one `execve`'s randomization, as the zygote's commands share init's until they
-//! exec), where exec'd inits each get their own. No isolation or limit changes: the same
-//! namespaces, cgroups, credentials, capabilities, confinement and plan.
+//! What differs from an exec'd init: the inits forked from one forker share what its one
+//! `execve` randomized (its address space layout, the stack protector's canary, the C
+//! library's pointer guard, the Rust standard library's hash keys), where exec'd inits each
+//! get their own. No namespace, cgroup, limit, credential or confinement of a sandbox
+//! changes: its init gets the same plan and sets it up as before.
 
 use crate::error::SandboxError;
 use crate::runtime::InitProgram;
@@ -46,27 +55,68 @@ use nix::sys::socket::{
 use std::io::{IoSlice, IoSliceMut};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
 
-/// The argument that makes the init program a fork server.
+/// The argument that makes the init program a fork server (its last).
 pub(crate) const FORKER_ARG: &str = "--forker";
 
 /// What a forker says first.
 const HELLO: &[u8] = b"forker 1";
 
-/// Failures in a row after which the reserve stops starting forkers (and execs its spares).
-pub(crate) const MAX_FAILURES: u32 = 3;
-
 /// How long the engine waits for a forker's word (its hello, an answer).
 const ANSWER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
-fn spawn_error(what: &'static str) -> impl FnOnce(std::io::Error) -> SandboxError {
-    move |source| SandboxError::Spawn { what, source }
+/// What went wrong with the init forker.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ForkerError {
+    #[error("starting the init forker: {0}")]
+    Start(#[source] std::io::Error),
+    #[error("init program {path}: not an init forker ({said})")]
+    NotAForker { path: PathBuf, said: String },
+    /// The request never reached it (it is gone): nothing was cloned.
+    #[error("the init forker is gone: {0}")]
+    Gone(#[source] std::io::Error),
+    /// It answered that its clone failed: nothing was cloned.
+    #[error("the init forker's clone into new namespaces failed: {0}")]
+    Clone(#[source] std::io::Error),
+    /// The request was sent but no answer came: a child may hold what was sent.
+    #[error("no answer from the init forker: {0}")]
+    NoAnswer(#[source] std::io::Error),
 }
 
-fn errno_error(what: &'static str) -> impl FnOnce(nix::errno::Errno) -> SandboxError {
-    move |e| SandboxError::Spawn {
-        what,
-        source: std::io::Error::from_raw_os_error(e as i32),
+impl From<ForkerError> for SandboxError {
+    fn from(e: ForkerError) -> Self {
+        let (what, source) = match e {
+            ForkerError::Clone(s) => ("clone into new namespaces (init forker)", s),
+            ForkerError::NoAnswer(s) => ("waiting for the init forker's answer", s),
+            ForkerError::Gone(s) => ("asking the init forker", s),
+            ForkerError::Start(s) => ("starting the init forker", s),
+            ForkerError::NotAForker { path, said } => {
+                return SandboxError::InitProgram {
+                    path,
+                    reason: format!("not an init forker ({said})"),
+                }
+            }
+        };
+        SandboxError::Spawn { what, source }
+    }
+}
+
+fn io(e: nix::errno::Errno) -> std::io::Error {
+    match e {
+        // The socket's receive timeout.
+        nix::errno::Errno::EAGAIN => std::io::Error::from(std::io::ErrorKind::TimedOut),
+        e => std::io::Error::from_raw_os_error(e as i32),
+    }
+}
+
+/// `recv` on `fd`, again after an interruption.
+fn recv_again(fd: RawFd, buf: &mut [u8]) -> Result<usize, nix::errno::Errno> {
+    loop {
+        match nix::sys::socket::recv(fd, buf, MsgFlags::empty()) {
+            Err(nix::errno::Errno::EINTR) => continue,
+            r => return r,
+        }
     }
 }
 
@@ -78,16 +128,23 @@ pub(crate) struct InitForker {
 
 impl InitForker {
     /// Start `init` as a fork server and wait for its hello.
-    pub fn start(init: &InitProgram) -> Result<Self, SandboxError> {
+    pub fn start(init: &InitProgram) -> Result<Self, ForkerError> {
         let (mine, theirs) = socketpair(
             AddressFamily::Unix,
             SockType::SeqPacket,
             None,
             SockFlag::SOCK_CLOEXEC,
         )
-        .map_err(errno_error("socketpair for the init forker"))?;
+        .map_err(|e| ForkerError::Start(io(e)))?;
         let fd = theirs.as_raw_fd();
-        let mut cmd = std::process::Command::new(&init.path);
+        // The path as `execve` takes it (relative to the working directory), never looked up
+        // in `PATH`, as for an exec'd init.
+        let path = if init.path.as_os_str().as_encoded_bytes().contains(&b'/') {
+            init.path.clone()
+        } else {
+            PathBuf::from(".").join(&init.path)
+        };
+        let mut cmd = std::process::Command::new(path);
         cmd.args(&init.args)
             .arg(FORKER_ARG)
             .env_clear()
@@ -112,10 +169,9 @@ impl InitForker {
                 Ok(())
             });
         }
-        let child = cmd
-            .spawn()
-            .map_err(spawn_error("starting the init forker"))?;
+        let child = cmd.spawn().map_err(ForkerError::Start)?;
         drop(theirs);
+        // Killed and reaped when dropped, on every error below too.
         let forker = Self { child, sock: mine };
         let timeout = nix::sys::time::TimeVal::new(ANSWER_TIMEOUT.as_secs() as i64, 0);
         nix::sys::socket::setsockopt(
@@ -123,18 +179,24 @@ impl InitForker {
             nix::sys::socket::sockopt::ReceiveTimeout,
             &timeout,
         )
-        .map_err(errno_error("setting the init forker's timeout"))?;
+        .map_err(|e| ForkerError::Start(io(e)))?;
         let mut hello = [0u8; 16];
-        let n = nix::sys::socket::recv(forker.sock.as_raw_fd(), &mut hello, MsgFlags::empty())
-            .map_err(errno_error("reading the init forker's hello"))?;
-        if &hello[..n] != HELLO {
-            return Err(SandboxError::InitProgram {
-                path: init.path.clone(),
-                reason: format!("not an init forker (it said {:?})", &hello[..n]),
-            });
-        }
-        tracing::debug!(pid = forker.pid(), "init forker started");
-        Ok(forker)
+        let said = match recv_again(forker.sock.as_raw_fd(), &mut hello) {
+            Ok(n) if &hello[..n] == HELLO => {
+                tracing::debug!(pid = forker.pid(), "init forker started");
+                return Ok(forker);
+            }
+            Ok(0) => "it exited without a word".to_string(),
+            Ok(n) => format!("it said {}", hello[..n].escape_ascii()),
+            Err(nix::errno::Errno::EAGAIN) => {
+                format!("no word in {} s", ANSWER_TIMEOUT.as_secs())
+            }
+            Err(e) => format!("its hello could not be read: {e}"),
+        };
+        Err(ForkerError::NotAForker {
+            path: init.path.clone(),
+            said,
+        })
     }
 
     /// The forker's pid.
@@ -145,7 +207,7 @@ impl InitForker {
     /// A new init, forked with `sock` as its control socket and in `netns` when given: its
     /// pid, which is this process's child. The descriptors stay the caller's to close (init
     /// holds its own copies).
-    pub fn fork(&mut self, sock: &OwnedFd, netns: Option<&OwnedFd>) -> Result<i32, SandboxError> {
+    pub fn fork(&mut self, sock: &OwnedFd, netns: Option<&OwnedFd>) -> Result<i32, ForkerError> {
         let mut fds = vec![sock.as_raw_fd()];
         let tag = match netns {
             Some(n) => {
@@ -156,29 +218,32 @@ impl InitForker {
         };
         let iov = [IoSlice::new(tag)];
         let cmsg = [ControlMessage::ScmRights(&fds)];
-        sendmsg::<()>(
-            self.sock.as_raw_fd(),
-            &iov,
-            &cmsg,
-            MsgFlags::MSG_NOSIGNAL,
-            None,
-        )
-        .map_err(errno_error("asking the init forker"))?;
+        loop {
+            match sendmsg::<()>(
+                self.sock.as_raw_fd(),
+                &iov,
+                &cmsg,
+                MsgFlags::MSG_NOSIGNAL,
+                None,
+            ) {
+                Ok(_) => break,
+                Err(nix::errno::Errno::EINTR) => continue,
+                Err(e) => return Err(ForkerError::Gone(io(e))),
+            }
+        }
         let mut answer = [0u8; 4];
-        let n = nix::sys::socket::recv(self.sock.as_raw_fd(), &mut answer, MsgFlags::empty())
-            .map_err(errno_error("reading the init forker's answer"))?;
-        if n != 4 {
-            return Err(SandboxError::Spawn {
-                what: "reading the init forker's answer",
-                source: std::io::Error::from(std::io::ErrorKind::UnexpectedEof),
-            });
+        match recv_again(self.sock.as_raw_fd(), &mut answer) {
+            Ok(4) => {}
+            Ok(_) => {
+                return Err(ForkerError::NoAnswer(std::io::Error::from(
+                    std::io::ErrorKind::UnexpectedEof,
+                )))
+            }
+            Err(e) => return Err(ForkerError::NoAnswer(io(e))),
         }
         match i32::from_le_bytes(answer) {
             pid if pid > 0 => Ok(pid),
-            e => Err(SandboxError::Spawn {
-                what: "clone into new namespaces (init forker)",
-                source: std::io::Error::from_raw_os_error(-e),
-            }),
+            e => Err(ForkerError::Clone(std::io::Error::from_raw_os_error(-e))),
         }
     }
 }
@@ -191,12 +256,13 @@ impl Drop for InitForker {
     }
 }
 
-/// The reserve thread's forker, started on first use and replaced after a failure (see the
+/// The reserve thread's forker, started on first use and again after it failed (see the
 /// module).
 #[derive(Default)]
 pub(crate) struct ForkerSlot {
     forker: Option<InitForker>,
-    failures: u32,
+    /// The init program did not act as a forker: spares are exec'd from then on.
+    not_a_forker: bool,
 }
 
 impl ForkerSlot {
@@ -208,29 +274,41 @@ impl ForkerSlot {
         sock: OwnedFd,
         netns: Option<OwnedFd>,
     ) -> Result<i32, SandboxError> {
-        if self.forker.is_none() && self.failures < MAX_FAILURES {
+        if self.forker.is_none() && !self.not_a_forker {
             match InitForker::start(init) {
                 Ok(f) => self.forker = Some(f),
+                Err(e @ ForkerError::NotAForker { .. }) => {
+                    tracing::warn!(error = %e, "spares are exec'd from now on");
+                    self.not_a_forker = true;
+                }
+                // Tried again at the next spare.
                 Err(e) => {
-                    self.failures += 1;
-                    tracing::debug!(error = %e, failures = self.failures, "init forker not started: spares are exec'd");
+                    tracing::debug!(error = %e, "init forker not started: this spare is exec'd")
                 }
             }
         }
-        if let Some(f) = self.forker.as_mut() {
-            match f.fork(&sock, netns.as_ref()) {
-                Ok(pid) => {
-                    self.failures = 0;
-                    return Ok(pid);
-                }
-                Err(e) => {
-                    self.failures += 1;
-                    tracing::debug!(error = %e, failures = self.failures, "init forker failed: this spare is exec'd");
-                    self.forker = None;
-                }
+        let Some(forker) = self.forker.as_mut() else {
+            return crate::spawn_init::spawn_init(init, sock, netns);
+        };
+        match forker.fork(&sock, netns.as_ref()) {
+            Ok(pid) => Ok(pid),
+            // Nothing was sent: the same descriptors go to an exec'd init.
+            Err(e @ ForkerError::Gone(_)) => {
+                tracing::debug!(error = %e, "this spare is exec'd");
+                self.forker = None;
+                crate::spawn_init::spawn_init(init, sock, netns)
+            }
+            // Nothing was cloned, as an exec'd init's clone would fail: the forker stays.
+            Err(e @ ForkerError::Clone(_)) => Err(e.into()),
+            // A child may hold the descriptors: no second init gets them. The forker is
+            // killed first (no clone can follow), then any such child.
+            Err(e) => {
+                tracing::warn!(error = %e, "init forker replaced");
+                self.forker = None;
+                kill_children_holding(&sock);
+                Err(e.into())
             }
         }
-        crate::spawn_init::spawn_init(init, sock, netns)
     }
 
     /// The running forker's pid.
@@ -239,12 +317,74 @@ impl ForkerSlot {
     }
 }
 
+/// Kill and reap every child of this process that holds `sock` (an init the forker cloned
+/// but did not report), found by the socket's inode among its descriptors.
+fn kill_children_holding(sock: &OwnedFd) {
+    let Ok(st) = nix::sys::stat::fstat(sock.as_raw_fd()) else {
+        return;
+    };
+    let want = format!("socket:[{}]", st.st_ino);
+    let me = std::process::id().to_string();
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return;
+    };
+    for pid in procs
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+    {
+        let child = std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+            s.rsplit_once(')')
+                .and_then(|(_, r)| r.split_whitespace().nth(1).map(|p| p == me))
+                .unwrap_or(false)
+        });
+        if !child {
+            continue;
+        }
+        let holds = std::fs::read_dir(format!("/proc/{pid}/fd")).is_ok_and(|fds| {
+            fds.flatten()
+                .any(|f| std::fs::read_link(f.path()).is_ok_and(|l| l.as_os_str() == want.as_str()))
+        });
+        if holds {
+            // SAFETY: kill with integer arguments; our child, not yet reaped (only we wait
+            // for it), so the pid is still its own.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None);
+            tracing::warn!(
+                pid,
+                "an init the forker did not report was killed and reaped"
+            );
+        }
+    }
+}
+
 /// The forker's life: answer requests until its socket closes. Runs in the init program
 /// started with [`FORKER_ARG`], single-threaded.
 pub(crate) fn main_forker() -> ! {
     crate::spawn_init::close_above_control();
-    // SAFETY: the engine passes the forker's socket on fd 3 and nothing else owns it.
+    // Only a packet socket on fd 3 is the engine's (`InitForker::start`).
+    // SAFETY: fd 3 stays open for the whole check (and is closed by nothing else).
+    let fd3 = unsafe { std::os::fd::BorrowedFd::borrow_raw(crate::init::CONTROL_FD) };
+    let kind = nix::sys::socket::getsockopt(&fd3, nix::sys::socket::sockopt::SockType);
+    if kind != Ok(SockType::SeqPacket) {
+        eprintln!("envfactory-init --forker: fd 3 is not the engine's socket");
+        std::process::exit(2);
+    }
+    // SAFETY: fd 3 is the engine's socket (checked above) and nothing else owns it.
     let sock = unsafe { OwnedFd::from_raw_fd(crate::init::CONTROL_FD) };
+    // Not stopped or ended by the terminal the engine runs in (an init, PID 1 of its
+    // namespace, ignores such signals too); each child sets every disposition back to its
+    // default.
+    for sig in [
+        libc::SIGINT,
+        libc::SIGQUIT,
+        libc::SIGHUP,
+        libc::SIGTSTP,
+        libc::SIGTTIN,
+        libc::SIGTTOU,
+    ] {
+        // SAFETY: SIG_IGN installs no handler code.
+        unsafe { libc::signal(sig, libc::SIG_IGN) };
+    }
     let mut args = std::env::args_os();
     let path = args
         .next()
@@ -312,12 +452,16 @@ fn receive(sock: RawFd) -> Result<Option<(u8, Vec<OwnedFd>)>, nix::errno::Errno>
 
 /// Fork one init with `CLONE_PARENT` (the engine's child): its pid, or minus the errno.
 fn fork_one(cmdline: &crate::spawn_init::CommandLine, ctl: &OwnedFd, net: Option<&OwnedFd>) -> i32 {
-    match crate::spawn_init::fork_into_namespaces(
-        cmdline,
-        ctl.as_raw_fd(),
-        net.map(|n| n.as_raw_fd()),
-        libc::CLONE_PARENT,
-    ) {
+    // SAFETY: the forker has a single thread (its main, which never starts another).
+    let forked = unsafe {
+        crate::spawn_init::fork_into_namespaces(
+            cmdline,
+            ctl.as_raw_fd(),
+            net.map(|n| n.as_raw_fd()),
+            libc::CLONE_PARENT,
+        )
+    };
+    match forked {
         Ok(pid) => pid,
         Err(e) => -e.raw_os_error().unwrap_or(libc::EIO),
     }

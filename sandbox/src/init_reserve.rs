@@ -13,10 +13,12 @@
 //! name the same directory and cgroups.
 //!
 //! What a spare has before its plan is what a freshly cloned init has: its own mount, pid,
-//! UTS, IPC and network namespaces (the network one made ahead by the [`NetnsReserve`] or
-//! cloned), signal dispositions at their defaults, the same environment and descriptors. It
-//! was cloned earlier, from the reserve's thread (its signal mask and CPU affinity are that
-//! thread's). Each is handed out once, oldest first, and two things are checked then:
+//! UTS, IPC and network namespaces (the network one made ahead by the [`NetnsReserve`], or
+//! its own), signal dispositions at their defaults, the same environment and descriptors.
+//! By default it is forked by the reserve's fork server (`init_forker.rs`: no spare pays
+//! for loading the init program), whose signal mask (empty) and CPU affinity it has; exec'd
+//! (`Runtime::set_forked_spares(false)`, or when the program is not a forker), it was cloned
+//! from the reserve's thread and has that thread's. Each is handed out once, oldest first, and two things are checked then:
 //! - its mount namespace is a copy of the engine's at the clone: if the engine's mount table
 //!   changed since (a mount or unmount in its namespace, the instance cache's tmpfs, a host
 //!   mask's), the copy may lack what the plan names, so that init is killed and reaped with

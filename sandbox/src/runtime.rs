@@ -270,7 +270,8 @@ impl Runtime {
         self.inner.inits.set_forked(on);
     }
 
-    /// The init reserve's fork server's pid while one runs.
+    /// The pid of the init reserve's fork server as of the reserve's last spare start (`None`
+    /// before the first, when spares are exec'd, or after a failed start).
     pub fn init_forker_pid(&self) -> Option<i32> {
         self.inner.inits.forker_pid()
     }

@@ -245,12 +245,15 @@ pub(crate) fn fork_init(init: &InitProgram, sock: OwnedFd) -> Result<i32, Sandbo
     // the engine's path; init makes its own as its first step instead, on the other CPU while
     // the engine resolves the root (`init::run`). Nothing runs in the child before that but
     // this crate's code.
-    let pid = fork_into_namespaces(&cmdline, sock.as_raw_fd(), None, 0).map_err(|source| {
-        SandboxError::Spawn {
-            what: "clone into new namespaces",
-            source,
-        }
-    })?;
+    // SAFETY: the caller runs this only while this process has a single thread
+    // (`single_threaded`, checked by `Runtime::create` right before).
+    let pid =
+        unsafe { fork_into_namespaces(&cmdline, sock.as_raw_fd(), None, 0) }.map_err(|source| {
+            SandboxError::Spawn {
+                what: "clone into new namespaces",
+                source,
+            }
+        })?;
     drop(sock);
     Ok(pid)
 }
@@ -261,7 +264,11 @@ pub(crate) fn fork_init(init: &InitProgram, sock: OwnedFd) -> Result<i32, Sandbo
 /// namespace first thing, and becomes init; `extra_flags` are added to the clone's
 /// (`CLONE_PARENT` for the forker). The caller keeps and closes its descriptors. Returns the
 /// child's pid.
-pub(crate) fn fork_into_namespaces(
+///
+/// # Safety
+/// Only while this process has a single thread: the child runs ordinary code (allocation,
+/// locks) in its copy, where another thread could have held a lock at the clone.
+pub(crate) unsafe fn fork_into_namespaces(
     cmdline: &CommandLine,
     sock_fd: i32,
     net_fd: Option<i32>,

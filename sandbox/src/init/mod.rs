@@ -53,7 +53,10 @@ fn os(what: &'static str) -> impl FnOnce(nix::errno::Errno) -> InitError {
 /// Entry point of the `envfactory-init` binary (and of `engine __sandbox-init`).
 pub fn main() -> ! {
     // Started as the reserve's fork server (`init_forker.rs`) rather than as a sandbox's init.
-    if std::env::args_os().any(|a| a == crate::init_forker::FORKER_ARG) {
+    if std::env::args_os()
+        .last()
+        .is_some_and(|a| a == crate::init_forker::FORKER_ARG)
+    {
         crate::init_forker::main_forker()
     }
     // Nothing but the control socket above the standard descriptors: whatever the engine's

@@ -192,6 +192,12 @@ fn init_view(sb: &Sandbox) -> Vec<String> {
     view
 }
 
+/// Whether the kernel randomizes where programs are mapped (else every `execve` places one
+/// at the same address, and a forked init cannot be told from an exec'd one by it).
+fn aslr() -> bool {
+    std::fs::read_to_string("/proc/sys/kernel/randomize_va_space").is_ok_and(|v| v.trim() != "0")
+}
+
 /// The start address of `pid`'s first mapping of its program (randomized at each `execve`).
 fn program_base(pid: i32) -> String {
     let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap();
@@ -252,11 +258,16 @@ fn a_spare_forked_by_the_forker_starts_as_an_execd_init_does() {
     ));
     assert_eq!(out(&sh(&mut s, "echo ok")), "ok\n");
     // Off: the next spares are exec'd (placed anew), the forker left as it is.
+    if !aslr() {
+        return;
+    }
     rt.set_forked_spares(false);
     let mut keep = Vec::new();
     let execd = (0..20).find_map(|_| {
-        let sb = from_a_spare(&rt, &config());
+        let mut sb = from_a_spare(&rt, &config());
         let base = program_base(sb.init_pid());
+        // Its first answer lets the reserve start the next spare.
+        sh(&mut sb, "true");
         keep.push(sb);
         (base != program_base(forker)).then_some(())
     });
@@ -270,8 +281,22 @@ fn rt_tag() -> u32 {
         .subsec_nanos()
 }
 
-/// A forker killed from outside is never asked again: that spare is exec'd and the next one
-/// starts a new forker; every sandbox works throughout, and no forker outlives its runtime.
+/// Take spares (each sandbox runs a command, which lets the reserve start the next) until the
+/// reserve runs a forker other than `first`: its pid.
+fn with_a_new_forker(rt: &Runtime, first: i32, keep: &mut Vec<Sandbox>) -> i32 {
+    for _ in 0..20 {
+        let mut sb = from_a_spare(rt, &config());
+        assert_eq!(out(&sh(&mut sb, "echo ok")), "ok\n");
+        keep.push(sb);
+        if let Some(p) = rt.init_forker_pid().filter(|p| *p != first) {
+            return p;
+        }
+    }
+    panic!("no new forker was started");
+}
+
+/// A forker killed from outside is never asked again (it is reaped) and a later spare starts a
+/// new one; every sandbox works throughout, and no forker outlives its runtime.
 #[test]
 fn a_killed_forker_is_replaced_and_none_outlives_its_runtime() {
     require_root!();
@@ -280,22 +305,64 @@ fn a_killed_forker_is_replaced_and_none_outlives_its_runtime() {
     // SAFETY: kill with integer arguments; the pid is this runtime's forker, our child, not
     // yet reaped.
     assert_eq!(unsafe { libc::kill(first, libc::SIGKILL) }, 0);
-    let mut second = None;
-    for _ in 0..20 {
-        let mut sb = from_a_spare(&rt, &config());
-        assert_eq!(out(&sh(&mut sb, "echo ok")), "ok\n");
-        keep.push(sb);
-        second = rt.init_forker_pid().filter(|p| *p != first);
-        if second.is_some() {
-            break;
-        }
-    }
-    let second = second.expect("no new forker was started");
+    let second = with_a_new_forker(&rt, first, &mut keep);
     assert_eq!(parent_of(second), Some(std::process::id() as i32));
     // The first one was reaped (no zombie left).
     assert_eq!(parent_of(first), None);
     drop((keep, rt));
     assert_eq!(parent_of(second), None, "the forker outlived its runtime");
+}
+
+/// A forker that stops answering (here stopped with SIGSTOP) fails the spare asked of it after
+/// the answer's timeout: it is killed and reaped, the reserve counts a failure and starts a new
+/// forker for a later spare, and the sandboxes work throughout.
+#[test]
+fn a_stopped_forker_is_killed_and_replaced() {
+    require_root!();
+    let (rt, mut keep) = with_two_spares();
+    let first = rt.init_forker_pid().expect("no init forker runs");
+    let failures = rt.spare_init_failures();
+    // SAFETY: kill with integer arguments; the runtime's forker, our child, not reaped.
+    assert_eq!(unsafe { libc::kill(first, libc::SIGSTOP) }, 0);
+    with_a_new_forker(&rt, first, &mut keep);
+    assert!(rt.spare_init_failures() > failures);
+    assert_eq!(parent_of(first), None, "the stopped forker was not reaped");
+}
+
+/// An init program that does not act as a forker (here a wrapper that drops its arguments, as
+/// an older `envfactory-init` named by `ENVFACTORY_INIT` would ignore `--forker` and wait for
+/// its plan) is given up as a forker after the hello's timeout, killed, and the spares are
+/// exec'd: the reserve fills and its sandboxes work.
+#[test]
+fn a_program_that_is_not_a_forker_gets_its_spares_execd() {
+    require_root!();
+    let real = std::path::PathBuf::from(env!("CARGO_BIN_EXE_sandbox-init"));
+    let dir = tempfile::tempdir().unwrap();
+    let wrapper = dir.path().join("init-without-arguments");
+    std::fs::write(&wrapper, format!("#!/bin/sh\nexec {}\n", real.display())).unwrap();
+    std::fs::set_permissions(
+        &wrapper,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let rt = {
+        let _starting = crate::common::serial(&crate::common::RUNTIME_START);
+        sandbox::testing::runtime_with(sandbox::InitProgram::at(wrapper, vec![]).unwrap())
+    };
+    let mut keep = [rt.create(&config()).unwrap(), rt.create(&config()).unwrap()];
+    sh(&mut keep[1], "true");
+    assert!(
+        eventually(30, || rt.spare_inits_ready() >= 2),
+        "the reserve did not fill: {} failures",
+        rt.spare_init_failures()
+    );
+    assert_eq!(rt.init_forker_pid(), None);
+    let me = std::process::id() as i32;
+    for pid in rt.spare_init_pids() {
+        assert_eq!(parent_of(pid), Some(me));
+    }
+    let mut s = from_a_spare(&rt, &config());
+    assert_eq!(out(&sh(&mut s, "echo ok")), "ok\n");
 }
 
 /// The reaper's records (path, `"<pid> <start time>"`) of the inits `pids`.
