@@ -2,7 +2,8 @@
 //!
 //! An exec'd init pays, before it reads its first request, for loading its program: the
 //! dynamic loader, the C library's start (on a virtual machine every `cpuid` of it traps) and
-//! the Rust runtime's start, about 0.8 ms of CPU on the development VM, and it pays it for
+//! the Rust runtime's start (`envfactory-init --version`, which does only that and exits: 0.79
+//! ms task-clock on the development VM, against 0.50 for `/bin/true`), and it pays it for
 //! every sandbox. The reserve (`init_reserve.rs`) instead starts, once, the init program as a
 //! fork server (`envfactory-init --forker`, a process of its own with init's environment,
 //! descriptors and signal state) and asks it for each spare: the forker, single-threaded and
@@ -25,8 +26,10 @@
 //!   capabilities, limits, CPU affinity and cgroups (left for the sandbox's own at `Prepare`
 //!   either way), and the signal mask, which is empty (`std::process::Command` clears it).
 //! - **Protocol**: a `SOCK_SEQPACKET` pair. The forker first says `forker 1`; a program that
-//!   does not within [`ANSWER_TIMEOUT`] (an older init named by `ENVFACTORY_INIT` waits for
-//!   its plan instead) is killed and never started as one again by that reserve. Each request
+//!   something else is killed and never started as one again by that reserve; one that says
+//!   nothing within [`ANSWER_TIMEOUT`] (an older init named by `ENVFACTORY_INIT` waits for
+//!   its plan instead) or exits first is killed, and after [`MAX_WITHOUT_HELLO`] such starts
+//!   in a row never started again. Each request
 //!   is one byte (`n`: a network namespace follows, `-`: none) with the control socket (and
 //!   the namespace) as `SCM_RIGHTS`; the answer is the child's pid, or minus an errno, as 4
 //!   bytes little-endian.
@@ -34,9 +37,10 @@
 //!   with the same descriptors; a clone the forker reports failed fails that spare as an
 //!   exec'd init's would (the reserve tries again after its pause). A request sent but never
 //!   answered (the forker killed, stopped or stuck) fails that spare: the forker is killed and
-//!   reaped first, then any child of the engine that holds the spare's control socket (an
-//!   init cloned but not reported), so no second init ever gets the same socket or network
-//!   namespace. A forker that failed is started again for the next spare. The forker ignores
+//!   reaped first, then any child of the engine that is a pid namespace's init holding the
+//!   spare's control socket (an init cloned but not reported), so no second init ever gets the
+//!   same socket or network namespace. A forker that failed is started again for the next
+//!   spare. The forker ignores
 //!   the terminal's signals (SIGINT, SIGQUIT, SIGHUP, job control), and exits when its socket
 //!   reaches end of file (the engine gone); the reserve kills and reaps it when it stops.
 //!
@@ -73,6 +77,9 @@ pub(crate) enum ForkerError {
     Start(#[source] std::io::Error),
     #[error("init program {path}: not an init forker ({said})")]
     NotAForker { path: PathBuf, said: String },
+    /// No hello in time, or it exited first: maybe not a forker, maybe slow or crashed once.
+    #[error("init program {path} as a forker: {said}")]
+    NoHello { path: PathBuf, said: String },
     /// The request never reached it (it is gone): nothing was cloned.
     #[error("the init forker is gone: {0}")]
     Gone(#[source] std::io::Error),
@@ -91,7 +98,7 @@ impl From<ForkerError> for SandboxError {
             ForkerError::NoAnswer(s) => ("waiting for the init forker's answer", s),
             ForkerError::Gone(s) => ("asking the init forker", s),
             ForkerError::Start(s) => ("starting the init forker", s),
-            ForkerError::NotAForker { path, said } => {
+            ForkerError::NotAForker { path, said } | ForkerError::NoHello { path, said } => {
                 return SandboxError::InitProgram {
                     path,
                     reason: format!("not an init forker ({said})"),
@@ -145,7 +152,9 @@ impl InitForker {
             PathBuf::from(".").join(&init.path)
         };
         let mut cmd = std::process::Command::new(path);
-        cmd.args(&init.args)
+        // argv[0] as an exec'd init's: the forked inits show it.
+        cmd.arg0(&init.path)
+            .args(&init.args)
             .arg(FORKER_ARG)
             .env_clear()
             .env("PATH", crate::spawn_init::init_path())
@@ -181,22 +190,29 @@ impl InitForker {
         )
         .map_err(|e| ForkerError::Start(io(e)))?;
         let mut hello = [0u8; 16];
-        let said = match recv_again(forker.sock.as_raw_fd(), &mut hello) {
+        let path = init.path.clone();
+        match recv_again(forker.sock.as_raw_fd(), &mut hello) {
             Ok(n) if &hello[..n] == HELLO => {
                 tracing::debug!(pid = forker.pid(), "init forker started");
-                return Ok(forker);
+                Ok(forker)
             }
-            Ok(0) => "it exited without a word".to_string(),
-            Ok(n) => format!("it said {}", hello[..n].escape_ascii()),
-            Err(nix::errno::Errno::EAGAIN) => {
-                format!("no word in {} s", ANSWER_TIMEOUT.as_secs())
-            }
-            Err(e) => format!("its hello could not be read: {e}"),
-        };
-        Err(ForkerError::NotAForker {
-            path: init.path.clone(),
-            said,
-        })
+            Ok(0) => Err(ForkerError::NoHello {
+                path,
+                said: "it exited without a word".into(),
+            }),
+            Ok(n) => Err(ForkerError::NotAForker {
+                path,
+                said: format!("it said {}", hello[..n].escape_ascii()),
+            }),
+            Err(nix::errno::Errno::EAGAIN) => Err(ForkerError::NoHello {
+                path,
+                said: format!("no word in {} s", ANSWER_TIMEOUT.as_secs()),
+            }),
+            Err(e) => Err(ForkerError::NoHello {
+                path,
+                said: format!("its hello could not be read: {e}"),
+            }),
+        }
     }
 
     /// The forker's pid.
@@ -263,7 +279,13 @@ pub(crate) struct ForkerSlot {
     forker: Option<InitForker>,
     /// The init program did not act as a forker: spares are exec'd from then on.
     not_a_forker: bool,
+    /// Starts in a row that got no hello.
+    without_hello: u32,
 }
+
+/// Starts in a row without a hello after which the program is taken for one that is not a
+/// forker (an older init waits for its plan instead, at every start).
+const MAX_WITHOUT_HELLO: u32 = 3;
 
 impl ForkerSlot {
     /// Start an init for a spare: forked by the forker when one runs or can be started, else
@@ -276,10 +298,18 @@ impl ForkerSlot {
     ) -> Result<i32, SandboxError> {
         if self.forker.is_none() && !self.not_a_forker {
             match InitForker::start(init) {
-                Ok(f) => self.forker = Some(f),
+                Ok(f) => {
+                    self.forker = Some(f);
+                    self.without_hello = 0;
+                }
                 Err(e @ ForkerError::NotAForker { .. }) => {
                     tracing::warn!(error = %e, "spares are exec'd from now on");
                     self.not_a_forker = true;
+                }
+                Err(e @ ForkerError::NoHello { .. }) => {
+                    self.without_hello += 1;
+                    self.not_a_forker = self.without_hello >= MAX_WITHOUT_HELLO;
+                    tracing::warn!(error = %e, in_a_row = self.without_hello, given_up = self.not_a_forker, "this spare is exec'd");
                 }
                 // Tried again at the next spare.
                 Err(e) => {
@@ -317,8 +347,11 @@ impl ForkerSlot {
     }
 }
 
-/// Kill and reap every child of this process that holds `sock` (an init the forker cloned
-/// but did not report), found by the socket's inode among its descriptors.
+/// Kill and reap every child of this process that is the init of a pid namespace of its own
+/// and holds `sock` (an init the forker cloned but did not report), found by the socket's
+/// inode among its descriptors (readable with the engine's CAP_SYS_PTRACE though init is not
+/// dumpable). One that already exited holds nothing and is not found: a zombie until this
+/// process exits, its socket and namespace never used again.
 fn kill_children_holding(sock: &OwnedFd) {
     let Ok(st) = nix::sys::stat::fstat(sock.as_raw_fd()) else {
         return;
@@ -337,7 +370,17 @@ fn kill_children_holding(sock: &OwnedFd) {
                 .and_then(|(_, r)| r.split_whitespace().nth(1).map(|p| p == me))
                 .unwrap_or(false)
         });
-        if !child {
+        // `NSpid:` of a pid namespace's init, seen from ours: its pid here, then 1.
+        let init_of_its_own = child
+            && std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|st| {
+                st.lines()
+                    .find_map(|l| l.strip_prefix("NSpid:"))
+                    .is_some_and(|ids| {
+                        ids.split_whitespace().collect::<Vec<_>>()
+                            == [pid.to_string().as_str(), "1"]
+                    })
+            });
+        if !init_of_its_own {
             continue;
         }
         let holds = std::fs::read_dir(format!("/proc/{pid}/fd")).is_ok_and(|fds| {
@@ -345,8 +388,9 @@ fn kill_children_holding(sock: &OwnedFd) {
                 .any(|f| std::fs::read_link(f.path()).is_ok_and(|l| l.as_os_str() == want.as_str()))
         });
         if holds {
-            // SAFETY: kill with integer arguments; our child, not yet reaped (only we wait
-            // for it), so the pid is still its own.
+            // SAFETY: kill with integer arguments; our child, not yet reaped (a pid
+            // namespace's init holding this spare's socket, which only the forker's clone
+            // could be: no one else waits for it), so the pid is still its own.
             unsafe { libc::kill(pid, libc::SIGKILL) };
             let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None);
             tracing::warn!(
@@ -390,13 +434,10 @@ pub(crate) fn main_forker() -> ! {
         .next()
         .map(std::path::PathBuf::from)
         .unwrap_or_default();
-    let init = InitProgram {
-        path,
-        args: args
-            .filter(|a| a != FORKER_ARG)
-            .map(|a| a.to_string_lossy().into_owned())
-            .collect(),
-    };
+    let mut rest: Vec<String> = args.map(|a| a.to_string_lossy().into_owned()).collect();
+    // Our own last argument (`init/mod.rs` checks that one).
+    rest.pop();
+    let init = InitProgram { path, args: rest };
     let cmdline = crate::spawn_init::CommandLine::of(&init);
     if nix::sys::socket::send(sock.as_raw_fd(), HELLO, MsgFlags::MSG_NOSIGNAL).is_err() {
         std::process::exit(1);

@@ -270,8 +270,10 @@ impl Runtime {
         self.inner.inits.set_forked(on);
     }
 
-    /// The pid of the init reserve's fork server as of the reserve's last spare start (`None`
-    /// before the first, when spares are exec'd, or after a failed start).
+    /// The pid of the init reserve's fork server as of the reserve's last spare start: `None`
+    /// before the first and after a forker failed; it stays `Some` while the reserve keeps a
+    /// forker it does not use (after `set_forked_spares(false)`, or after a clone it reported
+    /// failed).
     pub fn init_forker_pid(&self) -> Option<i32> {
         self.inner.inits.forker_pid()
     }

@@ -79,3 +79,10 @@ for b in ('base', 'new'):
     for k, where in keys:
         v = [r['ratios'][k] if where else r[k]['median'] for r in runs]
         print('%-4s %-26s %s' % (b, k, describe(v)))
+
+pairs = []
+for f in sorted(glob.glob(os.path.join(here, 'bench-sandbox', '*-base.json'))):
+    n = f.replace('-base.json', '-new.json')
+    if os.path.exists(n):
+        pairs.append(json.load(open(n))['ratios']['exec_vs_host'] - json.load(open(f))['ratios']['exec_vs_host'])
+print('exec_vs_host, paired new - base: %s' % describe(pairs))
