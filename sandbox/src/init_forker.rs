@@ -26,7 +26,7 @@
 //!   capabilities, limits, CPU affinity and cgroups (left for the sandbox's own at `Prepare`
 //!   either way), and the signal mask, which is empty (`std::process::Command` clears it).
 //! - **Protocol**: a `SOCK_SEQPACKET` pair. The forker first says `forker 1`; a program that
-//!   something else is killed and never started as one again by that reserve; one that says
+//!   says something else is killed and never started as one again by that reserve; one that says
 //!   nothing within [`ANSWER_TIMEOUT`] (an older init named by `ENVFACTORY_INIT` waits for
 //!   its plan instead) or exits first is killed, and after [`MAX_WITHOUT_HELLO`] such starts
 //!   in a row never started again. Each request
@@ -98,10 +98,16 @@ impl From<ForkerError> for SandboxError {
             ForkerError::NoAnswer(s) => ("waiting for the init forker's answer", s),
             ForkerError::Gone(s) => ("asking the init forker", s),
             ForkerError::Start(s) => ("starting the init forker", s),
-            ForkerError::NotAForker { path, said } | ForkerError::NoHello { path, said } => {
+            ForkerError::NotAForker { path, said } => {
                 return SandboxError::InitProgram {
                     path,
                     reason: format!("not an init forker ({said})"),
+                }
+            }
+            ForkerError::NoHello { path, said } => {
+                return SandboxError::InitProgram {
+                    path,
+                    reason: format!("as an init forker: {said}"),
                 }
             }
         };
