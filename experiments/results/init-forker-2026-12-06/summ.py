@@ -86,3 +86,9 @@ for f in sorted(glob.glob(os.path.join(here, 'bench-sandbox', '*-base.json'))):
     if os.path.exists(n):
         pairs.append(json.load(open(n))['ratios']['exec_vs_host'] - json.load(open(f))['ratios']['exec_vs_host'])
 print('exec_vs_host, paired new - base: %s' % describe(pairs))
+
+print('\n## engine bench env --task archive-logs --workers 2 --seconds 8 --iterations 5, alternated pairs')
+for b in ('base', 'new'):
+    runs = [json.load(open(f)) for f in sorted(glob.glob(os.path.join(here, 'env', '*-%s.json' % b)))]
+    for k in ('random_vs_raw', 'random_vs_raw_episodes'):
+        print('%-4s %-24s %s' % (b, k, ', '.join('%.3f' % r[k][0]['ratio'] for r in runs)))
