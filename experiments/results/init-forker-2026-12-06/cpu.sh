@@ -2,7 +2,7 @@
 # usage: cpu.sh N cmd...   prints wall ms/run and busy CPU ms/run (from /proc/stat)
 n=$1; shift
 busy() { read -r _ u n s i w q sq _ </proc/stat; echo $((u + n + s + q + sq)); }
-/work/main/benches/quiet.sh
+"$(dirname "$0")/../../../benches/quiet.sh"
 a=$(busy); t0=$(date +%s%N)
 for ((k=0;k<n;k++)); do "$@" >/dev/null; done
 t1=$(date +%s%N); sleep 0.5; b=$(busy)

@@ -2,19 +2,12 @@
 # perf samples by comm for N served one-shots of base and new (daemons started here).
 set -u
 n=${1:-300}
-pids=()
-for b in base new; do
-  d=/tmp/ab/sock-$b; rm -rf $d; mkdir -p $d
-  /tmp/ab/$b/engine sandbox daemon --socket $d/exec.sock 2>$d/daemon.log &
-  pids+=($!)
-done
-trap 'kill ${pids[@]}; wait' EXIT
-sleep 3
+source "$(dirname "$0")/daemons.sh"
 for r in 1 2; do
 for b in base new; do
   export ENVFACTORY_EXEC_SOCKET=/tmp/ab/sock-$b/exec.sock
   /tmp/ab/$b/engine sandbox exec -- /bin/true
-  /work/main/benches/quiet.sh
+  "$quiet"
   perf record -F 5000 -a -o /tmp/ab/perf-$b.data -- bash -c "for i in \$(seq $n); do /tmp/ab/$b/engine sandbox exec -- /bin/true; done; sleep 0.3" > /dev/null 2>&1
   echo "== $b round $r"
   perf report -i /tmp/ab/perf-$b.data --sort comm --stdio -F overhead,sample,comm 2>/dev/null | grep -v "^#" | grep -v "^$" | head -14 | awk -v n=$n '{printf "%-20s %7.1f us/run\n", $3, $2/5000/n*1e6}'

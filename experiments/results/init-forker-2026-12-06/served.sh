@@ -4,24 +4,17 @@
 set -u
 out=$1; rounds=${2:-3}; runs=${3:-60}
 mkdir -p "$out"
-pids=()
-for b in base new; do
-  d=/tmp/ab/sock-$b; rm -rf $d; mkdir -p $d
-  /tmp/ab/$b/engine sandbox daemon --socket $d/exec.sock 2>$d/daemon.log &
-  pids+=($!)
-done
-trap 'kill ${pids[@]}; wait' EXIT
-sleep 3
+source "$(dirname "$0")/daemons.sh"
 for b in base new; do ENVFACTORY_EXEC_SOCKET=/tmp/ab/sock-$b/exec.sock /tmp/ab/$b/engine sandbox exec -- /bin/true || exit 1; done
 for r in $(seq $rounds); do
   if [ $((r % 2)) = 1 ]; then order="base new"; else order="new base"; fi
   args=()
   for b in $order; do args+=(-n "served-$b" "env ENVFACTORY_EXEC_SOCKET=/tmp/ab/sock-$b/exec.sock /tmp/ab/$b/engine sandbox exec -- /bin/true"); done
   args+=(-n bwrap "bwrap --unshare-all --ro-bind / / --proc /proc --dev /dev /bin/true")
-  hyperfine -N --setup /work/main/benches/quiet.sh --warmup 5 --runs $runs --export-json $out/round-$r.json "${args[@]}" > $out/round-$r.txt 2>&1
+  hyperfine -N --setup "$quiet" --warmup 5 --runs $runs --export-json $out/round-$r.json "${args[@]}" > $out/round-$r.txt 2>&1
   for b in $order; do
-    ENVFACTORY_EXEC_SOCKET=/tmp/ab/sock-$b/exec.sock /tmp/cpu.sh 200 /tmp/ab/$b/engine sandbox exec -- /bin/true > $out/cpu-$r-$b.txt
+    ENVFACTORY_EXEC_SOCKET=/tmp/ab/sock-$b/exec.sock "$here/cpu.sh" 200 /tmp/ab/$b/engine sandbox exec -- /bin/true > $out/cpu-$r-$b.txt
   done
-  /tmp/cpu.sh 200 bwrap --unshare-all --ro-bind / / --proc /proc --dev /dev /bin/true > $out/cpu-$r-bwrap.txt
+  "$here/cpu.sh" 200 bwrap --unshare-all --ro-bind / / --proc /proc --dev /dev /bin/true > $out/cpu-$r-bwrap.txt
 done
 echo done
