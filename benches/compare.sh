@@ -18,7 +18,7 @@ command -v bwrap >/dev/null || need+=(bubblewrap)
 if [ ${#need[@]} -gt 0 ]; then
   apt-get update -qq && apt-get install -y -qq "${need[@]}" >/dev/null
 fi
-cargo build --release -q --bin engine --bin envfactory-init
+cargo build --release -q --bin engine --bin engine-core --bin envfactory-init
 engine=${CARGO_TARGET_DIR:-target}/release/engine
 # The one-shot served by a daemon of this build, on a socket of its own (stopped at exit).
 mkdir -p out

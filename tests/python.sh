@@ -21,6 +21,6 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] ||
   "$venv/bin/pip" install -q -e clients/python
   echo "$want" > "$stamp"
 fi
-cargo build -q --bin engine --bin envfactory-init
+cargo build -q --bin engine --bin engine-core --bin envfactory-init
 export CARGO_TARGET_DIR="$target"
 exec "$venv/bin/python" -m pytest -q clients/python/tests "$@"

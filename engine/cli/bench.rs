@@ -184,7 +184,7 @@ pub fn run(cmd: BenchCmd) -> anyhow::Result<i32> {
             let rt = super::sandbox::runtime()?;
             // The one-shot command with the same options, timed as a whole process: made by
             // itself, and served by a daemon of this binary on a socket of its own.
-            let exe = std::env::current_exe()?.to_string_lossy().into_owned();
+            let exe = super::front_path()?.to_string_lossy().into_owned();
             let one_shot = |no_daemon: bool| {
                 let mut argv: Vec<String> = vec![exe.clone(), "sandbox".into(), "exec".into()];
                 if no_daemon {
@@ -208,7 +208,7 @@ pub fn run(cmd: BenchCmd) -> anyhow::Result<i32> {
                 daemon: daemon.as_ref().map(|d| engine::bench::sandbox::Process {
                     argv: one_shot(false),
                     env: vec![(
-                        super::daemon::SOCKET_ENV.into(),
+                        crate::oneshot::client::SOCKET_ENV.into(),
                         d.socket().to_string_lossy().into_owned(),
                     )],
                 }),

@@ -1,21 +1,12 @@
 //! How the command line reports an error: one line, its cause chain without repetition, and
 //! an exit status that tells bad input (2) from a failure of the sandbox or engine (125).
 
+pub use crate::oneshot::args::{usage, Usage};
 use std::fmt::Write;
 
 /// Exit status of a usage or input error: a bad option, config, template, action file or
 /// fault spec (clap's own usage errors exit 2 as well).
 pub const EXIT_USAGE: i32 = 2;
-
-/// A usage error of the command line, as opposed to a failure while running.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct Usage(pub String);
-
-/// A usage error for `?`.
-pub fn usage(msg: impl Into<String>) -> anyhow::Error {
-    Usage(msg.into()).into()
-}
 
 /// The message of `e`: each cause once. Most errors already print their source (`file:
 /// reason`), so a cause whose text was already said is left out rather than repeated.

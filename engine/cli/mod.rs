@@ -18,6 +18,8 @@ mod synth;
 mod task;
 mod tournament;
 
+use crate::oneshot::args::OneShotCli;
+pub use crate::oneshot::args::{count, LogOpt};
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 
@@ -33,15 +35,6 @@ pub struct Cli {
     pub logging: LogOpt,
     #[command(subcommand)]
     pub command: Cmd,
-}
-
-// The log option, the same in `Cli` and `OneShotCli`. (A plain comment: clap takes a doc
-// comment here for the `about` of every command this is flattened into.)
-#[derive(Debug, PartialEq, clap::Args)]
-pub struct LogOpt {
-    /// Log filter (tracing EnvFilter syntax), e.g. `info` or `sandbox=debug`.
-    #[arg(long, global = true, env = "ENVFACTORY_LOG", default_value = "warn")]
-    pub log: String,
 }
 
 #[derive(Subcommand)]
@@ -175,14 +168,6 @@ const EXIT_STATUS: &str = "Exit status:
   128+N    `sandbox exec`: the command was killed by signal N
   129, 130, 143  interrupted by SIGHUP, SIGINT or SIGTERM (sandboxes torn down, results kept)";
 
-/// A count option in `1..=MAX` (a violation is a usage error: exit 2).
-pub fn count<const MAX: usize>(s: &str) -> Result<usize, String> {
-    match s.trim().parse::<usize>() {
-        Ok(n) if (1..=MAX).contains(&n) => Ok(n),
-        _ => Err(format!("expected a whole number in 1..={MAX}")),
-    }
-}
-
 /// A number of seconds, finite and in `(0, 86400]`.
 pub fn seconds(s: &str) -> Result<f64, String> {
     match s.trim().parse::<f64>() {
@@ -198,23 +183,6 @@ impl Cmd {
     }
 }
 
-/// `engine sandbox exec ...` alone: a parser of that subcommand's arguments only. The parser
-/// of the whole command line builds every subcommand's arguments first, about 0.6 ms of a
-/// one-shot's 2 ms start (docs/sandbox.md, "The one-shot daemon").
-#[derive(Parser)]
-#[command(
-    name = "engine",
-    bin_name = "engine sandbox exec",
-    disable_help_flag = true,
-    disable_version_flag = true
-)]
-struct OneShotCli {
-    #[command(flatten)]
-    logging: LogOpt,
-    #[command(flatten)]
-    exec: sandbox::ExecArgs,
-}
-
 impl Cli {
     /// The command line of this process. `engine sandbox exec` is taken by [`OneShotCli`] when
     /// that parser accepts it whole; anything else (help, a bad or unknown option, `--log`
@@ -228,18 +196,63 @@ impl Cli {
         Self::parse_from(args)
     }
 
-    /// The one-shot's parse of `args`, when they are `engine sandbox exec` and valid.
+    /// [`OneShotCli::parse`], as a whole command line.
     fn parse_one_shot(args: &[std::ffi::OsString]) -> Option<Self> {
-        if args.get(1)? != "sandbox" || args.get(2)? != "exec" {
-            return None;
-        }
-        let rest =
-            std::iter::once(std::ffi::OsString::from("engine")).chain(args[3..].iter().cloned());
-        let o = OneShotCli::try_parse_from(rest).ok()?;
+        let o = OneShotCli::parse(args)?;
         Some(Cli {
             logging: o.logging,
             command: Cmd::Sandbox(sandbox::SandboxCmd::Exec(o.exec)),
         })
+    }
+}
+
+/// The `engine` front beside this program, as users run it; this program where there is none
+/// of the same build (`cargo run` builds only this program), saying so.
+pub fn front_path() -> std::io::Result<PathBuf> {
+    let me = std::env::current_exe()?;
+    let front = me.with_file_name("engine");
+    let build = std::process::Command::new(&front)
+        .arg("__front-build")
+        .stderr(std::process::Stdio::null())
+        .output();
+    match build {
+        Ok(o)
+            if o.status.success() && o.stdout.trim_ascii() == crate::oneshot::BUILD.as_bytes() =>
+        {
+            Ok(front)
+        }
+        _ => {
+            eprintln!(
+                "engine: no `engine` front of this build beside {}: its one-shots are timed \
+                 without it (`cargo build` builds both)",
+                me.display()
+            );
+            Ok(me)
+        }
+    }
+}
+
+/// When the `engine` front handed this process its command line, its build must be this
+/// program's (`cargo run` builds only the front: this program may be older). Exits with 125
+/// and says so otherwise. The front's variable is removed: the commands this process runs do
+/// not see it.
+pub fn front_build_matches() {
+    let Some(front) = std::env::var_os(crate::oneshot::FRONT_BUILD_ENV) else {
+        return;
+    };
+    // Single-threaded still: nothing reads the environment meanwhile.
+    std::env::remove_var(crate::oneshot::FRONT_BUILD_ENV);
+    if front != crate::oneshot::BUILD {
+        eprintln!(
+            "engine: the engine program {} is from another build than the `engine` beside it \
+             (build {}, the front's {}): build both with `cargo build`",
+            std::env::current_exe()
+                .map(|p| p.display().to_string())
+                .unwrap_or_else(|_| crate::oneshot::CORE.into()),
+            crate::oneshot::BUILD,
+            front.to_string_lossy()
+        );
+        std::process::exit(sandbox::EXIT_SANDBOX_FAILURE);
     }
 }
 

@@ -21,17 +21,22 @@ struct Daemon {
 
 impl Daemon {
     fn start() -> Self {
+        Self::start_from(Path::new(env!("CARGO_BIN_EXE_engine")))
+    }
+
+    /// A daemon of the `engine` front at `engine` (its engine program beside it).
+    fn start_from(engine: &Path) -> Self {
         let state = TempState::new();
         let logdir = tempfile::tempdir().unwrap();
         let log = logdir.path().join("daemon.log");
-        let child = Command::new(env!("CARGO_BIN_EXE_engine"))
-            .env("ENVFACTORY_STATE", state.path())
-            .env_remove("ENVFACTORY_INIT")
-            .args(["--log", "engine=debug", "sandbox", "daemon"])
-            .stdin(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
+        let child = spawn(
+            Command::new(engine)
+                .env("ENVFACTORY_STATE", state.path())
+                .env_remove("ENVFACTORY_INIT")
+                .args(["--log", "engine=debug", "sandbox", "daemon"])
+                .stdin(Stdio::null())
+                .stderr(std::fs::File::create(&log).unwrap()),
+        );
         let d = Self {
             child: Some(child),
             log,
@@ -159,6 +164,20 @@ fn spawn(c: &mut Command) -> Child {
             r => return r.unwrap(),
         }
     }
+}
+
+/// Copies of the `engine` front, the engine program and the init program in `dir`; the
+/// front's path.
+fn copy_engine(dir: &Path) -> PathBuf {
+    for bin in [
+        env!("CARGO_BIN_EXE_engine"),
+        env!("CARGO_BIN_EXE_engine-core"),
+        env!("CARGO_BIN_EXE_envfactory-init"),
+    ] {
+        let bin = Path::new(bin);
+        std::fs::copy(bin, dir.join(bin.file_name().unwrap())).unwrap();
+    }
+    dir.join("engine")
 }
 
 /// The one-shot failed as the engine's own failure (125), saying `why`.
@@ -303,10 +322,9 @@ fn a_daemon_serves_only_its_own_binary_and_environment() {
         answer(&o)
     );
     assert_eq!(d.served(), before, "{}", d.log_text());
-    // Another engine binary (a copy: another inode).
+    // Another engine binary (a copy of the front and the engine program: another inode).
     let dir = tempfile::tempdir().unwrap();
-    let copy = dir.path().join("engine");
-    std::fs::copy(env!("CARGO_BIN_EXE_engine"), &copy).unwrap();
+    let copy = copy_engine(dir.path());
     let o = spawn(
         Command::new(&copy)
             .env("ENVFACTORY_STATE", d.state.path())
@@ -589,4 +607,75 @@ fn a_daemon_killed_outright_leaves_one_shots_working() {
     again.signal(libc::SIGTERM);
     assert_eq!(again.wait_deadline(20).and_then(|s| s.code()), Some(143));
     assert!(!d.socket().exists(), "the socket is removed on SIGTERM");
+}
+
+#[test]
+fn the_front_serves_one_shots_itself_and_hands_every_other_command_to_the_engine_program() {
+    require_root!();
+    let dir = tempfile::tempdir().unwrap();
+    let front = copy_engine(dir.path());
+    let d = Daemon::start_from(&front);
+    let one_shot = |args: &[&str]| {
+        let mut c = Command::new(&front);
+        c.env("ENVFACTORY_STATE", d.state.path())
+            .env("ENVFACTORY_EXEC_SOCKET", d.socket())
+            .env_remove("ENVFACTORY_INIT")
+            .env_remove("ENVFACTORY_LOG")
+            .args(["sandbox", "exec"])
+            .args(args);
+        spawn(c.stdout(Stdio::piped()).stderr(Stdio::piped()))
+            .wait_with_output()
+            .unwrap()
+    };
+    let o = one_shot(&["--", "sh", "-c", "echo served; exit 4"]);
+    assert_eq!(answer(&o), (Some(4), "served\n".into(), String::new()));
+    let served = d.served();
+    assert!(served >= 1, "{}", d.log_text());
+    // The engine program made unrunnable (its identity, by which the daemon serves, is the
+    // same): a served one-shot never needs it, anything else does.
+    let core = dir.path().join("engine-core");
+    let mode = |m: u32| {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&core, std::fs::Permissions::from_mode(m)).unwrap();
+    };
+    mode(0o644);
+    let o = one_shot(&["--", "sh", "-c", "echo alone"]);
+    let served_alone = answer(&o);
+    let no_daemon = answer(&one_shot(&["--no-daemon", "--", "true"]));
+    let bad_input = answer(&one_shot(&["--memory", "lots", "--", "true"]));
+    let verbose = answer(&one_shot(&["--log", "info", "--", "true"]));
+    let version = Command::new(&front).arg("--version").output().unwrap();
+    mode(0o755);
+    assert_eq!(served_alone, (Some(0), "alone\n".into(), String::new()));
+    assert_eq!(d.served(), served + 1, "{}", d.log_text());
+    for (code, _, err) in [no_daemon, bad_input, verbose, answer(&version)] {
+        assert_eq!(code, Some(125), "{err}");
+        assert!(
+            err.contains("cannot run the engine program") && err.contains("engine-core"),
+            "{err}"
+        );
+    }
+    // Handed over, the engine program answers as before: input errors in its words, help.
+    let (code, _, err) = answer(&one_shot(&["--memory", "lots", "--", "true"]));
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("--memory"), "{err}");
+    let version = Command::new(&front).arg("--version").output().unwrap();
+    assert!(
+        answer(&version).1.starts_with("engine "),
+        "{:?}",
+        answer(&version)
+    );
+    // An engine program of another build refuses the front's command line.
+    let o = Command::new(dir.path().join("engine-core"))
+        .env("ENVFACTORY_FRONT_BUILD", "0123456789abcdef")
+        .arg("--version")
+        .output()
+        .unwrap();
+    let (code, out, err) = answer(&o);
+    assert_eq!(code, Some(125), "{out}{err}");
+    assert!(
+        err.contains("from another build") && out.is_empty(),
+        "{err}"
+    );
+    assert_eq!(d.served(), served + 1, "{}", d.log_text());
 }

@@ -1,11 +1,13 @@
 //! The daemon's side: listen, check who asks and what, keep a sandbox ready, serve.
 
-use super::{
-    env_values, read_body, read_len, socket_path, write_frame, ExeId, Reply, Request, MAX_REQUEST,
-    RECHECK_AFTER, SANDBOX_ENV,
-};
+use super::RECHECK_AFTER;
 use crate::cli::errors::usage;
-use crate::cli::sandbox::{one_shot, runtime, Outcome, SandboxOpts, NO_COMMAND};
+use crate::cli::sandbox::{one_shot, runtime, Outcome, SandboxOpts};
+use crate::oneshot::outcome::NO_COMMAND;
+use crate::oneshot::protocol::{
+    env_values, read_body, read_len, socket_path, write_frame, ExeId, Reply, Request, MAX_REQUEST,
+    SANDBOX_ENV,
+};
 use anyhow::Context;
 use engine::units::parse_duration;
 use sandbox::{Runtime, Sandbox, SandboxConfig};
@@ -428,6 +430,13 @@ impl Daemon {
 
     /// Why this daemon would not make the sandbox the client would, if it would not.
     fn mismatch(&self, req: &Request) -> Option<String> {
+        if req.build != crate::oneshot::BUILD {
+            return Some(format!(
+                "another build of the engine (the client's {}, the daemon's {})",
+                engine::text::cut(&req.build),
+                crate::oneshot::BUILD
+            ));
+        }
         if req.exe != self.exe {
             return Some("another engine binary".into());
         }

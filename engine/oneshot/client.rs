@@ -1,16 +1,17 @@
 //! The one-shot's side: find a daemon, ask it, or say that none serves this process.
 
-use super::{
+use super::args::SandboxOpts;
+use super::outcome::{Outcome, EXIT_SANDBOX_FAILURE};
+use super::protocol::{
     env_values, read_body, read_len, socket_path, write_frame, ExeId, Reply, Request, MAX_REPLY,
     MAX_REQUEST,
 };
-use crate::cli::sandbox::{Outcome, SandboxOpts, EXIT_SANDBOX_FAILURE};
 use anyhow::Context;
 use sandbox::{RootfsSpec, SandboxConfig};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// A socket to use instead of `<state>/exec.sock`; a one-shot that names one must be served
 /// by it (not reaching it, or a mismatch, is an error, not a fallback).
@@ -33,12 +34,17 @@ pub fn set_log_filter(filter: &str) {
 /// none listening, a root other than the host's, another binary, state directory or
 /// environment, or a log filter letting more than warnings through): the caller then makes
 /// the sandbox itself. A socket named by [`SOCKET_ENV`] must serve: not reaching it, or a
-/// mismatch, is an error.
-pub fn ask(
+/// mismatch, is an error. `exe` is the engine program the client would run the sandbox
+/// with (this process's, or the front's engine program). From the request's sending to the
+/// answer, the guard `exit_at_once` returns lives: a signal must then end the process at once
+/// (the daemon kills the command when its client goes).
+pub fn ask<G>(
+    exe: std::io::Result<ExeId>,
     opts: &SandboxOpts,
     cfg: &SandboxConfig,
     timeout: Duration,
     cmd: &[String],
+    exit_at_once: impl FnOnce() -> G,
 ) -> anyhow::Result<Option<Outcome>> {
     let named = std::env::var_os(SOCKET_ENV)
         .filter(|v| !v.is_empty())
@@ -81,7 +87,8 @@ pub fn ask(
         Err(e) => return not_served(format!("{}: its credentials: {e}", sock.display())),
     }
     let req = Request {
-        exe: ExeId::of_self().context("identifying this engine binary")?,
+        build: super::BUILD.to_string(),
+        exe: exe.context("identifying the engine program")?,
         // Absolute (a relative one is this process's, not the daemon's).
         state: std::path::absolute(&state).unwrap_or(state),
         env: env_values(),
@@ -98,7 +105,7 @@ pub fn ask(
     }
     // A signal ends this process at once while the daemon runs the command (the daemon
     // then kills it); if the daemon does not serve, signals are the watcher's again.
-    let _exit_at_once = crate::cli::signals::exit_at_once();
+    let _exit_at_once = exit_at_once();
     let lost = |e: &dyn std::fmt::Display| {
         Ok(Some(Outcome::NotRun {
             code: EXIT_SANDBOX_FAILURE,
@@ -135,70 +142,5 @@ pub fn ask(
             sock.display()
         )),
         (Err(e), Ok(())) => lost(&e),
-    }
-}
-
-/// `engine sandbox daemon --socket PATH` for a benchmark, on a socket in a directory of its
-/// own: stopped (SIGTERM, then waited for) when dropped, or when this process dies
-/// (`PR_SET_PDEATHSIG`).
-pub struct BenchDaemon {
-    child: std::process::Child,
-    dir: tempfile::TempDir,
-}
-
-impl BenchDaemon {
-    /// Start it and wait until it answers (at most 30 s).
-    pub fn start() -> anyhow::Result<Self> {
-        use std::os::unix::process::CommandExt;
-        let dir = tempfile::Builder::new()
-            .prefix("envfactory-bench-daemon-")
-            .tempdir()
-            .context("a directory for the benchmark's daemon")?;
-        let socket = dir.path().join("exec.sock");
-        let mut cmd = std::process::Command::new(std::env::current_exe()?);
-        cmd.args(["sandbox", "daemon", "--socket"])
-            .arg(&socket)
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null());
-        // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
-        unsafe {
-            cmd.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-        let child = cmd
-            .spawn()
-            .context("starting `engine sandbox daemon` for the benchmark")?;
-        let mut me = Self { child, dir };
-        let t = Instant::now();
-        while UnixStream::connect(&socket).is_err() {
-            if let Some(status) = me.child.try_wait()? {
-                anyhow::bail!("`engine sandbox daemon` for the benchmark ended: {status}");
-            }
-            if t.elapsed() > Duration::from_secs(30) {
-                anyhow::bail!(
-                    "`engine sandbox daemon` for the benchmark did not answer on {} in 30 s",
-                    socket.display()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        Ok(me)
-    }
-
-    pub fn socket(&self) -> PathBuf {
-        self.dir.path().join("exec.sock")
-    }
-}
-
-impl Drop for BenchDaemon {
-    fn drop(&mut self) {
-        // SAFETY: a signal to our own child, not yet reaped (so its pid is still its own).
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let _ = self.child.wait();
     }
 }
