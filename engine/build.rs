@@ -1,29 +1,31 @@
-//! The build's identity, `ENVFACTORY_BUILD`: a digest of the sources the `engine` front and the
-//! engine program (`engine-core`) are built from (engine/oneshot/mod.rs).
+//! The build's identity, `ENVFACTORY_BUILD`: a digest of what the `engine` front and the
+//! engine program (`engine-core`) must agree on (engine/oneshot/mod.rs).
 //!
 //! Why: the two are separate executables of one package. `cargo build` makes both, but
-//! `cargo run` makes only the one it runs, so the other can be left from older sources: the
-//! front then refuses to hand over to the engine program, and a daemon refuses to serve the
-//! front, instead of one running or decoding what the other did not write.
+//! `cargo run` makes only the engine program (and `cargo build --bin engine` only the front),
+//! so one can be left from older sources: the engine program then refuses a command line the
+//! front hands over, and a daemon refuses to serve the front, instead of one decoding what the
+//! other did not write.
 //!
-//! The digest covers this package's sources and those of the workspace's crates (their
-//! `src`, `Cargo.toml` and the sandbox crate's policies), the manifest and the lock file, by
-//! path and content (64-bit FNV-1a): the same sources give the same build.
+//! The digest covers the front, the code both include (`engine/oneshot/`), what that uses of
+//! the library (`units.rs`, `text.rs`) and of the sandbox crate (its `src`), the manifests and
+//! the lock file, by path and content (64-bit FNV-1a): the same sources give the same build.
+//! Only these: every edit to a file here makes cargo rebuild the whole package (the library
+//! too), and a change to the engine program alone changes nothing the two exchange.
 
 use std::path::{Path, PathBuf};
 
-/// What the binaries are built from, relative to the workspace root.
-const SOURCES: [&str; 10] = [
+/// What the front and the engine program agree on, relative to the workspace root.
+const SOURCES: [&str; 9] = [
     "Cargo.toml",
     "Cargo.lock",
-    "engine",
+    "engine/build.rs",
+    "engine/front.rs",
+    "engine/oneshot",
+    "engine/units.rs",
+    "engine/text.rs",
     "sandbox/Cargo.toml",
     "sandbox/src",
-    "sandbox/policy",
-    "policies/Cargo.toml",
-    "policies/src",
-    "actors/Cargo.toml",
-    "actors/src",
 ];
 
 fn main() {

@@ -8,11 +8,11 @@ mod cli;
 mod oneshot;
 
 fn main() {
+    cli::front_build_matches();
     // The sandbox init must start before anything else (no threads, no logging).
     if std::env::args().nth(1).as_deref() == Some("__sandbox-init") {
         sandbox::init::main();
     }
-    cli::front_build_matches();
     let cli = cli::Cli::from_args();
     // `engine sandbox exec` starts the watcher thread once its sandbox's init is started: with
     // a single thread until then, that init is forked from this process, not exec'd.

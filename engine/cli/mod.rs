@@ -26,6 +26,7 @@ use std::path::PathBuf;
 #[derive(Parser)]
 #[command(
     name = "engine",
+    bin_name = "engine",
     version,
     about = "EnvFactory: broken-by-design Linux environments, millisecond sandboxes, robust RL",
     after_help = EXIT_STATUS
@@ -233,9 +234,9 @@ pub fn front_path() -> std::io::Result<PathBuf> {
 }
 
 /// When the `engine` front handed this process its command line, its build must be this
-/// program's (`cargo run` builds only the front: this program may be older). Exits with 125
-/// and says so otherwise. The front's variable is removed: the commands this process runs do
-/// not see it.
+/// program's: the two were built from different sources otherwise (`cargo run` builds only
+/// this program; `cargo build --bin engine` only the front). Exits with 125 and says so. The
+/// front's variable is removed: the commands this process runs do not see it.
 pub fn front_build_matches() {
     let Some(front) = std::env::var_os(crate::oneshot::FRONT_BUILD_ENV) else {
         return;

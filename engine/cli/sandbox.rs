@@ -15,8 +15,8 @@ pub fn cache() -> anyhow::Result<engine::synth::Cache> {
     )?)
 }
 
-/// The runtime of this process: init is `envfactory-init` beside the engine binary when
-/// present, else the engine binary itself (`engine __sandbox-init`).
+/// The runtime of this process: init is `envfactory-init` beside the engine program when
+/// present, else the engine program itself (`engine-core __sandbox-init`).
 pub fn runtime() -> anyhow::Result<Runtime> {
     let init = match InitProgram::locate() {
         Ok(i) => i,
@@ -53,7 +53,7 @@ pub fn exec(a: &ExecArgs) -> anyhow::Result<i32> {
             &a.cmd,
             super::signals::exit_at_once,
         );
-        if let Some(outcome) = ask? {
+        if let crate::oneshot::client::Asked::Answered(outcome) = ask? {
             return outcome.report(&a.opts.memory, timeout);
         }
     }

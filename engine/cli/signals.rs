@@ -12,6 +12,7 @@
 //! A one-shot waiting for the daemon to run its command has nothing to tear down: while it
 //! waits ([`exit_at_once`]), the handler itself exits.
 
+use crate::oneshot::outcome::signal_name as name;
 use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::PathBuf;
@@ -284,14 +285,5 @@ fn watch(r: OwnedFd) {
         }
         eprintln!("engine: {}: sandboxes torn down", name(sig));
         std::process::exit(exit_status(SIGNAL.load(Ordering::SeqCst).max(sig)));
-    }
-}
-
-fn name(sig: i32) -> &'static str {
-    match sig {
-        libc::SIGINT => "SIGINT",
-        libc::SIGTERM => "SIGTERM",
-        libc::SIGHUP => "SIGHUP",
-        _ => "signal",
     }
 }

@@ -30,11 +30,22 @@ pub fn set_log_filter(filter: &str) {
     VERBOSE.store(verbose, Ordering::Relaxed);
 }
 
-/// The outcome of `cmd` from a daemon, or `None` when none serves this process (no socket,
-/// none listening, a root other than the host's, another binary, state directory or
-/// environment, or a log filter letting more than warnings through): the caller then makes
-/// the sandbox itself. A socket named by [`SOCKET_ENV`] must serve: not reaching it, or a
-/// mismatch, is an error. `exe` is the engine program the client would run the sandbox
+/// What asking a daemon came to.
+#[derive(Debug)]
+pub enum Asked {
+    /// The daemon took the request: its outcome, or the loss of its answer
+    /// ([`Outcome::NotRun`], 125). The command may have run: it must not be run again.
+    Answered(Outcome),
+    /// No daemon serves this process, and none took the request: the caller makes the sandbox
+    /// itself (or hands the command line to the engine program, which asks again).
+    NotServed,
+}
+
+/// Ask a daemon to run `cmd`: [`Asked::NotServed`] when none serves this process (no socket,
+/// none listening, a root other than the host's, another build, binary, state directory or
+/// environment, or a log filter letting more than warnings through). A socket named by
+/// [`SOCKET_ENV`] must serve: not reaching it, or a mismatch, is an error. An error, like
+/// `NotServed`, says that no daemon took the request. `exe` is the engine program the client would run the sandbox
 /// with (this process's, or the front's engine program). From the request's sending to the
 /// answer, the guard `exit_at_once` returns lives: a signal must then end the process at once
 /// (the daemon kills the command when its client goes).
@@ -45,21 +56,21 @@ pub fn ask<G>(
     timeout: Duration,
     cmd: &[String],
     exit_at_once: impl FnOnce() -> G,
-) -> anyhow::Result<Option<Outcome>> {
+) -> anyhow::Result<Asked> {
     let named = std::env::var_os(SOCKET_ENV)
         .filter(|v| !v.is_empty())
         .map(PathBuf::from);
     let strict = named.is_some();
-    let not_served = |why: String| -> anyhow::Result<Option<Outcome>> {
+    let not_served = |why: String| -> anyhow::Result<Asked> {
         if strict {
             Err(anyhow::anyhow!("{SOCKET_ENV}: not served: {why}"))
         } else {
             tracing::debug!(why = %why, "the one-shot daemon does not serve this one-shot");
-            Ok(None)
+            Ok(Asked::NotServed)
         }
     };
     if !strict && VERBOSE.load(Ordering::Relaxed) {
-        return Ok(None);
+        return Ok(Asked::NotServed);
     }
     if cfg.rootfs != RootfsSpec::Host {
         return not_served(format!(
@@ -77,7 +88,7 @@ pub fn ask<G>(
                 sock.display()
             ))
         }
-        Err(_) => return Ok(None),
+        Err(_) => return Ok(Asked::NotServed),
     };
     // Only a daemon of root or of this user may see the command and answer for it.
     let me = nix::unistd::geteuid().as_raw();
@@ -107,7 +118,7 @@ pub fn ask<G>(
     // then kills it); if the daemon does not serve, signals are the watcher's again.
     let _exit_at_once = exit_at_once();
     let lost = |e: &dyn std::fmt::Display| {
-        Ok(Some(Outcome::NotRun {
+        Ok(Asked::Answered(Outcome::NotRun {
             code: EXIT_SANDBOX_FAILURE,
             message: format!(
                 "the one-shot daemon at {} gave no answer: {e}",
@@ -135,7 +146,7 @@ pub fn ask<G>(
         },
     };
     match (rmp_serde::from_slice::<Reply>(&reply), written) {
-        (Ok(Reply::Outcome(o)), _) => Ok(Some(o)),
+        (Ok(Reply::Outcome(o)), _) => Ok(Asked::Answered(o)),
         (Ok(Reply::Mismatch(why)), _) => not_served(format!("{}: {why}", sock.display())),
         (Err(_), Err(w)) => not_served(format!(
             "{}: the request was not taken: {w}",

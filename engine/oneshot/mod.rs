@@ -18,8 +18,9 @@ pub mod protocol;
 /// The engine program's file name, beside the front.
 pub const CORE: &str = "engine-core";
 
-/// The build of this code: a digest of the workspace's sources (`build.rs`). The front hands
-/// over to, and a daemon serves, only an engine program of the same build.
+/// The build of this code: a digest of what the front and the engine program must agree on
+/// (`build.rs`). The engine program refuses a command line handed over by a front of another
+/// build, and a daemon serves no client of another build.
 pub const BUILD: &str = env!("ENVFACTORY_BUILD");
 
 /// The variable by which the front tells the engine program its build (removed at its start).

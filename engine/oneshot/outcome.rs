@@ -61,3 +61,13 @@ impl Outcome {
         })
     }
 }
+
+/// The name `engine` gives a signal that ends it (SIGINT, SIGTERM, SIGHUP).
+pub fn signal_name(sig: i32) -> &'static str {
+    match sig {
+        libc::SIGINT => "SIGINT",
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGHUP => "SIGHUP",
+        _ => "signal",
+    }
+}

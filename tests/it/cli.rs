@@ -75,21 +75,27 @@ fn the_engine_links_its_unwinder_in_and_panics_still_unwind() {
         );
         return;
     }
-    // The dynamic section's NEEDED entries, as readelf (binutils, beside the linker) reads it.
-    let d = Command::new("readelf")
-        .args(["-d", env!("CARGO_BIN_EXE_engine")])
-        .output()
-        .expect("readelf (binutils) runs");
-    let dynamic = String::from_utf8_lossy(&d.stdout);
-    let needed: Vec<&str> = dynamic.lines().filter(|l| l.contains("(NEEDED)")).collect();
-    assert!(
-        d.status.success() && needed.iter().any(|l| l.contains("libc.so")),
-        "{dynamic}"
-    );
-    assert!(
-        !needed.iter().any(|l| l.contains("libgcc_s")),
-        "the engine needs libgcc_s: {needed:?}"
-    );
+    // The dynamic section's NEEDED entries, as readelf (binutils, beside the linker) reads it:
+    // the front's and the engine program's.
+    for bin in [
+        env!("CARGO_BIN_EXE_engine"),
+        env!("CARGO_BIN_EXE_engine-core"),
+    ] {
+        let d = Command::new("readelf")
+            .args(["-d", bin])
+            .output()
+            .expect("readelf (binutils) runs");
+        let dynamic = String::from_utf8_lossy(&d.stdout);
+        let needed: Vec<&str> = dynamic.lines().filter(|l| l.contains("(NEEDED)")).collect();
+        assert!(
+            d.status.success() && needed.iter().any(|l| l.contains("libc.so")),
+            "{bin}: {dynamic}"
+        );
+        assert!(
+            !needed.iter().any(|l| l.contains("libgcc_s")),
+            "{bin} needs libgcc_s: {needed:?}"
+        );
+    }
     let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
     assert!(!maps.contains("libgcc_s"), "loaded here: {maps}");
     let caught = std::panic::catch_unwind(|| panic!("unwinds through the linked-in unwinder"));

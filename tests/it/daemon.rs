@@ -175,7 +175,19 @@ fn copy_engine(dir: &Path) -> PathBuf {
         env!("CARGO_BIN_EXE_envfactory-init"),
     ] {
         let bin = Path::new(bin);
-        std::fs::copy(bin, dir.join(bin.file_name().unwrap())).unwrap();
+        let copy = dir.join(bin.file_name().unwrap());
+        std::fs::copy(bin, &copy).unwrap();
+        // Run once (through `spawn`: again while "text busy"), so that no later exec of it
+        // (the front's hand-over, the daemon's inits) can meet a write handle another
+        // thread's fork still holds.
+        spawn(
+            Command::new(&copy)
+                .arg("--version")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null()),
+        )
+        .wait()
+        .unwrap();
     }
     dir.join("engine")
 }

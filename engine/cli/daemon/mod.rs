@@ -9,18 +9,19 @@
 //! own, killed as soon as its command ends and torn down after the answer: none serves two.
 //!
 //! A request is served only where the daemon makes the sandbox the client would have made
-//! ([`client`] asks; the daemon answers [`Reply::Mismatch`] otherwise and the client makes the
-//! sandbox itself): a host-rooted sandbox (other roots are resolved once per runtime, which a
-//! new process would not do), the same engine binary (device, inode, size and modification
-//! time of `/proc/self/exe`), the same state directory, the same variables that decide how a
-//! sandbox is made ([`SANDBOX_ENV`]), a client of the daemon's own user in the daemon's own
+//! (`crate::oneshot::client` asks; the daemon answers `Reply::Mismatch` otherwise and the
+//! client makes the sandbox itself): a host-rooted sandbox (other roots are resolved once per
+//! runtime, which a new process would not do), a client of the same build
+//! (`crate::oneshot::BUILD`), the same engine program (device, inode, size and modification
+//! time of the daemon's `/proc/self/exe` and of the client's: its own, or the engine program
+//! beside the `engine` front), the same state directory, the same variables that decide how a
+//! sandbox is made (`SANDBOX_ENV`), a client of the daemon's own user in the daemon's own
 //! mount, pid, user and cgroup namespaces. The host mask is found current at most
 //! [`RECHECK_AFTER`] before a sandbox is handed out (`Runtime::host_mask_current`); when the
 //! host changed, the daemon starts a new runtime, as a new process would plan a new mask. A
 //! client that goes away (a signal, a closed terminal) has its command killed.
 //!
-//! Wire: one message each way, a little-endian u32 length and that many bytes of
-//! MessagePack: the client's [`Request`], the daemon's [`Reply`].
+//! Wire: `crate::oneshot::protocol`.
 
 pub mod server;
 mod workers;
