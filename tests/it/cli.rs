@@ -922,3 +922,70 @@ fn fingerprint_of_the_host_and_the_shipped_references() {
         "the host has more packages than minbase"
     );
 }
+
+/// The front hands a command line over as `execve` does: the same process, arguments
+/// (`argv[0]` too), environment and signal mask, plus its build for the engine program. Here
+/// the "engine program" beside a copy of the front is Python, which reports what it got.
+#[test]
+fn the_front_hands_over_with_the_same_pid_arguments_environment_and_signal_mask() {
+    // The interpreter itself (`python3` on PATH may be a launcher script that reads argv[0]).
+    let Some(python) = Command::new("python3")
+        .args([
+            "-c",
+            "import os, sys; print(os.path.realpath(sys.executable))",
+        ])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    else {
+        eprintln!("skipped: no python3");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let front = dir.path().join("engine");
+    std::fs::copy(env!("CARGO_BIN_EXE_engine"), &front).unwrap();
+    std::os::unix::fs::symlink(&python, dir.path().join("engine-core")).unwrap();
+    let script = "import json, os; s = open('/proc/self/status').read(); \
+                  print(json.dumps({'cmdline': open('/proc/self/cmdline').read().split('\\0')[:-1], \
+                  'pid': os.getpid(), 'var': os.environ.get('HANDED_OVER_TEST'), \
+                  'build': os.environ.get('ENVFACTORY_FRONT_BUILD'), \
+                  'blocked': [l.split()[1] for l in s.splitlines() if l.startswith('SigBlk:')][0]}))";
+    let mut c = Command::new(&front);
+    use std::os::unix::process::CommandExt;
+    c.arg0("my-engine")
+        .args(["-c", script])
+        .env("HANDED_OVER_TEST", "kept");
+    // SAFETY: sigprocmask on the child's own thread between fork and exec (async-signal-safe).
+    unsafe {
+        c.pre_exec(|| {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, libc::SIGUSR1);
+            if libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let child = c.stdout(std::process::Stdio::piped()).spawn().unwrap();
+    let pid = child.id();
+    let o = child.wait_with_output().unwrap();
+    assert!(o.status.success(), "{o:?}");
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        v["cmdline"],
+        serde_json::json!(["my-engine", "-c", script]),
+        "{v}"
+    );
+    assert_eq!(v["pid"], pid, "{v}");
+    assert_eq!(v["var"], "kept", "{v}");
+    let build = Command::new(&front).arg("__front-build").output().unwrap();
+    assert_eq!(
+        v["build"].as_str().map(str::to_string),
+        Some(String::from_utf8_lossy(&build.stdout).trim().to_string()),
+        "{v}"
+    );
+    let blocked = u64::from_str_radix(v["blocked"].as_str().unwrap(), 16).unwrap();
+    assert_eq!(blocked, 1 << (libc::SIGUSR1 - 1), "{v}");
+}
