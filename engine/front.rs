@@ -3,8 +3,8 @@
 //!
 //! A one-shot `engine sandbox exec` that a daemon serves (`engine sandbox daemon`) is done
 //! here: parse, ask the daemon, print its answer. This program is small (no runtime, no
-//! trainer, no servers), so its start costs what a small C program's does, where the engine
-//! program's dynamic loader alone took longer than the rest of a served one-shot's client
+//! trainer, no servers), so its start costs about what a small C program's does, where the
+//! engine program's dynamic loader took about half of a served one-shot's client
 //! (engine/oneshot/mod.rs). Everything else (every other command, a one-shot with
 //! `--no-daemon`, a log filter other than `warn`, `error` or `off`, input the engine program
 //! rejects, or one no daemon takes) is handed over, unchanged, to the engine program: this
@@ -74,8 +74,9 @@ fn serve(args: &[OsString], core: Option<&Path>) -> Option<i32> {
     };
     // From the request's sending until the daemon answers, a signal ends this process at
     // once, as it ends the engine program's one-shot: nothing to tear down, and the daemon
-    // kills the command when its client goes. (Before, signals have their default action, as
-    // in the engine program's start; a hand-over's `execve` resets the handlers.)
+    // kills the command when its client goes. (Before, signals have their default action:
+    // one then ends this process by the signal, where the engine program, past its own
+    // start, would exit with 128 + the signal. A hand-over's `execve` resets the handlers.)
     let asked = oneshot::client::ask(
         exe,
         &o.exec.opts,
@@ -90,16 +91,15 @@ fn serve(args: &[OsString], core: Option<&Path>) -> Option<i32> {
     // The answer is printed whole; a signal meanwhile then ends the process as the engine
     // program's watcher would.
     EXIT_AT_ONCE.store(false, Ordering::SeqCst);
-    let code = match outcome.report(&o.exec.opts.memory, timeout) {
-        Ok(code) => code,
-        Err(e) => {
+    let reported = outcome.report(&o.exec.opts.memory, timeout);
+    // A signal meanwhile wins, as the engine program's watcher does (before its error).
+    Some(match (SIGNAL.load(Ordering::SeqCst), reported) {
+        (0, Ok(code)) => code,
+        (0, Err(e)) => {
             eprintln!("engine: {e}");
             EXIT_SANDBOX_FAILURE
         }
-    };
-    Some(match SIGNAL.load(Ordering::SeqCst) {
-        0 => code,
-        sig => {
+        (sig, _) => {
             eprintln!("engine: {}: sandboxes torn down", signal_name(sig));
             128 + sig
         }
@@ -130,8 +130,9 @@ fn handle_signals() {
 }
 
 /// `execve` the engine program with `args` and this environment, plus this build (returns
-/// only on failure). `execv` itself, not `Command::exec`, which would also reset the signal
-/// mask and SIGPIPE.
+/// only on failure). `execv` itself: the environment and the signal state go as they are
+/// (`Command::exec` would copy the environment and set SIGPIPE back to its default, which the
+/// engine program's runtime ignores again either way).
 fn hand_over(core: &Path, args: &[OsString]) -> std::io::Error {
     let invalid = || std::io::Error::from(std::io::ErrorKind::InvalidInput);
     let Ok(path) = CString::new(core.as_os_str().as_bytes()) else {

@@ -107,7 +107,7 @@ pub fn ask<G>(
         timeout_ms: timeout.as_millis() as u64,
         cmd: cmd.to_vec(),
     };
-    let bytes = rmp_serde::to_vec(&req).context("encoding the request")?;
+    let bytes = req.encode().context("encoding the request")?;
     if bytes.len() > MAX_REQUEST {
         return not_served(format!(
             "a request of {} bytes (at most {MAX_REQUEST})",
@@ -145,7 +145,7 @@ pub fn ask<G>(
             Ok(()) => return lost(&e),
         },
     };
-    match (rmp_serde::from_slice::<Reply>(&reply), written) {
+    match (Reply::decode(&reply), written) {
         (Ok(Reply::Outcome(o)), _) => Ok(Asked::Answered(o)),
         (Ok(Reply::Mismatch(why)), _) => not_served(format!("{}: {why}", sock.display())),
         (Err(_), Err(w)) => not_served(format!(

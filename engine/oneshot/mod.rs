@@ -3,8 +3,8 @@
 //!
 //! `engine sandbox exec` served by a daemon (`engine sandbox daemon`) is a short process:
 //! parse, ask the daemon, print the answer. Its start was most of it: the engine program is a
-//! 145 MB executable whose dynamic loader applies 29k relocations (about 120 pages copied on
-//! write) before `main`. The front is a small program that does the served one-shot itself
+//! 146 MB executable whose dynamic loader applies 29k relocations (about 120 pages copied on
+//! write) before `main`, about half of the client's time. The front is a small program that does the served one-shot itself
 //! and hands every other command line, unchanged, to the engine program beside it (`execve`:
 //! the same process, arguments and environment). What both must agree on lives here: the
 //! command line ([`args`]), the wire ([`protocol`]), the asking ([`client`]) and the report

@@ -82,6 +82,28 @@ pub enum Reply {
     Outcome(Outcome),
 }
 
+impl Request {
+    /// The message's bytes (MessagePack).
+    pub fn encode(&self) -> Result<Vec<u8>, rmp_serde::encode::Error> {
+        rmp_serde::to_vec(self)
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Self, rmp_serde::decode::Error> {
+        rmp_serde::from_slice(bytes)
+    }
+}
+
+impl Reply {
+    /// The message's bytes (MessagePack).
+    pub fn encode(&self) -> Result<Vec<u8>, rmp_serde::encode::Error> {
+        rmp_serde::to_vec(self)
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Self, rmp_serde::decode::Error> {
+        rmp_serde::from_slice(bytes)
+    }
+}
+
 /// The client's values of [`SANDBOX_ENV`], in order.
 pub fn env_values() -> Vec<Option<String>> {
     SANDBOX_ENV.iter().map(|k| std::env::var(k).ok()).collect()

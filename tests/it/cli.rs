@@ -962,13 +962,13 @@ fn the_front_hands_over_with_the_same_pid_arguments_environment_and_signal_mask(
             let mut set: libc::sigset_t = std::mem::zeroed();
             libc::sigemptyset(&mut set);
             libc::sigaddset(&mut set, libc::SIGUSR1);
-            if libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) != 0 {
+            if libc::sigprocmask(libc::SIG_SETMASK, &set, std::ptr::null_mut()) != 0 {
                 return Err(std::io::Error::last_os_error());
             }
             Ok(())
         });
     }
-    let child = c.stdout(std::process::Stdio::piped()).spawn().unwrap();
+    let child = common::spawn(c.stdout(std::process::Stdio::piped()));
     let pid = child.id();
     let o = child.wait_with_output().unwrap();
     assert!(o.status.success(), "{o:?}");

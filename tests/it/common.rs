@@ -5,6 +5,8 @@
 
 pub use sandbox::testing::{is_root, Tmpfs};
 use sandbox::{InitProgram, Runtime};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
 
 pub fn init_program() -> InitProgram {
     InitProgram::at(env!("CARGO_BIN_EXE_envfactory-init").into(), vec![]).unwrap()
@@ -83,4 +85,21 @@ pub fn isolated(name: &str) -> bool {
         "isolated run of {name} ran no test:\n{text}"
     );
     false
+}
+
+/// Spawn `c`, again while a copied binary is still "text busy" (another thread of this test
+/// process may hold it open for writing in a child it is forking).
+pub fn spawn(c: &mut Command) -> Child {
+    let t = Instant::now();
+    loop {
+        match c.spawn() {
+            Err(e)
+                if e.raw_os_error() == Some(libc::ETXTBSY)
+                    && t.elapsed() < Duration::from_secs(10) =>
+            {
+                std::thread::sleep(Duration::from_millis(20))
+            }
+            r => return r.unwrap(),
+        }
+    }
 }

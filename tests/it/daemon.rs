@@ -4,7 +4,7 @@
 //! would; a daemon killed outright leaves one-shots working.
 
 use crate::common;
-use common::TempState;
+use common::{spawn, TempState};
 use sandbox::testing::eventually;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -145,23 +145,6 @@ impl Drop for Guard {
                 let _ = c.kill();
                 let _ = c.wait();
             }
-        }
-    }
-}
-
-/// Spawn `c`, again while a copied binary is still "text busy" (another thread of this test
-/// process may hold it open for writing in a child it is forking).
-fn spawn(c: &mut Command) -> Child {
-    let t = Instant::now();
-    loop {
-        match c.spawn() {
-            Err(e)
-                if e.raw_os_error() == Some(libc::ETXTBSY)
-                    && t.elapsed() < Duration::from_secs(10) =>
-            {
-                std::thread::sleep(Duration::from_millis(20))
-            }
-            r => return r.unwrap(),
         }
     }
 }

@@ -372,8 +372,8 @@ impl Daemon {
         };
         let body = read_body(s, n).map_err(unread)?;
         // Another build's client: it runs the command itself.
-        let req: Request = rmp_serde::from_slice(&body)
-            .map_err(|e| Some(format!("an unreadable request: {e}")))?;
+        let req =
+            Request::decode(&body).map_err(|e| Some(format!("an unreadable request: {e}")))?;
         match self.mismatch(&req) {
             Some(why) => Err(Some(why)),
             None => Ok(req),
@@ -637,7 +637,8 @@ fn teardown_thread() -> anyhow::Result<SyncSender<Sandbox>> {
 }
 
 fn send(s: &mut UnixStream, reply: &Reply) -> std::io::Result<()> {
-    let bytes = rmp_serde::to_vec(reply)
+    let bytes = reply
+        .encode()
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
     write_frame(s, &bytes)
 }

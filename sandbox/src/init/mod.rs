@@ -50,7 +50,7 @@ fn os(what: &'static str) -> impl FnOnce(nix::errno::Errno) -> InitError {
     move |source| InitError::Os { what, source }
 }
 
-/// Entry point of the `envfactory-init` binary (and of `engine __sandbox-init`).
+/// Entry point of the `envfactory-init` binary (and of `engine-core __sandbox-init`).
 pub fn main() -> ! {
     // Started as the reserve's fork server (`init_forker.rs`) rather than as a sandbox's init.
     if std::env::args_os()
