@@ -33,14 +33,22 @@ fn main() {
         println!("{}", oneshot::BUILD);
         return;
     }
+    // Beside this program's file (without /proc, beside the path it was run by).
     let core = std::env::current_exe()
         .ok()
+        .or_else(|| {
+            let arg0 = Path::new(args.first()?);
+            (arg0.components().count() > 1).then(|| arg0.to_path_buf())
+        })
         .map(|me| me.with_file_name(oneshot::CORE));
     if let Some(code) = serve(&args, core.as_deref()) {
         std::process::exit(code);
     }
     let Some(core) = core else {
-        eprintln!("engine: cannot find this program's own path (/proc/self/exe)");
+        eprintln!(
+            "engine: cannot find the engine program: neither /proc/self/exe nor the command's \
+             path says where this program is"
+        );
         std::process::exit(EXIT_SANDBOX_FAILURE);
     };
     let e = hand_over(&core, &args);

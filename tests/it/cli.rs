@@ -989,3 +989,21 @@ fn the_front_hands_over_with_the_same_pid_arguments_environment_and_signal_mask(
     let blocked = u64::from_str_radix(v["blocked"].as_str().unwrap(), 16).unwrap();
     assert_eq!(blocked, 1 << (libc::SIGUSR1 - 1), "{v}");
 }
+
+/// Without /proc (a mount namespace that unmounted it), the front finds the engine program
+/// beside the path it was run by.
+#[test]
+fn the_front_hands_over_without_proc() {
+    if !is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let o = Command::new("unshare")
+        .args(["-m", "--propagation", "private", "sh", "-c"])
+        .arg("umount -l /proc && test ! -e /proc/self && exec \"$ENGINE\" --version")
+        .env("ENGINE", env!("CARGO_BIN_EXE_engine"))
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success() && out.starts_with("engine "), "{o:?}");
+}
