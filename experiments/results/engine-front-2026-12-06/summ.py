@@ -99,3 +99,13 @@ for k in ('one_shot_daemon', 'one_shot_exec', 'bwrap_unshare_all'):
         v = [p[b][k]['median'] for p in pairs if isinstance(p[b].get(k), dict)]
         if v:
             print('  %-4s %-26s median of medians %.3f ms' % (b, k, st.median(v)))
+
+envs = sorted(glob.glob(os.path.join(here, 'env', '*.json')))
+if envs:
+    print('## engine bench env --task archive-logs --workers 2 --seconds 8 --iterations 5 (engine-core, 5c8e561)')
+    for f in envs:
+        d = json.load(open(f))
+        r = d['random_vs_raw'][0]
+        print('  %s: random / raw-exec %.3f (rounds %s), random / raw-exec-episodes %.3f' % (
+            os.path.basename(f), r['ratio'], ', '.join('%.3f' % x for x in r['per_round']),
+            d['random_vs_raw_episodes'][0]['ratio']))
