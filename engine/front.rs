@@ -19,7 +19,7 @@ mod oneshot;
 
 use oneshot::args::OneShotCli;
 use oneshot::client::Asked;
-use oneshot::outcome::{signal_name, EXIT_SANDBOX_FAILURE};
+use oneshot::outcome::{signal_exit_status, signal_name, EXIT_SANDBOX_FAILURE};
 use oneshot::protocol::ExeId;
 use std::ffi::{CString, OsString};
 use std::os::unix::ffi::OsStrExt;
@@ -109,7 +109,7 @@ fn serve(args: &[OsString], core: Option<&Path>) -> Option<i32> {
         }
         (sig, _) => {
             eprintln!("engine: {}: sandboxes torn down", signal_name(sig));
-            128 + sig
+            signal_exit_status(sig)
         }
     })
 }
@@ -122,7 +122,7 @@ static SIGNAL: AtomicI32 = AtomicI32::new(0);
 extern "C" fn on_signal(sig: libc::c_int) {
     if EXIT_AT_ONCE.load(Ordering::SeqCst) {
         // SAFETY: _exit(2) is async-signal-safe.
-        unsafe { libc::_exit(128 + sig) };
+        unsafe { libc::_exit(signal_exit_status(sig)) };
     }
     let _ = SIGNAL.compare_exchange(0, sig, Ordering::SeqCst, Ordering::SeqCst);
 }

@@ -12,6 +12,7 @@
 //! A one-shot waiting for the daemon to run its command has nothing to tear down: while it
 //! waits ([`exit_at_once`]), the handler itself exits.
 
+pub use crate::oneshot::outcome::signal_exit_status as exit_status;
 use crate::oneshot::outcome::signal_name as name;
 use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -230,11 +231,6 @@ pub fn before_exit() {
             std::thread::park();
         }
     }
-}
-
-/// The exit status for signal `sig`.
-pub fn exit_status(sig: i32) -> i32 {
-    128 + sig
 }
 
 fn watch(r: OwnedFd) {

@@ -62,6 +62,11 @@ impl Outcome {
     }
 }
 
+/// The exit status of `engine` ended by signal `sig`.
+pub fn signal_exit_status(sig: i32) -> i32 {
+    128 + sig
+}
+
 /// The name `engine` gives a signal that ends it (SIGINT, SIGTERM, SIGHUP).
 pub fn signal_name(sig: i32) -> &'static str {
     match sig {
