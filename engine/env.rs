@@ -391,7 +391,9 @@ pub struct Env {
     layout: FeatureLayout,
     certificates: Certificates,
     running: Option<RunningInstance>,
-    setup: Option<TaskSetup>,
+    /// The current instance's task, shared with whoever plays it ([`Env::task_shared`]); kept
+    /// across the episodes of the same instance.
+    setup: Option<std::sync::Arc<TaskSetup>>,
     step: u32,
     max_steps: u32,
     goal_reached: bool,
@@ -483,7 +485,13 @@ impl Env {
 
     /// The task of the current episode.
     pub fn task(&self) -> Option<&TaskSetup> {
-        self.setup.as_ref()
+        self.setup.as_deref()
+    }
+
+    /// The task of the current episode, shared (no copy): for a caller that holds it while it
+    /// steps the Env.
+    pub fn task_shared(&self) -> Option<std::sync::Arc<TaskSetup>> {
+        self.setup.clone()
     }
 
     /// Whether a reset of `plan` would reuse the running sandbox (an incremental reset):
@@ -559,8 +567,12 @@ impl Env {
         let Some(running) = self.running.as_mut() else {
             return Err(EnvError::NotReset);
         };
-        // The agent starts in the task's directory (`restart` and `start_on` set it).
-        let setup = running.instance.task.clone().ok_or(EnvError::NoTask)?;
+        // The agent starts in the task's directory (`restart` and `start_on` set it). The
+        // same instance has the same task: copied only when the instance is new.
+        let setup = match self.setup.take() {
+            Some(setup) if restarted => setup,
+            _ => std::sync::Arc::new(running.instance.task.clone().ok_or(EnvError::NoTask)?),
+        };
         self.max_steps = self.cfg.max_steps.unwrap_or(setup.max_steps).max(1);
         self.setup = Some(setup);
         self.step = 0;

@@ -53,7 +53,7 @@ pub fn play(
     agent: &mut dyn Agent,
     on_step: &mut dyn FnMut(&str, &Step),
 ) -> Result<Played, EpisodeError> {
-    let setup = env.task().cloned().ok_or(EpisodeError::Env {
+    let setup = env.task_shared().ok_or(EpisodeError::Env {
         task: String::new(),
         instance: String::new(),
         step: 0,

@@ -28,7 +28,9 @@
 //!   Steps/s are each worker's steps over the time it really ran (an
 //!   episode or command that started before the deadline ends after it), summed.
 //!   `engine_cpu_us_per_step` and `init_cpu_us_per_step` say where the CPU of a step went on
-//!   the engine's side and in the sandbox's init (on 2 busy CPUs, CPU is what limits the rate).
+//!   the engine's side and in the sandbox's init (on 2 busy CPUs, CPU is what limits the rate);
+//!   `idle_cpu_share` how much of the machine's CPU was left idle meanwhile (the workers start
+//!   together, once each one's sandbox is ready).
 
 use super::{ms, Summary};
 use crate::env::{Env, EnvConfig};
@@ -86,6 +88,11 @@ pub struct Throughput {
     /// The steps `init_cpu_us_per_step` was measured over.
     #[serde(skip)]
     init_steps: u64,
+    /// Share of the machine's CPU time that was idle while the workers ran (`/proc/stat`,
+    /// all CPUs, from the moment every worker was ready to the last one's end); `None` where
+    /// the kernel's statistics cannot be read. Near 0: the rate is bound by CPU; above it, by
+    /// waits that left a CPU idle.
+    pub idle_cpu_share: Option<f64>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -350,6 +357,12 @@ impl Throughput {
                 (a, b) => a.or(b),
             },
             init_steps: self.init_steps + o.init_steps,
+            idle_cpu_share: match (self.idle_cpu_share, o.idle_cpu_share) {
+                (Some(a), Some(b)) => {
+                    Some((a * self.seconds + b * o.seconds) / seconds.max(f64::MIN_POSITIVE))
+                }
+                (a, b) => a.or(b),
+            },
         }
     }
 }
@@ -405,20 +418,89 @@ fn init_cpu(env: &mut Env) -> Option<((i32, u64), f64)> {
     Some(((pid, start_ticks(pid)?), process_cpu_s(pid)?))
 }
 
-/// Run `work(worker)` on `workers` threads and sum their counts into a throughput figure.
+/// The machine's CPU time so far, all CPUs, in clock ticks: (idle, total), from the first
+/// line of `/proc/stat` (idle and iowait count as idle).
+fn machine_cpu_ticks() -> Option<(u64, u64)> {
+    let text = std::fs::read_to_string("/proc/stat").ok()?;
+    let line = text.lines().next()?.strip_prefix("cpu ")?;
+    let ticks: Vec<u64> = line
+        .split_whitespace()
+        .map(str::parse)
+        .collect::<Result<_, _>>()
+        .ok()?;
+    // user nice system idle iowait irq softirq steal (guest time is inside user already).
+    let idle = ticks.get(3)? + ticks.get(4).copied().unwrap_or(0);
+    let total = ticks.iter().take(8).sum();
+    Some((idle, total))
+}
+
+/// The idle share between two [`machine_cpu_ticks`] readings.
+fn idle_share(before: Option<(u64, u64)>, after: Option<(u64, u64)>) -> Option<f64> {
+    let ((i0, t0), (i1, t1)) = (before?, after?);
+    let total = t1.checked_sub(t0).filter(|t| *t > 0)?;
+    Some(i1.saturating_sub(i0) as f64 / total as f64)
+}
+
+/// Where the workers of one measurement start together: each passes its [`Ticket`] once its
+/// sandbox is ready, and the machine's CPU time is read when the last one arrives.
+struct Gate {
+    barrier: std::sync::Barrier,
+    start: std::sync::Mutex<Option<(u64, u64)>>,
+}
+
+/// One worker's way through the [`Gate`].
+struct Ticket<'a> {
+    gate: &'a Gate,
+    passed: std::cell::Cell<bool>,
+}
+
+impl Ticket<'_> {
+    /// Wait for the other workers (once; later calls return at once).
+    fn start(&self) {
+        if self.passed.replace(true) {
+            return;
+        }
+        if self.gate.barrier.wait().is_leader() {
+            if let Ok(mut s) = self.gate.start.lock() {
+                *s = machine_cpu_ticks();
+            }
+        }
+    }
+}
+
+/// Run `work(worker, ticket)` on `workers` threads and sum their counts into a throughput
+/// figure; each worker passes its ticket once ready, before its clock starts.
 fn on_workers(
     agent: &str,
     workers: usize,
     seconds: f64,
-    work: impl Fn(usize) -> Result<Counts, BenchEnvError> + Sync,
+    work: impl Fn(usize, &Ticket) -> Result<Counts, BenchEnvError> + Sync,
 ) -> Result<Throughput, BenchEnvError> {
     let work = &work;
+    let gate = &Gate {
+        barrier: std::sync::Barrier::new(workers.max(1)),
+        start: std::sync::Mutex::new(None),
+    };
     let results: Vec<Result<Counts, BenchEnvError>> = std::thread::scope(|s| {
-        let hs: Vec<_> = (0..workers).map(|w| s.spawn(move || work(w))).collect();
+        let hs: Vec<_> = (0..workers)
+            .map(|w| {
+                s.spawn(move || {
+                    let ticket = Ticket {
+                        gate,
+                        passed: std::cell::Cell::new(false),
+                    };
+                    let r = work(w, &ticket);
+                    // A worker that failed before the gate must not leave the others waiting.
+                    ticket.start();
+                    r
+                })
+            })
+            .collect();
         hs.into_iter()
             .map(|h| h.join().unwrap_or(Err(BenchEnvError::WorkerPanicked)))
             .collect()
     });
+    let idle_cpu_share = idle_share(gate.start.lock().ok().and_then(|s| *s), machine_cpu_ticks());
     let mut t = Throughput {
         agent: agent.into(),
         workers,
@@ -433,6 +515,7 @@ fn on_workers(
         engine_cpu_us_per_step: 0.0,
         init_cpu_us_per_step: None,
         init_steps: 0,
+        idle_cpu_share,
     };
     let (mut reset_s, mut step_s, mut elapsed_s) = (0.0, 0.0, 0.0);
     let (mut engine_cpu_s, mut init_cpu_s, mut init_steps) = (0.0, 0.0, 0);
@@ -472,7 +555,7 @@ fn measure_raw(
     every: Option<u64>,
 ) -> Result<Throughput, BenchEnvError> {
     let deadline = Duration::from_secs_f64(seconds);
-    on_workers("raw-exec", workers, seconds, |w| {
+    on_workers("raw-exec", workers, seconds, |w, ticket| {
         let plan = Plan::for_task(task, 1 + w as u64, vec![]);
         let held = crate::running::synthesize(rt, cache, &plan)?;
         let mut running = crate::running::RunningInstance::start(rt, held)?;
@@ -489,6 +572,7 @@ fn measure_raw(
         };
         let init_pid = running.sandbox().init_pid();
         let init = (init_pid, start_ticks(init_pid));
+        ticket.start();
         let init_before = process_cpu_s(init_pid);
         let cpu0 = thread_cpu_s();
         let t0 = Instant::now();
@@ -529,7 +613,7 @@ fn measure(
     seconds: f64,
 ) -> Result<Throughput, BenchEnvError> {
     let deadline = Duration::from_secs_f64(seconds);
-    on_workers(agent, workers, seconds, |w| {
+    on_workers(agent, workers, seconds, |w, ticket| {
         let mut env = Env::new(rt.clone(), cache.clone(), EnvConfig::default())?;
         let plan = Plan::for_task(task, 1 + w as u64, vec![]);
         let mut agent: Box<dyn crate::agents::Agent> = match agent {
@@ -540,6 +624,7 @@ fn measure(
         // Warm: the instance synthesized and its sandbox created.
         env.reset(&plan)?;
         let mut c = Counts::default();
+        ticket.start();
         let mut init_last = init_cpu(&mut env);
         let cpu0 = thread_cpu_s();
         let t0 = Instant::now();
@@ -596,10 +681,11 @@ pub fn render(r: &EnvBenchReport) -> String {
     for t in &r.throughput {
         let _ = writeln!(
             s,
-            "{:<9} agent, {} worker(s): {:>7.0} steps/s  ({} steps, {} episodes, {} solved, {} infra failures; reset {:.2} ms/episode, step {:.2} ms; CPU per step: engine {:.0} us, init {})",
+            "{:<9} agent, {} worker(s): {:>7.0} steps/s  ({} steps, {} episodes, {} solved, {} infra failures; reset {:.2} ms/episode, step {:.2} ms; CPU per step: engine {:.0} us, init {}; CPU idle {})",
             t.agent, t.workers, t.steps_per_s, t.steps, t.episodes, t.successes, t.infra_failures,
             t.reset_ms_per_episode, t.step_ms, t.engine_cpu_us_per_step,
-            t.init_cpu_us_per_step.map_or("n/a".to_string(), |us| format!("{us:.0} us"))
+            t.init_cpu_us_per_step.map_or("n/a".to_string(), |us| format!("{us:.0} us")),
+            t.idle_cpu_share.map_or("n/a".to_string(), |x| format!("{:.1}%", 100.0 * x))
         );
     }
     for (name, ratios) in [
@@ -644,5 +730,51 @@ mod tests {
         let started = start_ticks(me).unwrap();
         assert!(started > 0);
         assert_eq!(start_ticks(me), Some(started));
+    }
+
+    #[test]
+    fn the_idle_share_comes_from_the_machines_own_tick_counts() {
+        let before = machine_cpu_ticks().expect("/proc/stat");
+        assert!(before.0 <= before.1, "idle within total: {before:?}");
+        // Sleep past a tick or two (USER_HZ is 100): time passes on every CPU.
+        std::thread::sleep(Duration::from_millis(60));
+        let after = machine_cpu_ticks().expect("/proc/stat");
+        assert!(after.1 > before.1 && after.0 >= before.0);
+        let share = idle_share(Some(before), Some(after)).unwrap();
+        assert!((0.0..=1.0).contains(&share), "{share}");
+        // Unknown or unchanged readings give no share (never a division by zero).
+        assert_eq!(idle_share(None, Some(after)), None);
+        assert_eq!(idle_share(Some(after), Some(after)), None);
+        assert_eq!(idle_share(Some((10, 100)), Some((40, 200))), Some(0.3));
+    }
+
+    #[test]
+    fn workers_start_together_and_one_that_fails_first_does_not_hold_the_others() {
+        let arrived = std::sync::atomic::AtomicUsize::new(0);
+        let t = on_workers("test", 3, 0.0, |w, ticket| {
+            if w == 0 {
+                return Err(BenchEnvError::WorkerPanicked);
+            }
+            arrived.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            ticket.start();
+            // Past the gate, every live worker has arrived.
+            assert_eq!(arrived.load(std::sync::atomic::Ordering::SeqCst), 2);
+            ticket.start(); // a second call does not wait again
+            Ok(Counts::default())
+        });
+        assert!(matches!(t, Err(BenchEnvError::WorkerPanicked)));
+        let t = on_workers("test", 2, 0.0, |_, ticket| {
+            ticket.start();
+            // Long enough for the kernel's tick counts to move (USER_HZ is 100).
+            std::thread::sleep(Duration::from_millis(60));
+            Ok(Counts {
+                steps: 1,
+                elapsed_s: 0.01,
+                ..Counts::default()
+            })
+        })
+        .unwrap();
+        assert_eq!(t.steps, 2);
+        assert!(t.idle_cpu_share.is_some_and(|x| (0.0..=1.0).contains(&x)));
     }
 }

@@ -116,6 +116,9 @@ pub(crate) struct Init {
     last_cap: u8,
     /// The confined process that forks commands (see `zygote`); started on demand.
     zygote: Option<zygote::Zygote>,
+    /// Set by a remount: the new root's zygote is started once the request's answer is sent
+    /// (it confines itself while the host reads the answer).
+    zygote_due: bool,
     /// Read buffer of command output, kept across commands.
     buf: Vec<u8>,
 }
@@ -187,6 +190,7 @@ fn run(mut sock: UnixStream, make_netns: bool) -> Result<(), InitError> {
         seccomp: None,
         last_cap: crate::caps::last_cap(),
         zygote: None,
+        zygote_due: false,
         buf: Vec::new(),
     };
     let reply = match netns.and_then(|()| init.setup(prepared)) {
@@ -425,6 +429,16 @@ impl Init {
             if shutdown {
                 return Ok(());
             }
+            // After the answer, not before it: a reset's or rollback's reply does not wait for
+            // the fork, and nothing init writes while it answers is copied for the zygote.
+            self.start_due_zygote();
+        }
+    }
+
+    /// Start the zygote a remount left due (see `zygote_due`), unless one runs already.
+    fn start_due_zygote(&mut self) {
+        if std::mem::take(&mut self.zygote_due) && self.zygote.is_none() {
+            self.prestart_zygote();
         }
     }
 
@@ -465,8 +479,15 @@ impl Init {
                     };
                 }
                 match self.reset() {
-                    // Answered as their own requests are, on the fresh state.
+                    // Answered as their own requests are, on the fresh state. A health look
+                    // names the zygote, as it would right after the reset: it starts first.
                     Ok(()) => {
+                        if looks
+                            .iter()
+                            .any(|l| matches!(l, crate::protocol::Look::Health))
+                        {
+                            self.start_due_zygote();
+                        }
                         Response::Answers(looks.iter().map(|l| self.handle(l.request())).collect())
                     }
                     Err(e) => internal(e),
@@ -548,7 +569,7 @@ impl Init {
 
     /// Kill every process and mount a fresh root over `self.current`. The processes die while
     /// the root is remounted (they hold only the detached old tree); all are reaped before
-    /// the new zygote starts.
+    /// the new zygote starts, after the request's answer (`zygote_due`).
     pub(crate) fn remount(&mut self) -> Result<(), InitError> {
         self.signal_all();
         let r = self
@@ -560,14 +581,21 @@ impl Init {
         // as a fresh /dev/shm is (the sandbox's IPC namespace is its own).
         self.remove_sysv_ipc();
         r?;
-        self.prestart_zygote();
+        // Started by `serve` once the answer is written (a command asked before that starts
+        // one itself).
+        self.zygote_due = true;
         Ok(())
     }
 
     /// Remove every SysV shared memory segment, message queue and semaphore set of the
     /// sandbox's IPC namespace (listed in its `/proc/sysvipc`; no process is left to use them).
+    /// A table the kernel counts empty is not read.
     fn remove_sysv_ipc(&self) {
-        for table in ["shm", "msg", "sem"] {
+        let in_use = sysv_ipc_in_use();
+        for (table, used) in ["shm", "msg", "sem"].into_iter().zip(in_use) {
+            if used == Some(0) {
+                continue;
+            }
             let Ok(text) = std::fs::read_to_string(self.layout.proc().join("sysvipc").join(table))
             else {
                 continue;
@@ -630,6 +658,53 @@ impl Init {
     }
 }
 
+/// How many SysV shared memory segments, message queues and semaphore sets exist in this
+/// process's IPC namespace, by the kernel's own counts (`SHM_INFO`, `MSG_INFO`, `SEM_INFO`);
+/// `None` for a count the kernel did not give.
+fn sysv_ipc_in_use() -> [Option<i32>; 3] {
+    /// The kernel's `struct shm_info` (`SHM_INFO`, which libc does not name).
+    #[repr(C)]
+    #[derive(Default)]
+    struct ShmInfo {
+        used_ids: libc::c_int,
+        shm_tot: libc::c_ulong,
+        shm_rss: libc::c_ulong,
+        shm_swp: libc::c_ulong,
+        swap_attempts: libc::c_ulong,
+        swap_successes: libc::c_ulong,
+    }
+    const SHM_INFO: libc::c_int = 14;
+    let mut shm = ShmInfo::default();
+    // SAFETY: with SHM_INFO the kernel writes a `struct shm_info` to the buffer, which is one.
+    let shm_rc = unsafe {
+        libc::shmctl(
+            0,
+            SHM_INFO,
+            (&mut shm as *mut ShmInfo).cast::<libc::shmid_ds>(),
+        )
+    };
+    // SAFETY: zeroed integer fields are a valid `msginfo`.
+    let mut msg: libc::msginfo = unsafe { std::mem::zeroed() };
+    // SAFETY: with MSG_INFO the kernel writes a `struct msginfo` to the buffer, which is one.
+    let msg_rc = unsafe {
+        libc::msgctl(
+            0,
+            libc::MSG_INFO,
+            (&mut msg as *mut libc::msginfo).cast::<libc::msqid_ds>(),
+        )
+    };
+    // SAFETY: zeroed integer fields are a valid `seminfo`.
+    let mut sem: libc::seminfo = unsafe { std::mem::zeroed() };
+    // SAFETY: with SEM_INFO the fourth argument is a pointer to a `struct seminfo` (the
+    // `__buf` of `union semun`), which the kernel fills.
+    let sem_rc = unsafe { libc::semctl(0, 0, libc::SEM_INFO, &mut sem as *mut libc::seminfo) };
+    [
+        (shm_rc >= 0).then_some(shm.used_ids),
+        (msg_rc >= 0).then_some(msg.msgpool),
+        (sem_rc >= 0).then_some(sem.semusz),
+    ]
+}
+
 /// The kernel's own accounting of a filesystem: bytes and inodes in use (0 where it cannot say).
 pub(super) fn fs_usage(p: &std::path::Path) -> (u64, u64) {
     nix::sys::statvfs::statvfs(p)
@@ -640,4 +715,37 @@ pub(super) fn fs_usage(p: &std::path::Path) -> (u64, u64) {
             )
         })
         .unwrap_or((0, 0))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_kernel_counts_sysv_ipc_objects_of_the_namespace() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: needs root");
+            return;
+        }
+        // In a thread of its own, in a new IPC namespace (gone with the thread).
+        std::thread::spawn(|| {
+            // SAFETY: unshare and the SysV calls take integer arguments (and null pointers
+            // for the removals); the objects live in this thread's new namespace only.
+            unsafe {
+                assert_eq!(libc::unshare(libc::CLONE_NEWIPC), 0);
+                assert_eq!(super::sysv_ipc_in_use(), [Some(0), Some(0), Some(0)]);
+                let shm = libc::shmget(libc::IPC_PRIVATE, 4096, 0o600);
+                let msg = libc::msgget(libc::IPC_PRIVATE, 0o600);
+                let sem = libc::semget(libc::IPC_PRIVATE, 2, 0o600);
+                let msg2 = libc::msgget(libc::IPC_PRIVATE, 0o600);
+                assert!(shm >= 0 && msg >= 0 && sem >= 0 && msg2 >= 0);
+                assert_eq!(super::sysv_ipc_in_use(), [Some(1), Some(2), Some(1)]);
+                libc::shmctl(shm, libc::IPC_RMID, std::ptr::null_mut());
+                libc::msgctl(msg, libc::IPC_RMID, std::ptr::null_mut());
+                libc::msgctl(msg2, libc::IPC_RMID, std::ptr::null_mut());
+                libc::semctl(sem, 0, libc::IPC_RMID);
+                assert_eq!(super::sysv_ipc_in_use(), [Some(0), Some(0), Some(0)]);
+            }
+        })
+        .join()
+        .unwrap();
+    }
 }

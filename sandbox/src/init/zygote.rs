@@ -7,7 +7,8 @@
 //! `CLONE_PARENT`, so they are children of init, which reaps them and sees their status as
 //! before. The zygote is an ordinary, non-dumpable process of the sandbox with exactly the
 //! privileges of a command: an agent that kills it only makes init start a new one. It dies
-//! with every reset and rollback, and the next command starts it over the new root.
+//! with every reset and rollback; init starts the next one over the new root once it has
+//! answered (or when a command comes first).
 
 use super::{spawn, Init};
 use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags};
@@ -112,7 +113,8 @@ impl Init {
     }
 
     /// Start a zygote over the current root without waiting for it: it confines itself while
-    /// init answers the host, so the next command finds it ready. Called after every (re)mount.
+    /// init answers the host, so the next command finds it ready. Called at setup and after
+    /// the answer to every request that remounted the root.
     pub(super) fn prestart_zygote(&mut self) {
         match self.start_zygote() {
             Ok(z) => self.zygote = Some(z),
