@@ -442,13 +442,17 @@ fn idle_share(before: Option<(u64, u64)>, after: Option<(u64, u64)>) -> Option<f
 }
 
 /// Where the workers of one measurement start together: each passes its [`Ticket`] once its
-/// sandbox is ready, and the machine's CPU time is read when the last one arrives.
+/// sandbox is ready, and the machine's CPU time is read when the last one arrives; each
+/// reads it again when its own loop ends ([`Ticket::finish`]), and the last reading ends the
+/// measurement (the sandboxes' teardown after it is not counted).
 struct Gate {
     barrier: std::sync::Barrier,
     start: std::sync::Mutex<Option<(u64, u64)>>,
+    end: std::sync::Mutex<Option<(u64, u64)>>,
 }
 
-/// One worker's way through the [`Gate`].
+/// One worker's way through the [`Gate`]. Dropped without having passed (a worker that failed
+/// or panicked first), it passes then, so that the others do not wait for it.
 struct Ticket<'a> {
     gate: &'a Gate,
     passed: std::cell::Cell<bool>,
@@ -466,10 +470,24 @@ impl Ticket<'_> {
             }
         }
     }
+
+    /// This worker's loop has ended: the machine's CPU time now (the latest reading wins).
+    fn finish(&self) {
+        if let Ok(mut e) = self.gate.end.lock() {
+            *e = machine_cpu_ticks();
+        }
+    }
+}
+
+impl Drop for Ticket<'_> {
+    fn drop(&mut self) {
+        self.start();
+    }
 }
 
 /// Run `work(worker, ticket)` on `workers` threads and sum their counts into a throughput
-/// figure; each worker passes its ticket once ready, before its clock starts.
+/// figure; each worker passes its ticket once ready, before its clock starts, and finishes
+/// it when its loop ends.
 fn on_workers(
     agent: &str,
     workers: usize,
@@ -480,6 +498,7 @@ fn on_workers(
     let gate = &Gate {
         barrier: std::sync::Barrier::new(workers.max(1)),
         start: std::sync::Mutex::new(None),
+        end: std::sync::Mutex::new(None),
     };
     let results: Vec<Result<Counts, BenchEnvError>> = std::thread::scope(|s| {
         let hs: Vec<_> = (0..workers)
@@ -489,10 +508,7 @@ fn on_workers(
                         gate,
                         passed: std::cell::Cell::new(false),
                     };
-                    let r = work(w, &ticket);
-                    // A worker that failed before the gate must not leave the others waiting.
-                    ticket.start();
-                    r
+                    work(w, &ticket)
                 })
             })
             .collect();
@@ -500,7 +516,10 @@ fn on_workers(
             .map(|h| h.join().unwrap_or(Err(BenchEnvError::WorkerPanicked)))
             .collect()
     });
-    let idle_cpu_share = idle_share(gate.start.lock().ok().and_then(|s| *s), machine_cpu_ticks());
+    let idle_cpu_share = idle_share(
+        gate.start.lock().ok().and_then(|s| *s),
+        gate.end.lock().ok().and_then(|e| *e),
+    );
     let mut t = Throughput {
         agent: agent.into(),
         workers,
@@ -594,6 +613,7 @@ fn measure_raw(
         }
         c.elapsed_s = t0.elapsed().as_secs_f64();
         c.engine_cpu_s = thread_cpu_s() - cpu0;
+        ticket.finish();
         let same_init = init.1.is_some() && (init_pid, start_ticks(init_pid)) == init;
         if let (Some(a), Some(b), true) = (init_before, process_cpu_s(init_pid), same_init) {
             c.init_cpu_s = b - a;
@@ -653,6 +673,7 @@ fn measure(
         }
         c.elapsed_s = t0.elapsed().as_secs_f64();
         c.engine_cpu_s = thread_cpu_s() - cpu0;
+        ticket.finish();
         Ok(c)
     })
 }
@@ -749,24 +770,31 @@ mod tests {
     }
 
     #[test]
-    fn workers_start_together_and_one_that_fails_first_does_not_hold_the_others() {
-        let arrived = std::sync::atomic::AtomicUsize::new(0);
-        let t = on_workers("test", 3, 0.0, |w, ticket| {
-            if w == 0 {
-                return Err(BenchEnvError::WorkerPanicked);
+    fn workers_start_together_and_one_that_fails_or_panics_first_does_not_hold_the_others() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let (arrived, seen_past_gate) = (AtomicUsize::new(0), AtomicUsize::new(usize::MAX));
+        let t = on_workers("test", 4, 0.0, |w, ticket| {
+            match w {
+                0 => return Err(BenchEnvError::UnknownTask("early".into())),
+                1 => panic!("a worker that panics before the gate"),
+                _ => {}
             }
-            arrived.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            arrived.fetch_add(1, Ordering::SeqCst);
             ticket.start();
-            // Past the gate, every live worker has arrived.
-            assert_eq!(arrived.load(std::sync::atomic::Ordering::SeqCst), 2);
+            // Past the gate, every worker that got there has arrived.
+            seen_past_gate.fetch_min(arrived.load(Ordering::SeqCst), Ordering::SeqCst);
             ticket.start(); // a second call does not wait again
             Ok(Counts::default())
         });
-        assert!(matches!(t, Err(BenchEnvError::WorkerPanicked)));
+        // The first error in worker order is returned; the live workers both passed the gate.
+        assert!(matches!(t, Err(BenchEnvError::UnknownTask(ref x)) if x == "early"));
+        assert_eq!(arrived.load(Ordering::SeqCst), 2);
+        assert_eq!(seen_past_gate.load(Ordering::SeqCst), 2);
         let t = on_workers("test", 2, 0.0, |_, ticket| {
             ticket.start();
             // Long enough for the kernel's tick counts to move (USER_HZ is 100).
             std::thread::sleep(Duration::from_millis(60));
+            ticket.finish();
             Ok(Counts {
                 steps: 1,
                 elapsed_s: 0.01,

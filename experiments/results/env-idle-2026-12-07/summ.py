@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
-"""Summary of runs/*.json (engine bench env --workers 1,2,3): per worker count, each ratio and
-each agent's idle CPU share, engine and init CPU per step, as run values and mean with a 95%
-t-interval over the runs."""
-import glob, json, math, os, statistics as st
+"""summ.py [DIR]: summary of DIR/*.json (default runs/; after/ is the other set), each run of
+engine bench env --workers 1,2,3: per worker count, each ratio and each agent's idle CPU share,
+engine and init CPU per step and steps/s, as run values and mean with a 95% t-interval over
+the runs."""
+import glob, json, math, os, statistics as st, sys
 
 T95 = {2: 12.706, 3: 4.303, 4: 3.182, 5: 2.776, 6: 2.571, 7: 2.447, 8: 2.365}
 here = os.path.dirname(os.path.abspath(__file__))
-runs = [json.load(open(f)) for f in sorted(glob.glob(os.path.join(here, "runs", "*.json")))]
+which = sys.argv[1] if len(sys.argv) > 1 else "runs"
+runs = [json.load(open(f)) for f in sorted(glob.glob(os.path.join(here, which, "*.json")))]
 
 
 def line(name, xs, fmt="%.3f", scale=1.0):
@@ -17,7 +19,7 @@ def line(name, xs, fmt="%.3f", scale=1.0):
     print(f"  {name:<44} {vals}   mean {fmt % m} ± {fmt % h}")
 
 
-print(f"{len(runs)} runs of engine bench env --task archive-logs --workers 1,2,3 --seconds 8")
+print(f"{which}: {len(runs)} runs of engine bench env --task archive-logs --workers 1,2,3 --seconds 8")
 for w in (1, 2, 3):
     print(f"## {w} worker(s)")
     for key, name in (("random_vs_raw", "random / raw-exec"),

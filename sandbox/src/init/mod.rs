@@ -114,7 +114,8 @@ pub(crate) struct Init {
     landlock: Option<crate::landlock::PreparedLandlock>,
     seccomp: Option<crate::seccomp::PreparedSeccomp>,
     last_cap: u8,
-    /// The confined process that forks commands (see `zygote`); started on demand.
+    /// The confined process that forks commands (see `zygote`): started at setup, after the
+    /// answer to a request that remounted the root, and on demand when there is none.
     zygote: Option<zygote::Zygote>,
     /// Set by a remount: the new root's zygote is started once the request's answer is sent
     /// (it confines itself while the host reads the answer).
@@ -424,13 +425,16 @@ impl Init {
                     }
                     _ => return Err(e.into()),
                 },
-                r => r?,
+                r => {
+                    drop(resp);
+                    r?
+                }
             }
             if shutdown {
                 return Ok(());
             }
-            // After the answer, not before it: a reset's or rollback's reply does not wait for
-            // the fork, and nothing init writes while it answers is copied for the zygote.
+            // After the answer, not before it: a reset's or rollback's answer does not wait
+            // for the fork (the answer itself is freed first, not left in the zygote's memory).
             self.start_due_zygote();
         }
     }
@@ -479,13 +483,11 @@ impl Init {
                     };
                 }
                 match self.reset() {
-                    // Answered as their own requests are, on the fresh state. A health look
-                    // names the zygote, as it would right after the reset: it starts first.
+                    // Answered as their own requests are, on the fresh state. A look that
+                    // may see the zygote (health, a path through `/proc`) sees it as a request
+                    // right after the reset would: it starts first.
                     Ok(()) => {
-                        if looks
-                            .iter()
-                            .any(|l| matches!(l, crate::protocol::Look::Health))
-                        {
+                        if looks.iter().any(sees_processes) {
                             self.start_due_zygote();
                         }
                         Response::Answers(looks.iter().map(|l| self.handle(l.request())).collect())
@@ -656,6 +658,20 @@ impl Init {
             .as_ref()
             .is_some_and(|z| self.layout.proc().join(z.pid.to_string()).exists())
     }
+}
+
+/// Whether a look may see the sandbox's processes: health, or a path with a `proc` component
+/// (a symlink that leads into `/proc` is not seen here).
+fn sees_processes(look: &crate::protocol::Look) -> bool {
+    use crate::protocol::Look;
+    let path = match look {
+        Look::Health => return true,
+        Look::ReadFile { path, .. }
+        | Look::Stat { path }
+        | Look::ListDir { path }
+        | Look::Overview { path, .. } => path,
+    };
+    path.split('/').any(|c| c == "proc")
 }
 
 /// How many SysV shared memory segments, message queues and semaphore sets exist in this

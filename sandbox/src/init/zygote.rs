@@ -113,8 +113,8 @@ impl Init {
     }
 
     /// Start a zygote over the current root without waiting for it: it confines itself while
-    /// init answers the host, so the next command finds it ready. Called at setup and after
-    /// the answer to every request that remounted the root.
+    /// init goes on (at setup, while init mounts the side trees and answers; after a remount,
+    /// while the host reads the answer), so the next command finds it ready.
     pub(super) fn prestart_zygote(&mut self) {
         match self.start_zygote() {
             Ok(z) => self.zygote = Some(z),

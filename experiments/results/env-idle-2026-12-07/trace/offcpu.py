@@ -1,7 +1,12 @@
-import re,sys,collections,datetime
+#!/usr/bin/env python3
+# offcpu.py SCRIPT LOG: idle CPU time of the random agent's rounds and of the raw rounds around
+# them, by the task that slept before each idle period and its kernel stack. SCRIPT: `perf
+# script -F cpu,time,trace,ip,sym` of `perf record -e sched:sched_switch -a -g`; LOG: the bench's
+# `--log engine::env=debug` stderr; sw.off beside: CLOCK_REALTIME - CLOCK_MONOTONIC at the start.
+import re,sys,collections,datetime,os
 # perf script of sched_switch with -g, clock realtime; log of engine::env=debug
 log=sys.argv[2]
-OFF=float(open('/tmp/sw.off').read().split()[0])
+OFF=float(open(os.path.join(os.path.dirname(os.path.abspath(__file__)),'sw.off')).read().split()[0])
 def ts(s):  # 2026-12-07T00:44:17.740928Z -> epoch seconds
     return datetime.datetime.strptime(s[:26],'%Y-%m-%dT%H:%M:%S.%f').replace(tzinfo=datetime.timezone.utc).timestamp()
 steps=[]
@@ -50,8 +55,11 @@ acc={'random':collections.Counter(),'raw':collections.Counter()}
 tot={'random':0.0,'raw':0.0}
 span={'random':sum(b-a for a,b in wins),'raw':sum(b-a for a,b in raw)}
 skip={'__schedule','schedule','__traceiter_sched_switch','schedule_hrtimeout_range','schedule_timeout','__schedule_bug'}
+switches={'random':0,'raw':0}
 for e in ev:
     c=e['cpu']
+    ph=which(e['t'])
+    if ph: switches[ph]+=1
     if e['ppid']==0 and c in open_idle:
         t0,key=open_idle.pop(c)
         ph=which(t0)
@@ -61,5 +69,5 @@ for e in ev:
         comm=re.sub(r'\d+','N',e['prev'])
         open_idle[c]=(e['t'],comm+' '+e['st']+' | '+' < '.join(fr))
 for ph in ('raw','random'):
-    print('== %s: idle %.1f ms over %.2f s (x2 CPUs): %.1f%%'%(ph,1e3*tot[ph],span[ph],100*tot[ph]/(2*span[ph])))
+    print('== %s: idle %.1f ms over %.2f s (x2 CPUs): %.1f%%; %.0f context switches a second'%(ph,1e3*tot[ph],span[ph],100*tot[ph]/(2*span[ph]),switches[ph]/span[ph]))
     for k,v in acc[ph].most_common(14): print('   %7.1f ms  %s'%(1e3*v,k[:170]))
