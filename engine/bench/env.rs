@@ -29,8 +29,9 @@
 //!   episode or command that started before the deadline ends after it), summed.
 //!   `engine_cpu_us_per_step` and `init_cpu_us_per_step` say where the CPU of a step went on
 //!   the engine's side and in the sandbox's init (on 2 busy CPUs, CPU is what limits the rate);
-//!   `idle_cpu_share` how much of the machine's CPU was left idle meanwhile (the workers start
-//!   together, once each one's sandbox is ready).
+//!   `idle_cpu_share` how much of the machine's CPU was left idle while every worker ran (the
+//!   workers start together, once each one's sandbox is ready; the share ends when the first
+//!   worker's loop does).
 
 use super::{ms, Summary};
 use crate::env::{Env, EnvConfig};
@@ -88,8 +89,9 @@ pub struct Throughput {
     /// The steps `init_cpu_us_per_step` was measured over.
     #[serde(skip)]
     init_steps: u64,
-    /// Share of the machine's CPU time that was idle while the workers ran (`/proc/stat`,
-    /// all CPUs, from the moment every worker was ready to the last one's end); `None` where
+    /// Share of the machine's CPU time that was idle while every worker ran (`/proc/stat`,
+    /// all CPUs, from the moment every worker was ready to the moment the first one's loop
+    /// ended: not the tail where the others finish their last episode alone); `None` where
     /// the kernel's statistics cannot be read. Near 0: the rate is bound by CPU; above it, by
     /// waits that left a CPU idle.
     pub idle_cpu_share: Option<f64>,
@@ -442,9 +444,10 @@ fn idle_share(before: Option<(u64, u64)>, after: Option<(u64, u64)>) -> Option<f
 }
 
 /// Where the workers of one measurement start together: each passes its [`Ticket`] once its
-/// sandbox is ready, and the machine's CPU time is read when the last one arrives; each
-/// reads it again when its own loop ends ([`Ticket::finish`]), and the last reading ends the
-/// measurement (the sandboxes' teardown after it is not counted).
+/// sandbox is ready, and the machine's CPU time is read when the last one arrives; it is read
+/// again when the first worker's loop ends ([`Ticket::finish`]): the idle share is of the
+/// time every worker ran (a worker that finishes its last episode alone leaves a CPU idle
+/// that the others' load would not).
 struct Gate {
     barrier: std::sync::Barrier,
     start: std::sync::Mutex<Option<(u64, u64)>>,
@@ -471,10 +474,12 @@ impl Ticket<'_> {
         }
     }
 
-    /// This worker's loop has ended: the machine's CPU time now (the latest reading wins).
+    /// This worker's loop has ended: the machine's CPU time now, unless another's ended first.
     fn finish(&self) {
         if let Ok(mut e) = self.gate.end.lock() {
-            *e = machine_cpu_ticks();
+            if e.is_none() {
+                *e = machine_cpu_ticks();
+            }
         }
     }
 }
@@ -772,28 +777,43 @@ mod tests {
     #[test]
     fn workers_start_together_and_one_that_fails_or_panics_first_does_not_hold_the_others() {
         use std::sync::atomic::{AtomicUsize, Ordering};
-        let (arrived, seen_past_gate) = (AtomicUsize::new(0), AtomicUsize::new(usize::MAX));
-        let t = on_workers("test", 4, 0.0, |w, ticket| {
-            match w {
-                0 => return Err(BenchEnvError::UnknownTask("early".into())),
-                1 => panic!("a worker that panics before the gate"),
-                _ => {}
-            }
-            arrived.fetch_add(1, Ordering::SeqCst);
-            ticket.start();
-            // Past the gate, every worker that got there has arrived.
-            seen_past_gate.fetch_min(arrived.load(Ordering::SeqCst), Ordering::SeqCst);
-            ticket.start(); // a second call does not wait again
-            Ok(Counts::default())
+        use std::sync::Arc;
+        // On a thread of its own, so that a gate that held the live workers fails the test
+        // (after a timeout) instead of hanging it.
+        let (arrived, seen) = (
+            Arc::new(AtomicUsize::new(0)),
+            Arc::new(AtomicUsize::new(usize::MAX)),
+        );
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (a, v) = (arrived.clone(), seen.clone());
+        std::thread::spawn(move || {
+            let t = on_workers("test", 4, 0.0, |w, ticket| {
+                match w {
+                    0 => return Err(BenchEnvError::UnknownTask("early".into())),
+                    1 => panic!("a worker that panics before the gate"),
+                    _ => {}
+                }
+                a.fetch_add(1, Ordering::SeqCst);
+                ticket.start();
+                // Past the gate, every worker that got there has arrived.
+                v.fetch_min(a.load(Ordering::SeqCst), Ordering::SeqCst);
+                ticket.start(); // a second call does not wait again
+                Ok(Counts::default())
+            });
+            let _ = tx.send(matches!(t, Err(BenchEnvError::UnknownTask(ref x)) if x == "early"));
         });
+        let first_error = rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("a worker that failed or panicked before the gate held the others");
         // The first error in worker order is returned; the live workers both passed the gate.
-        assert!(matches!(t, Err(BenchEnvError::UnknownTask(ref x)) if x == "early"));
+        assert!(first_error);
         assert_eq!(arrived.load(Ordering::SeqCst), 2);
-        assert_eq!(seen_past_gate.load(Ordering::SeqCst), 2);
-        let t = on_workers("test", 2, 0.0, |_, ticket| {
+        assert_eq!(seen.load(Ordering::SeqCst), 2);
+        let t = on_workers("test", 2, 0.0, |w, ticket| {
             ticket.start();
-            // Long enough for the kernel's tick counts to move (USER_HZ is 100).
-            std::thread::sleep(Duration::from_millis(60));
+            // Long enough for the kernel's tick counts to move (USER_HZ is 100); the first
+            // worker to finish ends the idle share's window.
+            std::thread::sleep(Duration::from_millis(60 * (1 + w as u64)));
             ticket.finish();
             Ok(Counts {
                 steps: 1,

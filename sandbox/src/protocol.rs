@@ -77,8 +77,8 @@ pub const MAX_LOOKS: usize = 16;
 /// A read-only request that may ride on a command ([`ExecRequest::looks`]) or a reset
 /// ([`Request::ResetAndLook`]): answered as the request of the same name is, at the moment the
 /// command has ended or the reset is done. (The native sandbox starts the new root's zygote
-/// after answering a reset, or before its looks when one is health or names a path through
-/// `/proc`; a read that reaches `/proc` through a symlink sees the fresh root without it.)
+/// after answering a reset, or before its looks when one is health or a path with a `proc`
+/// component; a read that reaches `/proc` through a symlink sees the fresh root without it.)
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Look {
     ReadFile {

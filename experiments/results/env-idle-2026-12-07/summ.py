@@ -5,6 +5,7 @@ engine and init CPU per step and steps/s, as run values and mean with a 95% t-in
 the runs."""
 import glob, json, math, os, statistics as st, sys
 
+CPUS = 2  # the machine these runs were made on
 T95 = {2: 12.706, 3: 4.303, 4: 3.182, 5: 2.776, 6: 2.571, 7: 2.447, 8: 2.365}
 here = os.path.dirname(os.path.abspath(__file__))
 which = sys.argv[1] if len(sys.argv) > 1 else "runs"
@@ -31,3 +32,6 @@ for w in (1, 2, 3):
         line(f"{agent}: engine CPU per step (us)", [t["engine_cpu_us_per_step"] for t in rows], "%.0f")
         line(f"{agent}: init CPU per step (us)", [t["init_cpu_us_per_step"] for t in rows], "%.0f")
         line(f"{agent}: steps/s", [t["steps_per_s"] for t in rows], "%.0f")
+        # Busy CPU per step: the machine's CPUs (2 here) times the busy share, over the rate.
+        line(f"{agent}: busy CPU per step (ms)",
+             [CPUS * (1 - t["idle_cpu_share"]) / t["steps_per_s"] * 1e3 for t in rows], "%.2f")

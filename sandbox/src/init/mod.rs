@@ -434,7 +434,7 @@ impl Init {
                 return Ok(());
             }
             // After the answer, not before it: a reset's or rollback's answer does not wait
-            // for the fork (the answer itself is freed first, not left in the zygote's memory).
+            // for the fork (the answer is freed first: a large one is unmapped before it).
             self.start_due_zygote();
         }
     }
@@ -661,7 +661,8 @@ impl Init {
 }
 
 /// Whether a look may see the sandbox's processes: health, or a path with a `proc` component
-/// (a symlink that leads into `/proc` is not seen here).
+/// (`/proc/...`, and harmlessly any other such path; a symlink that leads into `/proc` is not
+/// seen here).
 fn sees_processes(look: &crate::protocol::Look) -> bool {
     use crate::protocol::Look;
     let path = match look {

@@ -8,7 +8,7 @@
 //! before. The zygote is an ordinary, non-dumpable process of the sandbox with exactly the
 //! privileges of a command: an agent that kills it only makes init start a new one. It dies
 //! with every reset and rollback; init starts the next one over the new root once it has
-//! answered (or when a command comes first).
+//! answered (the next command starts one if that fork failed).
 
 use super::{spawn, Init};
 use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags};

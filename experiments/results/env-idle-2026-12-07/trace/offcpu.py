@@ -26,10 +26,14 @@ for t in idx:
     if wins and t-wins[-1][1]<0.3: wins[-1][1]=t
     else: wins.append([t,t])
 wins=[w for w in wins if w[1]-w[0]>0.5]
-print('random windows',[(round(b-a,2)) for a,b in wins])
+print('random rounds (first to last step of either worker, s):',[(round(b-a,2)) for a,b in wins])
+# Each raw round, and the random round trimmed alike: 1.85 s from 0.05 s after its first step,
+# so that neither holds the tail where one worker plays its last episode alone.
+rounds=wins
+wins=[[a+0.05,a+1.9] for a,b in rounds]
 # raw windows: the 1.5 s before each random window (minus setup) and after
 raw=[]
-for a,b in wins:
+for a,b in rounds:
     raw.append([a-1.9,a-0.25]); raw.append([b+0.25,b+1.9])
 def which(t):
     for a,b in wins:
