@@ -147,14 +147,10 @@ impl Looks {
 /// Whether `look` may be sent ahead: not a read of processes (`/proc`) or of the disk
 /// accounting (`health`), which lag behind the command's end (see the module's text).
 fn sent_ahead(look: &Look) -> bool {
-    let path = match look {
-        Look::ReadFile { path, .. } | Look::Stat { path } | Look::ListDir { path } => path,
-        Look::Overview { .. } => return true,
-        Look::Health => return false,
-    };
-    // Any `proc` component, so that `/x/../proc` is not sent ahead either (a symlink that
-    // leads into `/proc` is not seen here: such a read is still the state at the command's end).
-    !path.split('/').any(|c| c == "proc")
+    // The overview always (see the module's text); otherwise no read of processes
+    // ([`Look::reads_processes`]; a symlink into `/proc` is not seen there: such a read is still
+    // the state at the command's end).
+    matches!(look, Look::Overview { .. }) || !look.reads_processes()
 }
 
 /// A sandbox whose read-only requests are answered from [`Looks`] where they came with the

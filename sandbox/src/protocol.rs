@@ -100,6 +100,20 @@ pub enum Look {
 }
 
 impl Look {
+    /// Whether this look may see the sandbox's processes: health, or a path with a `proc`
+    /// component (so that `/x/../proc` counts too; a symlink that leads into `/proc` is not
+    /// seen here).
+    pub fn reads_processes(&self) -> bool {
+        let path = match self {
+            Look::Health => return true,
+            Look::ReadFile { path, .. }
+            | Look::Stat { path }
+            | Look::ListDir { path }
+            | Look::Overview { path, .. } => path,
+        };
+        path.split('/').any(|c| c == "proc")
+    }
+
     /// The request this look stands for.
     pub fn request(&self) -> Request {
         match self {

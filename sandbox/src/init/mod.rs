@@ -20,7 +20,7 @@ mod zygote;
 
 use crate::mounts::{self, Layout};
 use crate::protocol::{
-    read_frame, write_frame, FailureKind, Health, ProtocolError, Request, Response, SetupPlan,
+    read_frame, write_frame, FailureKind, Health, Look, ProtocolError, Request, Response, SetupPlan,
 };
 use crate::sys::RealSys;
 use nix::sys::signal::{SigSet, Signal};
@@ -487,7 +487,7 @@ impl Init {
                     // may see the zygote (health, a path through `/proc`) sees it as a request
                     // right after the reset would: it starts first.
                     Ok(()) => {
-                        if looks.iter().any(sees_processes) {
+                        if looks.iter().any(Look::reads_processes) {
                             self.start_due_zygote();
                         }
                         Response::Answers(looks.iter().map(|l| self.handle(l.request())).collect())
@@ -583,8 +583,7 @@ impl Init {
         // as a fresh /dev/shm is (the sandbox's IPC namespace is its own).
         self.remove_sysv_ipc();
         r?;
-        // Started by `serve` once the answer is written (a command asked before that starts
-        // one itself).
+        // Started by `serve` once the answer is written (`start_due_zygote`).
         self.zygote_due = true;
         Ok(())
     }
@@ -658,21 +657,6 @@ impl Init {
             .as_ref()
             .is_some_and(|z| self.layout.proc().join(z.pid.to_string()).exists())
     }
-}
-
-/// Whether a look may see the sandbox's processes: health, or a path with a `proc` component
-/// (`/proc/...`, and harmlessly any other such path; a symlink that leads into `/proc` is not
-/// seen here).
-fn sees_processes(look: &crate::protocol::Look) -> bool {
-    use crate::protocol::Look;
-    let path = match look {
-        Look::Health => return true,
-        Look::ReadFile { path, .. }
-        | Look::Stat { path }
-        | Look::ListDir { path }
-        | Look::Overview { path, .. } => path,
-    };
-    path.split('/').any(|c| c == "proc")
 }
 
 /// How many SysV shared memory segments, message queues and semaphore sets exist in this
