@@ -388,6 +388,10 @@ pub struct Env {
     cache: Cache,
     cfg: EnvConfig,
     dangerous: Vec<(String, regex::Regex)>,
+    /// The dangerous pattern each catalogue action of the current task matches (`Some(None)`:
+    /// none), found at the action's first use: an action's text and the patterns never change
+    /// while the task does not.
+    action_danger: Vec<Option<Option<String>>>,
     layout: FeatureLayout,
     certificates: Certificates,
     running: Option<RunningInstance>,
@@ -434,6 +438,7 @@ impl Env {
             cache,
             cfg,
             dangerous,
+            action_danger: Vec::new(),
             layout,
             certificates,
             running: None,
@@ -571,7 +576,10 @@ impl Env {
         // same instance has the same task: copied only when the instance is new.
         let setup = match self.setup.take() {
             Some(setup) if restarted => setup,
-            _ => std::sync::Arc::new(running.instance.task.clone().ok_or(EnvError::NoTask)?),
+            _ => {
+                self.action_danger.clear();
+                std::sync::Arc::new(running.instance.task.clone().ok_or(EnvError::NoTask)?)
+            }
         };
         self.max_steps = self.cfg.max_steps.unwrap_or(setup.max_steps).max(1);
         self.setup = Some(setup);
@@ -667,7 +675,7 @@ impl Env {
             obs.stderr = "refused: a NUL byte in the command".into();
             obs.exit_code = Some(2);
             info.error = Some(obs.stderr.clone());
-        } else if let Some(p) = self.dangerous_match(&cmd) {
+        } else if let Some(p) = self.danger_of(action, &cmd) {
             obs.stderr = format!("refused: dangerous command (matches `{p}`)");
             obs.exit_code = Some(126);
             info.dangerous = Some(p);
@@ -792,6 +800,23 @@ impl Env {
             truncated: true,
             info,
         }
+    }
+
+    /// The dangerous pattern `cmd` (the text of `action`) matches; remembered for catalogue
+    /// actions ([`Env::action_danger`]).
+    fn danger_of(&mut self, action: &Action, cmd: &str) -> Option<String> {
+        let Action::Index(i) = *action else {
+            return self.dangerous_match(cmd);
+        };
+        if let Some(Some(known)) = self.action_danger.get(i) {
+            return known.clone();
+        }
+        let found = self.dangerous_match(cmd);
+        if self.action_danger.len() <= i {
+            self.action_danger.resize(i + 1, None);
+        }
+        self.action_danger[i] = Some(found.clone());
+        found
     }
 
     fn dangerous_match(&self, cmd: &str) -> Option<String> {

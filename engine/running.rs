@@ -299,11 +299,15 @@ impl RunningInstance {
         // epilogue); the epilogue reports the final directory on stderr and keeps the status.
         // A command that needs no shell runs as its words without it (the directory cannot
         // change: only a shell's `cd` changes the shell's), saving the shell's exec.
+        // A command that cannot move its shell ([`may_move_the_shell`]) runs without the
+        // epilogue, so the shell may exec its last command instead of forking it.
         let mark = cwd_mark();
         let mut req = ExecRequest::shell(cmd);
-        req.shell_epilogue = Some(format!(
-            "__ef_rc=$?; printf '{mark}%s' \"$PWD\" >&2; exit $__ef_rc"
-        ));
+        if may_move_the_shell(cmd) {
+            req.shell_epilogue = Some(format!(
+                "__ef_rc=$?; printf '{mark}%s' \"$PWD\" >&2; exit $__ef_rc"
+            ));
+        }
         req.cwd = self.cwd.clone();
         req.env = Some(self.env.clone());
         req.timeout_ms = timeout_ms;
@@ -437,6 +441,34 @@ fn start_cwd(instance: &Instance) -> String {
         .map_or_else(|| "/root".to_string(), |t| t.cwd.clone())
 }
 
+/// Words that may change the shell's directory or its `PWD`, or run text as commands where
+/// the words cannot be seen: `cd` and its spellings in dash and bash, the ways to run a string
+/// or a file in the shell itself (`eval`, `.`, `source`, traps, aliases, loaded builtins,
+/// history), and the wrappers that run a builtin (`command`, `builtin`, `exec`).
+const MOVING_WORDS: &[&str] = &[
+    "cd", "chdir", "pushd", "popd", "eval", ".", "source", "trap", "alias", "enable", "fc",
+    "command", "builtin", "exec",
+];
+
+/// Whether the shell running `cmd` may end in another directory or with another `PWD` than it
+/// started with, so that the cwd epilogue must report it. Conservative: `false` only when no
+/// expansion (`$`, a backquote) or escape (`\`) can build a word at run time, the text never
+/// names `PWD`, and no word, its quotes removed, is one of [`MOVING_WORDS`] (a word inside
+/// quotes counts: `eval 'c''d /'`, `trap 'cd /' EXIT`). Functions and aliases live only in the
+/// command's own shell, where their bodies are part of the text; a non-interactive `sh` reads no
+/// startup file. A wrong `false` would only leave the tracked directory stale (the agent's
+/// next command would start where it was); it opens nothing.
+pub fn may_move_the_shell(cmd: &str) -> bool {
+    if cmd.contains(['$', '`', '\\']) {
+        return true;
+    }
+    let unquoted: String = cmd.chars().filter(|c| !matches!(c, '\'' | '"')).collect();
+    unquoted.contains("PWD")
+        || unquoted
+            .split(|c: char| c.is_whitespace() || ";&|()<>{}!#".contains(c))
+            .any(|w| MOVING_WORDS.contains(&w))
+}
+
 fn find_last(hay: &[u8], needle: &[u8]) -> Option<usize> {
     if needle.len() > hay.len() {
         return None;
@@ -456,6 +488,62 @@ mod tests {
         let p = find_last(s, CWD_MARK.as_bytes()).unwrap();
         assert_eq!(&s[p + CWD_MARK.len()..], b"/y");
         assert_eq!(find_last(b"ab", b"abc"), None);
+    }
+
+    #[test]
+    fn only_commands_that_cannot_move_the_shell_go_without_the_epilogue() {
+        // Hack trials: every way found to change the shell's directory or PWD keeps it.
+        for moving in [
+            "cd /tmp",
+            "ls; cd /tmp",
+            "ls&&cd /tmp",
+            "(cd /tmp)",
+            "{ cd /tmp; }",
+            "if true; then cd /tmp; fi",
+            "x=1 cd /tmp",
+            "c\\d /tmp",
+            "'c'd /tmp",
+            "\"cd\" /tmp",
+            "c\"\"d /tmp",
+            "x=cd; $x /tmp",
+            "`echo cd` /tmp",
+            "eval 'c''d /tmp'",
+            "f(){ cd /tmp; }; f",
+            "trap 'cd /tmp' EXIT",
+            ". /tmp/script",
+            "source /tmp/script",
+            "alias x=cd",
+            "pushd /tmp",
+            "chdir /tmp",
+            "command cd /tmp",
+            "builtin cd /tmp",
+            "exec ls",
+            "enable -f /tmp/x.so mycd",
+            "export PWD=/tmp",
+            "PWD=/etc",
+            "unset PWD",
+            "read PWD < /tmp/x",
+            "ls\ncd /tmp",
+            "ls #cd",
+            "! cd /tmp",
+            "ls|cd /tmp",
+        ] {
+            assert!(may_move_the_shell(moving), "{moving}");
+        }
+        for fixed in [
+            "ls -la",
+            "find /srv -name '*.log'",
+            "tar czf /logs.tar.gz /srv/app/*.log",
+            "cat /srv/app/*.md | head -n 3",
+            "type tar gzip find python3",
+            "echo \"abcd\" > /tmp/codes",
+            "grep -r cdrom /etc",
+            "ls /tmp/cd",
+            "ls ./x",
+            "pwd",
+        ] {
+            assert!(!may_move_the_shell(fixed), "{fixed}");
+        }
     }
 
     #[test]
