@@ -444,29 +444,140 @@ fn start_cwd(instance: &Instance) -> String {
 /// Words that may change the shell's directory or its `PWD`, or run text as commands where
 /// the words cannot be seen: `cd` and its spellings in dash and bash, the ways to run a string
 /// or a file in the shell itself (`eval`, `.`, `source`, traps, aliases, loaded builtins,
-/// history), and the wrappers that run a builtin (`command`, `builtin`, `exec`).
+/// history), the wrappers that run a builtin (`command`, `builtin`, `exec`), and bash's
+/// `shopt` (extended globs).
 const MOVING_WORDS: &[&str] = &[
     "cd", "chdir", "pushd", "popd", "eval", ".", "source", "trap", "alias", "enable", "fc",
-    "command", "builtin", "exec",
+    "command", "builtin", "exec", "shopt",
 ];
 
 /// Whether the shell running `cmd` may end in another directory or with another `PWD` than it
-/// started with, so that the cwd epilogue must report it. Conservative: `false` only when no
-/// expansion (`$`, a backquote) or escape (`\`) can build a word at run time, the text never
-/// names `PWD`, and no word, its quotes removed, is one of [`MOVING_WORDS`] (a word inside
-/// quotes counts: `eval 'c''d /'`, `trap 'cd /' EXIT`). Functions and aliases live only in the
-/// command's own shell, where their bodies are part of the text; a non-interactive `sh` reads no
-/// startup file. A wrong `false` would only leave the tracked directory stale (the agent's
-/// next command would start where it was); it opens nothing.
+/// started with, so that the cwd epilogue must report it. Conservative: `false` only when
+/// - no expansion (`$`, a backquote) or escape (`\`) can build a word at run time;
+/// - the text never names `PWD`;
+/// - no word, its quotes removed, is one of [`MOVING_WORDS`] (a word inside quotes counts:
+///   `eval 'c''d /'`, `trap 'cd /' EXIT`);
+/// - no unquoted brace expansion (`{c,x}d`) occurs;
+/// - no unquoted pattern could expand to one of them (`c?`, `[c]d`, `*` where a file `cd`
+///   exists) or to a word that starts with `PWD` (`read P?D`, `export P*=/tmp`).
+///
+/// Functions and aliases live only in the command's own shell, where their bodies are part of
+/// the text; a non-interactive `sh` reads no startup file. A wrong `false` would only leave the
+/// tracked directory stale (the agent's next command would start where it was); it opens
+/// nothing.
 pub fn may_move_the_shell(cmd: &str) -> bool {
     if cmd.contains(['$', '`', '\\']) {
         return true;
     }
-    let unquoted: String = cmd.chars().filter(|c| !matches!(c, '\'' | '"')).collect();
-    unquoted.contains("PWD")
-        || unquoted
-            .split(|c: char| c.is_whitespace() || ";&|()<>{}!#".contains(c))
-            .any(|w| MOVING_WORDS.contains(&w))
+    // The shell's words (split at unquoted blanks and operators), each character with whether
+    // it was quoted.
+    let operator = |c: char| c.is_whitespace() || ";&|()<>".contains(c);
+    let mut words: Vec<Vec<(char, bool)>> = vec![Vec::new()];
+    let (mut single, mut double) = (false, false);
+    for c in cmd.chars() {
+        match c {
+            '\'' if !double => single = !single,
+            '"' if !single => double = !double,
+            c if operator(c) && !single && !double => words.push(Vec::new()),
+            c => words
+                .last_mut()
+                .map_or((), |w| w.push((c, single || double))),
+        }
+    }
+    words.iter().any(|w| {
+        let text: String = w.iter().map(|(c, _)| *c).collect();
+        let unquoted = |c: char| w.iter().any(|(d, q)| *d == c && !q);
+        let globbing = unquoted('*') || unquoted('?') || unquoted('[');
+        let head = text.split('/').next().unwrap_or_default();
+        text.contains("PWD")
+            // Inside quotes too: a quoted word may be run by `eval` or a trap.
+            || text
+                .split(|c: char| operator(c) || "{}".contains(c))
+                .any(|piece| MOVING_WORDS.contains(&piece))
+            || (unquoted('{') && (unquoted(',') || text.contains("..")))
+            || (globbing
+                && ((!text.contains('/') && MOVING_WORDS.iter().any(|m| glob(&text, m, false)))
+                    || glob(head, "PWD", true)))
+    })
+}
+
+/// Whether the shell pattern `pat` (`*`, `?`, bracket expressions; a bracket expression with a
+/// character class matches any character) matches `name`, or with `prefix`, some name that
+/// starts with `name`.
+fn glob(pat: &str, name: &str, prefix: bool) -> bool {
+    let (p, s): (Vec<char>, Vec<char>) = (pat.chars().collect(), name.chars().collect());
+    let (mut pi, mut si) = (0, 0);
+    // The last `*` and the first name position it has not taken yet.
+    let mut star: Option<(usize, usize)> = None;
+    loop {
+        if si == s.len() {
+            return prefix || p[pi..].iter().all(|c| *c == '*');
+        }
+        let advance = match p.get(pi) {
+            Some('*') => {
+                star = Some((pi + 1, si));
+                pi += 1;
+                continue;
+            }
+            Some('?') => Some(1),
+            Some('[') => match bracket(&p[pi..], s[si]) {
+                Some((true, len)) => Some(len),
+                Some((false, _)) => None,
+                None => (s[si] == '[').then_some(1),
+            },
+            Some(c) => (*c == s[si]).then_some(1),
+            None => None,
+        };
+        match (advance, star) {
+            (Some(n), _) => {
+                pi += n;
+                si += 1;
+            }
+            (None, Some((after, taken))) => {
+                pi = after;
+                si = taken + 1;
+                star = Some((after, taken + 1));
+            }
+            (None, None) => return false,
+        }
+    }
+}
+
+/// The bracket expression at the start of `p` (`[abc]`, `[!a-z]`, `[^x]`): whether it matches
+/// `c`, and its length; `None` when it is not closed (then `[` is an ordinary character).
+fn bracket(p: &[char], c: char) -> Option<(bool, usize)> {
+    let negated = matches!(p.get(1), Some('!' | '^'));
+    let first = if negated { 2 } else { 1 };
+    // A `]` right after the opening is a member, not the end; a class (`[:alpha:]`, `[=a=]`,
+    // `[.a.]`) holds its own `]`.
+    let (mut end, mut class) = (first, false);
+    loop {
+        match (p.get(end)?, p.get(end + 1)) {
+            ('[', Some(k @ (':' | '=' | '.'))) => {
+                let close = p.get(end + 2..)?.windows(2).position(|w| w == [*k, ']'])?;
+                end += 2 + close + 2;
+                class = true;
+            }
+            (']', _) if end > first => break,
+            _ => end += 1,
+        }
+    }
+    if class {
+        return Some((true, end + 1));
+    }
+    let set = &p[first..end];
+    let mut k = 0;
+    let mut hit = false;
+    while k < set.len() {
+        if k + 2 < set.len() && set[k + 1] == '-' {
+            hit |= (set[k]..=set[k + 2]).contains(&c);
+            k += 3;
+        } else {
+            hit |= set[k] == c;
+            k += 1;
+        }
+    }
+    Some((hit != negated, end + 1))
 }
 
 fn find_last(hay: &[u8], needle: &[u8]) -> Option<usize> {
@@ -524,9 +635,27 @@ mod tests {
             "unset PWD",
             "read PWD < /tmp/x",
             "ls\ncd /tmp",
-            "ls #cd",
             "! cd /tmp",
             "ls|cd /tmp",
+            "[c]d /tmp",
+            "c? /tmp",
+            "?d /tmp",
+            "* /tmp",
+            "c* /tmp",
+            "[!x]d /tmp",
+            "[a-z]d /tmp",
+            "[[:alpha:]]d /tmp",
+            "{c,x}d /tmp",
+            "{c,/}d",
+            "x{a..c}",
+            "read P?D < /tmp/x",
+            "export P*=/tmp",
+            "printf -v P[W]D /tmp",
+            "shopt -s extglob",
+            "[c\" \"]d /tmp",
+            "[#c]d /tmp",
+            "[[:alpha:]]? /tmp",
+            "trap \"cd /tmp\" EXIT",
         ] {
             assert!(may_move_the_shell(moving), "{moving}");
         }
@@ -541,9 +670,52 @@ mod tests {
             "ls /tmp/cd",
             "ls ./x",
             "pwd",
+            "ls '*'",
+            "ls /srv/c?",
+            "ls -d /srv/*/logs",
+            "echo '{c,x}d'",
+            "{ ls; }",
+            "ls [xy]z",
         ] {
             assert!(!may_move_the_shell(fixed), "{fixed}");
         }
+    }
+
+    #[test]
+    fn patterns_match_as_the_shell_matches_them() {
+        for (pat, name) in [
+            ("c?", "cd"),
+            ("*", "cd"),
+            ("*d", "cd"),
+            ("c*d*", "cd"),
+            ("[c]d", "cd"),
+            ("[a-c]d", "cd"),
+            ("[!x]d", "cd"),
+            ("[^x]d", "cd"),
+            ("[]c]d", "cd"),
+            ("[[:lower:]]d", "cd"),
+            ("[c", "[c"),
+            ("[[=c=]]d", "cd"),
+            ("[c ]d", "cd"),
+        ] {
+            assert!(glob(pat, name, false), "{pat} {name}");
+        }
+        for (pat, name) in [
+            ("c", "cd"),
+            ("?", "cd"),
+            ("[!c]d", "cd"),
+            ("[a-b]d", "cd"),
+            ("*.log", "cd"),
+            ("c*x", "cd"),
+            ("[c", "cd"),
+        ] {
+            assert!(!glob(pat, name, false), "{pat} {name}");
+        }
+        assert!(glob("P?D=", "PWD", true));
+        assert!(glob("*", "PWD", true));
+        assert!(!glob("P", "PWD", true));
+        assert!(!glob("", "PWD", true));
+        assert!(!glob("x*", "PWD", true));
     }
 
     #[test]

@@ -369,6 +369,11 @@ fn a_command_without_a_shell_cannot_forge_the_cwd_report() {
     let s = e.step(&cmd("cd '/etc' && ls '/' | head -n 1")).unwrap();
     assert_eq!(s.observation.cwd, "/etc");
     assert_eq!(s.observation.exit_code, Some(0), "{}", s.observation.stderr);
+    // Hack trial: a pattern that the shell expands to `cd` (a file of that name is here).
+    e.step(&cmd("cd /tmp && touch cd")).unwrap();
+    let s = e.step(&cmd("[c]d /etc")).unwrap();
+    assert_eq!(s.observation.exit_code, Some(0), "{}", s.observation.stderr);
+    assert_eq!(s.observation.cwd, "/etc");
 }
 
 #[test]
