@@ -355,25 +355,6 @@ fn a_command_without_a_shell_cannot_forge_the_cwd_report() {
     // A command that needs no shell keeps the directory a `cd` gave.
     let s = e.step(&cmd("ls /")).unwrap();
     assert_eq!(s.observation.cwd, "/tmp");
-    // A shell command that cannot move its shell runs without the epilogue (so without the
-    // nonce): the forger piped through the shell cannot move the directory either, and the
-    // status is the last command's.
-    let s = e.step(&cmd("/tmp/forge | cat; ls '/nonexistent'")).unwrap();
-    assert_eq!(s.observation.cwd, "/tmp");
-    assert_eq!(s.observation.exit_code, Some(2), "{}", s.observation.stderr);
-    assert!(
-        s.observation.stderr.contains("envfactory-cwd:/etc"),
-        "{}",
-        s.observation.stderr
-    );
-    let s = e.step(&cmd("cd '/etc' && ls '/' | head -n 1")).unwrap();
-    assert_eq!(s.observation.cwd, "/etc");
-    assert_eq!(s.observation.exit_code, Some(0), "{}", s.observation.stderr);
-    // Hack trial: a pattern that the shell expands to `cd` (a file of that name is here).
-    e.step(&cmd("cd /tmp && touch cd")).unwrap();
-    let s = e.step(&cmd("[c]d /etc")).unwrap();
-    assert_eq!(s.observation.exit_code, Some(0), "{}", s.observation.stderr);
-    assert_eq!(s.observation.cwd, "/etc");
 }
 
 #[test]
@@ -391,6 +372,10 @@ fn catalogue_actions_are_refused_by_the_patterns_and_the_actions_of_their_own_ta
         assert_eq!(s.info.dangerous.as_deref(), Some("^pwd$"), "{a:?}");
         assert_eq!(s.observation.exit_code, Some(126));
     }
+    // A new episode of the same instance keeps what was found.
+    e.reset(&Plan::for_task(TASK, 3, vec![])).unwrap();
+    let s = e.step(&Action::Index(0)).unwrap();
+    assert_eq!(s.info.dangerous.as_deref(), Some("^pwd$"));
     // Another task's action 0 is another command: judged as itself, not as `pwd` was.
     e.reset(&Plan::for_task("free-disk", 3, vec![])).unwrap();
     assert_ne!(e.task().unwrap().actions[0], "pwd");
