@@ -388,9 +388,9 @@ pub struct Env {
     cache: Cache,
     cfg: EnvConfig,
     dangerous: Vec<(String, regex::Regex)>,
-    /// The dangerous pattern each catalogue action of the current task matches (`Some(None)`:
-    /// none), found at the action's first use: an action's text and the patterns never change
-    /// while the task does not.
+    /// The dangerous pattern each catalogue action of the current instance matches
+    /// (`Some(None)`: none), found at the action's first use: an action's text and the
+    /// patterns never change while the instance does not (cleared when a reset starts another).
     action_danger: Vec<Option<Option<String>>>,
     layout: FeatureLayout,
     certificates: Certificates,

@@ -372,7 +372,7 @@ fn catalogue_actions_are_refused_by_the_patterns_and_the_actions_of_their_own_ta
         assert_eq!(s.info.dangerous.as_deref(), Some("^pwd$"), "{a:?}");
         assert_eq!(s.observation.exit_code, Some(126));
     }
-    // A new episode of the same instance keeps what was found.
+    // A new episode of the same instance (its verdicts kept) refuses it as before.
     e.reset(&Plan::for_task(TASK, 3, vec![])).unwrap();
     let s = e.step(&Action::Index(0)).unwrap();
     assert_eq!(s.info.dangerous.as_deref(), Some("^pwd$"));

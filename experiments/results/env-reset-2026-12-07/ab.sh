@@ -11,3 +11,4 @@ for i in $(seq 1 "$pairs"); do
     echo "$b $i $(date +%T) $(cut -d' ' -f1-3 /proc/loadavg)" >> "$dir/log"
   done
 done
+echo done >> "$dir/log"
