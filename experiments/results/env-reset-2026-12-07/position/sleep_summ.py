@@ -2,10 +2,13 @@
 # The ceiling's fixed command by position after a reset, 2 workers, with the engine thread
 # sleeping EF_SLEEP_US after each reset (0 or 20000), from sleep0.txt and sleep20000.txt (the
 # POS lines of `EF_POS=1 EF_SLEEP_US=N EF_FIXED="tar --version | head -n 1" engine bench env
-# --workers 2 --seconds 8` on a build with measure-sleep.patch). One run each.
+# --workers 2 --seconds 8` on a build with measure-sleep.patch); warm-true.txt and
+# warm-same.txt: the same with EF_SLEEP_US=20000 and, after the pause, one uncounted command
+# (EF_WARM: `true`, or the measured command itself) on a build with measure-warm.patch. One
+# run each.
 import os, statistics as st
 here = os.path.dirname(os.path.abspath(__file__))
-for f in ('sleep0.txt', 'sleep20000.txt'):
+for f in ('sleep0.txt', 'sleep20000.txt', 'warm-true.txt', 'warm-same.txt'):
     rows = [l.split() for l in open(os.path.join(here, f))]
     for every in ('everyNone', 'every13/14'):
         sel = [r for r in rows if (r[2] == 'everyNone') == (every == 'everyNone')]
