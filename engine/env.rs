@@ -388,10 +388,10 @@ pub struct Env {
     cache: Cache,
     cfg: EnvConfig,
     dangerous: Vec<(String, regex::Regex)>,
-    /// The dangerous pattern each catalogue action of the current instance matches
-    /// (`Some(None)`: none), found at the action's first use: an action's text and the
-    /// patterns never change while the instance does not (cleared when a reset starts another).
-    action_danger: Vec<Option<Option<String>>>,
+    /// The dangerous pattern (its index in `dangerous`) each catalogue action of the current
+    /// instance matches, found when a reset starts the instance: an action's text and the
+    /// patterns never change while the instance does not.
+    action_danger: Vec<Option<usize>>,
     layout: FeatureLayout,
     certificates: Certificates,
     running: Option<RunningInstance>,
@@ -577,8 +577,13 @@ impl Env {
         let setup = match self.setup.take() {
             Some(setup) if restarted => setup,
             _ => {
-                self.action_danger.clear();
-                std::sync::Arc::new(running.instance.task.clone().ok_or(EnvError::NoTask)?)
+                let setup = running.instance.task.clone().ok_or(EnvError::NoTask)?;
+                self.action_danger = setup
+                    .actions
+                    .iter()
+                    .map(|a| danger_index(&self.dangerous, a))
+                    .collect();
+                std::sync::Arc::new(setup)
             }
         };
         self.max_steps = self.cfg.max_steps.unwrap_or(setup.max_steps).max(1);
@@ -802,28 +807,16 @@ impl Env {
         }
     }
 
-    /// The dangerous pattern `cmd` (the text of `action`) matches; remembered for catalogue
-    /// actions ([`Env::action_danger`]).
-    fn danger_of(&mut self, action: &Action, cmd: &str) -> Option<String> {
-        let Action::Index(i) = *action else {
-            return self.dangerous_match(cmd);
+    /// The dangerous pattern `cmd` (the text of `action`) matches; a catalogue action's as
+    /// found when its instance started ([`Env::action_danger`]).
+    fn danger_of(&self, action: &Action, cmd: &str) -> Option<String> {
+        let known = match *action {
+            Action::Index(i) => self.action_danger.get(i).copied(),
+            Action::Command(_) => None,
         };
-        if let Some(Some(known)) = self.action_danger.get(i) {
-            return known.clone();
-        }
-        let found = self.dangerous_match(cmd);
-        if self.action_danger.len() <= i {
-            self.action_danger.resize(i + 1, None);
-        }
-        self.action_danger[i] = Some(found.clone());
-        found
-    }
-
-    fn dangerous_match(&self, cmd: &str) -> Option<String> {
-        self.dangerous
-            .iter()
-            .find(|(_, r)| r.is_match(cmd))
-            .map(|(p, _)| p.clone())
+        known
+            .unwrap_or_else(|| danger_index(&self.dangerous, cmd))
+            .map(|k| self.dangerous[k].0.clone())
     }
 
     fn relevant(&self, cmd: &str) -> bool {
@@ -918,6 +911,11 @@ impl Env {
     pub fn last_observation(&self) -> &Observation {
         &self.last
     }
+}
+
+/// The first of `patterns` that `cmd` matches, by its index.
+fn danger_index(patterns: &[(String, regex::Regex)], cmd: &str) -> Option<usize> {
+    patterns.iter().position(|(_, r)| r.is_match(cmd))
 }
 
 /// The names an observation lists, directories marked with a trailing `/`.

@@ -366,7 +366,7 @@ fn catalogue_actions_are_refused_by_the_patterns_and_the_actions_of_their_own_ta
     });
     e.reset(&Plan::for_task(TASK, 3, vec![])).unwrap();
     assert_eq!(e.task().unwrap().actions[0], "pwd");
-    // Refused at every use (the second from what the first found), as its text is.
+    // Refused at every use (from the verdict found when the instance started), as its text is.
     for a in [Action::Index(0), Action::Index(0), cmd("pwd")] {
         let s = e.step(&a).unwrap();
         assert_eq!(s.info.dangerous.as_deref(), Some("^pwd$"), "{a:?}");
