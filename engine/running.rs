@@ -295,8 +295,9 @@ impl RunningInstance {
         timeout_ms: u64,
         output_cap: u64,
     ) -> Result<ExecResult, RunningError> {
-        // The command runs as written (its own line, so a trailing comment cannot swallow the
-        // epilogue); the epilogue reports the final directory on stderr and keeps the status.
+        // The command runs as written, parsed alone; the epilogue, the shell's EXIT trap
+        // (`ExecRequest::shell_text`), reports the final directory on stderr and keeps the
+        // status, however the shell ends.
         // A command that needs no shell runs as its words without it (the directory cannot
         // change: only a shell's `cd` changes the shell's), saving the shell's exec.
         let mark = cwd_mark();

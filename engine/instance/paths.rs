@@ -55,6 +55,4 @@ pub fn resolve_link(link: &str, target: &str) -> String {
 }
 
 /// Quote a string for a POSIX shell (single quotes).
-pub fn sh_quote(s: &str) -> String {
-    format!("'{}'", s.replace('\'', r"'\''"))
-}
+pub use sandbox::protocol::sh_quote;

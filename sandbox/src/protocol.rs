@@ -56,8 +56,8 @@ pub struct ExecRequest {
     /// it, and leaving uid 0 clears every capability. `None`: the sandbox's own user.
     #[serde(default)]
     pub user: Option<(u32, u32)>,
-    /// For a [`Command::Shell`]: shell text run after the command (as `CMD\nEPILOGUE`) when
-    /// the command goes through the shell. A command that needs no shell and runs as its words
+    /// For a [`Command::Shell`]: shell text run when the shell exits, after the command, when
+    /// the command goes through the shell ([`ExecRequest::shell_text`]). A command that needs no shell and runs as its words
     /// (the native backend's `init/direct.rs`) runs without it: with no shell there is no
     /// shell state (its directory, its variables) for an epilogue to report, and such a
     /// command cannot change its parent's. Backends without that path always append it.
@@ -73,6 +73,11 @@ pub struct ExecRequest {
 
 /// At most this many [`Look`]s ride on one command ([`ExecRequest::looks`]).
 pub const MAX_LOOKS: usize = 16;
+
+/// Quote a string as one word for a POSIX shell (single quotes; a quote inside as `'\''`).
+pub fn sh_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
 
 /// A read-only request that may ride on a command ([`ExecRequest::looks`]) or a reset
 /// ([`Request::ResetAndLook`]): answered as the request of the same name is, at the moment the
@@ -138,11 +143,16 @@ impl Look {
 }
 
 impl ExecRequest {
-    /// The text a shell runs for this request's shell command: the command, then its
-    /// epilogue on a line of its own (so that a trailing comment cannot swallow it).
+    /// The text a shell runs for this request's shell command: the epilogue set as the
+    /// shell's `EXIT` trap, then the command on the same first line. The command is parsed
+    /// alone, as `sh -c CMD` parses it: nothing of it can continue into the epilogue (`true
+    /// &&` is a syntax error, an unterminated here-document does not swallow it, a trailing
+    /// comment cannot hide it), its line numbers are its own, and the epilogue also runs when
+    /// the command ends the shell (`exit 3`, `set -e`) or cannot be parsed past its first
+    /// line. A first line that cannot be parsed runs nothing, the trap included.
     pub fn shell_text(cmd: &str, epilogue: Option<&str>) -> String {
         match epilogue {
-            Some(e) => format!("{cmd}\n{e}"),
+            Some(e) => format!("trap {} EXIT; {cmd}", sh_quote(e)),
             None => cmd.to_string(),
         }
     }
@@ -503,6 +513,32 @@ pub fn read_frame<T: for<'de> Deserialize<'de>>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_epilogue_is_one_quoted_word_of_a_trap_on_the_commands_first_line() {
+        assert_eq!(sh_quote("it's"), r"'it'\''s'");
+        let text = ExecRequest::shell_text("true &&", Some("echo 'EPI' >&2"));
+        assert_eq!(text, r"trap 'echo '\''EPI'\'' >&2' EXIT; true &&");
+        // The shell reads the trap as written, and the cut-short command is its syntax error.
+        let out = std::process::Command::new("/bin/sh")
+            .args([
+                "-c",
+                &ExecRequest::shell_text("cd /tmp; exit 3", Some("echo \"end $PWD\"")),
+            ])
+            .output()
+            .unwrap();
+        assert_eq!(
+            (out.status.code(), &out.stdout[..]),
+            (Some(3), &b"end /tmp\n"[..])
+        );
+        let out = std::process::Command::new("/bin/sh")
+            .args(["-c", &text])
+            .output()
+            .unwrap();
+        assert_eq!((out.status.code(), out.stdout.is_empty()), (Some(2), true));
+        assert!(!String::from_utf8_lossy(&out.stderr).contains("EPI"));
+        assert_eq!(ExecRequest::shell_text("ls", None), "ls");
+    }
 
     #[test]
     fn frames_round_trip() {

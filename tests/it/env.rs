@@ -164,6 +164,49 @@ fn catalogue_actions_cwd_and_bad_indices() {
 }
 
 #[test]
+fn an_agent_command_is_parsed_alone_and_its_directory_followed_however_its_shell_ends() {
+    require_root!();
+    let mut e = env(EnvConfig::default());
+    e.reset(&Plan::for_task(TASK, 2, vec![])).unwrap();
+    let start = e.last_observation().cwd.clone();
+    // A text cut short is the shell's syntax error, as `sh -c` reports it: nothing of it runs,
+    // and the engine's epilogue does not complete it (it did for `&&` and `|`, exiting 0).
+    let seen = |o: &engine::env::Observation| format!("{:?} {:?} {}", o.exit_code, o.stderr, o.cwd);
+    for c in ["cd /tmp &&", "cd /tmp |", "cd /tmp; echo 'open"] {
+        let o = e.step(&cmd(c)).unwrap().observation;
+        assert_eq!(o.exit_code, Some(2), "{c}: {}", seen(&o));
+        assert!(o.stderr.contains("1: Syntax error"), "{c}: {}", seen(&o));
+        assert_eq!(o.cwd, start, "{c}");
+    }
+    // The directory is followed when the command ends the shell itself.
+    let o = e.step(&cmd("cd /tmp; exit 3")).unwrap().observation;
+    assert_eq!((o.exit_code, o.cwd.as_str()), (Some(3), "/tmp"));
+    let o = e
+        .step(&cmd("set -e; cd /usr; false; echo not reached"))
+        .unwrap()
+        .observation;
+    assert_eq!(
+        (o.exit_code, o.cwd.as_str(), o.stdout.as_str()),
+        (Some(1), "/usr", "")
+    );
+    // An unterminated here-document reads nothing of the engine's (it took the epilogue as its
+    // body and printed the marker).
+    let o = e.step(&cmd("cat <<EOF")).unwrap().observation;
+    assert_eq!((o.exit_code, o.stdout.as_str()), (Some(0), ""));
+    assert!(!o.stderr.contains("envfactory-cwd"), "{}", seen(&o));
+    assert_eq!(o.cwd, "/usr");
+    // Line numbers in the shell's messages are the command's own.
+    let o = e.step(&cmd("cd /\nno-such-tool-here")).unwrap().observation;
+    assert_eq!(o.exit_code, Some(127));
+    assert!(
+        o.stderr.contains("2: no-such-tool-here: not found"),
+        "{}",
+        seen(&o)
+    );
+    assert_eq!(o.cwd, "/");
+}
+
+#[test]
 fn dangerous_hanging_and_flooding_commands_end_their_step_cleanly() {
     require_root!();
     let mut e = env(EnvConfig {
