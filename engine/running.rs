@@ -297,13 +297,15 @@ impl RunningInstance {
     ) -> Result<ExecResult, RunningError> {
         // The command runs as written, parsed alone; the epilogue, the shell's EXIT trap
         // (`ExecRequest::shell_text`), reports the final directory on stderr and keeps the
-        // status, however the shell ends.
+        // status when the shell exits (by `exit` and `set -e` too; not when the command sets
+        // its own EXIT trap, execs or is killed: the cwd then stays). It quiets `set -x` and
+        // survives `set -u`, an unset `PWD` and any `IFS` before it reports.
         // A command that needs no shell runs as its words without it (the directory cannot
         // change: only a shell's `cd` changes the shell's), saving the shell's exec.
         let mark = cwd_mark();
         let mut req = ExecRequest::shell(cmd);
         req.shell_epilogue = Some(format!(
-            "__ef_rc=$?; printf '{mark}%s' \"$PWD\" >&2; exit $__ef_rc"
+            "{{ __ef_rc=$?; set +xeu; }} 2>/dev/null; printf '{mark}%s' \"${{PWD-}}\" >&2; exit \"$__ef_rc\""
         ));
         req.cwd = self.cwd.clone();
         req.env = Some(self.env.clone());

@@ -56,11 +56,12 @@ pub struct ExecRequest {
     /// it, and leaving uid 0 clears every capability. `None`: the sandbox's own user.
     #[serde(default)]
     pub user: Option<(u32, u32)>,
-    /// For a [`Command::Shell`]: shell text run when the shell exits, after the command, when
-    /// the command goes through the shell ([`ExecRequest::shell_text`]). A command that needs no shell and runs as its words
-    /// (the native backend's `init/direct.rs`) runs without it: with no shell there is no
-    /// shell state (its directory, its variables) for an epilogue to report, and such a
-    /// command cannot change its parent's. Backends without that path always append it.
+    /// For a [`Command::Shell`]: shell text run when the shell exits after the command, when
+    /// the command goes through the shell ([`ExecRequest::shell_text`]). A command that needs
+    /// no shell and runs as its words (the native backend's `init/direct.rs`) runs without
+    /// it: with no shell there is no shell state (its directory, its variables) for an
+    /// epilogue to report, and such a command cannot change its parent's. Backends without
+    /// that path always set it.
     #[serde(default)]
     pub shell_epilogue: Option<String>,
     /// Read-only looks answered right after the command, in the same exchange
@@ -149,7 +150,9 @@ impl ExecRequest {
     /// &&` is a syntax error, an unterminated here-document does not swallow it, a trailing
     /// comment cannot hide it), its line numbers are its own, and the epilogue also runs when
     /// the command ends the shell (`exit 3`, `set -e`) or cannot be parsed past its first
-    /// line. A first line that cannot be parsed runs nothing, the trap included.
+    /// line. It does not run when the first line cannot be parsed (nothing runs), when the
+    /// command replaces the trap or the shell (`trap ... EXIT`, `exec`), or when a signal ends
+    /// the shell.
     pub fn shell_text(cmd: &str, epilogue: Option<&str>) -> String {
         match epilogue {
             Some(e) => format!("trap {} EXIT; {cmd}", sh_quote(e)),

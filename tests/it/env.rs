@@ -189,13 +189,31 @@ fn an_agent_command_is_parsed_alone_and_its_directory_followed_however_its_shell
         (o.exit_code, o.cwd.as_str(), o.stdout.as_str()),
         (Some(1), "/usr", "")
     );
+    // The epilogue is not traced by `set -x` (its trace ran into the reported directory, which
+    // became `/tmp+ exit 0`) and keeps the status under any `IFS`.
+    let o = e.step(&cmd("set -x; cd /tmp")).unwrap().observation;
+    assert_eq!(
+        (o.exit_code, o.cwd.as_str()),
+        (Some(0), "/tmp"),
+        "{}",
+        seen(&o)
+    );
+    assert_eq!(o.stderr, "+ cd /tmp\n");
+    let o = e.step(&cmd("IFS=0; cd /usr; exit 10")).unwrap().observation;
+    assert_eq!(
+        (o.exit_code, o.cwd.as_str()),
+        (Some(10), "/usr"),
+        "{}",
+        seen(&o)
+    );
     // An unterminated here-document reads nothing of the engine's (it took the epilogue as its
     // body and printed the marker).
     let o = e.step(&cmd("cat <<EOF")).unwrap().observation;
     assert_eq!((o.exit_code, o.stdout.as_str()), (Some(0), ""));
     assert!(!o.stderr.contains("envfactory-cwd"), "{}", seen(&o));
     assert_eq!(o.cwd, "/usr");
-    // Line numbers in the shell's messages are the command's own.
+    // Line numbers in the shell's messages are the command's own (the unterminated quote above
+    // is line 1's error, as `sh -c` reports it, where it was line 2's).
     let o = e.step(&cmd("cd /\nno-such-tool-here")).unwrap().observation;
     assert_eq!(o.exit_code, Some(127));
     assert!(

@@ -200,6 +200,9 @@ mod tests {
             ["/bin/sh", "-c", "x"]
         );
         // No path without the shell here: the epilogue always runs.
-        assert_eq!(argv(&Command::Shell("x".into()), Some("e"))[2], "x\ne");
+        assert_eq!(
+            argv(&Command::Shell("x".into()), Some("e"))[2],
+            "trap 'e' EXIT; x"
+        );
     }
 }
