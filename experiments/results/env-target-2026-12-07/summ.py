@@ -93,3 +93,30 @@ for i, (name, xs) in enumerate(sets):
                f'<text x="{cx - 40}" y="{H - 12}">{name} (n={len(xs)})</text>')
 svg.append('</svg>')
 open(f'{HERE}/ratios.svg', 'w').write('\n'.join(svg) + '\n')
+# The other targets, from this stop's runs of both builds (base: main 3bcc4e0, new:
+# this stop's build): benches/compare.sh 60 (compare/: baseN and newN alternated, new-soloN
+# six runs of the new build before them), engine bench sandbox --json (bench-sandbox/: six
+# alternated pairs).
+def medians(f):
+    return {r['command']: r['median'] for r in json.load(open(f))['results']}
+print('benches/compare.sh 60, served one-shot / bwrap (ratio of medians):')
+for lab, pat in (('base', 'base*.json'), ('new', 'new[0-9]*.json'), ('new, solo', 'new-solo*.json')):
+    xs = [m['engine sandbox exec (daemon)'] / m['bwrap --unshare-all']
+          for m in map(medians, sorted(glob.glob(f'{HERE}/compare/{pat}'), key=num))]
+    if xs:
+        print(f'    {lab}: {", ".join(f"{x:.3f}" for x in xs)}; median {st.median(xs):.3f},'
+              f' at most 1.0 in {sum(x <= 1.0 for x in xs)} of {len(xs)}')
+print('engine bench sandbox --json, ratios (mean ± 95% interval, median):')
+for k in ('create_vs_bwrap', 'one_shot_daemon_vs_bwrap', 'one_shot_vs_bwrap', 'exec_vs_host'):
+    for lab in ('base', 'new'):
+        xs = [json.load(open(f))['ratios'][k] for f in sorted(glob.glob(f'{HERE}/bench-sandbox/{lab}*.json'))]
+        if len(xs) > 1:
+            m, h = ci(xs)
+            print(f'    {k:26s} {lab}: {m:.3f} ± {h:.3f}, median {st.median(xs):.3f}')
+pairs = [(medians(f'{HERE}/compare/base{i}.json'), medians(f'{HERE}/compare/new{i}.json')) for i in range(1, 10)
+         if os.path.exists(f'{HERE}/compare/base{i}.json') and os.path.exists(f'{HERE}/compare/new{i}.json')]
+if len(pairs) > 1:
+    logs = [math.log(n['engine sandbox exec (daemon)'] / b['engine sandbox exec (daemon)']) for b, n in pairs]
+    m, h = ci(logs)
+    print(f'    served one-shot median, paired new / base: {math.exp(m):.3f} [{math.exp(m - h):.3f}, {math.exp(m + h):.3f}]'
+          f' ({len(pairs)} alternated runs)')
