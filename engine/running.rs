@@ -305,7 +305,7 @@ impl RunningInstance {
         let mark = cwd_mark();
         let mut req = ExecRequest::shell(cmd);
         req.shell_epilogue = Some(format!(
-            "{{ __ef_rc=$?; set +xeu; }} 2>/dev/null; printf '{mark}%s' \"${{PWD-}}\" >&2; exit \"$__ef_rc\""
+            "{{ __ef_rc=$?; set +xeu; }} 2>&-; printf '{mark}%s' \"${{PWD-}}\" >&2; exit \"$__ef_rc\""
         ));
         req.cwd = self.cwd.clone();
         req.env = Some(self.env.clone());

@@ -54,5 +54,6 @@ pub fn resolve_link(link: &str, target: &str) -> String {
     format!("/{}", parts.join("/"))
 }
 
-/// Quote a string for a POSIX shell (single quotes).
+// Quote a string for a POSIX shell (single quotes): the sandbox protocol's, which shell
+// commands of both crates use.
 pub use sandbox::protocol::sh_quote;

@@ -145,14 +145,14 @@ impl Look {
 
 impl ExecRequest {
     /// The text a shell runs for this request's shell command: the epilogue set as the
-    /// shell's `EXIT` trap, then the command on the same first line. The command is parsed
-    /// alone, as `sh -c CMD` parses it: nothing of it can continue into the epilogue (`true
-    /// &&` is a syntax error, an unterminated here-document does not swallow it, a trailing
-    /// comment cannot hide it), its line numbers are its own, and the epilogue also runs when
-    /// the command ends the shell (`exit 3`, `set -e`) or cannot be parsed past its first
-    /// line. It does not run when the first line cannot be parsed (nothing runs), when the
-    /// command replaces the trap or the shell (`trap ... EXIT`, `exec`), or when a signal ends
-    /// the shell.
+    /// shell's `EXIT` trap, then the command, on the same line. The command is parsed alone,
+    /// as `sh -c CMD` parses it: nothing of it can continue into the epilogue (`true &&` is a
+    /// syntax error, an unterminated here-document does not swallow it, a trailing comment
+    /// cannot hide it), its line numbers are its own, and the epilogue also runs when the
+    /// command ends the shell (`exit 3`, `set -e`) or fails to parse after its first complete
+    /// command. It does not run when that first complete command (the trap's own) cannot be
+    /// parsed (nothing runs), when the command replaces the trap or the shell (`trap ...
+    /// EXIT`, `exec`), or when a signal ends the shell.
     pub fn shell_text(cmd: &str, epilogue: Option<&str>) -> String {
         match epilogue {
             Some(e) => format!("trap {} EXIT; {cmd}", sh_quote(e)),

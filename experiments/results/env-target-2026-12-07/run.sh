@@ -12,6 +12,6 @@ for i in $(seq 1 "${1:-6}"); do
   for f in A B; do
     if [ "$f" = A ]; then w=2 it=3; else w=1,2,3 it=5; fi
     "$E" bench env --task archive-logs --workers $w --seconds 8 --iterations $it --json > "$D/$f-$i.json" 2> "$D/$f-$i.err"
-    echo "$f-$i done $(date +%T) load $(cut -d' ' -f1-3 /proc/loadavg)" >> "$D/log"
+    echo "$f-$i done $(date +%T) load $(cut -d' ' -f1-3 /proc/loadavg) $(git describe --always --dirty) $(sha256sum "$E" | cut -c1-12)" >> "$D/log"
   done
 done

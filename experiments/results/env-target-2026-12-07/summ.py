@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
-# summ.py: the 2-worker random / raw-exec ratio of every run in runs/ (form A: A-N.json,
+# summ.py [--history]: the 2-worker random / raw-exec ratio of every run in runs/ (form A: A-N.json,
 # `--workers 2`; form B: B-N.json, `--workers 1,2,3`), per form: mean with its 95% t-interval
 # over the runs, median, runs below 0.9; the difference B - A (Welch); random /
 # raw-exec-episodes and raw-exec-episodes / raw-exec likewise. With --history, the same for
 # the earlier stops' runs of each form (../env-reset-2026-12-07, ../env-idle-2026-12-07), kept
-# apart from this run's. Writes ratios.svg: each run's ratio by form, the 0.9 target drawn.
+# apart from this stop's, and writes ratios.svg: each run's ratio, by set, the 0.9 target drawn.
 import glob, json, math, os, re, statistics as st, sys
 HERE = os.path.dirname(os.path.abspath(__file__))
-# Two-sided 97.5% quantiles of Student's t by degrees of freedom (linear between entries).
+# 97.5% quantiles of Student's t (two-sided 95%) by degrees of freedom, linear between entries.
 TQ = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262,
       10: 2.228, 12: 2.179, 15: 2.131, 20: 2.086, 25: 2.060, 30: 2.042, 40: 2.021, 60: 2.000}
 def tq(df):
@@ -53,7 +53,7 @@ def show(label, files):
     return r
 by_form = {}
 for form in 'AB':
-    by_form[form] = show(f'this run, form {form}', sorted(glob.glob(f'{HERE}/runs/{form}-*.json'), key=num))
+    by_form[form] = show(f'this stop, runs/, form {form}', sorted(glob.glob(f'{HERE}/runs/{form}-*.json'), key=num))
 if by_form['A'] and len(by_form['B']) > 1 and len(by_form['A']) > 1:
     d, h = welch(by_form['A'], by_form['B'])
     print(f'form B - form A: {d:+.3f} ± {h:.3f} (Welch, 95%)')
@@ -71,15 +71,19 @@ if '--history' in sys.argv:
                      sorted(glob.glob(f'{R}/env-idle-2026-12-07/runs/*.json')
                             + glob.glob(f'{R}/env-idle-2026-12-07/after/*.json')
                             + glob.glob(f'{R}/env-reset-2026-12-07/runs/*.json')))
-# The plot: one column per set, a dot per run, the mean and its interval as a bar.
-sets = [(f'A, this run', by_form['A']), (f'B, this run', by_form['B'])]
-sets += [(f'{f}, earlier', hist[f]) for f in 'AB' if hist.get(f)]
-sets = [(n, xs) for n, xs in sets if xs]
-W, H, L, B0 = 120 * len(sets) + 80, 360, 60, 40
+# The plot (with --history): one column per set, a dot per run, the mean and its interval.
+ab = {lab: [r[0] for r in map(done, sorted(glob.glob(f'{HERE}/ab/{lab}*.json'), key=num)) if r]
+      for lab in ('base', 'new')}
+sets = [('runs/ A', by_form['A']), ('runs/ B', by_form['B']), ('ab/ base A', ab['base']),
+        ('ab/ new A', ab['new'])]
+sets += [(f'earlier {f}', hist[f]) for f in 'AB' if hist.get(f)]
+sets = [(n, xs) for n, xs in sets if xs] if hist else []
+W, H, L, B0 = max(120 * len(sets) + 80, 620), 360, 60, 40
 lo, hi = 0.80, 1.00
 y = lambda v: B0 + (hi - v) / (hi - lo) * (H - 2 * B0)
 svg = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="11">',
-       f'<text x="{L}" y="16">random / raw-exec steps/s, 2 workers, engine bench env (archive-logs); bar: mean, 95% interval</text>']
+       f'<text x="{L}" y="16">random / raw-exec steps/s, 2 workers (archive-logs)</text>',
+       f'<text x="{L}" y="30">dots: runs; bar: mean and 95% interval; red: the 0.9 target</text>']
 for v in (0.80, 0.85, 0.90, 0.95, 1.00):
     svg.append(f'<line x1="{L}" x2="{W - 10}" y1="{y(v):.1f}" y2="{y(v):.1f}" stroke="{"#c00" if v == 0.90 else "#ddd"}"/>'
                f'<text x="{L - 30}" y="{y(v) + 4:.1f}">{v:.2f}</text>')
@@ -90,9 +94,10 @@ for i, (name, xs) in enumerate(sets):
     m, h = ci(xs) if len(xs) > 1 else (xs[0], 0.0)
     svg.append(f'<line x1="{cx + 30}" x2="{cx + 30}" y1="{y(m + h):.1f}" y2="{y(m - h):.1f}" stroke="#000" stroke-width="2"/>'
                f'<line x1="{cx + 24}" x2="{cx + 36}" y1="{y(m):.1f}" y2="{y(m):.1f}" stroke="#000" stroke-width="2"/>'
-               f'<text x="{cx - 40}" y="{H - 12}">{name} (n={len(xs)})</text>')
+               f'<text x="{cx - 40}" y="{H - 12}">{name} ({len(xs)})</text>')
 svg.append('</svg>')
-open(f'{HERE}/ratios.svg', 'w').write('\n'.join(svg) + '\n')
+if sets:
+    open(f'{HERE}/ratios.svg', 'w').write('\n'.join(svg) + '\n')
 # The issue's other targets, from this stop's runs of both builds (base: main 3bcc4e0, new:
 # this stop's build): benches/compare.sh 60 (compare/: baseN and newN alternated, new-soloN
 # six runs of the new build before them), engine bench sandbox --json (bench-sandbox/: six

@@ -195,6 +195,10 @@ mod tests {
         c.push(b"defg", 5);
         assert_eq!(c.data, b"abcde");
         assert!(c.truncated);
+    }
+
+    #[test]
+    fn a_shell_command_goes_through_the_images_shell_with_its_epilogue_as_the_exit_trap() {
         assert_eq!(
             argv(&Command::Shell("x".into()), None),
             ["/bin/sh", "-c", "x"]
