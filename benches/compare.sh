@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Whole-process start, side by side in one run: `engine sandbox exec -- /bin/true`, made by
-# the process itself and served by `engine sandbox daemon`, against bubblewrap
+# the process itself and served by `engine sandbox daemon` (asked by `cargo build`'s front and
+# by the static front of engine/front/install.sh), against bubblewrap
 # (`--unshare-all`, read-only host root, /proc, /dev) and Docker when installed. Each
 # command's runs follow one another (hyperfine), so the daemon's work after each request
 # (the next sandbox made ahead, the last one torn down) overlaps the next run. Before each
@@ -20,6 +21,15 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 cargo build --release -q --bin engine --bin engine-core --bin envfactory-init
 engine=${CARGO_TARGET_DIR:-target}/release/engine
+# The static front (engine/front/install.sh: musl, beside hard links of the same engine
+# program), timed beside `cargo build`'s glibc-linked one when rustup can add the musl target.
+static=${CARGO_TARGET_DIR:-target}/static
+if command -v rustup >/dev/null && engine/front/install.sh "$static" >/dev/null 2>&1; then
+  static_engine=$static/engine
+else
+  static_engine=
+  echo "compare.sh: no static front (engine/front/install.sh failed): its row is left out" >&2
+fi
 # The one-shot served by a daemon of this build, on a socket of its own (stopped at exit).
 mkdir -p out
 sockdir=$(mktemp -d /tmp/envfactory-compare-XXXXXX)
@@ -45,6 +55,10 @@ cmds=(
   "sh -c true"
 )
 names=("engine sandbox exec" "engine sandbox exec (daemon)" "bwrap --unshare-all" "host sh -c true")
+if [ -n "$static_engine" ]; then
+  cmds+=("$static_engine sandbox exec -- /bin/true")
+  names+=("engine sandbox exec (daemon, static front)")
+fi
 if command -v docker >/dev/null && docker info >/dev/null 2>&1; then
   img=$(docker images -q | head -n 1)
   if [ -n "$img" ]; then

@@ -16,11 +16,14 @@
 use std::path::{Path, PathBuf};
 
 /// What the front and the engine program agree on, relative to the workspace root.
-const SOURCES: [&str; 9] = [
+const SOURCES: [&str; 12] = [
     "Cargo.toml",
     "Cargo.lock",
     "engine/build.rs",
     "engine/front.rs",
+    "engine/front/Cargo.toml",
+    "engine/front/Cargo.lock",
+    "engine/front/lib.rs",
     "engine/oneshot",
     "engine/units.rs",
     "engine/text.rs",
@@ -29,7 +32,14 @@ const SOURCES: [&str; 9] = [
 ];
 
 fn main() {
-    let root = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_default());
+    // The workspace root: the engine's manifest is there, the static front's two levels down
+    // (engine/front/Cargo.toml, which builds the same front for musl).
+    let manifest = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_default());
+    let root = if std::env::var("CARGO_PKG_NAME").as_deref() == Ok("engine-front") {
+        manifest.join("../..")
+    } else {
+        manifest
+    };
     let mut files = Vec::new();
     for s in SOURCES {
         let p = root.join(s);

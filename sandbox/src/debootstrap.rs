@@ -479,13 +479,7 @@ impl Debootstrap {
 fn publish(partial: &Path, done: &Path) -> Result<(), DebootstrapError> {
     let dir = std::fs::File::open(partial).map_err(io("opening", partial))?;
     nix::unistd::syncfs(dir.as_raw_fd()).map_err(|e| io("flushing", partial)(e.into()))?;
-    match nix::fcntl::renameat2(
-        None,
-        partial,
-        None,
-        done,
-        nix::fcntl::RenameFlags::RENAME_NOREPLACE,
-    ) {
+    match crate::sys::rename_noreplace(partial, done) {
         // A filesystem without RENAME_NOREPLACE (NFS, some FUSE): the lock is held and no
         // suite is there (removed under it), so a plain rename replaces nothing.
         Err(nix::errno::Errno::EINVAL | nix::errno::Errno::ENOSYS) => {

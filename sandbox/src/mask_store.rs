@@ -335,13 +335,7 @@ impl MaskStore {
                     path: tmp.clone(),
                     reason,
                 })?;
-            match nix::fcntl::renameat2(
-                None,
-                &tmp,
-                None,
-                &self.dir.join(id),
-                nix::fcntl::RenameFlags::RENAME_NOREPLACE,
-            ) {
+            match crate::sys::rename_noreplace(&tmp, &self.dir.join(id)) {
                 Ok(()) => Ok(true),
                 // Another process published it first; ours goes.
                 Err(nix::errno::Errno::EEXIST | nix::errno::Errno::ENOTEMPTY) => Ok(false),

@@ -214,7 +214,7 @@ pub(crate) fn loopback_up() -> Result<(), nix::errno::Errno> {
         *dst = *src as libc::c_char;
     }
     // SAFETY: SIOCGIFFLAGS reads into the ifreq we own.
-    if unsafe { libc::ioctl(s.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) } < 0 {
+    if unsafe { libc::ioctl(s.as_raw_fd(), libc::SIOCGIFFLAGS as libc::Ioctl, &mut req) } < 0 {
         return Err(nix::errno::Errno::last());
     }
     // SAFETY: the flags member of the union was just filled by the kernel.
@@ -222,7 +222,7 @@ pub(crate) fn loopback_up() -> Result<(), nix::errno::Errno> {
         req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
     }
     // SAFETY: SIOCSIFFLAGS reads the ifreq we own.
-    if unsafe { libc::ioctl(s.as_raw_fd(), libc::SIOCSIFFLAGS, &req) } < 0 {
+    if unsafe { libc::ioctl(s.as_raw_fd(), libc::SIOCSIFFLAGS as libc::Ioctl, &req) } < 0 {
         return Err(nix::errno::Errno::last());
     }
     Ok(())

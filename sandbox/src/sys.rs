@@ -258,6 +258,30 @@ pub(crate) fn openat(
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
+/// `renameat2(from, to, RENAME_NOREPLACE)`: fails with `EEXIST` where `to` exists instead of
+/// replacing it. The raw syscall: `nix` and the libc crate wrap it for glibc only, and the
+/// musl-linked `engine` front builds this crate too (engine/front/Cargo.toml).
+pub(crate) fn rename_noreplace(from: &Path, to: &Path) -> nix::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    const RENAME_NOREPLACE: libc::c_uint = 1;
+    let c = |p: &Path| {
+        std::ffi::CString::new(p.as_os_str().as_bytes()).map_err(|_| nix::errno::Errno::EINVAL)
+    };
+    let (from, to) = (c(from)?, c(to)?);
+    // SAFETY: two NUL-terminated paths that outlive the call; no other memory is passed.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_renameat2,
+            libc::AT_FDCWD,
+            from.as_ptr(),
+            libc::AT_FDCWD,
+            to.as_ptr(),
+            RENAME_NOREPLACE,
+        )
+    };
+    nix::errno::Errno::result(r).map(drop)
+}
+
 /// Mount flags as their bits.
 mod ms_flags {
     use nix::mount::MsFlags;

@@ -674,3 +674,132 @@ fn the_front_serves_one_shots_itself_and_hands_every_other_command_to_the_engine
     );
     assert_eq!(d.served(), served + 1, "{}", d.log_text());
 }
+
+/// The static `engine` front (engine/front/Cargo.toml, musl), built by this test into
+/// `target/static-front`; `None` when this toolchain has no musl target (`rustup target add
+/// x86_64-unknown-linux-musl`; `.ci/run` adds it).
+fn static_front() -> Option<PathBuf> {
+    let triple = format!("{}-unknown-linux-musl", std::env::consts::ARCH);
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let sysroot = Command::new("rustc")
+        .args(["--print", "sysroot"])
+        .output()
+        .ok()?;
+    let sysroot = String::from_utf8_lossy(&sysroot.stdout).trim().to_string();
+    if !Path::new(&sysroot)
+        .join("lib/rustlib")
+        .join(&triple)
+        .is_dir()
+    {
+        eprintln!("skipped: no {triple} target in {sysroot} (rustup target add {triple})");
+        return None;
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    // target/debug/engine -> target
+    let target = Path::new(env!("CARGO_BIN_EXE_engine"))
+        .parent()
+        .and_then(Path::parent)
+        .unwrap()
+        .join("static-front");
+    let o = Command::new(cargo)
+        .arg("build")
+        .arg("--locked")
+        .arg("--manifest-path")
+        .arg(root.join("engine/front/Cargo.toml"))
+        .args(["--target", &triple])
+        .arg("--target-dir")
+        .arg(&target)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "building the static front: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    Some(target.join(&triple).join("debug/engine"))
+}
+
+/// Whether an ELF executable names a dynamic loader (a `PT_INTERP` program header).
+fn has_interpreter(elf: &[u8]) -> bool {
+    let u16_at = |o: usize| u16::from_le_bytes([elf[o], elf[o + 1]]) as usize;
+    let u32_at = |o: usize| u32::from_le_bytes(elf[o..o + 4].try_into().unwrap());
+    let u64_at = |o: usize| u64::from_le_bytes(elf[o..o + 8].try_into().unwrap()) as usize;
+    assert_eq!(&elf[..5], b"\x7fELF\x02", "a 64-bit ELF file");
+    let (phoff, phentsize, phnum) = (u64_at(0x20), u16_at(0x36), u16_at(0x38));
+    (0..phnum).any(|i| u32_at(phoff + i * phentsize) == 3)
+}
+
+#[test]
+fn the_static_front_answers_as_the_dynamic_one_and_hands_over_the_same() {
+    require_root!();
+    let Some(built) = static_front() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let dynamic = copy_engine(dir.path());
+    let front = dir.path().join("engine-static");
+    std::fs::copy(&built, &front).unwrap();
+    assert!(has_interpreter(&std::fs::read(&dynamic).unwrap()));
+    assert!(
+        !has_interpreter(&std::fs::read(&front).unwrap()),
+        "{} names a dynamic loader",
+        built.display()
+    );
+    let d = Daemon::start_from(&dynamic);
+    let run = |engine: &Path, args: &[&str]| {
+        let mut c = Command::new(engine);
+        c.env("ENVFACTORY_STATE", d.state.path())
+            .env_remove("ENVFACTORY_EXEC_SOCKET")
+            .env_remove("ENVFACTORY_INIT")
+            .env_remove("ENVFACTORY_LOG")
+            .args(args);
+        spawn(c.stdout(Stdio::piped()).stderr(Stdio::piped()))
+            .wait_with_output()
+            .unwrap()
+    };
+    // The same build: the daemon serves it, and each answer is the dynamic front's.
+    let build = |engine: &Path| run(engine, &["__front-build"]).stdout;
+    assert_eq!(build(&front), build(&dynamic));
+    for args in [
+        &[
+            "sandbox",
+            "exec",
+            "--",
+            "sh",
+            "-c",
+            "echo out; echo err >&2; exit 3",
+        ][..],
+        &["sandbox", "exec", "--", "/nonexistent/program"],
+        &["sandbox", "exec", "--timeout", "1s", "--", "sleep", "5"],
+        &["sandbox", "exec", "--", "sh", "-c", "kill -9 $$"],
+    ] {
+        let before = d.served();
+        let theirs = answer(&run(&dynamic, args));
+        assert_eq!(d.served(), before + 1, "{args:?}: {}", d.log_text());
+        let ours = answer(&run(&front, args));
+        assert_eq!(ours, theirs, "{args:?}");
+        assert_eq!(d.served(), before + 2, "{args:?}: {}", d.log_text());
+    }
+    // Everything else is the engine program's, found beside the static front too.
+    for args in [
+        &["--version"][..],
+        &["sandbox", "exec", "--memory", "lots", "--", "true"],
+        &[
+            "sandbox",
+            "exec",
+            "--no-daemon",
+            "--",
+            "sh",
+            "-c",
+            "echo own; exit 5",
+        ],
+    ] {
+        let before = d.served();
+        assert_eq!(
+            answer(&run(&front, args)),
+            answer(&run(&dynamic, args)),
+            "{args:?}"
+        );
+        assert_eq!(d.served(), before, "{args:?}");
+    }
+}

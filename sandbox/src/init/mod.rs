@@ -694,11 +694,25 @@ fn sysv_ipc_in_use() -> [Option<i32>; 3] {
             (&mut msg as *mut libc::msginfo).cast::<libc::msqid_ds>(),
         )
     };
-    // SAFETY: zeroed integer fields are a valid `seminfo`.
-    let mut sem: libc::seminfo = unsafe { std::mem::zeroed() };
+    /// The kernel's `struct seminfo` (the libc crate has it for glibc only).
+    #[repr(C)]
+    #[derive(Default)]
+    struct SemInfo {
+        semmap: libc::c_int,
+        semmni: libc::c_int,
+        semmns: libc::c_int,
+        semmnu: libc::c_int,
+        semmsl: libc::c_int,
+        semopm: libc::c_int,
+        semume: libc::c_int,
+        semusz: libc::c_int,
+        semvmx: libc::c_int,
+        semaem: libc::c_int,
+    }
+    let mut sem = SemInfo::default();
     // SAFETY: with SEM_INFO the fourth argument is a pointer to a `struct seminfo` (the
-    // `__buf` of `union semun`), which the kernel fills.
-    let sem_rc = unsafe { libc::semctl(0, 0, libc::SEM_INFO, &mut sem as *mut libc::seminfo) };
+    // `__buf` of `union semun`), which the kernel fills; `sem` is one.
+    let sem_rc = unsafe { libc::semctl(0, 0, libc::SEM_INFO, &mut sem as *mut SemInfo) };
     [
         (shm_rc >= 0).then_some(shm.used_ids),
         (msg_rc >= 0).then_some(msg.msgpool),

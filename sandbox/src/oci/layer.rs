@@ -13,7 +13,6 @@ use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use nix::errno::Errno;
-use nix::fcntl::{renameat2, RenameFlags};
 use sha2::{Digest as _, Sha256};
 
 use super::digest::Sha256Digest;
@@ -164,13 +163,7 @@ pub(super) fn import_layer(
     drop(sync_fd);
     let final_path = store.join(&id);
     // RENAME_NOREPLACE: fails with EEXIST instead of replacing a published layer.
-    match renameat2(
-        None,
-        &tmp_path,
-        None,
-        &final_path,
-        RenameFlags::RENAME_NOREPLACE,
-    ) {
+    match crate::sys::rename_noreplace(&tmp_path, &final_path) {
         Ok(()) => {
             let mut guard = guard;
             guard.armed = false;
