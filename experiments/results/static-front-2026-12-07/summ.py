@@ -43,6 +43,19 @@ for k, xs in series.items():
     m, h = ci(xs)
     print(f'  {k:26s} {m:.3f} ± {h:.3f}, median {st.median(xs):.3f}, <= 1.0 in {sum(x <= 1.0 for x in xs)}'
           f' of {len(xs)}: {", ".join(f"{x:.3f}" for x in xs)}')
+# The fronts' own start (`engine __front-build`, hyperfine 300 runs) and engine bench sandbox
+# --json run from target/release (glibc front) and target/static (static front), alternated.
+print('front start alone, `engine __front-build` (medians, ms):')
+for f in sorted(glob.glob(f'{HERE}/runs/front-start-*.json'), key=num):
+    m = {r['command'].split('/')[1]: 1e3 * st.median(r['times']) for r in json.load(open(f))['results']}
+    print(f'  run {num(f)}: static {m["static"]:.3f}, glibc {m["release"]:.3f} ({m["static"] / m["release"]:.2f})')
+print('engine bench sandbox --json, ratios (mean ± 95% interval over the runs):')
+for k in ('one_shot_daemon_vs_bwrap', 'one_shot_vs_bwrap', 'create_vs_bwrap', 'exec_vs_host'):
+    for lab in ('glibc', 'static'):
+        xs = [json.load(open(f))['ratios'][k] for f in sorted(glob.glob(f'{HERE}/bench-sandbox/{lab}-*.json'))]
+        if xs:
+            m, h = ci(xs)
+            print(f'  {k:26s} {lab:6s} front: {m:.3f} ± {h:.3f} ({", ".join(f"{x:.3f}" for x in xs)})')
 # The plot: a column per wall-time ratio to bwrap, a dot per round, the mean and its interval.
 cols = [k for k in ('compare: static / bwrap', 'compare: glibc / bwrap', 'loop: static / bwrap',
                     'loop: glibc / bwrap') if k in series]
