@@ -24,14 +24,14 @@ engine=${CARGO_TARGET_DIR:-target}/release/engine
 # The static front (engine/front/install.sh: musl, beside hard links of the same engine
 # program), timed beside `cargo build`'s glibc-linked one when rustup can add the musl target.
 static=${CARGO_TARGET_DIR:-target}/static
-if command -v rustup >/dev/null && engine/front/install.sh "$static" >/dev/null 2>&1; then
+mkdir -p out
+if command -v rustup >/dev/null && engine/front/install.sh "$static" >out/static-front.log 2>&1; then
   static_engine=$static/engine
 else
   static_engine=
-  echo "compare.sh: no static front (engine/front/install.sh failed): its row is left out" >&2
+  echo "compare.sh: no static front (engine/front/install.sh failed, out/static-front.log): its row is left out" >&2
 fi
 # The one-shot served by a daemon of this build, on a socket of its own (stopped at exit).
-mkdir -p out
 sockdir=$(mktemp -d /tmp/envfactory-compare-XXXXXX)
 sock=$sockdir/exec.sock
 "$engine" sandbox daemon --socket "$sock" 2>"$sockdir/daemon.log" &

@@ -132,7 +132,7 @@ fn handle_signals() {
     let handler = on_signal as extern "C" fn(libc::c_int);
     for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
         // SAFETY: the handler only uses atomics and _exit; `signal` installs it with
-        // SA_RESTART semantics (glibc's BSD `signal`).
+        // SA_RESTART semantics (BSD `signal`, in glibc and in musl, for the static front).
         unsafe { libc::signal(sig, handler as libc::sighandler_t) };
     }
 }

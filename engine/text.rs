@@ -1,5 +1,8 @@
 //! Text as users give it and see it: input files read with a size bound and a located UTF-8
 //! check, long values cut for messages, control characters escaped for observations.
+//!
+//! Also compiled into the static `engine` front (engine/front/lib.rs), which has this file and
+//! `units.rs` alone of the library: use nothing else of the crate here.
 
 use std::borrow::Cow;
 use std::io::Read;

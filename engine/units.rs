@@ -1,5 +1,8 @@
 //! Parsing of sizes (`256M`) and durations (`10s`) as users write them, range-checked: no
 //! value wraps, saturates or panics.
+//!
+//! Also compiled into the static `engine` front (engine/front/lib.rs), which has this file and
+//! `text.rs` alone of the library: use nothing else of the crate here.
 
 use crate::text::cut;
 use std::time::Duration;

@@ -259,8 +259,9 @@ pub(crate) fn openat(
 }
 
 /// `renameat2(from, to, RENAME_NOREPLACE)`: fails with `EEXIST` where `to` exists instead of
-/// replacing it. The raw syscall: `nix` and the libc crate wrap it for glibc only, and the
-/// musl-linked `engine` front builds this crate too (engine/front/Cargo.toml).
+/// replacing it. The raw syscall: `nix` wraps it for glibc only, and the musl-linked `engine`
+/// front builds this crate too (engine/front/Cargo.toml); the syscall does not depend on the
+/// C library's version either.
 pub(crate) fn rename_noreplace(from: &Path, to: &Path) -> nix::Result<()> {
     use std::os::unix::ffi::OsStrExt;
     const RENAME_NOREPLACE: libc::c_uint = 1;

@@ -677,23 +677,21 @@ fn the_front_serves_one_shots_itself_and_hands_every_other_command_to_the_engine
 
 /// The static `engine` front (engine/front/Cargo.toml, musl), built by this test into
 /// `target/static-front`; `None` when this toolchain has no musl target (`rustup target add
-/// x86_64-unknown-linux-musl`; `.ci/run` adds it).
+/// x86_64-unknown-linux-musl`; `.ci/run` adds it), after checking that the package compiles
+/// for the host's target all the same.
 fn static_front() -> Option<PathBuf> {
     let triple = format!("{}-unknown-linux-musl", std::env::consts::ARCH);
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let sysroot = Command::new("rustc")
+    let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
+    let sysroot = Command::new(rustc)
         .args(["--print", "sysroot"])
         .output()
-        .ok()?;
+        .unwrap();
     let sysroot = String::from_utf8_lossy(&sysroot.stdout).trim().to_string();
-    if !Path::new(&sysroot)
+    let has_musl = Path::new(&sysroot)
         .join("lib/rustlib")
         .join(&triple)
-        .is_dir()
-    {
-        eprintln!("skipped: no {triple} target in {sysroot} (rustup target add {triple})");
-        return None;
-    }
+        .is_dir();
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     // target/debug/engine -> target
     let target = Path::new(env!("CARGO_BIN_EXE_engine"))
@@ -701,32 +699,44 @@ fn static_front() -> Option<PathBuf> {
         .and_then(Path::parent)
         .unwrap()
         .join("static-front");
-    let o = Command::new(cargo)
-        .arg("build")
+    let mut c = Command::new(cargo);
+    c.arg(if has_musl { "build" } else { "check" })
         .arg("--locked")
         .arg("--manifest-path")
         .arg(root.join("engine/front/Cargo.toml"))
-        .args(["--target", &triple])
         .arg("--target-dir")
-        .arg(&target)
-        .output()
-        .unwrap();
+        .arg(&target);
+    if has_musl {
+        c.args(["--target", &triple]);
+    }
+    let o = c.output().unwrap();
     assert!(
         o.status.success(),
         "building the static front: {}",
         String::from_utf8_lossy(&o.stderr)
     );
+    if !has_musl {
+        eprintln!(
+            "skipped: no {triple} target in {sysroot} (rustup target add {triple}); the static \
+             front's package was only checked for the host's target"
+        );
+        return None;
+    }
     Some(target.join(&triple).join("debug/engine"))
 }
 
-/// Whether an ELF executable names a dynamic loader (a `PT_INTERP` program header).
-fn has_interpreter(elf: &[u8]) -> bool {
+/// An ELF executable's type (`e_type`: 2 fixed-address, 3 position independent) and whether it
+/// names a dynamic loader (a `PT_INTERP` program header).
+fn elf_kind(elf: &[u8]) -> (usize, bool) {
     let u16_at = |o: usize| u16::from_le_bytes([elf[o], elf[o + 1]]) as usize;
     let u32_at = |o: usize| u32::from_le_bytes(elf[o..o + 4].try_into().unwrap());
     let u64_at = |o: usize| u64::from_le_bytes(elf[o..o + 8].try_into().unwrap()) as usize;
     assert_eq!(&elf[..5], b"\x7fELF\x02", "a 64-bit ELF file");
     let (phoff, phentsize, phnum) = (u64_at(0x20), u16_at(0x36), u16_at(0x38));
-    (0..phnum).any(|i| u32_at(phoff + i * phentsize) == 3)
+    (
+        u16_at(0x10),
+        (0..phnum).any(|i| u32_at(phoff + i * phentsize) == 3),
+    )
 }
 
 #[test]
@@ -739,26 +749,33 @@ fn the_static_front_answers_as_the_dynamic_one_and_hands_over_the_same() {
     let dynamic = copy_engine(dir.path());
     let front = dir.path().join("engine-static");
     std::fs::copy(&built, &front).unwrap();
-    assert!(has_interpreter(&std::fs::read(&dynamic).unwrap()));
-    assert!(
-        !has_interpreter(&std::fs::read(&front).unwrap()),
-        "{} names a dynamic loader",
+    assert_eq!(elf_kind(&std::fs::read(&dynamic).unwrap()), (3, true));
+    // Position independent (its address randomized at each start), with no loader.
+    assert_eq!(
+        elf_kind(&std::fs::read(&front).unwrap()),
+        (3, false),
+        "{}",
         built.display()
     );
     let d = Daemon::start_from(&dynamic);
-    let run = |engine: &Path, args: &[&str]| {
+    // `strict`: the one-shot must be served by this daemon (a refusal is exit 125), so that a
+    // static front the daemon turned away cannot pass by handing over to the engine program.
+    let run = |engine: &Path, args: &[&str], strict: bool| {
         let mut c = Command::new(engine);
         c.env("ENVFACTORY_STATE", d.state.path())
             .env_remove("ENVFACTORY_EXEC_SOCKET")
             .env_remove("ENVFACTORY_INIT")
             .env_remove("ENVFACTORY_LOG")
             .args(args);
+        if strict {
+            c.env("ENVFACTORY_EXEC_SOCKET", d.socket());
+        }
         spawn(c.stdout(Stdio::piped()).stderr(Stdio::piped()))
             .wait_with_output()
             .unwrap()
     };
     // The same build: the daemon serves it, and each answer is the dynamic front's.
-    let build = |engine: &Path| run(engine, &["__front-build"]).stdout;
+    let build = |engine: &Path| run(engine, &["__front-build"], false).stdout;
     assert_eq!(build(&front), build(&dynamic));
     for args in [
         &[
@@ -774,12 +791,17 @@ fn the_static_front_answers_as_the_dynamic_one_and_hands_over_the_same() {
         &["sandbox", "exec", "--", "sh", "-c", "kill -9 $$"],
     ] {
         let before = d.served();
-        let theirs = answer(&run(&dynamic, args));
+        let theirs = answer(&run(&dynamic, args, true));
         assert_eq!(d.served(), before + 1, "{args:?}: {}", d.log_text());
-        let ours = answer(&run(&front, args));
+        let ours = answer(&run(&front, args, true));
         assert_eq!(ours, theirs, "{args:?}");
         assert_eq!(d.served(), before + 2, "{args:?}: {}", d.log_text());
     }
+    assert!(
+        !d.log_text().contains("not served"),
+        "a front was refused: {}",
+        d.log_text()
+    );
     // Everything else is the engine program's, found beside the static front too.
     for args in [
         &["--version"][..],
@@ -796,10 +818,51 @@ fn the_static_front_answers_as_the_dynamic_one_and_hands_over_the_same() {
     ] {
         let before = d.served();
         assert_eq!(
-            answer(&run(&front, args)),
-            answer(&run(&dynamic, args)),
+            answer(&run(&front, args, false)),
+            answer(&run(&dynamic, args, false)),
             "{args:?}"
         );
         assert_eq!(d.served(), before, "{args:?}");
     }
+}
+
+/// The static front's package pins the workspace's versions (engine/front/Cargo.lock): both
+/// fronts carry one build id (engine/build.rs digests both lock files), so the crates that
+/// encode the wire (serde, rmp-serde) and everything else they share must be the same.
+#[test]
+fn the_static_fronts_lock_file_pins_the_workspaces_versions() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let packages = |p: &Path| -> Vec<(String, String, Option<String>)> {
+        let lock: toml::Table = std::fs::read_to_string(p).unwrap().parse().unwrap();
+        lock["package"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| {
+                let f = |k: &str| p.get(k).and_then(|v| v.as_str()).map(String::from);
+                (f("name").unwrap(), f("version").unwrap(), f("checksum"))
+            })
+            .collect()
+    };
+    let workspace = packages(&root.join("Cargo.lock"));
+    let front = packages(&root.join("engine/front/Cargo.lock"));
+    let mut shared = 0;
+    for (name, version, checksum) in &front {
+        if name == "engine-front" {
+            continue;
+        }
+        assert!(
+            workspace
+                .iter()
+                .any(|(n, v, c)| n == name && v == version && c == checksum),
+            "engine/front/Cargo.lock has {name} {version}, which Cargo.lock does not: \
+             `cargo update --manifest-path engine/front/Cargo.toml -p {name} --precise VERSION` \
+             to the workspace's"
+        );
+        shared += 1;
+    }
+    for wire in ["serde", "rmp-serde", "sandbox"] {
+        assert!(front.iter().any(|(n, ..)| n == wire), "{wire}");
+    }
+    assert!(shared > 20, "{shared}");
 }
