@@ -11,9 +11,9 @@
 set -euo pipefail
 # DIR as given, from the caller's directory.
 dir=$(realpath -m "${1:-$(dirname "$0")/../../target/static}")
+target=$(realpath -m "${CARGO_TARGET_DIR:-$(dirname "$0")/../../target}")
 cd "$(dirname "$0")/../.."
 triple=$(uname -m)-unknown-linux-musl
-target=${CARGO_TARGET_DIR:-target}
 if ! rustup target list --installed | grep -x "$triple" >/dev/null; then
   rustup target add "$triple"
 fi

@@ -294,8 +294,10 @@ impl Drop for Serving {
     }
 }
 
-/// Tell a client it is not served (it makes its own sandbox), and close.
+/// Tell a client it is not served (it makes its own sandbox), and close. Every refusal is
+/// logged here, once (at debug; a client unlike the daemon also at warn, by `admit`).
 fn refuse(mut s: UnixStream, why: String) {
+    tracing::debug!(why = %why, "a one-shot not served");
     let _ = s.set_write_timeout(Some(CLIENT_IO_TIMEOUT));
     let _ = send(&mut s, &Reply::Mismatch(why));
 }
@@ -355,7 +357,7 @@ impl Daemon {
     /// (the client makes its own sandbox), `Err(None)` when no whole request came.
     fn admit(&self, s: &mut UnixStream) -> Result<Request, Option<String>> {
         if let Some(why) = self.stranger(s) {
-            tracing::warn!(why = %why, "a one-shot not served");
+            tracing::warn!(why = %why, "a one-shot's client is unlike the daemon");
             return Err(Some(why));
         }
         let unread = |e: std::io::Error| {
