@@ -56,6 +56,28 @@ for k in ('one_shot_daemon_vs_bwrap', 'one_shot_vs_bwrap', 'create_vs_bwrap', 'e
         if xs:
             m, h = ci(xs)
             print(f'  {k:26s} {lab:6s} front: {m:.3f} ± {h:.3f} ({", ".join(f"{x:.3f}" for x in xs)})')
+# ab.sh: the base build (main before this change) and this one, alternated: the env target
+# (random / raw-exec steps/s on 2 workers), the random agent's steps/s new / base by pair, and
+# the sandbox figures.
+def env2(f):
+    rows = {t['agent']: t['steps_per_s'] for t in json.load(open(f))['throughput'] if t['workers'] == 2}
+    return rows['random'] / rows['raw-exec'], rows['random']
+pairs = sorted({num(f) for f in glob.glob(f'{HERE}/ab/base-[0-9]*.json')} &
+               {num(f) for f in glob.glob(f'{HERE}/ab/new-[0-9]*.json')})
+if pairs:
+    print('ab.sh, base (main c8045ec) and new, alternated pairs:')
+    for lab in ('base', 'new'):
+        xs = [env2(f'{HERE}/ab/{lab}-{i}.json')[0] for i in pairs]
+        m, h = ci(xs)
+        print(f'  env random / raw-exec, 2 workers, {lab}: {m:.3f} ± {h:.3f} ({", ".join(f"{x:.3f}" for x in xs)})')
+    d = [env2(f'{HERE}/ab/new-{i}.json')[1] / env2(f'{HERE}/ab/base-{i}.json')[1] for i in pairs]
+    m, h = ci(d)
+    print(f'  random agent steps/s, new / base by pair: {m:.3f} ± {h:.3f}')
+    for k in ('create_vs_bwrap', 'exec_vs_host', 'one_shot_daemon_vs_bwrap', 'one_shot_vs_bwrap'):
+        for lab in ('base', 'new'):
+            xs = [json.load(open(f'{HERE}/ab/{lab}-sandbox-{i}.json'))['ratios'][k] for i in pairs]
+            m, h = ci(xs)
+            print(f'  sandbox {k:26s} {lab}: {m:.3f} ± {h:.3f}')
 # The plot: a column per wall-time ratio to bwrap, a dot per round, the mean and its interval.
 cols = [k for k in ('compare: static / bwrap', 'compare: glibc / bwrap', 'loop: static / bwrap',
                     'loop: glibc / bwrap') if k in series]
