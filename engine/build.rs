@@ -9,7 +9,8 @@
 //!
 //! The digest covers the front, the code both include (`engine/oneshot/`), what that uses of
 //! the library (`units.rs`, `text.rs`) and of the sandbox crate (its `src`), the manifests and
-//! both lock files (the workspace's and the static front's, `engine/front/`), by path and content (64-bit FNV-1a): the same sources give the same build.
+//! both lock files (the workspace's and the static front's, `engine/front/`), by path and
+//! content (64-bit FNV-1a): the same sources give the same build.
 //! Only these: every edit to a file here makes cargo rebuild the whole package (the library
 //! too), and a change to the engine program alone changes nothing the two exchange.
 

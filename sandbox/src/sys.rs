@@ -504,4 +504,27 @@ mod tests {
             ]
         );
     }
+
+    #[test]
+    fn rename_noreplace_moves_into_a_free_name_and_never_over_an_existing_one() {
+        let d = tempfile::tempdir().unwrap();
+        let (a, b, c) = (d.path().join("a"), d.path().join("b"), d.path().join("c"));
+        std::fs::create_dir(&a).unwrap();
+        std::fs::write(a.join("f"), "a").unwrap();
+        std::fs::create_dir(&b).unwrap();
+        std::fs::write(b.join("f"), "b").unwrap();
+        // Onto an existing name (a non-empty directory here): refused, both left as they were.
+        assert_eq!(rename_noreplace(&a, &b), Err(nix::errno::Errno::EEXIST));
+        assert_eq!(std::fs::read_to_string(a.join("f")).unwrap(), "a");
+        assert_eq!(std::fs::read_to_string(b.join("f")).unwrap(), "b");
+        // Onto a free name: moved.
+        rename_noreplace(&a, &c).unwrap();
+        assert!(!a.exists());
+        assert_eq!(std::fs::read_to_string(c.join("f")).unwrap(), "a");
+        // A path the kernel cannot take (an interior NUL): EINVAL, nothing moved.
+        use std::os::unix::ffi::OsStrExt;
+        let bad = Path::new(std::ffi::OsStr::from_bytes(b"x\0y"));
+        assert_eq!(rename_noreplace(&c, bad), Err(nix::errno::Errno::EINVAL));
+        assert!(c.exists());
+    }
 }
