@@ -25,6 +25,11 @@
 //!   bench sandbox` starts `engine sandbox daemon` on a socket of its own): the same whole
 //!   process, measured right after `one_shot_exec` in each round (then 25 ms for the
 //!   daemon's own work before the next timing);
+//! - `one_shot_client`: with either: the program those one-shots ran (`program`, the `engine`
+//!   front beside the engine program, or the engine program itself) and how it is linked
+//!   (`linkage`: `dynamic`, whether it names a dynamic loader, and `position_independent`;
+//!   absent where its ELF header could not be read): the static front
+//!   (`engine/front/install.sh`) and `cargo build`'s glibc front give different figures;
 //! - `ratios`: `exec_vs_host` = exec_sh_true / host_sh_true, `create_vs_bwrap` =
 //!   create_first_exec / bwrap_unshare_all, `create_cloned_vs_bwrap` =
 //!   create_first_exec_cloned / bwrap_unshare_all, `one_shot_vs_bwrap` = one_shot_exec /
@@ -37,6 +42,7 @@
 use super::{ms, Summary};
 use sandbox::{ExecRequest, Runtime, SandboxConfig, SandboxError};
 use serde::Serialize;
+use std::path::Path;
 use std::time::Instant;
 
 /// Errors of the benchmark.
@@ -78,6 +84,57 @@ pub struct Concurrent {
     pub create_all_s: f64,
 }
 
+/// How an executable is linked, from its ELF header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Linkage {
+    /// It names a dynamic loader (`PT_INTERP`): the loader and shared libraries start first.
+    pub dynamic: bool,
+    /// Position independent (`ET_DYN`): loaded at a random address.
+    pub position_independent: bool,
+}
+
+/// The linkage of the 64-bit little-endian ELF executable at `path` (its header and program
+/// headers only are read); `InvalidData` for anything else.
+pub fn linkage(path: &Path) -> std::io::Result<Linkage> {
+    use std::os::unix::fs::FileExt;
+    let bad = |why: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, why.to_string());
+    let f = std::fs::File::open(path)?;
+    let mut h = [0u8; 64];
+    f.read_exact_at(&mut h, 0)?;
+    if h[..6] != *b"\x7fELF\x02\x01" {
+        return Err(bad("not a 64-bit little-endian ELF file"));
+    }
+    let u16_at = |b: &[u8], o: usize| u16::from_le_bytes([b[o], b[o + 1]]);
+    let mut phoff = [0u8; 8];
+    phoff.copy_from_slice(&h[0x20..0x28]);
+    let (phoff, phentsize, phnum) = (
+        u64::from_le_bytes(phoff),
+        usize::from(u16_at(&h, 0x36)),
+        usize::from(u16_at(&h, 0x38)),
+    );
+    if phentsize < 4 {
+        return Err(bad("program headers too small"));
+    }
+    let mut ph = vec![0u8; phentsize * phnum];
+    f.read_exact_at(&mut ph, phoff)?;
+    const PT_INTERP: u32 = 3;
+    const ET_DYN: u16 = 3;
+    Ok(Linkage {
+        dynamic: ph
+            .chunks_exact(phentsize)
+            .any(|p| u32::from_le_bytes([p[0], p[1], p[2], p[3]]) == PT_INTERP),
+        position_independent: u16_at(&h, 0x10) == ET_DYN,
+    })
+}
+
+/// The program the whole-process one-shots ran.
+#[derive(Debug, Clone, Serialize)]
+pub struct OneShotClient {
+    pub program: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub linkage: Option<Linkage>,
+}
+
 /// The report of `engine bench sandbox`.
 #[derive(Debug, Clone, Serialize)]
 pub struct SandboxBench {
@@ -94,6 +151,8 @@ pub struct SandboxBench {
     pub one_shot_exec: Option<Summary>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub one_shot_daemon: Option<Summary>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub one_shot_client: Option<OneShotClient>,
     pub exec_sh_true: Summary,
     pub reset_100_files: Summary,
     pub snapshot_100_files: Summary,
@@ -376,6 +435,15 @@ pub fn run(
     let bwrap_unshare_all = has_bwrap.then(|| Summary::of(bwrap));
     let one_shot_exec = one_shots.own.as_ref().map(|_| Summary::of(shots));
     let one_shot_daemon = one_shots.daemon.as_ref().map(|_| Summary::of(served));
+    let one_shot_client = one_shots
+        .own
+        .as_ref()
+        .or(one_shots.daemon.as_ref())
+        .and_then(|p| p.argv.first())
+        .map(|program| OneShotClient {
+            program: program.clone(),
+            linkage: linkage(Path::new(program)).ok(),
+        });
     Ok(SandboxBench {
         iterations: n,
         ratios: Ratios {
@@ -397,6 +465,7 @@ pub fn run(
         bwrap_unshare_all,
         one_shot_exec,
         one_shot_daemon,
+        one_shot_client,
         exec_sh_true,
         reset_100_files: Summary::of(reset),
         snapshot_100_files: Summary::of(snap),
@@ -481,6 +550,14 @@ pub fn render(b: &SandboxBench) -> String {
     if let Some(o) = &b.one_shot_daemon {
         out += &row("  served by a daemon", o, "ms (engine sandbox daemon)");
     }
+    if let Some(c) = &b.one_shot_client {
+        let how = match c.linkage {
+            Some(Linkage { dynamic: true, .. }) => "dynamically linked",
+            Some(Linkage { dynamic: false, .. }) => "static",
+            None => "linkage unknown",
+        };
+        out += &format!("  one-shots ran {} ({how})\n", c.program);
+    }
     out += &row("exec sh -c true", &b.exec_sh_true, "ms");
     out += &row("reset (100 files)", &b.reset_100_files, "ms");
     out += &row("snapshot (100 files)", &b.snapshot_100_files, "ms");
@@ -511,4 +588,34 @@ pub fn render(b: &SandboxBench) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn linkage_reads_the_elf_header_and_refuses_what_is_not_an_executable() {
+        // This test binary: linked against glibc, position independent (rustc's default).
+        let me = std::env::current_exe().unwrap();
+        assert_eq!(
+            linkage(&me).unwrap(),
+            Linkage {
+                dynamic: true,
+                position_independent: true
+            }
+        );
+        let d = tempfile::tempdir().unwrap();
+        let text = d.path().join("text");
+        std::fs::write(&text, "#!/bin/sh\n".repeat(10)).unwrap();
+        assert_eq!(
+            linkage(&text).unwrap_err().kind(),
+            std::io::ErrorKind::InvalidData
+        );
+        // A header cut short: an error, not a guess.
+        let cut = d.path().join("cut");
+        std::fs::write(&cut, &std::fs::read(&me).unwrap()[..40]).unwrap();
+        assert!(linkage(&cut).is_err());
+        assert!(linkage(&d.path().join("missing")).is_err());
+    }
 }

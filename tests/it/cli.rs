@@ -486,6 +486,16 @@ fn bench_sandbox_json_has_the_documented_keys() {
         assert!(v[k]["p90"].as_f64().unwrap() >= m, "{k}");
     }
     assert!(v["ratios"]["exec_vs_host"].as_f64().unwrap() > 0.0);
+    // Which program the one-shots ran, and how it is linked (`cargo build`'s front: glibc).
+    let client = &v["one_shot_client"];
+    assert!(
+        client["program"]
+            .as_str()
+            .is_some_and(|p| p.ends_with("/engine")),
+        "{client}"
+    );
+    assert_eq!(client["linkage"]["dynamic"], true, "{client}");
+    assert_eq!(client["linkage"]["position_independent"], true, "{client}");
     // The daemon it started for the served one-shots is gone.
     let daemons: Vec<String> = std::fs::read_dir("/proc")
         .unwrap()

@@ -725,24 +725,6 @@ fn static_front() -> Option<PathBuf> {
     Some(target.join(&triple).join("debug/engine"))
 }
 
-/// An ELF executable's type (`e_type`: 2 fixed-address, 3 position independent) and whether it
-/// names a dynamic loader (a `PT_INTERP` program header).
-fn elf_kind(elf: &[u8]) -> (usize, bool) {
-    let u16_at = |o: usize| u16::from_le_bytes([elf[o], elf[o + 1]]) as usize;
-    let u32_at = |o: usize| u32::from_le_bytes(elf[o..o + 4].try_into().unwrap());
-    let u64_at = |o: usize| u64::from_le_bytes(elf[o..o + 8].try_into().unwrap()) as usize;
-    assert_eq!(
-        &elf[..6],
-        b"\x7fELF\x02\x01",
-        "a 64-bit little-endian ELF file"
-    );
-    let (phoff, phentsize, phnum) = (u64_at(0x20), u16_at(0x36), u16_at(0x38));
-    (
-        u16_at(0x10),
-        (0..phnum).any(|i| u32_at(phoff + i * phentsize) == 3),
-    )
-}
-
 #[test]
 fn the_static_front_answers_as_the_dynamic_one_and_hands_over_the_same() {
     // Built (or, without the musl target, checked) as any user, run as root.
@@ -754,14 +736,14 @@ fn the_static_front_answers_as_the_dynamic_one_and_hands_over_the_same() {
     let dynamic = copy_engine(dir.path());
     let front = dir.path().join("engine-static");
     std::fs::copy(&built, &front).unwrap();
-    assert_eq!(elf_kind(&std::fs::read(&dynamic).unwrap()), (3, true));
+    use engine::bench::sandbox::{linkage, Linkage};
+    let pie = |dynamic| Linkage {
+        dynamic,
+        position_independent: true,
+    };
+    assert_eq!(linkage(&dynamic).unwrap(), pie(true));
     // Position independent (its address randomized at each start), with no loader.
-    assert_eq!(
-        elf_kind(&std::fs::read(&front).unwrap()),
-        (3, false),
-        "{}",
-        built.display()
-    );
+    assert_eq!(linkage(&front).unwrap(), pie(false), "{}", built.display());
     let d = Daemon::start_from(&dynamic);
     // `strict`: the one-shot must be served by this daemon. A front the daemon turns away hands
     // over to the engine program, which asks again and is served: the daemon's log (every
