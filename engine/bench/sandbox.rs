@@ -112,8 +112,9 @@ pub fn linkage(path: &Path) -> std::io::Result<Linkage> {
         usize::from(u16_at(&h, 0x36)),
         usize::from(u16_at(&h, 0x38)),
     );
-    if phentsize < 4 {
-        return Err(bad("program headers too small"));
+    // (An executable has a dozen program headers; a header that claims thousands is not read.)
+    if phentsize < 4 || phentsize * phnum > 1 << 16 {
+        return Err(bad("implausible program headers"));
     }
     let mut ph = vec![0u8; phentsize * phnum];
     f.read_exact_at(&mut ph, phoff)?;
@@ -616,6 +617,15 @@ mod tests {
         let cut = d.path().join("cut");
         std::fs::write(&cut, &std::fs::read(&me).unwrap()[..40]).unwrap();
         assert!(linkage(&cut).is_err());
+        // A header that claims 65535 program headers of 65535 bytes: refused, not allocated.
+        let mut huge = std::fs::read(&me).unwrap()[..64].to_vec();
+        huge[0x36..0x3a].copy_from_slice(&[0xff; 4]);
+        let claims = d.path().join("claims");
+        std::fs::write(&claims, &huge).unwrap();
+        assert_eq!(
+            linkage(&claims).unwrap_err().kind(),
+            std::io::ErrorKind::InvalidData
+        );
         assert!(linkage(&d.path().join("missing")).is_err());
     }
 }
