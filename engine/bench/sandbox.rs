@@ -94,7 +94,9 @@ pub struct Linkage {
 }
 
 /// The linkage of the 64-bit little-endian ELF executable at `path` (its header and program
-/// headers only are read); `InvalidData` for anything else.
+/// headers only are read). `InvalidData` for a file that is not one (another format, an
+/// object file, a core dump) or claims implausibly many program headers; the read's own error
+/// for one cut short.
 pub fn linkage(path: &Path) -> std::io::Result<Linkage> {
     use std::os::unix::fs::FileExt;
     let bad = |why: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, why.to_string());
@@ -119,7 +121,11 @@ pub fn linkage(path: &Path) -> std::io::Result<Linkage> {
     let mut ph = vec![0u8; phentsize * phnum];
     f.read_exact_at(&mut ph, phoff)?;
     const PT_INTERP: u32 = 3;
+    const ET_EXEC: u16 = 2;
     const ET_DYN: u16 = 3;
+    if ![ET_EXEC, ET_DYN].contains(&u16_at(&h, 0x10)) {
+        return Err(bad("not an executable"));
+    }
     Ok(Linkage {
         dynamic: ph
             .chunks_exact(phentsize)
@@ -617,6 +623,15 @@ mod tests {
         let cut = d.path().join("cut");
         std::fs::write(&cut, &std::fs::read(&me).unwrap()[..40]).unwrap();
         assert!(linkage(&cut).is_err());
+        // An object file (ET_REL), not an executable.
+        let mut object = std::fs::read(&me).unwrap();
+        object[0x10] = 1;
+        let rel = d.path().join("rel");
+        std::fs::write(&rel, &object).unwrap();
+        assert_eq!(
+            linkage(&rel).unwrap_err().kind(),
+            std::io::ErrorKind::InvalidData
+        );
         // A header that claims 65535 program headers of 65535 bytes: refused, not allocated.
         let mut huge = std::fs::read(&me).unwrap()[..64].to_vec();
         huge[0x36..0x3a].copy_from_slice(&[0xff; 4]);

@@ -521,7 +521,7 @@ mod tests {
         rename_noreplace(&a, &c).unwrap();
         assert!(!a.exists());
         assert_eq!(std::fs::read_to_string(c.join("f")).unwrap(), "a");
-        // A path the kernel cannot take (an interior NUL): EINVAL, nothing moved.
+        // A path with an interior NUL: refused (EINVAL) before the syscall, nothing moved.
         use std::os::unix::ffi::OsStrExt;
         let bad = Path::new(std::ffi::OsStr::from_bytes(b"x\0y"));
         assert_eq!(rename_noreplace(&c, bad), Err(nix::errno::Errno::EINVAL));

@@ -295,7 +295,8 @@ impl Drop for Serving {
 }
 
 /// Tell a client it is not served (it makes its own sandbox), and close. Every refusal is
-/// logged here, once (at debug; a client unlike the daemon also at warn, by `admit`).
+/// logged here, once, at debug (a client unlike the daemon, and one no thread took, also at
+/// warn where that is found).
 fn refuse(mut s: UnixStream, why: String) {
     tracing::debug!(why = %why, "a one-shot not served");
     let _ = s.set_write_timeout(Some(CLIENT_IO_TIMEOUT));
