@@ -72,14 +72,21 @@ impl Daemon {
         self.log_text().matches("one-shot served").count()
     }
 
-    /// `engine sandbox exec` over the daemon's state directory.
-    fn client(&self) -> Command {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_engine"));
+    /// The program `engine` over the daemon's state directory, with none of the one-shot's
+    /// variables of this process.
+    fn command(&self, engine: &Path) -> Command {
+        let mut c = Command::new(engine);
         c.env("ENVFACTORY_STATE", self.state.path())
             .env_remove("ENVFACTORY_INIT")
             .env_remove("ENVFACTORY_EXEC_SOCKET")
-            .env_remove("ENVFACTORY_LOG")
-            .args(["sandbox", "exec"]);
+            .env_remove("ENVFACTORY_LOG");
+        c
+    }
+
+    /// `engine sandbox exec` over the daemon's state directory.
+    fn client(&self) -> Command {
+        let mut c = self.command(Path::new(env!("CARGO_BIN_EXE_engine")));
+        c.args(["sandbox", "exec"]);
         c
     }
 
@@ -611,11 +618,8 @@ fn the_front_serves_one_shots_itself_and_hands_every_other_command_to_the_engine
     let front = copy_engine(dir.path());
     let d = Daemon::start_from(&front);
     let one_shot = |args: &[&str]| {
-        let mut c = Command::new(&front);
-        c.env("ENVFACTORY_STATE", d.state.path())
-            .env("ENVFACTORY_EXEC_SOCKET", d.socket())
-            .env_remove("ENVFACTORY_INIT")
-            .env_remove("ENVFACTORY_LOG")
+        let mut c = d.command(&front);
+        c.env("ENVFACTORY_EXEC_SOCKET", d.socket())
             .args(["sandbox", "exec"])
             .args(args);
         spawn(c.stdout(Stdio::piped()).stderr(Stdio::piped()))
@@ -749,12 +753,8 @@ fn the_static_front_answers_as_the_dynamic_one_and_hands_over_the_same() {
     // over to the engine program, which asks again and is served: the daemon's log (every
     // refusal is in it) tells, below.
     let run = |engine: &Path, args: &[&str], strict: bool| {
-        let mut c = Command::new(engine);
-        c.env("ENVFACTORY_STATE", d.state.path())
-            .env_remove("ENVFACTORY_EXEC_SOCKET")
-            .env_remove("ENVFACTORY_INIT")
-            .env_remove("ENVFACTORY_LOG")
-            .args(args);
+        let mut c = d.command(engine);
+        c.args(args);
         if strict {
             c.env("ENVFACTORY_EXEC_SOCKET", d.socket());
         }
