@@ -2,7 +2,7 @@
 //! what `-static-libgcc` links), so that none of them loads `libgcc_s.so.1` at start.
 //!
 //! Why: a one-shot `engine sandbox exec` is a whole process start, and every program start
-//! counts (docs/sandbox.md, "One-shot start"). `libgcc_s.so.1` is one more library for the
+//! counts (docs/sandbox-speed.md, the ninth pass). `libgcc_s.so.1` is one more library for the
 //! dynamic loader to map, relocate and bind, and its constructor (`__cpu_indicator_init`)
 //! runs `cpuid` several times; on a virtual machine each `cpuid` traps to the hypervisor. The
 //! unwinder is the same code either way (Rust's panics, `catch_unwind` and backtraces work as

@@ -23,13 +23,14 @@
 //!   (runtime, sandbox, command, teardown), measured interleaved with bwrap's whole process;
 //! - `one_shot_daemon`: present when the caller gives a one-shot served by a daemon (`engine
 //!   bench sandbox` starts `engine sandbox daemon` on a socket of its own): the same whole
-//!   process, measured right after `one_shot_exec` in each round (then 25 ms for the
-//!   daemon's own work before the next timing);
+//!   process, measured after `one_shot_exec` in each round;
 //! - `one_shot_client`: with either: the program those one-shots ran (`program`, the `engine`
 //!   front beside the engine program, or the engine program itself) and how it is linked
 //!   (`linkage`: `dynamic`, whether it names a dynamic loader, and `position_independent`;
 //!   absent where its ELF header could not be read): the static front
 //!   (`engine/front/install.sh`) and `cargo build`'s glibc front give different figures;
+//! - every one of `one_shot_exec`, `one_shot_daemon`, `bwrap_unshare_all`, `create_first_exec`
+//!   and `create_first_exec_cloned` is timed after the same 25 ms pause ([`PAUSE`]);
 //! - `ratios`: `exec_vs_host` = exec_sh_true / host_sh_true, `create_vs_bwrap` =
 //!   create_first_exec / bwrap_unshare_all, `create_cloned_vs_bwrap` =
 //!   create_first_exec_cloned / bwrap_unshare_all, `one_shot_vs_bwrap` = one_shot_exec /
@@ -272,9 +273,13 @@ fn time_process(step: &'static str, p: &Process) -> Result<f64, BenchError> {
     Ok(ms(t))
 }
 
-/// How long the benchmark waits after a one-shot served by the daemon before it times
-/// anything else (the daemon's refill and teardown take a few milliseconds).
-const DAEMON_SETTLE: std::time::Duration = std::time::Duration::from_millis(25);
+/// The pause before each thing that is compared with bwrap, bwrap included. It lets what the
+/// previous one left running end (a served one-shot's daemon makes its next sandbox and tears
+/// the last one down, which takes a few milliseconds), and it puts every one of them in the
+/// same state: on the development VM a process started after 25 ms idle took longer than one
+/// started back to back (bwrap 4.3-4.5 against 3.5-3.6 ms), so timing some after a pause and
+/// others not skews the ratios (in the ratios' favour, as it was before 2026-12-07).
+const PAUSE: std::time::Duration = std::time::Duration::from_millis(25);
 
 /// The whole processes timed beside bwrap: each runs `/bin/true` in a fresh sandbox.
 #[derive(Debug, Clone, Default)]
@@ -335,15 +340,15 @@ pub fn run(
         let cloned = round % 2 == 1;
         settle(rt);
         if let Some(p) = &one_shots.own {
+            std::thread::sleep(PAUSE);
             shots.push(time_process("one-shot exec", p)?);
         }
         if let Some(p) = &one_shots.daemon {
+            std::thread::sleep(PAUSE);
             served.push(time_process("one-shot exec served by the daemon", p)?);
-            // The daemon's work after its answer (the next sandbox made ahead, this one torn
-            // down) is left out of the baselines timed next.
-            std::thread::sleep(DAEMON_SETTLE);
         }
         if has_bwrap {
+            std::thread::sleep(PAUSE);
             let t = Instant::now();
             std::process::Command::new("bwrap")
                 .args(bwrap_args)
@@ -361,6 +366,7 @@ pub fn run(
             return Err(BenchError::Host(std::io::Error::other("sh -c true failed")));
         }
         rt.set_spare_inits(!cloned);
+        std::thread::sleep(PAUSE);
         let t = Instant::now();
         let made = rt.create(cfg);
         rt.set_spare_inits(true);
