@@ -6,7 +6,7 @@
 //!   started once the runtime's init reserve is full (see `settle`);
 //! - `create_from_spare`: how many of those creates got an init started ahead;
 //! - `create_first_exec_cloned`: the same with an init cloned for the sandbox (no spare),
-//!   measured right after each `create_first_exec`;
+//!   measured in the rounds that alternate with `create_first_exec`'s;
 //! - `exec_sh_true`: `sh -c true` in a live sandbox;
 //! - `reset_100_files`: reset after a step that changed 100 files;
 //! - `snapshot_100_files`: snapshot of a diff of 100 files;
@@ -278,7 +278,8 @@ fn time_process(step: &'static str, p: &Process) -> Result<f64, BenchError> {
 /// the last one down, which takes a few milliseconds), and it puts every one of them in the
 /// same state: on the development VM a process started after 25 ms idle took longer than one
 /// started back to back (bwrap 4.3-4.5 against 3.5-3.6 ms), so timing some after a pause and
-/// others not skews the ratios (in the ratios' favour, as it was before 2026-12-07).
+/// others not skews the ratios (before 2026-12-07 only bwrap was, which flattered
+/// `create_vs_bwrap`).
 const PAUSE: std::time::Duration = std::time::Duration::from_millis(25);
 
 /// The whole processes timed beside bwrap: each runs `/bin/true` in a fresh sandbox.

@@ -16,7 +16,8 @@
 #      each build, alternating the same way (runs/{base,new}-env-N.json).
 # Both builds share one state directory of their own ($ENVFACTORY_STATE; at the end its instance
 # cache's tmpfs is unmounted and the directory removed).
-# Then `python3 summ.py > summary.txt`. Needs root, hyperfine, bwrap, rustup (musl target).
+# Then `python3 summ.py > summary.txt` (pause.sh and pause-bwrap.sh, run after it, add sections 4
+# and 5: run summ.py again). Needs root, hyperfine, bwrap, rustup (musl target).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 base=$(cd "$1" && pwd)
@@ -26,7 +27,7 @@ cargo build --release -q --bin engine --bin engine-core --bin envfactory-init
 engine/front/install.sh target/static > /dev/null
 new=$PWD/target/release
 mkdir -p "$here/runs"
-{ echo "new $(git rev-parse HEAD) $(sha256sum "$new/engine-core" | cut -c1-16)"
+{ echo "new $(git describe --always --dirty) diff $(git diff HEAD | sha256sum | cut -c1-16) $(sha256sum "$new/engine-core" | cut -c1-16)"
   echo "base $(git -C "$base" rev-parse HEAD 2>/dev/null || echo '?') $(sha256sum "$base/engine" | cut -c1-16)"
   uname -r; nproc; } > "$here/runs/builds"
 export ENVFACTORY_STATE=/var/lib/envfactory-issue14-ab

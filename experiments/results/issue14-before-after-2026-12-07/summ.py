@@ -7,18 +7,21 @@
 import glob, json, math, os, re, statistics as st
 HERE = os.path.dirname(os.path.abspath(__file__))
 R = f'{HERE}/runs'
-TQ = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
+TQ = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262,
+      10: 2.228, 12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}
 def ci(xs):
     m = st.mean(xs)
     if len(xs) < 2:
         return m, float('nan')
-    return m, TQ[min(len(xs) - 1, 9)] * st.stdev(xs) / math.sqrt(len(xs))
+    df = len(xs) - 1
+    return m, TQ[max(k for k in TQ if k <= df)] * st.stdev(xs) / math.sqrt(len(xs))
 def fmt(xs, d=3):
     m, h = ci(xs)
     return f'{m:.{d}f} ± {h:.{d}f} ({", ".join(f"{x:.{d}f}" for x in xs)})'
 num = lambda f: int(re.findall(r'\d+', os.path.basename(f))[-1])
 rounds = sorted(num(f) for f in glob.glob(f'{R}/oneshot-*.json'))
 print(open(f'{R}/builds').read().strip())
+print('("new" above: main c2e897e with the benchmark fix of 6e18195 uncommitted; "old" in section 4: c2e897e as committed)')
 print(f'{len(rounds)} rounds\n')
 BW = 'bwrap --unshare-all'
 ROWS = ['base: engine sandbox exec', 'new: engine sandbox exec --no-daemon',
@@ -27,10 +30,10 @@ one = {k: [] for k in ROWS}
 print('1. whole-process one-shot `engine sandbox exec -- /bin/true` (hyperfine, 60 runs each), medians in ms:')
 for i in rounds:
     m = {r['command']: 1e3 * st.median(r['times']) for r in json.load(open(f'{R}/oneshot-{i}.json'))['results']}
-    print(f'  round {i}: ' + ', '.join(f'{k.split(": ")[-1]} {m[k]:.2f}' for k in ROWS) + f', bwrap {m[BW]:.2f}')
+    print(f'  round {i}: ' + ', '.join(f'{k} {m[k]:.2f}' for k in ROWS) + f', bwrap {m[BW]:.2f}')
     for k in ROWS:
         one[k].append(m[k] / m[BW])
-print('  ratio to bwrap in the same series (target: at most 1.0):')
+print('  ratio to bwrap in the same hyperfine run (target for the one-shots: at most 1.0):')
 for k in ROWS:
     print(f'    {k:40s} {fmt(one[k])}')
 sb = {lab: {k: [] for k in ('create_vs_bwrap', 'exec_vs_host')} for lab in ('base', 'new')}
