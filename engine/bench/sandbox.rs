@@ -278,7 +278,7 @@ fn time_process(step: &'static str, p: &Process) -> Result<f64, BenchError> {
 /// the last one down, which takes a few milliseconds), and it puts every one of them in the
 /// same state: on the development VM a process started after 25 ms idle took longer than one
 /// started back to back (bwrap 4.3-4.5 against 3.5-3.6 ms), so timing some after a pause and
-/// others not skews the ratios (before 2026-12-07 only bwrap was, which flattered
+/// others not skews the ratios (from 2026-12-06 to 2026-12-07 only bwrap was, which flattered
 /// `create_vs_bwrap`).
 const PAUSE: std::time::Duration = std::time::Duration::from_millis(25);
 
