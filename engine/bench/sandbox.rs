@@ -108,6 +108,13 @@ pub fn linkage(path: &Path) -> std::io::Result<Linkage> {
         return Err(bad("not a 64-bit little-endian ELF file"));
     }
     let u16_at = |b: &[u8], o: usize| u16::from_le_bytes([b[o], b[o + 1]]);
+    const PT_INTERP: u32 = 3;
+    const ET_EXEC: u16 = 2;
+    const ET_DYN: u16 = 3;
+    let e_type = u16_at(&h, 0x10);
+    if ![ET_EXEC, ET_DYN].contains(&e_type) {
+        return Err(bad("not an executable"));
+    }
     let mut phoff = [0u8; 8];
     phoff.copy_from_slice(&h[0x20..0x28]);
     let (phoff, phentsize, phnum) = (
@@ -121,17 +128,11 @@ pub fn linkage(path: &Path) -> std::io::Result<Linkage> {
     }
     let mut ph = vec![0u8; phentsize * phnum];
     f.read_exact_at(&mut ph, phoff)?;
-    const PT_INTERP: u32 = 3;
-    const ET_EXEC: u16 = 2;
-    const ET_DYN: u16 = 3;
-    if ![ET_EXEC, ET_DYN].contains(&u16_at(&h, 0x10)) {
-        return Err(bad("not an executable"));
-    }
     Ok(Linkage {
         dynamic: ph
             .chunks_exact(phentsize)
             .any(|p| u32::from_le_bytes([p[0], p[1], p[2], p[3]]) == PT_INTERP),
-        position_independent: u16_at(&h, 0x10) == ET_DYN,
+        position_independent: e_type == ET_DYN,
     })
 }
 
