@@ -12,6 +12,13 @@
 //! lays out its private directory and side trees (`init/mod.rs`, `prepare`). The plan must
 //! name the same directory and cgroups.
 //!
+//! Given the plan the runtime expects ([`InitReserve::expect`]: its first, then one that two
+//! creates in a row had), init also
+//! mounts that root, starts its zygote and binds the side trees before it answers; the
+//! sandbox's plan keeps them when it has the same root and confinement and the same layer
+//! directories, else init undoes them and sets up as without (`init/mod.rs`,
+//! `Init::setup_after_ahead`).
+//!
 //! What a spare has before its plan is what a freshly cloned init has: its own mount, pid,
 //! UTS, IPC and network namespaces (the network one made ahead by the [`NetnsReserve`], or
 //! its own), signal dispositions at their defaults, the same environment and descriptors.
@@ -44,7 +51,7 @@
 
 use crate::cgroup::Cgroup;
 use crate::netns::NetnsReserve;
-use crate::protocol::{read_frame, write_frame, PreparePlan, Request, Response};
+use crate::protocol::{read_frame, write_frame, PreparePlan, Request, Response, SetupPlan};
 use crate::runtime::InitProgram;
 use std::fs::File;
 use std::os::fd::AsFd;
@@ -179,6 +186,19 @@ struct Shared {
     netns: Arc<NetnsReserve>,
     /// Whether spares are forked by the init forker (`init_forker.rs`), else exec'd.
     forked: std::sync::atomic::AtomicBool,
+    /// Whether spares make the expected plan's root ahead ([`InitReserve::set_roots_ahead`]).
+    roots_ahead: std::sync::atomic::AtomicBool,
+    /// The plan the next spares make their root for, and the last create's plan.
+    expected: Mutex<Expected>,
+}
+
+/// Which plan spares make their root for: the runtime's first plan, then a plan only once two
+/// creates in a row had it. A runtime whose every create has a new plan (an image build adds a
+/// layer at each step) would otherwise pay for undoing a root at every create.
+#[derive(Default)]
+struct Expected {
+    ahead: Option<Box<SetupPlan>>,
+    last: Option<SetupPlan>,
 }
 
 /// The runtime's reserve of started inits (see the module).
@@ -200,6 +220,8 @@ impl InitReserve {
                 place,
                 netns,
                 forked: std::sync::atomic::AtomicBool::new(true),
+                roots_ahead: std::sync::atomic::AtomicBool::new(true),
+                expected: Mutex::new(Expected::default()),
             }),
             thread: Mutex::new(None),
         }
@@ -289,6 +311,29 @@ impl InitReserve {
     /// exec'd (see `init_forker.rs`).
     pub fn set_forked(&self, on: bool) {
         self.shared.forked.store(on, Ordering::Relaxed);
+    }
+
+    /// The plan of a create that just succeeded. Spares started from now on mount its root
+    /// and start its zygote while they wait when it is the runtime's first plan or the last
+    /// create's too (same root and confinement), else they wait without ([`Expected`]); never
+    /// while [`InitReserve::set_roots_ahead`] is off.
+    pub fn expect(&self, plan: SetupPlan) {
+        let mut e = crate::lock(&self.shared.expected);
+        let again = e
+            .last
+            .as_ref()
+            .is_none_or(|last| last.same_root_and_confinement(&plan));
+        e.ahead = (again && self.shared.roots_ahead.load(Ordering::Relaxed))
+            .then(|| Box::new(plan.clone()));
+        e.last = Some(plan);
+    }
+
+    /// Whether spares started from now on make the expected plan's root ahead.
+    pub fn set_roots_ahead(&self, on: bool) {
+        self.shared.roots_ahead.store(on, Ordering::Relaxed);
+        if !on {
+            crate::lock(&self.shared.expected).ahead = None;
+        }
     }
 
     /// The init forker's pid while one runs.
@@ -434,6 +479,7 @@ fn start_one(
     let prepare = Request::Prepare(Box::new(PreparePlan {
         sandbox_dir: spare.dir.to_string_lossy().into_owned(),
         cgroup_join: spare.cgroup.self_join_files(),
+        expected: crate::lock(&shared.expected).ahead.clone(),
     }));
     let recorded = std::fs::write(&spare.record, crate::state::identity(pid))
         .map_err(spawn("recording a spare init"));

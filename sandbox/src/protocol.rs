@@ -331,10 +331,24 @@ pub struct Health {
 pub struct PreparePlan {
     pub sandbox_dir: String,
     pub cgroup_join: Vec<String>,
+    /// The plan the runtime expects (its last create's): init also mounts that root and
+    /// starts its zygote now, and keeps them if the plan that comes has the same root and
+    /// confinement ([`SetupPlan::same_root_and_confinement`], with the same layer directories),
+    /// else unmounts them and sets up as without it. Its `sandbox_dir` and `cgroup_join` are
+    /// this plan's.
+    #[serde(default)]
+    pub expected: Option<Box<SetupPlan>>,
+}
+
+/// Init's answer to a [`SetupPlan`]: the sandbox is ready.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetUp {
+    /// Whether the root and zygote made ahead for [`PreparePlan::expected`] were kept.
+    pub root_made_ahead: bool,
 }
 
 /// Everything init needs to build the sandbox; sent once, first (or after a [`PreparePlan`]).
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SetupPlan {
     /// Host path of the sandbox's private directory (an empty directory in the run dir).
     pub sandbox_dir: String,
@@ -364,6 +378,41 @@ pub struct SetupPlan {
     /// Run commands in a user namespace where root is host uid/gid `.0` (`.1` ids mapped).
     #[serde(default)]
     pub userns: Option<(u32, u32)>,
+}
+
+impl SetupPlan {
+    /// Whether a root mounted and a zygote confined for `self` serve `other` as they are: the
+    /// same layers (by name: init also checks that each is still the same directory), disk,
+    /// read-only paths and confinement of commands. Where the sandbox lives, its host name and
+    /// the commands' default environment may differ (init sets the host name at every setup;
+    /// the environment goes with each command).
+    pub fn same_root_and_confinement(&self, other: &SetupPlan) -> bool {
+        // Every field named, so that a new one is sorted into one side or the other.
+        let SetupPlan {
+            sandbox_dir: _,
+            cgroup_join: _,
+            hostname: _,
+            env: _,
+            lowers,
+            disk_bytes,
+            disk_inodes,
+            readonly_paths,
+            keep_caps,
+            seccomp,
+            landlock,
+            nofile,
+            userns,
+        } = self;
+        *lowers == other.lowers
+            && *disk_bytes == other.disk_bytes
+            && *disk_inodes == other.disk_inodes
+            && *readonly_paths == other.readonly_paths
+            && *keep_caps == other.keep_caps
+            && *seccomp == other.seccomp
+            && *landlock == other.landlock
+            && *nofile == other.nofile
+            && *userns == other.userns
+    }
 }
 
 /// A request to init.
@@ -448,6 +497,7 @@ impl std::fmt::Display for FailureKind {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Response {
     Ok,
+    SetUp(SetUp),
     Exec(Box<ExecResult>),
     File {
         #[serde(with = "serde_bytes")]
@@ -516,6 +566,60 @@ pub fn read_frame<T: for<'de> Deserialize<'de>>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn plan() -> SetupPlan {
+        SetupPlan {
+            sandbox_dir: "/run/s1".into(),
+            cgroup_join: vec!["/cg/s1/cgroup.procs".into()],
+            lowers: vec!["/mask".into(), "/".into()],
+            disk_bytes: 64 << 20,
+            disk_inodes: None,
+            readonly_paths: Vec::new(),
+            hostname: "sandbox".into(),
+            env: vec!["PATH=/bin".into()],
+            keep_caps: vec![0, 1],
+            seccomp: Some(crate::seccomp::CompiledSeccomp {
+                programs: vec![vec![(6, 0, 0, 0x7fff_0000)]],
+            }),
+            landlock: true,
+            nofile: 1024,
+            userns: None,
+        }
+    }
+
+    #[test]
+    fn a_root_made_ahead_serves_only_a_plan_with_the_same_root_and_confinement() {
+        let a = plan();
+        // Where it lives, its host name and the default environment may differ.
+        let mut b = plan();
+        b.sandbox_dir = "/run/s2".into();
+        b.cgroup_join = vec!["/cg/s2/cgroup.procs".into()];
+        b.hostname = "other".into();
+        b.env = vec!["PATH=/usr/bin".into(), "X=1".into()];
+        assert!(a.same_root_and_confinement(&b));
+        // Anything of the root or of the commands' confinement may not.
+        type Change = (&'static str, fn(&mut SetupPlan));
+        let changes: Vec<Change> = vec![
+            ("lowers", |p| p.lowers.insert(0, "/extra".into())),
+            ("disk_bytes", |p| p.disk_bytes += 1),
+            ("disk_inodes", |p| p.disk_inodes = Some(100)),
+            ("readonly_paths", |p| p.readonly_paths.push("/etc".into())),
+            ("keep_caps", |p| p.keep_caps.push(2)),
+            ("seccomp", |p| p.seccomp = None),
+            ("seccomp program", |p| {
+                p.seccomp.as_mut().unwrap().programs[0][0].3 = 0
+            }),
+            ("landlock", |p| p.landlock = false),
+            ("nofile", |p| p.nofile = 64),
+            ("userns", |p| p.userns = Some((100_000, 65_536))),
+        ];
+        for (what, change) in changes {
+            let mut c = plan();
+            change(&mut c);
+            assert!(!a.same_root_and_confinement(&c), "{what} differs");
+            assert!(!c.same_root_and_confinement(&a), "{what} differs");
+        }
+    }
 
     #[test]
     fn an_epilogue_is_one_quoted_word_of_a_trap_on_the_commands_first_line() {

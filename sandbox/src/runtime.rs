@@ -100,6 +100,8 @@ struct Inner {
     forked_inits: std::sync::atomic::AtomicBool,
     /// Host mask store entries checked while an init set up (`PendingMask::entry_check`).
     deferred_entry_checks: std::sync::atomic::AtomicU64,
+    /// Creates whose spare kept the root it had made ahead ([`Runtime::spare_roots_kept`]).
+    roots_made_ahead: std::sync::atomic::AtomicU64,
     /// Called once, right after the next init is started ([`Runtime::after_next_init_start`]).
     after_init_start: Mutex<Option<Box<dyn FnOnce() + Send>>>,
 }
@@ -191,6 +193,7 @@ impl Runtime {
                 spares_on: std::sync::atomic::AtomicBool::new(true),
                 forked_inits: std::sync::atomic::AtomicBool::new(false),
                 deferred_entry_checks: std::sync::atomic::AtomicU64::new(0),
+                roots_made_ahead: std::sync::atomic::AtomicU64::new(0),
                 after_init_start: Mutex::new(None),
             }),
         })
@@ -283,6 +286,19 @@ impl Runtime {
     /// goes.
     pub fn set_spare_inits(&self, on: bool) {
         self.inner.spares_on.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether spares also mount the root of the runtime's last plan and start its zygote
+    /// while they wait (the default), kept by a create whose plan has the same root and
+    /// confinement (`init_reserve.rs`); off, they wait with only their side trees. Spares
+    /// already waiting keep what they made.
+    pub fn set_spare_roots(&self, on: bool) {
+        self.inner.inits.set_roots_ahead(on);
+    }
+
+    /// Creates whose spare init kept the root and zygote it had made ahead.
+    pub fn spare_roots_kept(&self) -> u64 {
+        self.inner.roots_made_ahead.load(Ordering::Relaxed)
     }
 
     /// How many creates checked their host mask store entry while their init set up (with
@@ -756,7 +772,7 @@ impl Runtime {
             None => sb.setup(cfg, seccomp),
             Some(p) => match sb.send_setup(cfg, seccomp) {
                 Err(e) => Err(e),
-                Ok(()) => {
+                Ok(plan) => {
                     // Init sets up (no command can run before this returns) while the host is
                     // checked against the remembered plan.
                     if p.entry_check.is_some() {
@@ -776,20 +792,30 @@ impl Runtime {
                     if r.is_ok() {
                         self.accept_host_mask(p, base);
                     }
-                    r
+                    r.map(|ahead| (plan, ahead))
                 }
             },
         };
-        if let Err(e) = set_up {
-            if spare && matches!(e, SandboxError::Dead) {
-                // A spare that died just before it was taken (killed from outside, between
-                // its check and its plan): once more with an init cloned for it. A plan that
-                // cannot be set up is not retried.
-                tracing::debug!(sandbox = %sb.name(), error = %e, "a spare init failed its setup: made again with a cloned init");
-                drop(sb);
-                return self.create_with(cfg, defer, false);
+        let (plan, root_made_ahead) = match set_up {
+            Ok(done) => done,
+            Err(e) => {
+                if spare && matches!(e, SandboxError::Dead) {
+                    // A spare that died just before it was taken (killed from outside, between
+                    // its check and its plan): once more with an init cloned for it. A plan that
+                    // cannot be set up is not retried.
+                    tracing::debug!(sandbox = %sb.name(), error = %e, "a spare init failed its setup: made again with a cloned init");
+                    drop(sb);
+                    return self.create_with(cfg, defer, false);
+                }
+                return Err(e);
             }
-            return Err(e);
+        };
+        // The next spares make this plan's root ahead (`init_reserve.rs`).
+        if spares {
+            self.inner.inits.expect(plan);
+        }
+        if root_made_ahead {
+            self.inner.roots_made_ahead.fetch_add(1, Ordering::Relaxed);
         }
         if spare {
             refill.0 = None;
@@ -801,6 +827,7 @@ impl Runtime {
             cgroup_us,
             spawn_us,
             spare,
+            root_made_ahead,
             forked,
             netns_ready,
             resolve_us,

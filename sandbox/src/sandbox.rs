@@ -95,14 +95,15 @@ impl Sandbox {
     }
 
     /// Send init its setup plan (this sandbox's directory, cgroups and layers, and the rest of
-    /// `cfg`) and wait until the sandbox is ready.
+    /// `cfg`) and wait until the sandbox is ready. Returns the plan, and whether init kept the
+    /// root it had made ahead for it ([`crate::protocol::SetUp`]).
     pub(crate) fn setup(
         &mut self,
         cfg: &SandboxConfig,
         seccomp: Option<CompiledSeccomp>,
-    ) -> Result<(), SandboxError> {
-        self.send_setup(cfg, seccomp)?;
-        self.wait_setup()
+    ) -> Result<(SetupPlan, bool), SandboxError> {
+        let plan = self.send_setup(cfg, seccomp)?;
+        Ok((plan, self.wait_setup()?))
     }
 
     /// The first half of [`Self::setup`]: send the plan (init sets up while the caller works).
@@ -110,7 +111,7 @@ impl Sandbox {
         &mut self,
         cfg: &SandboxConfig,
         seccomp: Option<CompiledSeccomp>,
-    ) -> Result<(), SandboxError> {
+    ) -> Result<SetupPlan, SandboxError> {
         let plan = SetupPlan {
             sandbox_dir: self.dir.to_string_lossy().into_owned(),
             cgroup_join: self.cgroup.self_join_files(),
@@ -126,13 +127,15 @@ impl Sandbox {
             nofile: cfg.nofile,
             userns: cfg.userns.then_some((USERNS_BASE, 65_536)),
         };
-        self.send(&Request::Setup(Box::new(plan)))
+        self.send(&Request::Setup(Box::new(plan.clone())))?;
+        Ok(plan)
     }
 
-    /// The second half of [`Self::setup`]: wait until init says the sandbox is ready.
-    pub(crate) fn wait_setup(&mut self) -> Result<(), SandboxError> {
+    /// The second half of [`Self::setup`]: wait until init says the sandbox is ready; whether
+    /// it kept a root made ahead.
+    pub(crate) fn wait_setup(&mut self) -> Result<bool, SandboxError> {
         match self.receive(Duration::from_secs(30))? {
-            Response::Ok => Ok(()),
+            Response::SetUp(s) => Ok(s.root_made_ahead),
             Response::Failed { message, .. } => Err(SandboxError::Setup(message)),
             other => Err(SandboxError::Unexpected {
                 request: "setup",

@@ -130,7 +130,7 @@ pub(crate) struct Init {
 /// the root; before it reads any request, so before anything of the sandbox exists. A failure
 /// is the answer to the first request (`Prepare` or `Setup`).
 fn run(mut sock: UnixStream, make_netns: bool) -> Result<(), InitError> {
-    let mut netns = if make_netns {
+    let netns = if make_netns {
         nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)
             .map_err(os("unshare(CLONE_NEWNET)"))
     } else {
@@ -150,63 +150,98 @@ fn run(mut sock: UnixStream, make_netns: bool) -> Result<(), InitError> {
     quiet_stdio();
 
     // An init started ahead (`init_reserve.rs`) is told its directory and cgroups first and
-    // does what depends on nothing else while it waits for its plan.
+    // does what depends on nothing else while it waits for its plan; given the plan the
+    // runtime expects, it also mounts that root and starts its zygote (`setup_ahead`).
     // Its answer tells the reserve whether it is ready; one that failed exits.
-    let mut first = read_frame::<Request>(&mut sock, "request")?;
-    let mut prepared = None;
-    if let Request::Prepare(p) = first {
-        let reply = match std::mem::replace(&mut netns, Ok(())).and_then(|()| prepare(&p)) {
-            Ok(()) => Response::Ok,
-            Err(e) => Response::Failed {
-                kind: FailureKind::Internal,
-                message: e.to_string(),
-            },
-        };
-        let failed = matches!(reply, Response::Failed { .. });
-        write_frame(&mut sock, "response", &reply)?;
-        if failed {
-            return Ok(());
+    let first = read_frame::<Request>(&mut sock, "request")?;
+    let (mut init, set_up) = match first {
+        Request::Prepare(p) => {
+            let mut p = *p;
+            let expected = p.expected.take();
+            if let Err(e) = netns.and_then(|()| prepare(&p)) {
+                return answer_failed(&mut sock, e);
+            }
+            match expected {
+                None => {
+                    write_frame(&mut sock, "response", &Response::Ok)?;
+                    let plan = read_setup(&mut sock)?;
+                    let mut init = Init::new(sock, sigfd, plan);
+                    let r = init.setup(Some(p)).map(|()| false);
+                    (init, r)
+                }
+                Some(mut expected) => {
+                    expected.sandbox_dir = p.sandbox_dir.clone();
+                    expected.cgroup_join = p.cgroup_join.clone();
+                    let mut init = Init::new(sock, sigfd, *expected);
+                    let ahead = match init.setup_ahead(&p) {
+                        Ok(a) => a,
+                        Err(e) => return answer_failed(&mut init.sock, e),
+                    };
+                    write_frame(&mut init.sock, "response", &Response::Ok)?;
+                    let plan = read_setup(&mut init.sock)?;
+                    let r = init.setup_after_ahead(plan, p, &ahead);
+                    (init, r)
+                }
+            }
         }
-        prepared = Some(*p);
-        first = read_frame::<Request>(&mut sock, "request")?;
-    }
-    let plan = match first {
-        Request::Setup(plan) => *plan,
+        Request::Setup(plan) => {
+            let mut init = Init::new(sock, sigfd, *plan);
+            let r = netns.and_then(|()| init.setup(None)).map(|()| false);
+            (init, r)
+        }
         other => {
             return Err(InitError::Setup(format!(
                 "first request must be Setup, got {other:?}"
             )))
         }
     };
-    let mut init = Init {
-        sock,
-        sigfd,
-        layout: Layout::new(&plan.sandbox_dir),
-        current: plan.lowers.clone(),
-        plan,
-        snapshots: Vec::new(),
-        root_fd: None,
-        landlock_policy: None,
-        landlock: None,
-        seccomp: None,
-        last_cap: crate::caps::last_cap(),
-        zygote: None,
-        zygote_due: false,
-        buf: Vec::new(),
-    };
-    let reply = match netns.and_then(|()| init.setup(prepared)) {
-        Ok(()) => Response::Ok,
-        Err(e) => Response::Failed {
-            kind: FailureKind::Internal,
-            message: e.to_string(),
-        },
-    };
-    let failed = matches!(reply, Response::Failed { .. });
-    write_frame(&mut init.sock, "response", &reply)?;
-    if failed {
-        return Ok(());
+    match set_up {
+        Ok(root_made_ahead) => {
+            let reply = Response::SetUp(crate::protocol::SetUp { root_made_ahead });
+            write_frame(&mut init.sock, "response", &reply)?;
+        }
+        Err(e) => return answer_failed(&mut init.sock, e),
     }
     init.serve()
+}
+
+/// Answer the pending request with `e`, after which init exits.
+fn answer_failed(sock: &mut UnixStream, e: InitError) -> Result<(), InitError> {
+    let reply = Response::Failed {
+        kind: FailureKind::Internal,
+        message: e.to_string(),
+    };
+    write_frame(sock, "response", &reply)?;
+    Ok(())
+}
+
+/// The plan, which must come next.
+fn read_setup(sock: &mut UnixStream) -> Result<SetupPlan, InitError> {
+    match read_frame::<Request>(sock, "request")? {
+        Request::Setup(plan) => Ok(*plan),
+        other => Err(InitError::Setup(format!(
+            "first request must be Setup, got {other:?}"
+        ))),
+    }
+}
+
+/// What [`Init::setup_ahead`] made: the identity (device, inode) of each layer directory,
+/// taken before the root was mounted on them.
+pub(crate) struct RootAhead {
+    layers: Vec<(u64, u64)>,
+}
+
+/// The device and inode of each of `lowers` (symlinks followed, as the overlay's mount does).
+fn layer_identities(lowers: &[String]) -> Result<Vec<(u64, u64)>, InitError> {
+    use std::os::unix::fs::MetadataExt;
+    lowers
+        .iter()
+        .map(|l| {
+            std::fs::metadata(l)
+                .map(|m| (m.dev(), m.ino()))
+                .map_err(|e| InitError::Setup(format!("layer {l}: {e}")))
+        })
+        .collect()
 }
 
 fn quiet_stdio() {
@@ -249,11 +284,83 @@ fn prepare(p: &crate::protocol::PreparePlan) -> Result<(), InitError> {
         .map_err(|e| InitError::Setup(e.to_string()))
 }
 
+/// A plan must name the directory and cgroups its init was prepared for.
+fn check_prepared(p: &crate::protocol::PreparePlan, plan: &SetupPlan) -> Result<(), InitError> {
+    if p.sandbox_dir != plan.sandbox_dir || p.cgroup_join != plan.cgroup_join {
+        return Err(InitError::Setup(format!(
+            "the plan names {} and cgroups {:?}, but this init was prepared for {} and {:?}",
+            plan.sandbox_dir, plan.cgroup_join, p.sandbox_dir, p.cgroup_join
+        )));
+    }
+    Ok(())
+}
+
 fn side_tree_probe(p: &Path) -> Option<bool> {
     std::fs::symlink_metadata(p).ok().map(|m| m.is_dir())
 }
 
 impl Init {
+    fn new(sock: UnixStream, sigfd: SignalFd, plan: SetupPlan) -> Self {
+        Init {
+            sock,
+            sigfd,
+            layout: Layout::new(&plan.sandbox_dir),
+            current: plan.lowers.clone(),
+            plan,
+            snapshots: Vec::new(),
+            root_fd: None,
+            landlock_policy: None,
+            landlock: None,
+            seccomp: None,
+            last_cap: crate::caps::last_cap(),
+            zygote: None,
+            zygote_due: false,
+            buf: Vec::new(),
+        }
+    }
+
+    /// In an init started ahead, with the plan the runtime expects as `self.plan`: the rest of
+    /// the setup (the root mounted, the zygote started, the side trees bound), done before the
+    /// sandbox's plan comes. The layers' identities are taken first: one replaced after that
+    /// (a directory moved away and another put at its path) is seen as changed, never
+    /// mistaken for the one mounted.
+    fn setup_ahead(
+        &mut self,
+        prepared: &crate::protocol::PreparePlan,
+    ) -> Result<RootAhead, InitError> {
+        let layers = layer_identities(&self.plan.lowers)?;
+        self.setup(Some(prepared.clone()))?;
+        Ok(RootAhead { layers })
+    }
+
+    /// The sandbox's `plan`, in an init that set up `ahead` for the expected one: the root and
+    /// zygote made ahead are kept when the plan has the same root and confinement and each
+    /// layer path still names the directory that was mounted; else both go (the zygote killed
+    /// and reaped, the root unmounted) and the plan is set up as in any init started ahead.
+    /// Whether they were kept.
+    fn setup_after_ahead(
+        &mut self,
+        plan: SetupPlan,
+        prepared: crate::protocol::PreparePlan,
+        ahead: &RootAhead,
+    ) -> Result<bool, InitError> {
+        check_prepared(&prepared, &plan)?;
+        let same_layers = || layer_identities(&plan.lowers).is_ok_and(|l| l == ahead.layers);
+        if self.plan.same_root_and_confinement(&plan) && same_layers() {
+            nix::unistd::sethostname(&plan.hostname).map_err(os("sethostname"))?;
+            self.plan = plan;
+            return Ok(true);
+        }
+        self.replace_zygote(true);
+        self.unmount_root()?;
+        self.landlock_policy = None;
+        self.seccomp = None;
+        self.current = plan.lowers.clone();
+        self.plan = plan;
+        self.setup(Some(prepared))?;
+        Ok(false)
+    }
+
     /// The setup steps, in the order of docs/sandbox.md; `prepared`: what [`prepare`] did
     /// before the plan came.
     fn setup(&mut self, prepared: Option<crate::protocol::PreparePlan>) -> Result<(), InitError> {
@@ -269,12 +376,7 @@ impl Init {
                 false
             }
             Some(p) => {
-                if p.sandbox_dir != plan.sandbox_dir || p.cgroup_join != plan.cgroup_join {
-                    return Err(InitError::Setup(format!(
-                        "the plan names {} and cgroups {:?}, but this init was prepared for {} and {:?}",
-                        plan.sandbox_dir, plan.cgroup_join, p.sandbox_dir, p.cgroup_join
-                    )));
-                }
+                check_prepared(&p, plan)?;
                 mounts::resize_private_dir(&mut sys, &self.layout, scratch.max(PREPARED_SCRATCH))
                     .map_err(|e| InitError::Setup(e.to_string()))?;
                 true

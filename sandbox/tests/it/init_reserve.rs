@@ -417,6 +417,24 @@ fn with_two_spares() -> (Runtime, Vec<Sandbox>) {
 /// A tmpfs mounted in the host namespace for the test's life, unmounted even on panic.
 struct TmpMount(std::path::PathBuf);
 
+impl TmpMount {
+    /// A 1 MiB tmpfs mounted on a new directory `name` in the temporary directory.
+    fn new(name: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let m = TmpMount(dir);
+        nix::mount::mount(
+            Some("tmpfs"),
+            &m.0,
+            Some("tmpfs"),
+            nix::mount::MsFlags::empty(),
+            Some("size=1m"),
+        )
+        .unwrap();
+        m
+    }
+}
+
 impl Drop for TmpMount {
     fn drop(&mut self) {
         let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
@@ -433,17 +451,8 @@ fn an_init_started_before_the_engines_mount_table_changed_is_never_used() {
     let records = records_of(&rt, &spares);
     // A layer on a filesystem mounted after those inits were cloned: their copies of the mount
     // table have the empty directory under it.
-    let dir = std::env::temp_dir().join(format!("envfactory-spare-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let _m = TmpMount(dir.clone());
-    nix::mount::mount(
-        Some("tmpfs"),
-        &dir,
-        Some("tmpfs"),
-        nix::mount::MsFlags::empty(),
-        Some("size=1m"),
-    )
-    .unwrap();
+    let m = TmpMount::new("envfactory-spare");
+    let dir = m.0.clone();
     std::fs::create_dir(dir.join("layer")).unwrap();
     std::fs::write(dir.join("layer/marker"), "mounted after\n").unwrap();
     let discarded_before = rt.spare_inits_used().1;
@@ -595,4 +604,107 @@ fn the_reserve_fills_again_after_inits_failed_to_start() {
     );
     let mut s = from_a_spare(&rt, &config());
     assert_eq!(out(&sh(&mut s, "echo ok")), "ok\n");
+}
+
+/// Create sandboxes of `cfg` from spares until one keeps the root its spare made ahead (the
+/// spares waiting may have been made for an earlier plan); `None` after `tries`.
+fn keeping_a_root(rt: &Runtime, cfg: &sandbox::SandboxConfig, tries: usize) -> Option<Sandbox> {
+    for _ in 0..tries {
+        let kept = rt.spare_roots_kept();
+        let mut sb = from_a_spare(rt, cfg);
+        // Its first request lets the reserve start the next spare, for this plan.
+        sh(&mut sb, "true");
+        if rt.spare_roots_kept() > kept {
+            return Some(sb);
+        }
+    }
+    None
+}
+
+#[test]
+fn a_spare_keeps_the_root_it_made_ahead_only_for_a_plan_with_the_same_root() {
+    require_root!();
+    let rt = runtime();
+    let cloned = rt.create(&config()).unwrap();
+    // The reserve starts at the second create, with the first's plan expected.
+    drop(rt.create(&config()).unwrap());
+    let mut cfg = config();
+    cfg.hostname = "made-ahead".into();
+    let mut s = keeping_a_root(&rt, &cfg, 4).expect("no spare kept the root it made ahead");
+    // The host name is the plan's, not the one the root was made for; the rest as a cloned
+    // sandbox has it.
+    let probe = "hostname; ls / /dev; grep -E '^(Cap|Seccomp|NoNewPrivs)' /proc/self/status; \
+                 awk '{print $5, $6}' /proc/self/mountinfo | sort; echo x > /root/f && cat /root/f";
+    let (r, mut c) = (sh(&mut s, probe), cloned);
+    let r0 = sh(&mut c, probe);
+    assert_eq!(out(&r).lines().next(), Some("made-ahead"), "{r:?}");
+    assert_eq!(
+        out(&r).lines().skip(1).collect::<Vec<_>>(),
+        out(&r0).lines().skip(1).collect::<Vec<_>>()
+    );
+    // A plan with another root (a path bound read-only) does not get the root made for the
+    // last one: until a spare made for it comes (once two creates in a row had it), its spares
+    // unmount theirs and mount its own.
+    let mut ro = config();
+    ro.readonly_paths = vec!["/opt".into()];
+    let kept = rt.spare_roots_kept();
+    let mut first = from_a_spare(&rt, &ro);
+    assert_eq!(
+        rt.spare_roots_kept(),
+        kept,
+        "a root made for another plan was kept"
+    );
+    let r = sh(
+        &mut first,
+        "touch /opt/x 2>&1; echo $?; touch /root/y; echo $?",
+    );
+    assert_eq!(out(&r).lines().nth(1), Some("1"), "{r:?}");
+    assert_eq!(out(&r).lines().nth(2), Some("0"), "{r:?}");
+    drop(first);
+    let mut later = keeping_a_root(&rt, &ro, 8).expect("no spare made the new plan's root ahead");
+    let r = sh(
+        &mut later,
+        "touch /opt/x 2>&1; echo $?; ls /opt/x 2>&1; echo $?",
+    );
+    assert_eq!(out(&r).lines().nth(1), Some("1"), "{r:?}");
+    assert_ne!(out(&r).lines().nth(3), Some("0"), "{r:?}");
+    // And the plan before it gets its root back.
+    let mut back = keeping_a_root(&rt, &config(), 8).expect("the first plan's root not made again");
+    let r = sh(&mut back, "touch /opt/x; echo $?");
+    assert_eq!(out(&r).trim(), "0", "{r:?}");
+}
+
+/// Hack trial: a spare mounted its root on the layer directories the plan named; a directory
+/// put at a layer's path after that (the old one moved away) must be what the next sandbox
+/// sees, though the plan names the same paths.
+#[test]
+fn a_layer_replaced_at_its_path_is_not_mistaken_for_the_one_mounted_ahead() {
+    require_root!();
+    // Layers must not lie in another layer (the host's root): on a tmpfs of the test's own.
+    let m = TmpMount::new("envfactory-ahead");
+    let dir = m.0.clone();
+    let layer = dir.join("layer");
+    std::fs::create_dir(&layer).unwrap();
+    std::fs::write(layer.join("made-ahead-marker"), "one\n").unwrap();
+    let mut cfg = config();
+    cfg.layers = vec![layer.clone()];
+    let rt = runtime();
+    let mut a = rt.create(&cfg).unwrap();
+    assert_eq!(out(&sh(&mut a, "cat /made-ahead-marker")), "one\n");
+    drop(rt.create(&cfg).unwrap());
+    // Spares made for this plan, with the first directory mounted.
+    let mut b = keeping_a_root(&rt, &cfg, 4).expect("no spare kept the root it made ahead");
+    assert_eq!(out(&sh(&mut b, "cat /made-ahead-marker")), "one\n");
+    assert!(eventually(10, || rt.spare_inits_ready() >= 1 && rt.spare_inits_idle()));
+    std::fs::rename(&layer, dir.join("old")).unwrap();
+    std::fs::create_dir(&layer).unwrap();
+    std::fs::write(layer.join("made-ahead-marker"), "two\n").unwrap();
+    let kept = rt.spare_roots_kept();
+    let mut c = from_a_spare(&rt, &cfg);
+    assert_eq!(
+        rt.spare_roots_kept(),
+        kept,
+        "a root on the moved directory was kept"
+    );
+    assert_eq!(out(&sh(&mut c, "cat /made-ahead-marker")), "two\n");
 }
