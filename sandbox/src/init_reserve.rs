@@ -323,8 +323,18 @@ impl InitReserve {
             .last
             .as_ref()
             .is_none_or(|last| last.same_root_and_confinement(&plan));
-        e.ahead = (again && self.shared.roots_ahead.load(Ordering::Relaxed))
-            .then(|| Box::new(plan.clone()));
+        // Nothing of the create that had it but its root and confinement: no directory or
+        // cgroups (each spare's own go in), no host name, no environment (which may hold a
+        // secret of that sandbox's) reach the spares.
+        e.ahead = (again && self.shared.roots_ahead.load(Ordering::Relaxed)).then(|| {
+            Box::new(SetupPlan {
+                sandbox_dir: String::new(),
+                cgroup_join: Vec::new(),
+                hostname: String::new(),
+                env: Vec::new(),
+                ..plan.clone()
+            })
+        });
         e.last = Some(plan);
     }
 

@@ -331,7 +331,7 @@ pub struct Health {
 pub struct PreparePlan {
     pub sandbox_dir: String,
     pub cgroup_join: Vec<String>,
-    /// The plan the runtime expects (its last create's): init also mounts that root and
+    /// The plan the runtime expects (`InitReserve::expect`): init also mounts that root and
     /// starts its zygote now, and keeps them if the plan that comes has the same root and
     /// confinement ([`SetupPlan::same_root_and_confinement`], with the same layer directories),
     /// else unmounts them and sets up as without it. Its `sandbox_dir` and `cgroup_join` are
@@ -341,10 +341,13 @@ pub struct PreparePlan {
 }
 
 /// Init's answer to a [`SetupPlan`]: the sandbox is ready.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SetUp {
     /// Whether the root and zygote made ahead for [`PreparePlan::expected`] were kept.
     pub root_made_ahead: bool,
+    /// Whether a root made ahead was undone (the plan had another root or confinement, or a
+    /// layer path named another directory by then).
+    pub root_undone: bool,
 }
 
 /// Everything init needs to build the sandbox; sent once, first (or after a [`PreparePlan`]).

@@ -100,8 +100,10 @@ struct Inner {
     forked_inits: std::sync::atomic::AtomicBool,
     /// Host mask store entries checked while an init set up (`PendingMask::entry_check`).
     deferred_entry_checks: std::sync::atomic::AtomicU64,
-    /// Creates whose spare kept the root it had made ahead ([`Runtime::spare_roots_kept`]).
+    /// Creates whose spare kept the root it had made ahead ([`Runtime::spare_roots_kept`]),
+    /// and creates whose spare undid it ([`Runtime::spare_roots_undone`]).
     roots_made_ahead: std::sync::atomic::AtomicU64,
+    roots_undone: std::sync::atomic::AtomicU64,
     /// Called once, right after the next init is started ([`Runtime::after_next_init_start`]).
     after_init_start: Mutex<Option<Box<dyn FnOnce() + Send>>>,
 }
@@ -194,6 +196,7 @@ impl Runtime {
                 forked_inits: std::sync::atomic::AtomicBool::new(false),
                 deferred_entry_checks: std::sync::atomic::AtomicU64::new(0),
                 roots_made_ahead: std::sync::atomic::AtomicU64::new(0),
+                roots_undone: std::sync::atomic::AtomicU64::new(0),
                 after_init_start: Mutex::new(None),
             }),
         })
@@ -288,10 +291,10 @@ impl Runtime {
         self.inner.spares_on.store(on, Ordering::Relaxed);
     }
 
-    /// Whether spares also mount the root of the runtime's last plan and start its zygote
-    /// while they wait (the default), kept by a create whose plan has the same root and
-    /// confinement (`init_reserve.rs`); off, they wait with only their side trees. Spares
-    /// already waiting keep what they made.
+    /// Whether spares also mount the root of the plan the runtime expects (its first, then one
+    /// that two creates in a row had) and start its zygote while they wait (the default),
+    /// kept by a create whose plan has the same root and confinement (`init_reserve.rs`); off,
+    /// they wait with only their side trees. Spares already waiting keep what they made.
     pub fn set_spare_roots(&self, on: bool) {
         self.inner.inits.set_roots_ahead(on);
     }
@@ -299,6 +302,12 @@ impl Runtime {
     /// Creates whose spare init kept the root and zygote it had made ahead.
     pub fn spare_roots_kept(&self) -> u64 {
         self.inner.roots_made_ahead.load(Ordering::Relaxed)
+    }
+
+    /// Creates whose spare init undid the root it had made ahead (another plan, or a layer
+    /// path that named another directory by then).
+    pub fn spare_roots_undone(&self) -> u64 {
+        self.inner.roots_undone.load(Ordering::Relaxed)
     }
 
     /// How many creates checked their host mask store entry while their init set up (with
@@ -792,11 +801,11 @@ impl Runtime {
                     if r.is_ok() {
                         self.accept_host_mask(p, base);
                     }
-                    r.map(|ahead| (plan, ahead))
+                    r.map(|done| (plan, done))
                 }
             },
         };
-        let (plan, root_made_ahead) = match set_up {
+        let (plan, done) = match set_up {
             Ok(done) => done,
             Err(e) => {
                 if spare && matches!(e, SandboxError::Dead) {
@@ -814,8 +823,11 @@ impl Runtime {
         if spares {
             self.inner.inits.expect(plan);
         }
-        if root_made_ahead {
+        if done.root_made_ahead {
             self.inner.roots_made_ahead.fetch_add(1, Ordering::Relaxed);
+        }
+        if done.root_undone {
+            self.inner.roots_undone.fetch_add(1, Ordering::Relaxed);
         }
         if spare {
             refill.0 = None;
@@ -827,7 +839,8 @@ impl Runtime {
             cgroup_us,
             spawn_us,
             spare,
-            root_made_ahead,
+            root_made_ahead = done.root_made_ahead,
+            root_undone = done.root_undone,
             forked,
             netns_ready,
             resolve_us,

@@ -7,7 +7,7 @@ use crate::error::SandboxError;
 use crate::layers::Rootfs;
 use crate::protocol::{
     read_frame, write_frame, DirEntry, ExecRequest, ExecResult, FailureKind, FileStat, Health,
-    Look, Overview, ProtocolError, Request, Response, SetupPlan, Termination,
+    Look, Overview, ProtocolError, Request, Response, SetUp, SetupPlan, Termination,
 };
 use crate::runtime::Runtime;
 use crate::seccomp::CompiledSeccomp;
@@ -95,13 +95,13 @@ impl Sandbox {
     }
 
     /// Send init its setup plan (this sandbox's directory, cgroups and layers, and the rest of
-    /// `cfg`) and wait until the sandbox is ready. Returns the plan, and whether init kept the
-    /// root it had made ahead for it ([`crate::protocol::SetUp`]).
+    /// `cfg`) and wait until the sandbox is ready. Returns the plan, and what init did with a
+    /// root it had made ahead ([`SetUp`]).
     pub(crate) fn setup(
         &mut self,
         cfg: &SandboxConfig,
         seccomp: Option<CompiledSeccomp>,
-    ) -> Result<(SetupPlan, bool), SandboxError> {
+    ) -> Result<(SetupPlan, SetUp), SandboxError> {
         let plan = self.send_setup(cfg, seccomp)?;
         Ok((plan, self.wait_setup()?))
     }
@@ -131,11 +131,10 @@ impl Sandbox {
         Ok(plan)
     }
 
-    /// The second half of [`Self::setup`]: wait until init says the sandbox is ready; whether
-    /// it kept a root made ahead.
-    pub(crate) fn wait_setup(&mut self) -> Result<bool, SandboxError> {
+    /// The second half of [`Self::setup`]: wait until init says the sandbox is ready.
+    pub(crate) fn wait_setup(&mut self) -> Result<SetUp, SandboxError> {
         match self.receive(Duration::from_secs(30))? {
-            Response::SetUp(s) => Ok(s.root_made_ahead),
+            Response::SetUp(s) => Ok(s),
             Response::Failed { message, .. } => Err(SandboxError::Setup(message)),
             other => Err(SandboxError::Unexpected {
                 request: "setup",

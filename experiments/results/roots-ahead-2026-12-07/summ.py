@@ -41,6 +41,20 @@ for k in MS:
         print(f'    {lab:4s} {fmt([j[k]["median"] for j in runs[lab]], 2)}')
     print(f'    new / base by pair {fmt([n[k]["median"] / b[k]["median"] for n, b in zip(runs["new"], runs["base"])])}')
 print('\ncreates that got a spare init (of 50):', {lab: [j['create_from_spare'] for j in runs[lab]] for lab in runs})
+# env.sh: the random agent and the raw-exec ceiling on 2 workers, alternated pairs.
+ep = sorted({num(f) for f in glob.glob(f'{R}/env-base-*.json')} & {num(f) for f in glob.glob(f'{R}/env-new-*.json')})
+if ep:
+    def env2(f):
+        rows = {t['agent']: t['steps_per_s'] for t in json.load(open(f))['throughput'] if t['workers'] == 2}
+        return rows['random'], rows['raw-exec']
+    env = {lab: [env2(f'{R}/env-{lab}-{i}.json') for i in ep] for lab in ('base', 'new')}
+    print(f'\nenv: engine bench env --task archive-logs --workers 2 --seconds 8 --iterations 3, {len(ep)} pairs:')
+    print('  random / raw-exec steps/s (target at least 0.9):')
+    for lab in ('base', 'new'):
+        print(f'    {lab:4s} {fmt([a / b for a, b in env[lab]])}')
+    for j, name in ((0, 'random agent'), (1, 'raw-exec ceiling')):
+        print(f'  {name} steps/s: base {fmt([e[j] for e in env["base"]], 0)}; new {fmt([e[j] for e in env["new"]], 0)}')
+        print(f'    new / base by pair {fmt([n[j] / b[j] for n, b in zip(env["new"], env["base"])])}')
 # The plot: create / bwrap and the served one-shot / bwrap, a dot per pair, mean and interval.
 W, H, L, T, B = 560, 300, 60, 30, 50
 items = [(k, lab) for k in ('create_vs_bwrap', 'one_shot_daemon_vs_bwrap') for lab in ('base', 'new')]

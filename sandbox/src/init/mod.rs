@@ -20,7 +20,8 @@ mod zygote;
 
 use crate::mounts::{self, Layout};
 use crate::protocol::{
-    read_frame, write_frame, FailureKind, Health, Look, ProtocolError, Request, Response, SetupPlan,
+    read_frame, write_frame, FailureKind, Health, Look, ProtocolError, Request, Response, SetUp,
+    SetupPlan,
 };
 use crate::sys::RealSys;
 use nix::sys::signal::{SigSet, Signal};
@@ -166,27 +167,34 @@ fn run(mut sock: UnixStream, make_netns: bool) -> Result<(), InitError> {
                     write_frame(&mut sock, "response", &Response::Ok)?;
                     let plan = read_setup(&mut sock)?;
                     let mut init = Init::new(sock, sigfd, plan);
-                    let r = init.setup(Some(p)).map(|()| false);
+                    let r = init.setup(Some(p)).map(|()| SetUp::default());
                     (init, r)
                 }
                 Some(mut expected) => {
                     expected.sandbox_dir = p.sandbox_dir.clone();
                     expected.cgroup_join = p.cgroup_join.clone();
                     let mut init = Init::new(sock, sigfd, *expected);
+                    // A root that cannot be made (a layer of the expected plan gone since) is
+                    // undone, and the spare waits as one without.
                     let ahead = match init.setup_ahead(&p) {
-                        Ok(a) => a,
-                        Err(e) => return answer_failed(&mut init.sock, e),
+                        Ok(a) => Some(a),
+                        Err(_) => match init.undo_ahead() {
+                            Ok(()) => None,
+                            Err(e) => return answer_failed(&mut init.sock, e),
+                        },
                     };
                     write_frame(&mut init.sock, "response", &Response::Ok)?;
                     let plan = read_setup(&mut init.sock)?;
-                    let r = init.setup_after_ahead(plan, p, &ahead);
+                    let r = init.setup_after_ahead(plan, p, ahead.as_ref());
                     (init, r)
                 }
             }
         }
         Request::Setup(plan) => {
             let mut init = Init::new(sock, sigfd, *plan);
-            let r = netns.and_then(|()| init.setup(None)).map(|()| false);
+            let r = netns
+                .and_then(|()| init.setup(None))
+                .map(|()| SetUp::default());
             (init, r)
         }
         other => {
@@ -196,10 +204,7 @@ fn run(mut sock: UnixStream, make_netns: bool) -> Result<(), InitError> {
         }
     };
     match set_up {
-        Ok(root_made_ahead) => {
-            let reply = Response::SetUp(crate::protocol::SetUp { root_made_ahead });
-            write_frame(&mut init.sock, "response", &reply)?;
-        }
+        Ok(done) => write_frame(&mut init.sock, "response", &Response::SetUp(done))?,
         Err(e) => return answer_failed(&mut init.sock, e),
     }
     init.serve()
@@ -225,9 +230,9 @@ fn read_setup(sock: &mut UnixStream) -> Result<SetupPlan, InitError> {
     }
 }
 
-/// What [`Init::setup_ahead`] made: the identity (device, inode) of each layer directory,
-/// taken before the root was mounted on them.
-pub(crate) struct RootAhead {
+/// What [`Init::setup_ahead`] made: the identity (device, inode) of each layer directory the
+/// root was mounted on.
+struct RootAhead {
     layers: Vec<(u64, u64)>,
 }
 
@@ -242,6 +247,15 @@ fn layer_identities(lowers: &[String]) -> Result<Vec<(u64, u64)>, InitError> {
                 .map_err(|e| InitError::Setup(format!("layer {l}: {e}")))
         })
         .collect()
+}
+
+/// Whether `path` is a mount point below `parent` (another filesystem).
+fn mounted_on(path: &Path, parent: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::symlink_metadata(path), std::fs::metadata(parent)) {
+        (Ok(a), Ok(b)) => a.dev() != b.dev(),
+        _ => false,
+    }
 }
 
 fn quiet_stdio() {
@@ -320,45 +334,87 @@ impl Init {
     }
 
     /// In an init started ahead, with the plan the runtime expects as `self.plan`: the rest of
-    /// the setup (the root mounted, the zygote started, the side trees bound), done before the
-    /// sandbox's plan comes. The layers' identities are taken first: one replaced after that
-    /// (a directory moved away and another put at its path) is seen as changed, never
-    /// mistaken for the one mounted.
+    /// the setup (the root mounted, the zygote started, the side trees and read-only paths
+    /// bound), done before the sandbox's plan comes. Each layer directory is opened first and
+    /// the overlay mounted on those descriptors (`/proc/self/fd/N`), so the identities kept
+    /// are those of the directories mounted, whatever their paths named meanwhile.
     fn setup_ahead(
         &mut self,
         prepared: &crate::protocol::PreparePlan,
     ) -> Result<RootAhead, InitError> {
-        let layers = layer_identities(&self.plan.lowers)?;
-        self.setup(Some(prepared.clone()))?;
+        use nix::fcntl::OFlag;
+        let mut dirs = Vec::with_capacity(self.plan.lowers.len());
+        let mut layers = Vec::with_capacity(self.plan.lowers.len());
+        for l in &self.plan.lowers {
+            let flags = OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
+            let fd = nix::fcntl::open(l.as_str(), flags, nix::sys::stat::Mode::empty())
+                .map_err(|e| InitError::Setup(format!("layer {l}: {e}")))?;
+            // SAFETY: open returned a fresh descriptor that nothing else owns.
+            let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+            let st = nix::sys::stat::fstat(fd.as_raw_fd())
+                .map_err(|e| InitError::Setup(format!("layer {l}: {e}")))?;
+            layers.push((st.st_dev, st.st_ino));
+            dirs.push(fd);
+        }
+        self.current = dirs
+            .iter()
+            .map(|fd| format!("/proc/self/fd/{}", fd.as_raw_fd()))
+            .collect();
+        let made = self.setup(Some(prepared.clone()));
+        // Resets mount the plan's layers by name, as in any sandbox.
+        self.current = self.plan.lowers.clone();
+        made?;
         Ok(RootAhead { layers })
     }
 
-    /// The sandbox's `plan`, in an init that set up `ahead` for the expected one: the root and
-    /// zygote made ahead are kept when the plan has the same root and confinement and each
-    /// layer path still names the directory that was mounted; else both go (the zygote killed
-    /// and reaped, the root unmounted) and the plan is set up as in any init started ahead.
-    /// Whether they were kept.
+    /// Undo what [`Init::setup_ahead`] made, whole or in part: the zygote killed and reaped,
+    /// the root unmounted, the confinement prepared for it dropped.
+    fn undo_ahead(&mut self) -> Result<(), InitError> {
+        if let Some(z) = self.zygote.take() {
+            let pid = nix::unistd::Pid::from_raw(z.pid);
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+            let _ = nix::sys::wait::waitpid(pid, None);
+        }
+        if mounted_on(&self.layout.rw(), &self.layout.dir) {
+            self.unmount_root()?;
+        }
+        self.landlock = None;
+        self.root_fd = None;
+        self.landlock_policy = None;
+        self.seccomp = None;
+        Ok(())
+    }
+
+    /// The sandbox's `plan`, in an init started ahead that made `ahead` for the expected one:
+    /// the root and zygote made ahead are kept when the plan has the same root and
+    /// confinement and each layer path still names the directory that was mounted; else they
+    /// are undone and the plan is set up as in any init started ahead.
     fn setup_after_ahead(
         &mut self,
         plan: SetupPlan,
         prepared: crate::protocol::PreparePlan,
-        ahead: &RootAhead,
-    ) -> Result<bool, InitError> {
+        ahead: Option<&RootAhead>,
+    ) -> Result<SetUp, InitError> {
         check_prepared(&prepared, &plan)?;
-        let same_layers = || layer_identities(&plan.lowers).is_ok_and(|l| l == ahead.layers);
-        if self.plan.same_root_and_confinement(&plan) && same_layers() {
-            nix::unistd::sethostname(&plan.hostname).map_err(os("sethostname"))?;
-            self.plan = plan;
-            return Ok(true);
+        if let Some(ahead) = ahead {
+            let same_layers = || layer_identities(&plan.lowers).is_ok_and(|l| l == ahead.layers);
+            if self.plan.same_root_and_confinement(&plan) && same_layers() {
+                nix::unistd::sethostname(&plan.hostname).map_err(os("sethostname"))?;
+                self.plan = plan;
+                return Ok(SetUp {
+                    root_made_ahead: true,
+                    root_undone: false,
+                });
+            }
         }
-        self.replace_zygote(true);
-        self.unmount_root()?;
-        self.landlock_policy = None;
-        self.seccomp = None;
+        self.undo_ahead()?;
         self.current = plan.lowers.clone();
         self.plan = plan;
         self.setup(Some(prepared))?;
-        Ok(false)
+        Ok(SetUp {
+            root_made_ahead: false,
+            root_undone: ahead.is_some(),
+        })
     }
 
     /// The setup steps, in the order of docs/sandbox.md; `prepared`: what [`prepare`] did

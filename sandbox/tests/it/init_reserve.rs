@@ -647,12 +647,17 @@ fn a_spare_keeps_the_root_it_made_ahead_only_for_a_plan_with_the_same_root() {
     // unmount theirs and mount its own.
     let mut ro = config();
     ro.readonly_paths = vec!["/opt".into()];
-    let kept = rt.spare_roots_kept();
+    let (kept, undone) = (rt.spare_roots_kept(), rt.spare_roots_undone());
     let mut first = from_a_spare(&rt, &ro);
     assert_eq!(
         rt.spare_roots_kept(),
         kept,
         "a root made for another plan was kept"
+    );
+    assert_eq!(
+        rt.spare_roots_undone(),
+        undone + 1,
+        "no root made ahead was undone"
     );
     let r = sh(
         &mut first,
@@ -699,12 +704,56 @@ fn a_layer_replaced_at_its_path_is_not_mistaken_for_the_one_mounted_ahead() {
     std::fs::rename(&layer, dir.join("old")).unwrap();
     std::fs::create_dir(&layer).unwrap();
     std::fs::write(layer.join("made-ahead-marker"), "two\n").unwrap();
-    let kept = rt.spare_roots_kept();
+    let (kept, undone) = (rt.spare_roots_kept(), rt.spare_roots_undone());
     let mut c = from_a_spare(&rt, &cfg);
     assert_eq!(
         rt.spare_roots_kept(),
         kept,
         "a root on the moved directory was kept"
     );
+    assert_eq!(
+        rt.spare_roots_undone(),
+        undone + 1,
+        "no root made ahead was undone"
+    );
     assert_eq!(out(&sh(&mut c, "cat /made-ahead-marker")), "two\n");
+}
+
+#[test]
+fn a_spare_that_cannot_make_the_expected_root_waits_without_it() {
+    require_root!();
+    let m = TmpMount::new("envfactory-gone");
+    let layer = m.0.join("layer");
+    std::fs::create_dir(&layer).unwrap();
+    let mut cfg = config();
+    cfg.layers = vec![layer.clone()];
+    let rt = runtime();
+    drop(rt.create(&cfg).unwrap());
+    // The reserve starts at the second create.
+    drop(rt.create(&cfg).unwrap());
+    drop(keeping_a_root(&rt, &cfg, 4).expect("no spare kept the root it made ahead"));
+    assert!(eventually(10, || rt.spare_inits_ready() >= 2 && rt.spare_inits_idle()));
+    // The expected plan's layer goes: its create fails (taking a spare), and the spare started
+    // in its place cannot make that root.
+    std::fs::remove_dir(&layer).unwrap();
+    let failures = rt.spare_init_failures();
+    assert!(rt.create(&cfg).is_err());
+    assert!(
+        eventually(10, || rt.spare_inits_ready() >= 2 && rt.spare_inits_idle()),
+        "the reserve did not fill again"
+    );
+    assert_eq!(
+        rt.spare_init_failures(),
+        failures,
+        "a spare failed to start"
+    );
+    // Both spares serve another plan: the one made ahead undoes its root, the other has none.
+    let undone = rt.spare_roots_undone();
+    for _ in 0..2 {
+        let before = rt.spare_inits_used().0;
+        let mut sb = rt.create(&config()).unwrap();
+        assert_eq!(rt.spare_inits_used().0, before + 1, "no spare was used");
+        assert_eq!(out(&sh(&mut sb, "echo ok")), "ok\n");
+    }
+    assert_eq!(rt.spare_roots_undone(), undone + 1);
 }
