@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-# summ.py: the roots made ahead, from runs/ (ab.sh). Per pair: `engine bench sandbox`'s medians
+# summ.py [RUNS]: the roots made ahead, from runs/ (ab.sh, env.sh) or RUNS. Per pair: `engine bench sandbox`'s medians
 # and ratios of the base build (main e89166d) and of this one, each against bwrap timed in its
 # own run. Over the pairs: each figure's mean with its 95% t-interval (and each pair's value),
 # and new / base by pair. Writes ratios.svg.
-import glob, json, math, os, re, statistics as st
+import glob, json, math, os, re, statistics as st, sys
 HERE = os.path.dirname(os.path.abspath(__file__))
-R = f'{HERE}/runs'
+R = os.path.abspath(sys.argv[1]) if len(sys.argv) > 1 else f'{HERE}/runs'
 TQ = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262,
       10: 2.228, 12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}
 def ci(xs):
@@ -84,4 +84,5 @@ for n, (k, lab) in enumerate(items):
     svg.append(f'<text x="{cx:.1f}" y="{H-B+16}" text-anchor="middle">{name}</text>')
     svg.append(f'<text x="{cx:.1f}" y="{H-B+30}" text-anchor="middle">{lab}</text>')
 svg.append('</svg>')
-open(f'{HERE}/ratios.svg', 'w').write('\n'.join(svg))
+if R == f'{HERE}/runs':
+    open(f'{HERE}/ratios.svg', 'w').write('\n'.join(svg))
