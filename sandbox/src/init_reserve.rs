@@ -318,23 +318,23 @@ impl InitReserve {
     /// create's too (same root and confinement), else they wait without ([`Expected`]); never
     /// while [`InitReserve::set_roots_ahead`] is off.
     pub fn expect(&self, plan: SetupPlan) {
+        // Nothing of the create that had it but its root and confinement is kept: no
+        // directory or cgroups (each spare's own go in), no host name, no environment (which
+        // may hold a secret of that sandbox's) reach the spares.
+        let plan = SetupPlan {
+            sandbox_dir: String::new(),
+            cgroup_join: Vec::new(),
+            hostname: String::new(),
+            env: Vec::new(),
+            ..plan
+        };
         let mut e = crate::lock(&self.shared.expected);
         let again = e
             .last
             .as_ref()
             .is_none_or(|last| last.same_root_and_confinement(&plan));
-        // Nothing of the create that had it but its root and confinement: no directory or
-        // cgroups (each spare's own go in), no host name, no environment (which may hold a
-        // secret of that sandbox's) reach the spares.
-        e.ahead = (again && self.shared.roots_ahead.load(Ordering::Relaxed)).then(|| {
-            Box::new(SetupPlan {
-                sandbox_dir: String::new(),
-                cgroup_join: Vec::new(),
-                hostname: String::new(),
-                env: Vec::new(),
-                ..plan.clone()
-            })
-        });
+        e.ahead = (again && self.shared.roots_ahead.load(Ordering::Relaxed))
+            .then(|| Box::new(plan.clone()));
         e.last = Some(plan);
     }
 

@@ -197,11 +197,7 @@ fn run(mut sock: UnixStream, make_netns: bool) -> Result<(), InitError> {
                 .map(|()| SetUp::default());
             (init, r)
         }
-        other => {
-            return Err(InitError::Setup(format!(
-                "first request must be Setup, got {other:?}"
-            )))
-        }
+        other => return Err(not_a_plan(&other)),
     };
     match set_up {
         Ok(done) => write_frame(&mut init.sock, "response", &Response::SetUp(done))?,
@@ -224,10 +220,13 @@ fn answer_failed(sock: &mut UnixStream, e: InitError) -> Result<(), InitError> {
 fn read_setup(sock: &mut UnixStream) -> Result<SetupPlan, InitError> {
     match read_frame::<Request>(sock, "request")? {
         Request::Setup(plan) => Ok(*plan),
-        other => Err(InitError::Setup(format!(
-            "first request must be Setup, got {other:?}"
-        ))),
+        other => Err(not_a_plan(&other)),
     }
+}
+
+/// The error for a first request (after a `Prepare`, the next) that is not the plan.
+fn not_a_plan(other: &Request) -> InitError {
+    InitError::Setup(format!("first request must be Setup, got {other:?}"))
 }
 
 /// What [`Init::setup_ahead`] made: the identity (device, inode) of each layer directory the
